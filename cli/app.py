@@ -1,0 +1,60 @@
+"""The `ttbundle` command: assembles the commands and owns error presentation.
+
+Library errors are typed (`TTBundleError` with diagnostics); here they become clean
+messages and exit codes: 0 success, 1 invalid input, 2 usage, 3 internal error (with the
+traceback only under TTBUNDLE_DEBUG=1).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from ttbundles import envs
+from ttbundles.errors import TTBundleError
+
+from . import archive, info, init, validate
+
+app = typer.Typer(
+    name="ttbundle",
+    help="Validate, pack, verify and install Tenstorrent model bundles for vLLM.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+app.command()(validate.validate)
+app.command()(archive.pack)
+app.command()(archive.verify)
+app.command()(archive.install)
+app.command()(archive.uninstall)
+app.command("list")(info.list_bundles)
+app.command()(info.inspect)
+app.command()(info.schema)
+app.command()(init.init)
+app.command()(init.migrate)
+
+
+def main() -> None:
+    from .output import Output
+
+    try:
+        app(prog_name="ttbundle")
+    except TTBundleError as exc:
+        Output().diagnostics(exc.diagnostics, stderr=True)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except Exception as exc:  # noqa: BLE001 - the last line of defence: no tracebacks
+        if envs.TTBUNDLE_DEBUG:
+            raise
+        sys.stderr.write(
+            f"ttbundle: internal error: {type(exc).__name__}: {exc}\n"
+            "Set TTBUNDLE_DEBUG=1 to see the traceback, and please report it.\n"
+        )
+        sys.exit(3)
+
+
+if __name__ == "__main__":
+    main()

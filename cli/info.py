@@ -1,0 +1,127 @@
+"""`ttbundle list`, `inspect`, `schema`: what is registered and what a bundle holds."""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ttbundles.errors import TTBundleError
+
+from .options import FormatOption
+from .output import Format, Output
+
+
+def list_bundles(
+    models_dir: Annotated[
+        list[Path] | None,
+        typer.Option("--models-dir", help="Folders of bundles, in order (repeatable). "
+                     "Default: $EXTRA_MODELS_DIR.", file_okay=False),
+    ] = None,
+    mesh: Annotated[
+        str | None, typer.Option(help="The mesh to select for. Default: $MESH_DEVICE.")
+    ] = None,
+    fmt: FormatOption = Format.human,
+) -> None:
+    """What vLLM would register: each TT architecture, its bundle, source and status.
+
+    Honours EXTRA_MODELS_DIR, TT_VLLM_BUILTIN_MODELS and MESH_DEVICE, computed by the same
+    code the vLLM plugin runs.
+
+    Example: EXTRA_MODELS_DIR=/opt/tt-bundles ttbundle list --mesh T3K
+    """
+    from ttbundles.registry import compute, table
+
+    registry = compute(mesh=mesh, models_dirs=models_dir or None)
+    rows = table(registry)
+    out = Output(fmt)
+    if out.is_json:
+        out.json({"mesh": registry.mesh, "entries": rows,
+                  "problems": [d.to_dict() for d in registry.problems]})
+        return
+    out.table(
+        f"TT architectures (mesh: {registry.mesh or 'any'})",
+        ["architecture", "bundle", "source", "status", "capabilities", "path / reason"],
+        [[r["tt_arch"] or "-", f"{r['bundle'] or '-'}@{r['version'] or '-'}", r["source"],
+          r["status"], _caps(r["capabilities"]), r["reason"] or r["path"]] for r in rows],
+    )
+    out.diagnostics(registry.problems)
+
+
+def _caps(caps: dict | None) -> str:
+    if not caps:
+        return ""
+    flags = [k for k in ("prefix_caching", "async_decode", "chunked_prefill", "multimodal")
+             if caps.get(k)]
+    if caps.get("sample_on_device"):
+        flags.append("sample_on_device=" + "+".join(caps["sample_on_device"]))
+    if caps.get("execution") == "single":
+        flags.append("single-execute")
+    return ", ".join(flags) or "-"
+
+
+def inspect(
+    path: Annotated[Path, typer.Argument(help="A bundle folder or a .ttbundle archive.")],
+    fmt: FormatOption = Format.human,
+) -> None:
+    """Metadata, capabilities, targets, digest and files of a bundle or archive.
+
+    Example: ttbundle inspect dist/my-bundle-1.0.0.ttbundle --format json
+    """
+    out = Output(fmt)
+    if path.is_file():
+        from ttbundles.install import install
+
+        with tempfile.TemporaryDirectory(prefix="ttbundle-inspect-") as tmp:
+            folder = install(path, Path(tmp))
+            data = _describe(folder)
+    else:
+        data = _describe(path)
+    data["path"] = str(path)
+    if out.is_json:
+        out.json(data)
+        return
+    meta = data["metadata"]
+    out.line(f"{meta['name']} {meta['version']}  ({data['tt_arch']})", style="bold")
+    if meta.get("description"):
+        out.line(meta["description"])
+    out.line(f"main class:   {meta['main_class']} (from the {meta['main_class_source']})")
+    out.line(f"digest:       {data['root_digest']}")
+    out.line(f"capabilities: {_caps(meta['capabilities'])}")
+    targets = meta.get("targets") or {}
+    out.line(f"targets:      {', '.join(targets) if targets else 'any mesh'}")
+    if meta.get("when", {}).get("env"):
+        out.line("when:         " + ", ".join(f"{k}={v}" for k, v in meta["when"]["env"].items()))
+    out.table("files", ["path", "size", "sha256"],
+              [[f["path"], f["size"], f["sha256"][:16]] for f in data["files"]])
+
+
+def _describe(folder: Path) -> dict:
+    from ttbundles.manifest import build_manifest
+
+    from ttbundles.parse import load_metadata
+
+    loaded = load_metadata(folder)
+    if loaded.metadata is None:
+        raise TTBundleError(loaded.diagnostics)
+    manifest = build_manifest(folder)
+    return {
+        "tt_arch": loaded.metadata.tt_arch,
+        "legacy": loaded.metadata.legacy,
+        "metadata": loaded.metadata.model_dump(by_alias=True, exclude_none=True),
+        "root_digest": manifest.root_digest,
+        "files": [f.model_dump() for f in manifest.files],
+    }
+
+
+def schema() -> None:
+    """Print the JSON Schema of vllm_metadata.json (point editors at it with "$schema").
+
+    Example: ttbundle schema > vllm_metadata.schema.json
+    """
+    from ttbundles.paths import schema_file
+
+    sys.stdout.write(schema_file().read_text(encoding="utf-8"))

@@ -1,0 +1,74 @@
+"""The catalogue of stable diagnostic codes.
+
+Codes never change meaning once released: tools match on them. The README's table of
+error codes is checked against this catalogue by a test.
+"""
+
+from __future__ import annotations
+
+CODES: dict[str, str] = {
+    # Finding and reading files
+    "TTB001": "path does not exist or is not a bundle, archive or folder of bundles",
+    "TTB002": "bundle folder has no vllm_metadata.json",
+    "TTB003": "file cannot be read or is not UTF-8",
+    # JSON and schema
+    "TTB010": "JSON syntax error",
+    "TTB011": "metadata is not a JSON object",
+    "TTB020": "unsupported schema_version",
+    "TTB021": "legacy metadata (no schema_version): still accepted, migrate it",
+    "TTB030": "unknown key",
+    "TTB031": "required field missing",
+    "TTB032": "wrong type",
+    "TTB033": "invalid value",
+    "TTB034": "invalid version or version specifier (PEP 440 / PEP 508)",
+    "TTB035": "unknown mesh name",
+    "TTB036": "main_class is not of the form module:Class",
+    "TTB037": "model checkpoint has no pinned revision",
+    "TTB038": "invalid Tenstorrent device option (additional_config.tt)",
+    # The adapter, checked statically (never imported by validate)
+    "TTB050": "adapter module not found in the bundle",
+    "TTB051": "adapter module has a syntax error",
+    "TTB052": "main class not defined in the adapter module",
+    "TTB053": "main class lacks a method of the generator contract",
+    "TTB054": "async_decode declared but the readback methods are missing",
+    "TTB055": "sample_on_device declared but decode_forward takes no sampling_params",
+    "TTB056": "model_capabilities in the class disagrees with the declared capabilities",
+    "TTB057": "part of the class lies outside the bundle and was not checked statically",
+    "TTB058": "main class comes from the serving environment and is not importable here",
+    # --import
+    "TTB060": "importing the adapter failed",
+    "TTB061": "importing the adapter timed out",
+    "TTB062": "a contract method has an incompatible signature",
+    # Across bundles
+    "TTB070": "two bundles share a name",
+    "TTB071": "two bundles register the same TT architecture for overlapping targets",
+    # Archives
+    "TTB080": "archive cannot be read",
+    "TTB081": "archive manifest missing or invalid",
+    "TTB082": "file digest or size does not match the manifest",
+    "TTB083": "file listed in the manifest is missing",
+    "TTB084": "file present but not listed in the manifest",
+    "TTB085": "unsafe archive entry (absolute path, '..', link, device or other special file)",
+    "TTB086": "duplicate archive entry",
+    "TTB087": "entry larger than the manifest says",
+    "TTB088": "root digest does not match the manifest",
+    # Installing
+    "TTB090": "bundle already installed (use --replace)",
+    "TTB091": "no models folder given and EXTRA_MODELS_DIR is not set",
+    "TTB092": "bundle not installed",
+    "TTB093": "install failed; nothing was changed",
+    # Registry and compatibility
+    "TTB100": "bundle requirement not met by the running environment",
+    "TTB101": "bundle skipped: does not apply to this mesh or environment",
+    "TTB102": "built-in bundle shadowed by an extra bundle",
+    # Configuration (plan and the platform)
+    "TTB200": "no registered TT architecture serves this checkpoint",
+    "TTB201": "parallelism is provided by the mesh, not by vLLM options",
+    "TTB202": "feature not supported yet",
+    "TTB203": "setting adjusted to what the bundle declares",
+    "TTB204": "sample_on_device_mode not declared by the bundle",
+    "TTB205": "data parallel lanes do not divide max_num_seqs",
+    "TTB206": "request not supported (prompt logprobs)",
+    "TTB207": "mixture-of-experts models do not support multi-process data parallelism",
+    "TTB208": "model or checkpoint cannot be read",
+}

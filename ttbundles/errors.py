@@ -1,0 +1,141 @@
+"""One error root and one diagnostic shape for everything ttbundles reports.
+
+Every problem a user can cause is a `Diagnostic` with a stable code, so the CLI, the
+registry's startup report and `--format json` consumers all speak the same language.
+Exceptions carry diagnostics; the CLI decides how to render them (never a traceback).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+
+class Severity(str, enum.Enum):
+    ERROR = "error"
+    WARNING = "warning"
+    INFO = "info"
+
+
+@dataclass(frozen=True)
+class Diagnostic:
+    """A problem found in a bundle, an archive or a configuration.
+
+    `pointer` is an RFC 6901 JSON pointer into `file` when the problem is in a JSON
+    document; `line`/`column` are 1-based where known.
+    """
+
+    code: str
+    severity: Severity
+    message: str
+    file: str | None = None
+    pointer: str | None = None
+    line: int | None = None
+    column: int | None = None
+    hint: str | None = None
+
+    @property
+    def is_error(self) -> bool:
+        return self.severity is Severity.ERROR
+
+    def location(self) -> str:
+        """`file:line:col#pointer`, as much of it as is known."""
+        parts = self.file or ""
+        if self.line is not None:
+            parts += f":{self.line}"
+            if self.column is not None:
+                parts += f":{self.column}"
+        if self.pointer is not None:
+            parts += f" {self.pointer or '/'}"
+        return parts.strip()
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data["severity"] = self.severity.value
+        return data
+
+    def __str__(self) -> str:
+        where = self.location()
+        text = f"{self.severity.value} {self.code}: {self.message}"
+        if where:
+            text = f"{where}: {text}"
+        if self.hint:
+            text += f" (fix: {self.hint})"
+        return text
+
+
+@dataclass
+class Report:
+    """Diagnostics collected over one run; reported together, never one at a time."""
+
+    diagnostics: list[Diagnostic] = field(default_factory=list)
+
+    def add(self, diagnostic: Diagnostic) -> None:
+        self.diagnostics.append(diagnostic)
+
+    def extend(self, diagnostics: Iterable[Diagnostic]) -> None:
+        self.diagnostics.extend(diagnostics)
+
+    @property
+    def errors(self) -> list[Diagnostic]:
+        return [d for d in self.diagnostics if d.severity is Severity.ERROR]
+
+    @property
+    def warnings(self) -> list[Diagnostic]:
+        return [d for d in self.diagnostics if d.severity is Severity.WARNING]
+
+    def ok(self, strict: bool = False) -> bool:
+        """Valid: no errors, and with `strict` no warnings either."""
+        return not self.errors and not (strict and self.warnings)
+
+
+class TTBundleError(Exception):
+    """Root of every exception ttbundles raises on purpose.
+
+    Carries one or more diagnostics; `str()` renders them one per line.
+    """
+
+    def __init__(self, diagnostics: Diagnostic | Iterable[Diagnostic]):
+        if isinstance(diagnostics, Diagnostic):
+            diagnostics = [diagnostics]
+        self.diagnostics: list[Diagnostic] = list(diagnostics)
+        super().__init__("\n".join(str(d) for d in self.diagnostics))
+
+    @classmethod
+    def single(
+        cls,
+        code: str,
+        message: str,
+        *,
+        file: str | Path | None = None,
+        pointer: str | None = None,
+        hint: str | None = None,
+    ) -> TTBundleError:
+        return cls(
+            Diagnostic(
+                code=code,
+                severity=Severity.ERROR,
+                message=message,
+                file=str(file) if file is not None else None,
+                pointer=pointer,
+                hint=hint,
+            )
+        )
+
+
+class InvalidBundleError(TTBundleError):
+    """A bundle failed validation."""
+
+
+class ArchiveError(TTBundleError):
+    """An archive is malformed, tampered with, or unsafe to extract."""
+
+
+class InstallError(TTBundleError):
+    """An install or uninstall could not be carried out."""
+
+
+class ConfigurationError(TTBundleError):
+    """A vLLM configuration cannot be served by the selected bundle."""

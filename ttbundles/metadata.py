@@ -1,0 +1,294 @@
+"""The bundle format: `vllm_metadata.json`, schema version 1, as a pydantic model.
+
+This model is the single source of truth: `schemas/vllm_metadata.schema.json` is generated
+from it (`ttbundle schema`), and a test fails when the checked-in file drifts. It imports
+neither vLLM nor torch, so validation and registration stay cheap.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
+
+from ttbundles.meshes import MESH_NAMES
+from ttbundles.tt_options import SampleOnDeviceMode, TTOptions
+
+METADATA_FILE = "vllm_metadata.json"
+SCHEMA_VERSION = 1
+# Every schema version this release reads, with what it changed.
+SUPPORTED_SCHEMA_VERSIONS: dict[int, str] = {
+    1: "first versioned format: identity, capabilities, targets, when, requires",
+}
+SCHEMA_ID = "https://ttbundles.dev/schemas/vllm_metadata/v1.schema.json"
+
+EXTENSION_PREFIX = "x-"
+NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]*$"
+IDENTIFIER = r"[A-Za-z_][A-Za-z0-9_]*"
+MAIN_CLASS_PATTERN = rf"^{IDENTIFIER}(\.{IDENTIFIER})*:{IDENTIFIER}$"
+ARCH_PATTERN = rf"^{IDENTIFIER}$"
+REPO_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$"
+ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
+SPDX_PATTERN = r"^[A-Za-z0-9.+-]+( (AND|OR|WITH) [A-Za-z0-9.+-]+)*$"
+
+MeshName = Literal[MESH_NAMES]  # type: ignore[valid-type]
+EnvName = Annotated[str, Field(pattern=ENV_NAME_PATTERN)]
+
+
+def _check_specifier(value: str | None) -> str | None:
+    if value is None:
+        return None
+    try:
+        SpecifierSet(value)
+    except InvalidSpecifier:
+        raise PydanticCustomError(
+            "TTB034",
+            "'{value}' is not a PEP 440 version specifier",
+            {"value": value, "hint": "write e.g. '>=0.33,<0.34'"},
+        ) from None
+    return value
+
+
+class _Strict(BaseModel):
+    """Objects of the format: unknown keys are errors, `x-*` keys are free extensions."""
+
+    # strict: JSON's own types only ("yes" is not a boolean, "1" is not a number).
+    model_config = ConfigDict(
+        extra="forbid",
+        strict=True,
+        json_schema_extra={"patternProperties": {"^x-": {}}},
+    )
+    _extensions: dict[str, Any] = PrivateAttr(default_factory=dict)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _set_extensions_aside(cls, data: Any, handler: Any) -> Any:
+        extensions: dict[str, Any] = {}
+        if isinstance(data, dict):
+            extensions = {k: v for k, v in data.items() if k.startswith(EXTENSION_PREFIX)}
+            if extensions:
+                data = {k: v for k, v in data.items() if k not in extensions}
+        instance = handler(data)
+        instance._extensions = extensions
+        return instance
+
+    @property
+    def extensions(self) -> dict[str, Any]:
+        """The `x-*` keys of this object, kept verbatim."""
+        return dict(self._extensions)
+
+
+class ModelRef(_Strict):
+    """A checkpoint the bundle serves."""
+
+    repo: str = Field(
+        pattern=REPO_PATTERN,
+        description="Hugging Face repository, 'org/name'.",
+    )
+    revision: str | None = Field(
+        None,
+        min_length=1,
+        description="Commit or tag of the checkpoint; pin it so the bundle is reproducible.",
+    )
+
+
+class Capabilities(_Strict):
+    """What the generator can do; every flag defaults to off.
+
+    The platform decides prefix caching, async decode, the sampling mode and chunked
+    prefill from these at configuration time, without importing the adapter.
+    """
+
+    prefix_caching: bool = Field(False, description="Generator honours cached KV blocks.")
+    async_decode: bool = Field(
+        False,
+        description="Generator offers read_decode_output/process_decode_output_host, "
+        "so decode readback may overlap scheduling of the next step.",
+    )
+    sample_on_device: list[SampleOnDeviceMode] = Field(
+        default_factory=list,
+        description="Sampling modes the generator runs on the device: 'decode_only', 'all'.",
+        json_schema_extra={"uniqueItems": True},
+    )
+    chunked_prefill: bool = Field(
+        False, description="prefill_forward accepts a prompt in chunks (start_pos > 0)."
+    )
+    execution: Literal["submesh", "single"] = Field(
+        "submesh",
+        description="'single': one execution over the whole mesh, data parallelism runs as "
+        "in-process lanes; 'submesh': one generator per submesh.",
+    )
+    multimodal: bool = Field(False, description="Generator takes image inputs.")
+
+    @field_validator("sample_on_device")
+    @classmethod
+    def _unique_modes(cls, value: list[str]) -> list[str]:
+        if len(set(value)) != len(value):
+            raise PydanticCustomError(
+                "TTB033", "sample_on_device lists a mode twice", {"hint": "list each once"}
+            )
+        return value
+
+
+class Target(_Strict):
+    """Settings for one mesh."""
+
+    max_model_len: int | None = Field(
+        None, gt=0, description="Longest context the generator supports on this mesh."
+    )
+    max_num_seqs: int | None = Field(
+        None, gt=0, description="Largest batch the generator supports on this mesh."
+    )
+    env: dict[EnvName, str] = Field(
+        default_factory=dict, description="Environment variables the generator needs."
+    )
+    additional_config: TTOptions = Field(
+        default_factory=TTOptions,
+        description="Defaults for the Tenstorrent device options (additional_config.tt); "
+        "the user's values win.",
+    )
+
+
+class When(_Strict):
+    """Conditions under which the bundle applies."""
+
+    env: dict[EnvName, str] = Field(
+        default_factory=dict,
+        description="The bundle applies only when each variable has exactly this value.",
+    )
+
+    def matches(self, environ: dict[str, str] | Any) -> bool:
+        return all(environ.get(k) == v for k, v in self.env.items())
+
+
+class Requires(_Strict):
+    """What the serving environment must provide."""
+
+    python: str | None = Field(None, description="PEP 440 specifier for Python.")
+    vllm: str | None = Field(None, description="PEP 440 specifier for vLLM.")
+    ttnn: str | None = Field(None, description="PEP 440 specifier for TT-NN.")
+    packages: list[str] = Field(
+        default_factory=list, description="PEP 508 requirements on other packages."
+    )
+
+    _spec = field_validator("python", "vllm", "ttnn")(_check_specifier)
+
+    @field_validator("packages")
+    @classmethod
+    def _requirements(cls, value: list[str]) -> list[str]:
+        for item in value:
+            try:
+                Requirement(item)
+            except InvalidRequirement:
+                raise PydanticCustomError(
+                    "TTB034",
+                    "'{value}' is not a PEP 508 requirement",
+                    {"value": item, "hint": "write e.g. 'safetensors>=0.4'"},
+                ) from None
+        return value
+
+
+class BundleMetadata(_Strict):
+    """`vllm_metadata.json`, schema version 1."""
+
+    model_config = ConfigDict(
+        title="ttbundles vllm_metadata.json",
+        json_schema_extra={"patternProperties": {"^x-": {}}},
+    )
+
+    schema_uri: str | None = Field(
+        None, alias="$schema", description="Schema URI, so editors can validate the file."
+    )
+    schema_version: Literal[1] = Field(description="Version of this format.")
+    name: str = Field(
+        pattern=NAME_PATTERN, max_length=64, description="Bundle name, unique in a folder."
+    )
+    version: str = Field(description="Bundle version (PEP 440).")
+    description: str | None = Field(None, description="One line on what the bundle serves.")
+    license: str | None = Field(None, pattern=SPDX_PATTERN, description="SPDX license id.")
+    arch: str = Field(
+        pattern=ARCH_PATTERN,
+        description="Hugging Face architecture, e.g. LlamaForCausalLM; registered as "
+        "TT<arch> (kept as is when it already starts with TT).",
+    )
+    main_class: str = Field(
+        pattern=MAIN_CLASS_PATTERN,
+        description="'module:Class' of the generator, e.g. 'adapter:Generator'.",
+    )
+    main_class_source: Literal["bundle", "environment"] = Field(
+        "bundle",
+        description="'bundle': the module ships in the bundle; 'environment': it comes from "
+        "the serving environment (e.g. a TT-Metal generator).",
+    )
+    models: list[ModelRef] = Field(default_factory=list, description="Checkpoints served.")
+    capabilities: Capabilities = Field(default_factory=Capabilities)
+    targets: dict[MeshName, Target] = Field(
+        default_factory=dict,
+        description="Meshes supported, with their settings; absent means any mesh.",
+    )
+    when: When = Field(default_factory=When)
+    requires: Requires = Field(default_factory=Requires)
+
+    # Set by the parser for metadata of the reference plugin's two-key form.
+    _legacy: bool = PrivateAttr(default=False)
+
+    @field_validator("version")
+    @classmethod
+    def _pep440(cls, value: str) -> str:
+        try:
+            Version(value)
+        except InvalidVersion:
+            raise PydanticCustomError(
+                "TTB034",
+                "'{value}' is not a PEP 440 version",
+                {"value": value, "hint": "write e.g. '1.0.0'"},
+            ) from None
+        return value
+
+    @property
+    def tt_arch(self) -> str:
+        """The architecture name registered in vLLM."""
+        return tt_arch_name(self.arch)
+
+    @property
+    def module(self) -> str:
+        return self.main_class.partition(":")[0]
+
+    @property
+    def class_name(self) -> str:
+        return self.main_class.partition(":")[2]
+
+    @property
+    def legacy(self) -> bool:
+        return self._legacy
+
+    def applies_to(self, mesh: str | None, environ: Any) -> bool:
+        """Whether the bundle applies on `mesh` (None: any) under `environ`."""
+        if mesh is not None and self.targets and mesh not in self.targets:
+            return False
+        return self.when.matches(environ)
+
+    def target(self, mesh: str | None) -> Target | None:
+        return self.targets.get(mesh) if mesh is not None else None
+
+
+def tt_arch_name(arch: str) -> str:
+    return arch if arch.startswith("TT") else f"TT{arch}"
+
+
+def slug(text: str) -> str:
+    """A valid bundle name derived from free text (a legacy bundle's folder name)."""
+    name = re.sub(r"[^a-z0-9._-]+", "-", text.lower()).strip("-._")[:64]
+    return name or "bundle"

@@ -1,0 +1,220 @@
+"""What vLLM registers: every TT architecture, which bundle provides it, and why not others.
+
+One computation serves `ttbundle list`, the general plugin and the platform, so what the
+CLI shows is what the server does. Registration validates each bundle's metadata and
+checks its module file exists, but never imports adapter code and never parses it: the
+plugin runs this in every vLLM process, so it must stay close to the cost of reading
+the JSON files.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+
+from ttbundles import envs
+from ttbundles.compat import unmet
+from ttbundles.errors import Diagnostic, Severity
+from ttbundles.metadata import METADATA_FILE, BundleMetadata
+from ttbundles.modules import module_file
+from ttbundles.parse import load_metadata
+from ttbundles.paths import builtin_bundles_dir
+from ttbundles.selection import applies, specificity
+
+
+class Source(str, Enum):
+    EXTRA = "extra"
+    BUILTIN = "built-in"
+
+
+class Status(str, Enum):
+    REGISTERED = "registered"
+    SHADOWED = "shadowed"
+    INACTIVE = "inactive"
+    SKIPPED = "skipped"
+
+
+@dataclass
+class Entry:
+    """One bundle as the registry sees it."""
+
+    path: Path
+    source: Source
+    metadata: BundleMetadata | None
+    status: Status = Status.REGISTERED
+    reason: str = ""
+    diagnostics: list[Diagnostic] = field(default_factory=list)
+
+    @property
+    def tt_arch(self) -> str | None:
+        return self.metadata.tt_arch if self.metadata else None
+
+    @property
+    def label(self) -> str:
+        if self.metadata is None:
+            return self.path.name
+        return f"{self.metadata.name}@{self.metadata.version}"
+
+    def class_ref(self) -> str:
+        """The `module:Class` vLLM imports lazily, with bundle modules isolated."""
+        assert self.metadata is not None
+        if self.metadata.main_class_source == "environment":
+            return self.metadata.main_class
+        from ttbundles.loader import qualified_class
+
+        return qualified_class(self.path, self.metadata.name, self.metadata.main_class)
+
+    def to_dict(self) -> dict:
+        meta = self.metadata
+        return {
+            "tt_arch": self.tt_arch,
+            "bundle": meta.name if meta else None,
+            "version": meta.version if meta else None,
+            "source": self.source.value,
+            "path": str(self.path),
+            "status": self.status.value,
+            "reason": self.reason,
+            "main_class": meta.main_class if meta else None,
+            "capabilities": meta.capabilities.model_dump() if meta else None,
+        }
+
+
+@dataclass
+class Registry:
+    """The outcome of registration for one process's environment."""
+
+    entries: list[Entry]
+    mesh: str | None
+    problems: list[Diagnostic] = field(default_factory=list)
+
+    @property
+    def registered(self) -> dict[str, Entry]:
+        return {e.tt_arch: e for e in self.entries
+                if e.status is Status.REGISTERED and e.tt_arch}
+
+    def fatal(self) -> list[Diagnostic]:
+        """What TT_BUNDLES_STRICT=1 turns into a startup failure."""
+        return [d for d in self.problems if d.severity is not Severity.INFO]
+
+
+def sources(
+    environ: Mapping[str, str] | None = None, models_dirs: list[Path] | None = None
+) -> list[tuple[Source, Path]]:
+    """The folders searched, in order: EXTRA_MODELS_DIR entries, then the built-ins."""
+    environ = os.environ if environ is None else environ
+    if models_dirs is None:
+        extra = [p for p in environ.get("EXTRA_MODELS_DIR", "").split(os.pathsep) if p]
+        models_dirs = [Path(p) for p in extra]
+    found = [(Source.EXTRA, Path(p)) for p in models_dirs]
+    builtin = environ.get("TT_VLLM_BUILTIN_MODELS", "").strip().lower()
+    if builtin not in {"0", "false", "no", "off"}:
+        found.append((Source.BUILTIN, builtin_bundles_dir()))
+    return found
+
+
+def compute(
+    environ: Mapping[str, str] | None = None,
+    *,
+    mesh: str | None = None,
+    models_dirs: list[Path] | None = None,
+) -> Registry:
+    """Decide what registers, from the environment (EXTRA_MODELS_DIR, MESH_DEVICE, ...)."""
+    environ = os.environ if environ is None else environ
+    if mesh is None:
+        mesh = environ.get("MESH_DEVICE") or None
+    entries: list[Entry] = []
+    problems: list[Diagnostic] = []
+    for source, folder in sources(environ, models_dirs):
+        if not folder.is_dir():
+            problems.append(Diagnostic("TTB001", Severity.WARNING,
+                                       "models folder does not exist; ignored",
+                                       file=str(folder)))
+            continue
+        for child in sorted(folder.iterdir()):
+            if child.name.startswith(".") or not (child / METADATA_FILE).is_file():
+                continue
+            entries.append(_load(child, source, mesh, environ))
+    _select(entries, problems)
+    problems.extend(d for e in entries if e.status is Status.SKIPPED for d in e.diagnostics
+                    if d.is_error)
+    return Registry(entries, mesh, problems)
+
+
+def _load(path: Path, source: Source, mesh: str | None, environ: Mapping[str, str]) -> Entry:
+    loaded = load_metadata(path)
+    entry = Entry(path, source, loaded.metadata, diagnostics=loaded.diagnostics)
+    errors = [d for d in loaded.diagnostics if d.is_error]
+    meta = loaded.metadata
+    if errors or meta is None:
+        first = errors[0] if errors else None
+        entry.status = Status.SKIPPED
+        entry.reason = f"invalid: {first.code} {first.message}" if first else "invalid"
+        return entry
+    if meta.main_class_source == "bundle" and module_file(path, meta.module) is None:
+        entry.status = Status.SKIPPED
+        entry.reason = f"TTB050 module {meta.module!r} is not in the bundle"
+        entry.diagnostics.append(Diagnostic("TTB050", Severity.ERROR, entry.reason,
+                                            file=str(path / METADATA_FILE),
+                                            pointer="/main_class"))
+        return entry
+    missing = unmet(meta.requires)
+    if missing:
+        entry.status = Status.SKIPPED
+        entry.reason = "TTB100 " + "; ".join(missing)
+        entry.diagnostics.append(Diagnostic("TTB100", Severity.ERROR, "; ".join(missing),
+                                            file=str(path / METADATA_FILE),
+                                            pointer="/requires"))
+        return entry
+    if not applies(meta, mesh, environ):
+        entry.status = Status.INACTIVE
+        entry.reason = _why_inactive(meta, mesh, environ)
+    return entry
+
+
+def _why_inactive(meta: BundleMetadata, mesh: str | None, environ: Mapping[str, str]) -> str:
+    if mesh is not None and meta.targets and mesh not in meta.targets:
+        return f"TTB101 targets {', '.join(meta.targets)}, not {mesh}"
+    unmatched = [f"{k}={v}" for k, v in meta.when.env.items() if environ.get(k) != v]
+    return f"TTB101 applies only when {', '.join(unmatched)}"
+
+
+def _select(entries: list[Entry], problems: list[Diagnostic]) -> None:
+    """Pick one bundle per TT architecture: extras before built-ins, then the most
+    specific `when`, then the first in EXTRA_MODELS_DIR order (ambiguity is reported)."""
+    by_arch: dict[str, list[Entry]] = {}
+    for entry in entries:
+        if entry.status is Status.REGISTERED and entry.tt_arch:
+            by_arch.setdefault(entry.tt_arch, []).append(entry)
+    for arch, candidates in by_arch.items():
+        ranked = sorted(
+            candidates,
+            key=lambda e: (e.source is not Source.EXTRA, -specificity(e.metadata)),  # type: ignore[arg-type]
+        )
+        winner = ranked[0]
+        for loser in ranked[1:]:
+            loser.status = Status.SHADOWED
+            loser.reason = f"{arch} is provided by {winner.label} ({winner.source.value})"
+            same_rank = loser.source is winner.source and specificity(
+                loser.metadata) == specificity(winner.metadata)  # type: ignore[arg-type]
+            if loser.source is Source.BUILTIN and winner.source is Source.EXTRA:
+                loser.reason = f"TTB102 shadowed by {winner.label} from {winner.path}"
+            elif same_rank:
+                problems.append(Diagnostic(
+                    "TTB071", Severity.WARNING,
+                    f"{winner.label} ({winner.path}) and {loser.label} ({loser.path}) both "
+                    f"register {arch}; the first in EXTRA_MODELS_DIR order wins",
+                    file=str(loser.path / METADATA_FILE),
+                    hint="remove one, or tell them apart with targets or 'when'"))
+
+
+def table(registry: Registry) -> list[dict]:
+    """Rows for the startup log and `ttbundle list`, registered first."""
+    order = {Status.REGISTERED: 0, Status.SHADOWED: 1, Status.INACTIVE: 2, Status.SKIPPED: 3}
+    rows = sorted(registry.entries, key=lambda e: (order[e.status], e.tt_arch or "", str(e.path)))
+    return [e.to_dict() for e in rows]
+
+
+__all__ = ["Entry", "Registry", "Source", "Status", "compute", "envs", "sources", "table"]

@@ -1,0 +1,211 @@
+"""Validate bundles: a folder, an archive, or a folder of bundles (an EXTRA_MODELS_DIR).
+
+Pure checks over parsed metadata and source text; bundle code never runs here unless
+`--import` asks for it, and then only in a subprocess. Every problem is collected, so a
+user fixes a bundle in one round.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ttbundles.adapter_check import check_adapter
+from ttbundles.errors import Diagnostic, Report, Severity
+from ttbundles.metadata import METADATA_FILE, BundleMetadata
+from ttbundles.parse import load_metadata
+from ttbundles.selection import overlaps
+
+ARCHIVE_SUFFIX = ".ttbundle"
+
+
+@dataclass
+class CheckedBundle:
+    path: Path
+    metadata: BundleMetadata | None
+    diagnostics: list[Diagnostic] = field(default_factory=list)
+
+    def report(self) -> Report:
+        return Report(list(self.diagnostics))
+
+
+@dataclass
+class ValidationResult:
+    """Every bundle checked, with its diagnostics, plus those about the set as a whole."""
+
+    bundles: list[CheckedBundle] = field(default_factory=list)
+    report: Report = field(default_factory=Report)
+
+    def ok(self, strict: bool = False) -> bool:
+        return self.report.ok(strict)
+
+
+def validate_bundle(
+    path: Path, *, strict: bool = False, import_check: bool = False, timeout: float = 60.0
+) -> Report:
+    """Every problem of one bundle folder. `strict` is applied by `Report.ok`."""
+    return check_bundle(Path(path), import_check=import_check, timeout=timeout).report()
+
+
+def check_bundle(
+    bundle_dir: Path, *, import_check: bool = False, timeout: float = 60.0
+) -> CheckedBundle:
+    loaded = load_metadata(bundle_dir)
+    checked = CheckedBundle(bundle_dir, loaded.metadata, list(loaded.diagnostics))
+    metadata = loaded.metadata
+    if metadata is None:
+        return checked
+    checked.diagnostics.extend(
+        _locate(semantic_checks(metadata, str(loaded.file)) + check_adapter(bundle_dir, metadata),
+                str(loaded.file))
+    )
+    if import_check and not any(d.is_error for d in checked.diagnostics):
+        from ttbundles.importcheck import import_check as run_import_check
+
+        checked.diagnostics.extend(run_import_check(bundle_dir, metadata, timeout=timeout))
+    return checked
+
+
+def semantic_checks(metadata: BundleMetadata, file: str) -> list[Diagnostic]:
+    """Rules that span fields, beyond what the schema can say."""
+    out: list[Diagnostic] = []
+    for index, model in enumerate(metadata.models):
+        if model.revision is None:
+            out.append(Diagnostic("TTB037", Severity.WARNING,
+                                  f"checkpoint {model.repo} has no pinned revision", file=file,
+                                  pointer=f"/models/{index}",
+                                  hint='add "revision": "<commit sha>" so the bundle always '
+                                  "serves the weights it was validated with"))
+    declared = metadata.capabilities.sample_on_device
+    for mesh, target in metadata.targets.items():
+        mode = target.additional_config.sample_on_device_mode
+        if mode is not None and mode not in declared:
+            out.append(Diagnostic("TTB204", Severity.ERROR,
+                                  f"target {mesh} defaults sample_on_device_mode to {mode!r}, "
+                                  "which capabilities.sample_on_device does not declare",
+                                  file=file,
+                                  pointer=f"/targets/{mesh}/additional_config/"
+                                  "sample_on_device_mode",
+                                  hint=f"declare {mode!r} in capabilities.sample_on_device "
+                                  "or drop the default"))
+    return out
+
+
+def _locate(diagnostics: list[Diagnostic], file: str) -> list[Diagnostic]:
+    """Add line:column to diagnostics that point into the metadata file."""
+    if not diagnostics:
+        return diagnostics
+    from ttbundles.jsonpos import locate
+
+    try:
+        positions = locate(Path(file).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return diagnostics
+    out = []
+    for d in diagnostics:
+        line_col = positions.get(d.pointer) if d.pointer is not None else None
+        if line_col and d.file == file and d.line is None:
+            d = Diagnostic(**{**d.__dict__, "line": line_col[0], "column": line_col[1]})
+        out.append(d)
+    return out
+
+
+def cross_bundle_checks(bundles: list[CheckedBundle]) -> list[Diagnostic]:
+    """Problems of a set of bundles served together: shared names, ambiguous arches."""
+    out: list[Diagnostic] = []
+    valid = [b for b in bundles if b.metadata is not None]
+    by_name: dict[str, CheckedBundle] = {}
+    for bundle in valid:
+        assert bundle.metadata is not None
+        first = by_name.setdefault(bundle.metadata.name, bundle)
+        if first is not bundle:
+            out.append(Diagnostic("TTB070", Severity.ERROR,
+                                  f"bundle name {bundle.metadata.name!r} is used by "
+                                  f"{first.path} and {bundle.path}",
+                                  file=str(bundle.path / METADATA_FILE), pointer="/name",
+                                  hint="give each bundle a unique name"))
+    for i, a in enumerate(valid):
+        for b in valid[i + 1:]:
+            assert a.metadata is not None and b.metadata is not None
+            if overlaps(a.metadata, b.metadata):
+                out.append(Diagnostic("TTB071", Severity.ERROR,
+                                      f"{a.metadata.name} ({a.path}) and {b.metadata.name} "
+                                      f"({b.path}) both register {a.metadata.tt_arch} for "
+                                      "overlapping targets and conditions",
+                                      file=str(b.path / METADATA_FILE), pointer="/arch",
+                                      hint="give them disjoint targets, or a 'when' condition "
+                                      "that tells them apart"))
+    return out
+
+
+def bundle_folders(folder: Path) -> tuple[list[Path], list[Diagnostic]]:
+    """The bundles in a models folder, in registration order, and what was passed over."""
+    found, skipped = [], []
+    for child in sorted(folder.iterdir()):
+        if not child.is_dir() or child.name.startswith("."):
+            continue
+        if (child / METADATA_FILE).is_file():
+            found.append(child)
+        else:
+            skipped.append(Diagnostic("TTB002", Severity.WARNING,
+                                      f"{child.name} has no {METADATA_FILE}; not a bundle, "
+                                      "skipped", file=str(child)))
+    return found, skipped
+
+
+def validate_path(
+    path: Path, *, import_check: bool = False, timeout: float = 60.0
+) -> ValidationResult:
+    """Validate whatever `path` is: a bundle, a `.ttbundle` archive, or a models folder."""
+    path = Path(path)
+    result = ValidationResult()
+    if path.is_file():
+        return _validate_archive(path, import_check=import_check, timeout=timeout)
+    if not path.is_dir():
+        result.report.add(Diagnostic("TTB001", Severity.ERROR, "no such file or folder",
+                                     file=str(path), hint="check the path"))
+        return result
+    if (path / METADATA_FILE).is_file():
+        folders: list[Path] = [path]
+    else:
+        folders, skipped = bundle_folders(path)
+        result.report.extend(skipped)
+        if not folders:
+            result.report.add(Diagnostic(
+                "TTB001", Severity.ERROR,
+                f"neither a bundle (no {METADATA_FILE}) nor a folder of bundles",
+                file=str(path), hint="point at a bundle folder, a .ttbundle archive, or a "
+                "folder whose subfolders are bundles"))
+            return result
+    for folder in folders:
+        checked = check_bundle(folder, import_check=import_check, timeout=timeout)
+        result.bundles.append(checked)
+        result.report.extend(checked.diagnostics)
+    result.report.extend(cross_bundle_checks(result.bundles))
+    return result
+
+
+def _validate_archive(path: Path, *, import_check: bool, timeout: float) -> ValidationResult:
+    from ttbundles.errors import TTBundleError
+    from ttbundles.install import extract_verified
+
+    result = ValidationResult()
+    with tempfile.TemporaryDirectory(prefix="ttbundle-validate-") as tmp:
+        try:
+            folder = extract_verified(path, Path(tmp))
+        except TTBundleError as exc:
+            result.report.extend(exc.diagnostics)
+            return result
+        checked = check_bundle(folder, import_check=import_check, timeout=timeout)
+    # Report paths inside the archive, not the temporary folder they were checked in.
+    prefix = str(folder)
+    checked.diagnostics = [
+        Diagnostic(**{**d.__dict__, "file": d.file.replace(prefix, f"{path}!", 1)})
+        if d.file and d.file.startswith(prefix) else d
+        for d in checked.diagnostics
+    ]
+    checked.path = path
+    result.bundles.append(checked)
+    result.report.extend(checked.diagnostics)
+    return result
