@@ -71,4 +71,5 @@ CODES: dict[str, str] = {
     "TTB206": "request not supported (prompt logprobs)",
     "TTB207": "mixture-of-experts models do not support multi-process data parallelism",
     "TTB208": "model or checkpoint cannot be read",
+    "TTB209": "vLLM rejected the configuration",
 }

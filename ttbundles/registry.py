@@ -22,7 +22,7 @@ from ttbundles.metadata import METADATA_FILE, BundleMetadata
 from ttbundles.modules import module_file
 from ttbundles.parse import load_metadata
 from ttbundles.paths import builtin_bundles_dir
-from ttbundles.selection import applies, specificity
+from ttbundles.selection import applies, rank
 
 
 class Source(str, Enum):
@@ -137,7 +137,7 @@ def compute(
             if child.name.startswith(".") or not (child / METADATA_FILE).is_file():
                 continue
             entries.append(_load(child, source, mesh, environ))
-    _select(entries, problems)
+    _select(entries, problems, mesh)
     problems.extend(d for e in entries if e.status is Status.SKIPPED for d in e.diagnostics
                     if d.is_error)
     return Registry(entries, mesh, problems)
@@ -181,9 +181,10 @@ def _why_inactive(meta: BundleMetadata, mesh: str | None, environ: Mapping[str, 
     return f"TTB101 applies only when {', '.join(unmatched)}"
 
 
-def _select(entries: list[Entry], problems: list[Diagnostic]) -> None:
-    """Pick one bundle per TT architecture: extras before built-ins, then the most
-    specific `when`, then the first in EXTRA_MODELS_DIR order (ambiguity is reported)."""
+def _select(entries: list[Entry], problems: list[Diagnostic], mesh: str | None) -> None:
+    """Pick one bundle per TT architecture: extras before built-ins, then by `rank` (names
+    the mesh, most specific `when`), then the first in EXTRA_MODELS_DIR order (ambiguity
+    is reported)."""
     by_arch: dict[str, list[Entry]] = {}
     for entry in entries:
         if entry.status is Status.REGISTERED and entry.tt_arch:
@@ -191,14 +192,14 @@ def _select(entries: list[Entry], problems: list[Diagnostic]) -> None:
     for arch, candidates in by_arch.items():
         ranked = sorted(
             candidates,
-            key=lambda e: (e.source is not Source.EXTRA, -specificity(e.metadata)),  # type: ignore[arg-type]
+            key=lambda e: (e.source is not Source.EXTRA, tuple(-r for r in rank(e.metadata, mesh))),  # type: ignore[arg-type]
         )
         winner = ranked[0]
         for loser in ranked[1:]:
             loser.status = Status.SHADOWED
             loser.reason = f"{arch} is provided by {winner.label} ({winner.source.value})"
-            same_rank = loser.source is winner.source and specificity(
-                loser.metadata) == specificity(winner.metadata)  # type: ignore[arg-type]
+            same_rank = loser.source is winner.source and rank(
+                loser.metadata, mesh) == rank(winner.metadata, mesh)  # type: ignore[arg-type]
             if loser.source is Source.BUILTIN and winner.source is Source.EXTRA:
                 loser.reason = f"TTB102 shadowed by {winner.label} from {winner.path}"
             elif same_rank:

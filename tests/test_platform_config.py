@@ -1,0 +1,207 @@
+"""The TT platform's configuration decisions, through the real vLLM.
+
+Each test builds a configuration the way `vllm serve` does
+(`EngineArgs(...).create_engine_config()`), with the TT platform active on the host mesh
+(see conftest) and bundles supplied through EXTRA_MODELS_DIR; the adapter is never
+imported, so environment-sourced bundles with made-up module paths are enough here.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+pytest.importorskip("vllm")
+
+from vllm.engine.arg_utils import EngineArgs  # noqa: E402
+from vllm.sampling_params import SamplingParams  # noqa: E402
+
+from ttbundles.errors import ConfigurationError  # noqa: E402
+
+
+def bundle(parent, name, arch="LlamaForCausalLM", **fields):
+    folder = parent / name
+    folder.mkdir(parents=True)
+    document = {
+        "schema_version": 1, "name": name, "version": "1.0.0", "arch": arch,
+        "main_class": f"tt_models.{name.replace('-', '_')}:Generator",
+        "main_class_source": "environment", **fields,
+    }
+    (folder / "vllm_metadata.json").write_text(json.dumps(document))
+    return folder
+
+
+@pytest.fixture
+def models_dir(tmp_path, monkeypatch):
+    folder = tmp_path / "models"
+    folder.mkdir()
+    monkeypatch.setenv("EXTRA_MODELS_DIR", str(folder))
+    monkeypatch.setenv("TT_VLLM_BUILTIN_MODELS", "0")
+    return folder
+
+
+def configure(checkpoint, **kwargs):
+    kwargs.setdefault("max_model_len", 256)
+    config = EngineArgs(model=str(checkpoint), **kwargs).create_engine_config()
+    plan = config.additional_config["ttbundles"]
+    return config, {d["setting"]: d for d in plan["decisions"]}, plan
+
+
+def error_of(excinfo) -> str:
+    return excinfo.value.diagnostics[0].code
+
+
+def test_capabilities_off_turn_features_off_with_reasons(models_dir, demo_checkpoint):
+    bundle(models_dir, "plain")
+    config, decisions, plan = configure(demo_checkpoint, enable_prefix_caching=True,
+                                        async_scheduling=True)
+    assert plan["tt_arch"] == "TTLlamaForCausalLM"
+    assert plan["bundle"]["name"] == "plain"
+    assert config.cache_config.enable_prefix_caching is False
+    assert decisions["enable_prefix_caching"]["requested"] is True
+    assert "prefix_caching" in decisions["enable_prefix_caching"]["reason"]
+    assert config.scheduler_config.async_scheduling is False
+    assert "async_decode" in decisions["async_scheduling"]["reason"]
+    assert config.scheduler_config.enable_chunked_prefill is False
+    # Prompts prefill whole: the step budget holds the longest prompt.
+    assert config.scheduler_config.max_num_batched_tokens >= config.model_config.max_model_len
+    assert config.parallel_config.worker_cls == "ttbundles.platform.worker.TTWorker"
+    assert config.scheduler_config.scheduler_cls == "ttbundles.platform.scheduler.TTScheduler"
+    assert decisions["sampling"]["effective"] == "host"
+
+
+def test_declared_capabilities_keep_features(models_dir, demo_checkpoint):
+    bundle(models_dir, "capable", capabilities={
+        "prefix_caching": True, "async_decode": True, "chunked_prefill": True,
+        "sample_on_device": ["decode_only"]})
+    config, decisions, _ = configure(
+        demo_checkpoint, enable_prefix_caching=True, async_scheduling=True,
+        additional_config={"tt": {"sample_on_device_mode": "decode_only"}})
+    assert config.cache_config.enable_prefix_caching is True
+    assert config.scheduler_config.async_scheduling is True
+    assert config.scheduler_config.enable_chunked_prefill is True
+    assert config.scheduler_config.scheduler_cls.endswith("TTAsyncScheduler")
+    assert decisions["tt.sample_on_device_mode"]["effective"] == "decode_only"
+    assert config.additional_config["tt"]["sample_on_device_mode"] == "decode_only"
+
+
+def test_undeclared_sampling_mode_is_a_config_error(models_dir, demo_checkpoint):
+    bundle(models_dir, "decode-only", capabilities={"sample_on_device": ["decode_only"]})
+    with pytest.raises(ConfigurationError) as excinfo:
+        configure(demo_checkpoint, additional_config={"tt": {"sample_on_device_mode": "all"}})
+    assert error_of(excinfo) == "TTB204"
+    assert "decode_only" in str(excinfo.value)
+
+
+def test_unknown_device_option_suggests_the_right_one(models_dir, demo_checkpoint):
+    bundle(models_dir, "plain")
+    with pytest.raises(ConfigurationError) as excinfo:
+        configure(demo_checkpoint, additional_config={"tt": {"trace_mod": "all"}})
+    assert error_of(excinfo) == "TTB038"
+    assert "trace_mode" in str(excinfo.value)
+    with pytest.raises(ConfigurationError) as excinfo:
+        configure(demo_checkpoint, additional_config={"tt": {"trace_mode": "sometimes"}})
+    assert "'all'" in str(excinfo.value) and "'none'" in str(excinfo.value)
+
+
+def test_target_defaults_fill_what_the_user_left_unset(models_dir, demo_checkpoint):
+    bundle(models_dir, "targeted", targets={"HOST": {
+        "max_model_len": 128, "max_num_seqs": 4,
+        "additional_config": {"trace_mode": "decode_only", "enable_model_warmup": False}}})
+    config, decisions, _ = configure(demo_checkpoint, max_model_len=256, max_num_seqs=8,
+                                     additional_config={"tt": {"trace_mode": "none"}})
+    assert config.model_config.max_model_len == 128
+    assert decisions["max_model_len"]["requested"] == 256
+    assert config.scheduler_config.max_num_seqs == 4
+    assert decisions["tt.trace_mode"] == {"setting": "tt.trace_mode", "requested": "none",
+                                          "effective": "none", "reason": "set by the user"}
+    assert decisions["tt.enable_model_warmup"]["effective"] is False
+    assert "target HOST" in decisions["tt.enable_model_warmup"]["reason"]
+
+
+@pytest.mark.parametrize("option,code", [
+    ({"tensor_parallel_size": 2}, "TTB201"),
+    ({"pipeline_parallel_size": 2}, "TTB201"),
+    ({"enable_lora": True}, "TTB202"),
+])
+def test_unsupported_parallelism_and_features(models_dir, demo_checkpoint, option, code):
+    bundle(models_dir, "plain")
+    with pytest.raises(ConfigurationError) as excinfo:
+        configure(demo_checkpoint, **option)
+    assert error_of(excinfo) == code
+
+
+def test_no_bundle_for_the_architecture_lists_what_is_registered(models_dir, demo_checkpoint):
+    bundle(models_dir, "qwen", arch="Qwen2ForCausalLM")
+    with pytest.raises(ConfigurationError) as excinfo:
+        configure(demo_checkpoint)
+    assert error_of(excinfo) == "TTB200"
+    message = str(excinfo.value)
+    assert "TTLlamaForCausalLM" in message and "TTQwen2ForCausalLM (qwen@1.0.0, extra" in message
+
+
+def test_single_execute_data_parallel_becomes_lanes(models_dir, demo_checkpoint):
+    bundle(models_dir, "galaxy", capabilities={"execution": "single"})
+    config, decisions, plan = configure(demo_checkpoint, data_parallel_size=4, max_num_seqs=8)
+    assert plan["lanes"] == 4
+    assert config.parallel_config.data_parallel_size == 1
+    assert config.scheduler_config.max_num_seqs == 32
+    assert decisions["max_num_seqs"]["reason"] == "8 per lane x 4 lanes"
+
+
+def test_lanes_must_divide_the_target_batch(models_dir, demo_checkpoint):
+    bundle(models_dir, "galaxy", capabilities={"execution": "single"},
+           targets={"HOST": {"max_num_seqs": 30}})
+    with pytest.raises(ConfigurationError) as excinfo:
+        configure(demo_checkpoint, data_parallel_size=4, max_num_seqs=8)
+    assert error_of(excinfo) == "TTB205"
+
+
+def test_moe_with_data_parallel_is_refused(models_dir, demo_checkpoint, tmp_path):
+    moe = tmp_path / "tiny-mixtral"
+    shutil.copytree(demo_checkpoint, moe)
+    config = json.loads((moe / "config.json").read_text())
+    config.update({"architectures": ["MixtralForCausalLM"], "model_type": "mixtral",
+                   "num_local_experts": 4, "num_experts_per_tok": 2})
+    (moe / "config.json").write_text(json.dumps(config))
+    bundle(models_dir, "mixtral", arch="MixtralForCausalLM")
+    with pytest.raises(ConfigurationError) as excinfo:
+        configure(moe, data_parallel_size=2)
+    assert error_of(excinfo) == "TTB207"
+
+
+def test_an_architecture_vllm_does_not_know_still_configures(models_dir, demo_checkpoint,
+                                                             tmp_path):
+    from ttbundles.vllm_registration import register_all
+
+    custom = tmp_path / "custom-llama"
+    shutil.copytree(demo_checkpoint, custom)
+    config = json.loads((custom / "config.json").read_text())
+    config["architectures"] = ["AcmeLlamaForCausalLM"]
+    (custom / "config.json").write_text(json.dumps(config))
+    bundle(models_dir, "acme", arch="AcmeLlamaForCausalLM")
+    register_all()  # what the general plugin does at process start
+    _, decisions, plan = configure(custom)
+    assert plan["tt_arch"] == "TTAcmeLlamaForCausalLM"
+    assert decisions["architecture"]["requested"] == ["AcmeLlamaForCausalLM"]
+
+
+def test_prompt_logprobs_are_refused_per_request():
+    from ttbundles.platform.tt_platform import TTPlatform
+
+    with pytest.raises(ValueError, match="TTB206"):
+        TTPlatform.validate_request(None, SamplingParams(prompt_logprobs=1))
+    TTPlatform.validate_request(None, SamplingParams(logprobs=2))  # allowed
+
+
+def test_the_hook_decides_once_per_configuration(models_dir, demo_checkpoint):
+    from ttbundles.platform.config_plan import plan_config
+    from ttbundles.vllm_registration import current_registry
+
+    bundle(models_dir, "plain")
+    config, _, plan = configure(demo_checkpoint, enable_prefix_caching=True)
+    # The engine core runs the hook again on the same configuration: nothing changes.
+    assert plan_config(config, current_registry()) is None
+    assert config.additional_config["ttbundles"] == plan

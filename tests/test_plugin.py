@@ -1,0 +1,208 @@
+"""The vLLM entry points: platform activation, registration in every process, isolation
+of bundle modules, the startup policies, and `ttbundle plan` agreeing with the server."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("vllm")
+
+from ttbundles.errors import ConfigurationError  # noqa: E402
+from ttbundles.registry import Status, compute  # noqa: E402
+
+ADAPTER = '''
+from .helper import WHO
+
+
+class Generator:
+    who = WHO
+
+    @classmethod
+    def initialize_vllm_model(cls, hf_config, mesh_device, max_batch_size, max_seq_len,
+                              **kwargs):
+        return cls()
+
+    def allocate_kv_cache(self, kv_cache_shape, dtype, num_layers):
+        return None
+
+    def prefill_forward(self, tokens, page_table, kv_cache, prompt_lens, **kwargs):
+        return None
+
+    def decode_forward(self, tokens, start_pos, page_table, kv_cache, **kwargs):
+        return None
+'''
+
+
+def write_bundle(parent, name, arch, who, **fields):
+    folder = parent / name
+    folder.mkdir(parents=True)
+    (folder / "vllm_metadata.json").write_text(json.dumps({
+        "schema_version": 1, "name": name, "version": "1.0.0", "arch": arch,
+        "main_class": "adapter:Generator", **fields}))
+    (folder / "adapter.py").write_text(ADAPTER)
+    (folder / "helper.py").write_text(f"WHO = {who!r}\n")
+    return folder
+
+
+@pytest.fixture
+def two_bundles(tmp_path, monkeypatch):
+    """Two bundles that both ship adapter.py and helper.py, for different architectures."""
+    models = tmp_path / "models"
+    write_bundle(models, "alpha", "AlphaForCausalLM", "alpha")
+    write_bundle(models, "beta", "BetaForCausalLM", "beta")
+    monkeypatch.setenv("EXTRA_MODELS_DIR", str(models))
+    monkeypatch.setenv("TT_VLLM_BUILTIN_MODELS", "0")
+    return models
+
+
+def test_platform_activates_only_for_the_host_mesh_or_ttnn(monkeypatch):
+    from ttbundles.plugin import PLATFORM_QUALNAME, platform_plugin
+
+    monkeypatch.setenv("MESH_DEVICE", "HOST")
+    assert platform_plugin() == PLATFORM_QUALNAME
+    monkeypatch.delenv("MESH_DEVICE")
+    assert platform_plugin() is None  # no ttnn on this machine
+    monkeypatch.setenv("MESH_DEVICE", "T3K")
+    assert platform_plugin() is None
+
+
+def test_plugin_import_is_light():
+    code = ("import sys, ttbundles.plugin; "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & "
+            "{'vllm', 'torch', 'pydantic', 'ttnn', 'transformers', 'numpy'}))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True)
+    assert done.stdout.strip() == "[]"
+
+
+def test_registration_imports_no_adapter(two_bundles):
+    code = ("import sys; from ttbundles.vllm_registration import register_all; "
+            "r = register_all(); print(sorted(r.registered)); "
+            "print([m for m in sys.modules if m.startswith('_ttb_')])")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True, env=os.environ)
+    lines = done.stdout.strip().splitlines()
+    assert lines[-2] == "['TTAlphaForCausalLM', 'TTBetaForCausalLM']"
+    assert lines[-1] == "[]"
+
+
+def _load_both():
+    from vllm.model_executor.models.registry import ModelRegistry
+
+    out = []
+    for arch in ("TTAlphaForCausalLM", "TTBetaForCausalLM"):
+        cls = ModelRegistry.models[arch].load_model_cls()
+        out.append((cls.__module__, cls.who))
+    return out
+
+
+def test_vllm_inspection_subprocess_imports_bundles_side_by_side(two_bundles):
+    from vllm.model_executor.models.registry import _run_in_subprocess
+
+    from ttbundles.vllm_registration import register_all
+
+    register_all()
+    loaded = _run_in_subprocess(_load_both)  # vLLM's own inspection subprocess
+    (module_a, who_a), (module_b, who_b) = loaded
+    assert (who_a, who_b) == ("alpha", "beta")
+    assert module_a != module_b
+    assert module_a.startswith("_ttb_alpha_") and module_a.endswith(".adapter")
+    assert "bundles" not in " ".join(sys.path)
+
+
+WORKER_LIKE = """
+from vllm.plugins import load_general_plugins
+from vllm.model_executor.models.registry import ModelRegistry
+
+load_general_plugins()  # what every vLLM worker process does first
+for arch in ("TTAlphaForCausalLM", "TTBetaForCausalLM"):
+    cls = ModelRegistry.models[arch].load_model_cls()
+    print(cls.__module__, cls.who)
+"""
+
+
+def test_a_fresh_process_registers_and_imports_the_same_way(two_bundles):
+    done = subprocess.run([sys.executable, "-c", WORKER_LIKE], capture_output=True,
+                          text=True, env=os.environ, timeout=300)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.strip().splitlines()[-2:]
+    assert [line.split()[1] for line in lines] == ["alpha", "beta"]
+    assert lines[0].split()[0].startswith("_ttb_alpha_")
+
+
+def test_broken_bundle_is_skipped_or_fatal_under_strict(tmp_path, monkeypatch):
+    from ttbundles.vllm_registration import register_all
+
+    models = tmp_path / "models"
+    write_bundle(models, "good", "GoodForCausalLM", "good")
+    broken = write_bundle(models, "broken", "BrokenForCausalLM", "broken")
+    (broken / "vllm_metadata.json").write_text('{"schema_version": 1, "name": "broken"')
+    monkeypatch.setenv("EXTRA_MODELS_DIR", str(models))
+    monkeypatch.setenv("TT_VLLM_BUILTIN_MODELS", "0")
+    registry = register_all()
+    skipped = [e for e in registry.entries if e.status is Status.SKIPPED]
+    assert [e.path.name for e in skipped] == ["broken"]
+    assert skipped[0].reason.startswith("invalid: TTB010")
+    assert list(registry.registered) == ["TTGoodForCausalLM"]
+    monkeypatch.setenv("TT_BUNDLES_STRICT", "1")
+    with pytest.raises(ConfigurationError) as excinfo:
+        register_all()
+    assert excinfo.value.diagnostics[0].code == "TTB010"
+
+
+def test_requirements_are_checked_against_the_environment(tmp_path):
+    models = tmp_path / "models"
+    write_bundle(models, "future", "FutureForCausalLM", "x",
+                 requires={"vllm": ">=99", "python": ">=3.8"})
+    write_bundle(models, "needs-ttnn", "TtnnForCausalLM", "x", requires={"ttnn": ">=0.1"})
+    registry = compute({"TT_VLLM_BUILTIN_MODELS": "0"}, models_dirs=[models])
+    reasons = {e.path.name: e.reason for e in registry.entries}
+    assert reasons["future"] == "TTB100 requires vllm>=99, but vllm 0.33.0 is installed"
+    assert reasons["needs-ttnn"] == "TTB100 requires ttnn>=0.1, but ttnn is not installed"
+    assert registry.registered == {}
+
+
+def test_conflicting_extras_first_wins_with_a_warning(tmp_path):
+    first, second = tmp_path / "a", tmp_path / "b"
+    write_bundle(first, "one", "SameForCausalLM", "one")
+    write_bundle(second, "two", "SameForCausalLM", "two")
+    registry = compute({"TT_VLLM_BUILTIN_MODELS": "0"}, models_dirs=[first, second])
+    assert registry.registered["TTSameForCausalLM"].metadata.name == "one"
+    (warning,) = [d for d in registry.problems if d.code == "TTB071"]
+    assert "one@1.0.0" in warning.message and "two@1.0.0" in warning.message
+
+
+def test_plan_cli_matches_the_server_hook(tmp_path, monkeypatch, demo_checkpoint):
+    from vllm.engine.arg_utils import EngineArgs
+
+    models = tmp_path / "models"
+    folder = models / "plain"
+    folder.mkdir(parents=True)
+    (folder / "vllm_metadata.json").write_text(json.dumps({
+        "schema_version": 1, "name": "plain", "version": "2.0", "arch": "LlamaForCausalLM",
+        "main_class": "tt_models.plain:Generator", "main_class_source": "environment",
+        "capabilities": {"prefix_caching": True}}))
+    monkeypatch.setenv("EXTRA_MODELS_DIR", str(models))
+    monkeypatch.setenv("TT_VLLM_BUILTIN_MODELS", "0")
+    config = EngineArgs(model=str(demo_checkpoint), max_model_len=200,
+                        max_num_seqs=3).create_engine_config()
+    in_process = config.additional_config["ttbundles"]
+    ttbundle = os.path.join(os.path.dirname(sys.executable), "ttbundle")
+    done = subprocess.run([ttbundle, "plan", "--model", str(demo_checkpoint), "--mesh",
+                           "HOST", "--format", "json", "--max-model-len", "200",
+                           "--max-num-seqs", "3"], capture_output=True, text=True,
+                          env=os.environ, timeout=300)
+    assert done.returncode == 0, done.stderr
+    planned = json.loads(done.stdout)
+    assert planned["decisions"] == in_process["decisions"]
+    assert planned["bundle"] == in_process["bundle"]
+    failed = subprocess.run([ttbundle, "plan", "--model", str(demo_checkpoint),
+                             "--tensor-parallel-size", "2"], capture_output=True, text=True,
+                            env=os.environ, timeout=300)
+    assert failed.returncode == 1
+    assert "TTB201" in failed.stderr and "Traceback" not in failed.stderr

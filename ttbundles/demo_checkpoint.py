@@ -1,0 +1,111 @@
+"""The demo checkpoint: a tiny Llama with its tokenizer and chat template, made locally.
+
+No model hub is needed: weights come from a fixed seed, the tokenizer is trained with
+`tokenizers` on a fixed text, and the same arguments always give the same files. It is
+the embedded default that `ttbundle demo` serves and that the tests run against.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+SEED = 1234
+VOCAB_SIZE = 384
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "<|{{ message['role'] }}|>{{ message['content'] }}<|end|>"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+SPECIAL_TOKENS = ["<unk>", "<s>", "</s>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]
+
+_CORPUS = """\
+Tenstorrent builds computers for AI. A mesh of chips runs a model written in TT-NN.
+vLLM serves language models with continuous batching and a paged KV cache.
+The quick brown fox jumps over the lazy dog. Hello world, hello mesh, hello bundle.
+A bundle holds metadata and an adapter class. The registry maps architectures to
+generators. Prefill reads the prompt; decode writes one token at a time.
+Numbers: 0 1 2 3 4 5 6 7 8 9 10 100 1000. Punctuation: . , ; : ! ? ( ) [ ] { } " '
+The capital of France is Paris. The sky is blue. Water is wet. Once upon a time.
+"""
+
+
+def build_tokenizer(out_dir: Path):
+    """A byte-level BPE tokenizer with a chat template, saved as tokenizer.json."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(_CORPUS.splitlines(), trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="<unk>",
+        pad_token="</s>",
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(out_dir)
+    return fast
+
+
+def write_checkpoint(out_dir: Path, *, architecture: str = "LlamaForCausalLM") -> Path:
+    """Write the tiny Llama checkpoint (safetensors) into `out_dir`."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer(out_dir)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=False,
+        torch_dtype="float32",
+    )
+    generator = torch.Generator().manual_seed(SEED)
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():
+        for _, param in sorted(model.named_parameters()):
+            if param.dim() > 1:
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.2)
+            else:
+                param.copy_(1.0 + 0.1 * torch.randn(param.shape, generator=generator))
+    model.config.architectures = [architecture]
+    model.save_pretrained(out_dir, safe_serialization=True)
+    generation = out_dir / "generation_config.json"
+    if generation.exists():
+        generation.unlink()  # keep sampling defaults vLLM's own, not transformers'
+    _normalise_config(out_dir / "config.json")
+    return out_dir
+
+
+def _normalise_config(path: Path) -> None:
+    data = json.loads(path.read_text())
+    data.pop("transformers_version", None)
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+if __name__ == "__main__":
+    import sys
+
+    print(write_checkpoint(Path(sys.argv[1])))

@@ -1,0 +1,1 @@
+"""The vLLM side of ttbundles: platform, configuration plan, worker. Imports vLLM."""

@@ -1,0 +1,370 @@
+"""Decide the effective vLLM configuration from what the selected bundle declares.
+
+Called from `TTPlatform.check_and_update_config` (the server) and, through the same
+hook, by `ttbundle plan`: one code path, so the plan shows exactly what a server does.
+Every adjustment is a `Decision` (setting, requested, effective, reason); what cannot
+work raises a `ConfigurationError` before anything reaches the device. The adapter is
+never imported: capabilities come from the bundle's metadata.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from pydantic import ValidationError
+
+from ttbundles.errors import ConfigurationError, Diagnostic, Severity
+from ttbundles.metadata import tt_arch_name
+from ttbundles.registry import Registry
+from ttbundles.suggest import hint_for
+from ttbundles.tt_options import TT_OPTION_NAMES, TTOptions
+
+if TYPE_CHECKING:  # vLLM's config imports the platform: import it only for type hints
+    from vllm.config import VllmConfig
+
+logger = logging.getLogger("vllm.ttbundles")
+
+PLAN_KEY = "ttbundles"  # where the plan travels inside additional_config
+WORKER_CLS = "ttbundles.platform.worker.TTWorker"
+SCHEDULER_CLS = "ttbundles.platform.scheduler.TTScheduler"
+ASYNC_SCHEDULER_CLS = "ttbundles.platform.scheduler.TTAsyncScheduler"
+
+# Effective values of the device options the user and the target left unset.
+TT_DEFAULTS = TTOptions(
+    always_compat_sampling=False,
+    trace_mode="all",
+    enable_model_warmup=True,
+    decode_interleave_enabled=True,
+    decode_interleave_prefill_steps=1,
+    decode_interleave_decode_steps=1,
+)
+
+
+@dataclass(frozen=True)
+class Decision:
+    setting: str
+    requested: Any
+    effective: Any
+    reason: str
+
+    def __str__(self) -> str:
+        change = (
+            f"{self.requested!r} -> {self.effective!r}"
+            if self.requested != self.effective
+            else f"{self.effective!r}"
+        )
+        return f"{self.setting}: {change} ({self.reason})"
+
+
+@dataclass
+class Plan:
+    tt_arch: str
+    bundle: dict[str, Any]
+    mesh: str | None
+    options: dict[str, Any]
+    lanes: int = 1
+    decisions: list[Decision] = field(default_factory=list)
+
+    def decide(self, setting: str, requested: Any, effective: Any, reason: str) -> Any:
+        self.decisions.append(Decision(setting, requested, effective, reason))
+        return effective
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["decisions"] = [asdict(d) for d in self.decisions]
+        return data
+
+    def log(self) -> None:
+        lines = [
+            f"ttbundles: serving {self.tt_arch} with {self.bundle['name']}@"
+            f"{self.bundle['version']} ({self.bundle['source']}, {self.bundle['path']}) "
+            f"on mesh {self.mesh or 'unset'}:"
+        ]
+        lines += [f"  {d}" for d in self.decisions]
+        logger.info("\n".join(lines))
+
+
+def _error(code: str, message: str, hint: str | None = None) -> ConfigurationError:
+    return ConfigurationError(Diagnostic(code, Severity.ERROR, message, hint=hint))
+
+
+def select_entry(architectures: list[str], registry: Registry):
+    """The registered bundle serving the first of `architectures` that has one."""
+    registered = registry.registered
+    for arch in architectures:
+        entry = registered.get(tt_arch_name(arch))
+        if entry is not None:
+            return entry
+    listing = (
+        "; ".join(
+            f"{a} ({e.label}, {e.source.value}, {e.path})" for a, e in sorted(registered.items())
+        )
+        or "none"
+    )
+    raise _error(
+        "TTB200",
+        f"no registered TT architecture serves {', '.join(architectures) or 'this model'} "
+        f"(looked for {', '.join(tt_arch_name(a) for a in architectures)}); "
+        f"registered: {listing}",
+        "add a bundle for it to EXTRA_MODELS_DIR (ttbundle list shows what is registered)",
+    )
+
+
+def parse_tt_options(raw: Any) -> TTOptions:
+    """`additional_config["tt"]` as typed options, or an error naming the fix."""
+    if raw is None:
+        return TTOptions()
+    if not isinstance(raw, dict):
+        raise _error("TTB038", f"additional_config.tt must be an object, got {raw!r}")
+    try:
+        return TTOptions.model_validate(raw)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            key = str(err["loc"][0]) if err["loc"] else "?"
+            if err["type"] == "extra_forbidden":
+                problems.append(
+                    Diagnostic(
+                        "TTB038",
+                        Severity.ERROR,
+                        f"unknown device option tt.{key}",
+                        hint=hint_for(key, TT_OPTION_NAMES, what="device options"),
+                    )
+                )
+            else:
+                allowed = (err.get("ctx") or {}).get("expected")
+                problems.append(
+                    Diagnostic(
+                        "TTB038",
+                        Severity.ERROR,
+                        f"tt.{key}={err.get('input')!r}: {err['msg']}",
+                        hint=f"use {allowed}" if allowed else None,
+                    )
+                )
+        raise ConfigurationError(problems) from None
+
+
+def plan_config(vllm_config: VllmConfig, registry: Registry) -> Plan | None:
+    """Turn the user's configuration into the effective one, in place."""
+    model_config = vllm_config.model_config
+    additional = vllm_config.additional_config
+    if model_config is None:
+        return None
+    existing = additional.get(PLAN_KEY) if isinstance(additional, dict) else None
+    if existing:  # the hook runs in every process; decide once, keep the first plan
+        return None
+
+    hf_config = model_config.hf_config
+    architectures = list(getattr(hf_config, "architectures", None) or [])
+    entry = select_entry(architectures, registry)
+    meta = entry.metadata
+    assert meta is not None
+    caps = meta.capabilities
+    mesh = registry.mesh
+    target = meta.target(mesh)
+    plan = Plan(
+        tt_arch=meta.tt_arch,
+        bundle={
+            "name": meta.name,
+            "version": meta.version,
+            "source": entry.source.value,
+            "path": str(entry.path),
+            "main_class": entry.class_ref(),
+        },
+        mesh=mesh,
+        options={},
+    )
+    plan.decide(
+        "architecture",
+        architectures,
+        meta.tt_arch,
+        f"{meta.name}@{meta.version} ({entry.source.value}) provides it",
+    )
+
+    parallel = vllm_config.parallel_config
+    for name in ("tensor_parallel_size", "pipeline_parallel_size"):
+        if getattr(parallel, name) != 1:
+            raise _error(
+                "TTB201",
+                f"--{name.replace('_', '-')}={getattr(parallel, name)}: on Tenstorrent the "
+                f"mesh (MESH_DEVICE={mesh or 'unset'}) and the model implementation provide "
+                "the parallelism",
+                f"drop --{name.replace('_', '-')} and choose the mesh with MESH_DEVICE",
+            )
+    if vllm_config.speculative_config is not None:
+        raise _error(
+            "TTB202",
+            "speculative decoding is not supported yet on Tenstorrent",
+            "drop --speculative-config",
+        )
+    if vllm_config.lora_config is not None:
+        raise _error("TTB202", "LoRA is not supported yet on Tenstorrent", "drop --enable-lora")
+
+    # Device options: the user's values, then the target's defaults, then ours.
+    user = parse_tt_options(additional.get("tt") if isinstance(additional, dict) else None)
+    target_defaults = target.additional_config if target else TTOptions()
+    options = user.merged_over(target_defaults).merged_over(TT_DEFAULTS)
+    for key, value in options.model_dump(exclude_none=True).items():
+        if getattr(user, key) is None:
+            source = (
+                ("default of target " + str(mesh))
+                if getattr(target_defaults, key) is not None
+                else "default"
+            )
+            plan.decide(f"tt.{key}", None, value, source)
+        else:
+            plan.decide(f"tt.{key}", value, value, "set by the user")
+    mode = options.sample_on_device_mode
+    if mode is not None and mode not in caps.sample_on_device:
+        declared = ", ".join(caps.sample_on_device) or "none"
+        raise _error(
+            "TTB204",
+            f"sample_on_device_mode={mode!r} is not declared by {meta.name} "
+            f"(declared modes: {declared})",
+            "drop sample_on_device_mode to sample on the host"
+            + (f", or use one of: {declared}" if caps.sample_on_device else ""),
+        )
+    if mode is None:
+        plan.decide(
+            "sampling", None, "host", "no sample_on_device_mode: vLLM's sampler on the host"
+        )
+
+    _plan_lengths(vllm_config, plan, target)
+    _plan_lanes(vllm_config, plan, caps.execution, target)
+
+    cache = vllm_config.cache_config
+    if cache.enable_prefix_caching and not caps.prefix_caching:
+        cache.enable_prefix_caching = plan.decide(
+            "enable_prefix_caching",
+            True,
+            False,
+            f"{meta.name} does not declare capabilities.prefix_caching",
+        )
+    else:
+        plan.decide(
+            "enable_prefix_caching",
+            cache.enable_prefix_caching,
+            cache.enable_prefix_caching,
+            "as requested",
+        )
+
+    sched = vllm_config.scheduler_config
+    if sched.async_scheduling and not caps.async_decode:
+        sched.async_scheduling = plan.decide(
+            "async_scheduling",
+            True,
+            False,
+            f"{meta.name} does not declare capabilities.async_decode",
+        )
+    else:
+        plan.decide(
+            "async_scheduling",
+            bool(sched.async_scheduling),
+            bool(sched.async_scheduling),
+            "as requested",
+        )
+
+    if sched.enable_chunked_prefill and not caps.chunked_prefill:
+        sched.enable_chunked_prefill = plan.decide(
+            "enable_chunked_prefill",
+            True,
+            False,
+            f"{meta.name} does not declare capabilities.chunked_prefill",
+        )
+        if sched.max_num_batched_tokens < model_config.max_model_len:
+            sched.max_num_batched_tokens = plan.decide(
+                "max_num_batched_tokens",
+                sched.max_num_batched_tokens,
+                model_config.max_model_len,
+                "prompts prefill whole: the step budget must hold the longest prompt",
+            )
+    else:
+        plan.decide(
+            "enable_chunked_prefill",
+            bool(sched.enable_chunked_prefill),
+            bool(sched.enable_chunked_prefill),
+            "as requested",
+        )
+
+    if parallel.worker_cls == "auto":
+        parallel.worker_cls = WORKER_CLS
+    if sched.scheduler_cls is None:
+        sched.scheduler_cls = ASYNC_SCHEDULER_CLS if sched.async_scheduling else SCHEDULER_CLS
+    plan.decide(
+        "scheduler", None, sched.scheduler_cls, "phase-based: prefill-only or decode-only steps"
+    )
+
+    plan.options = options.model_dump(exclude_none=True)
+    additional["tt"] = dict(plan.options)
+    additional[PLAN_KEY] = plan.to_dict()
+    return plan
+
+
+def _plan_lengths(vllm_config: VllmConfig, plan: Plan, target: Any) -> None:
+    model_config = vllm_config.model_config
+    sched = vllm_config.scheduler_config
+    if (
+        target is not None
+        and target.max_model_len is not None
+        and (model_config.max_model_len > target.max_model_len)
+    ):
+        model_config.max_model_len = plan.decide(
+            "max_model_len",
+            model_config.max_model_len,
+            target.max_model_len,
+            f"the bundle's target {plan.mesh} supports at most {target.max_model_len}",
+        )
+        if hasattr(sched, "max_model_len"):
+            sched.max_model_len = target.max_model_len
+    else:
+        plan.decide(
+            "max_model_len", model_config.max_model_len, model_config.max_model_len, "as requested"
+        )
+
+
+def _plan_lanes(vllm_config: VllmConfig, plan: Plan, execution: str, target: Any) -> None:
+    parallel = vllm_config.parallel_config
+    sched = vllm_config.scheduler_config
+    dp = parallel.data_parallel_size
+    cap = target.max_num_seqs if target is not None else None
+    if dp > 1 and execution == "single":
+        requested = sched.max_num_seqs
+        total = requested * dp
+        if cap is not None and total > cap:
+            total = cap
+        if total % dp:
+            raise _error(
+                "TTB205",
+                f"{dp} data-parallel lanes cannot share max_num_seqs={total} evenly",
+                f"use a max_num_seqs that is a multiple of {dp}",
+            )
+        plan.lanes = dp
+        parallel.data_parallel_size = 1
+        plan.decide(
+            "data_parallel_size",
+            dp,
+            1,
+            f"single-execute model: {dp} in-process lanes instead of {dp} engines",
+        )
+        sched.max_num_seqs = plan.decide(
+            "max_num_seqs", requested, total, f"{total // dp} per lane x {dp} lanes"
+        )
+        return
+    if dp > 1 and vllm_config.model_config.is_moe:
+        raise _error(
+            "TTB207",
+            f"--data-parallel-size={dp}: mixture-of-experts models on Tenstorrent "
+            "do not run as multiple engines",
+            "drop --data-parallel-size; the mesh provides the parallelism",
+        )
+    if cap is not None and sched.max_num_seqs > cap:
+        sched.max_num_seqs = plan.decide(
+            "max_num_seqs",
+            sched.max_num_seqs,
+            cap,
+            f"the bundle's target {plan.mesh} supports at most {cap}",
+        )
+    else:
+        plan.decide("max_num_seqs", sched.max_num_seqs, sched.max_num_seqs, "as requested")

@@ -1,0 +1,29 @@
+"""A stand-in vLLM model class for bare architectures vLLM does not know.
+
+vLLM resolves a checkpoint's `architectures` before any platform hook runs, and refuses
+names it has no class for. A bundle may serve a checkpoint whose architecture is custom
+(a known `model_type`, a new class name); registering this placeholder under the bare
+name lets vLLM's model-config checks pass. It is never run: the TT worker loads the
+bundle's `TT<arch>` generator instead.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class TTPlaceholderForCausalLM(nn.Module):
+    """Satisfies vLLM's text-generation model interface; never executed."""
+
+    def __init__(self, *, vllm_config: object = None, prefix: str = "") -> None:
+        super().__init__()
+
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("the TT worker serves this architecture's TT generator")
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, **kwargs) -> torch.Tensor:
+        raise RuntimeError("the TT worker serves this architecture's TT generator")
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("the TT worker serves this architecture's TT generator")

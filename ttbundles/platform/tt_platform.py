@@ -1,0 +1,63 @@
+"""The Tenstorrent platform for vLLM, on a TT mesh or on the host mesh.
+
+vLLM asks the platform to shape the configuration (`check_and_update_config`) and to
+vet requests (`validate_request`); everything bundle-specific is decided by the
+configuration plan from the bundle's declared capabilities.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from vllm.platforms.interface import Platform, PlatformEnum
+
+if TYPE_CHECKING:  # importing vLLM's config here would be circular at platform load
+    from vllm.config import VllmConfig
+
+
+class TTPlatform(Platform):
+    _enum = PlatformEnum.OOT
+    device_name: str = "tt"
+    # torch knows no "tt" device; uses_host_device_handling keeps vLLM from building one.
+    device_type: str = "tt"
+    dispatch_key: str = "CPU"
+    device_control_env_var: str = "TT_VISIBLE_DEVICES"
+    simple_compile_backend: str = "eager"
+
+    def uses_host_device_handling(self) -> bool:
+        return True
+
+    @classmethod
+    def import_kernels(cls) -> None:
+        """No compiled vLLM kernels: the generator runs the model (an empty vLLM build)."""
+
+    @classmethod
+    def is_pin_memory_available(cls) -> bool:
+        return False
+
+    @classmethod
+    def get_device_name(cls, device_id: int = 0) -> str:
+        import os
+
+        return f"Tenstorrent {os.environ.get('MESH_DEVICE') or 'mesh'}"
+
+    @classmethod
+    def check_and_update_config(cls, vllm_config: VllmConfig) -> None:
+        from ttbundles.platform.config_plan import plan_config
+        from ttbundles.vllm_registration import current_registry
+
+        plan = plan_config(vllm_config, current_registry())
+        if plan is not None:
+            plan.log()
+
+    @classmethod
+    def validate_request(cls, processed_inputs: Any, params: Any) -> None:
+        if getattr(params, "prompt_logprobs", None) is not None:
+            raise ValueError(
+                "TTB206: prompt logprobs are not supported on Tenstorrent; "
+                "drop prompt_logprobs from the request"
+            )
+
+    @classmethod
+    def support_hybrid_kv_cache(cls) -> bool:
+        return False

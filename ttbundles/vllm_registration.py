@@ -1,0 +1,89 @@
+"""Put the registry's choices into vLLM's ModelRegistry, once per process.
+
+Each selected bundle registers `TT<arch>` lazily (`module:Class`, never imported here);
+bundle-sourced modules resolve through the loader's synthetic packages, so vLLM's
+model-inspection subprocess, which runs the general plugins first, imports them the same
+way. A bare architecture vLLM does not know gets a placeholder so that vLLM's own model
+config checks accept the checkpoint; the TT worker serves the `TT<arch>` generator.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from ttbundles.errors import ConfigurationError
+from ttbundles.registry import Registry, compute, table
+
+# A child of vLLM's logger, so messages appear wherever vLLM's own do.
+logger = logging.getLogger("vllm.ttbundles")
+
+PLACEHOLDER = "ttbundles.platform.placeholder:TTPlaceholderForCausalLM"
+
+# What this process registered last, keyed by the environment it was computed from.
+_state: dict[str, object] = {}
+
+
+def _key() -> tuple:
+    # Any variable may appear in a bundle's `when`: the whole environment is the key.
+    return tuple(sorted(os.environ.items()))
+
+
+def current_registry() -> Registry:
+    """The registry for this process's environment (computed once per environment)."""
+    key = _key()
+    if _state.get("key") != key:
+        _state["registry"] = compute()
+        _state["key"] = key
+    return _state["registry"]  # type: ignore[return-value]
+
+
+def register_all() -> Registry:
+    registry = current_registry()
+    if _state.get("registered_key") == _state["key"]:
+        return registry
+    strict = os.environ.get("TT_BUNDLES_STRICT", "").strip().lower() not in {
+        "",
+        "0",
+        "false",
+        "no",
+        "off",
+    }
+    if strict and registry.fatal():
+        raise ConfigurationError(registry.fatal())
+    from vllm.model_executor.models.registry import ModelRegistry
+
+    known = set(ModelRegistry.get_supported_archs())
+    for arch, entry in registry.registered.items():
+        ModelRegistry.register_model(arch, entry.class_ref())
+        assert entry.metadata is not None
+        bare = entry.metadata.arch
+        if bare != arch and bare not in known:
+            ModelRegistry.register_model(bare, PLACEHOLDER)
+    _state["registered_key"] = _state["key"]
+    log_table(registry)
+    return registry
+
+
+def log_table(registry: Registry) -> None:
+    """One startup block: what registered, what was shadowed or skipped, and why."""
+    rows = table(registry)
+    lines = [f"ttbundles: TT architectures (mesh {registry.mesh or 'any'}):"]
+    for r in rows:
+        caps = r["capabilities"] or {}
+        flags = (
+            ",".join(
+                k for k in ("prefix_caching", "async_decode", "chunked_prefill") if caps.get(k)
+            )
+            or "-"
+        )
+        if caps.get("sample_on_device"):
+            flags += ",sample_on_device=" + "+".join(caps["sample_on_device"])
+        lines.append(
+            f"  {r['status']:<10} {r['tt_arch'] or '-':<40} "
+            f"{(r['bundle'] or '-')}@{r['version'] or '-'} [{r['source']}] "
+            f"{r['path']} caps={flags}" + (f" ({r['reason']})" if r["reason"] else "")
+        )
+    for problem in registry.problems:
+        lines.append(f"  {problem}")
+    logger.info("\n".join(lines))
