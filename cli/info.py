@@ -101,7 +101,6 @@ def inspect(
 
 def _describe(folder: Path) -> dict:
     from ttbundles.manifest import build_manifest
-
     from ttbundles.parse import load_metadata
 
     loaded = load_metadata(folder)
