@@ -23,7 +23,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from ttbundles.meshes import MESH_NAMES
+from ttbundles.meshes import HOST, MESH_NAMES
 from ttbundles.tt_options import SampleOnDeviceMode, TTOptions
 
 METADATA_FILE = "vllm_metadata.json"
@@ -45,6 +45,9 @@ SPDX_PATTERN = r"^[A-Za-z0-9.+-]+( (AND|OR|WITH) [A-Za-z0-9.+-]+)*$"
 
 MeshName = Literal[MESH_NAMES]  # type: ignore[valid-type]
 EnvName = Annotated[str, Field(pattern=ENV_NAME_PATTERN)]
+# pydantic renders a key pattern as patternProperties, which lets other keys through; the
+# schema must reject them as the model does.
+_ENV_NAMES_ONLY = {"propertyNames": {"pattern": ENV_NAME_PATTERN}}
 
 
 def _check_specifier(value: str | None) -> str | None:
@@ -152,7 +155,9 @@ class Target(_Strict):
         None, gt=0, description="Largest batch the generator supports on this mesh."
     )
     env: dict[EnvName, str] = Field(
-        default_factory=dict, description="Environment variables the generator needs."
+        default_factory=dict,
+        description="Environment variables the generator needs.",
+        json_schema_extra=_ENV_NAMES_ONLY,
     )
     additional_config: TTOptions = Field(
         default_factory=TTOptions,
@@ -167,6 +172,7 @@ class When(_Strict):
     env: dict[EnvName, str] = Field(
         default_factory=dict,
         description="The bundle applies only when each variable has exactly this value.",
+        json_schema_extra=_ENV_NAMES_ONLY,
     )
 
     def matches(self, environ: dict[str, str] | Any) -> bool:
@@ -244,6 +250,18 @@ class BundleMetadata(_Strict):
     # Set by the parser for metadata of the reference plugin's two-key form.
     _legacy: bool = PrivateAttr(default=False)
 
+    @field_validator("schema_version", mode="before")
+    @classmethod
+    def _not_a_boolean(cls, value: Any) -> Any:
+        # JSON's true is not the number 1, though Python's True == 1 passes Literal[1].
+        if isinstance(value, bool):
+            raise PydanticCustomError(
+                "TTB032",
+                "schema_version must be the number 1, not a boolean",
+                {"hint": f'write "schema_version": {SCHEMA_VERSION}'},
+            )
+        return value
+
     @field_validator("version")
     @classmethod
     def _pep440(cls, value: str) -> str:
@@ -278,6 +296,8 @@ class BundleMetadata(_Strict):
         """Whether the bundle applies on `mesh` (None: any) under `environ`."""
         if mesh is not None and self.targets and mesh not in self.targets:
             return False
+        if mesh is None and self.targets and set(self.targets) == {HOST}:
+            return False  # the host mesh is only ever chosen explicitly (MESH_DEVICE=HOST)
         return self.when.matches(environ)
 
     def target(self, mesh: str | None) -> Target | None:

@@ -222,12 +222,13 @@ def diagnostics_from_validation(exc: ValidationError, fname: str | None) -> list
             out.append(_diag("TTB031", f"required field {field_name!r} is missing", fname,
                              pointer=pointer(loc[:-1]), hint=f"add {field_name!r}"))
         elif kind == "extra_forbidden":
-            allowed = list(_model_at(loc[:-1]).model_fields)
-            allowed = [_alias(_model_at(loc[:-1]), f) for f in allowed]
+            model = _model_at(loc[:-1])
+            allowed = [_alias(model, f) for f in model.model_fields]
+            # The device options mirror --additional-config.tt: no extensions there.
+            note = "" if model is TTOptions else "; free extensions start with 'x-'"
             out.append(_diag("TTB038" if in_tt else "TTB030", f"unknown key {field_name!r}",
                              fname, pointer=where + "#key",
-                             hint=hint_for(field_name, allowed, what="known keys")
-                             + "; free extensions start with 'x-'"))
+                             hint=hint_for(field_name, allowed, what="known keys") + note))
         elif kind == "string_pattern_mismatch":
             if field_name == "main_class":
                 out.append(_diag("TTB036", f"main_class {value!r} is not of the form "

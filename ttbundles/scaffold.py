@@ -108,7 +108,8 @@ def _read_hf_config(source: str) -> tuple[dict, dict | None]:
         file = path / "config.json"
         if not file.is_file():
             raise TTBundleError.single("TTB208", "no config.json in the checkpoint folder",
-                                       file=path)
+                                       file=path, hint="pass the folder holding the "
+                                       "checkpoint's config.json, or --arch")
         return _load_json(file), None
     from huggingface_hub import hf_hub_download
     from huggingface_hub.errors import HFValidationError
@@ -133,9 +134,12 @@ def _load_json(file: Path) -> dict:
     try:
         data = json.loads(file.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
-        raise TTBundleError.single("TTB208", f"cannot read: {exc}", file=file) from None
+        raise TTBundleError.single("TTB208", f"cannot read: {exc}", file=file,
+                                   hint="fix or re-download config.json, or pass --arch"
+                                   ) from None
     if not isinstance(data, dict):
-        raise TTBundleError.single("TTB208", "config.json is not an object", file=file)
+        raise TTBundleError.single("TTB208", "config.json is not an object", file=file,
+                                   hint="fix or re-download config.json, or pass --arch")
     return data
 
 

@@ -125,17 +125,25 @@ def cross_bundle_checks(bundles: list[CheckedBundle]) -> list[Diagnostic]:
                                   f"{first.path} and {bundle.path}",
                                   file=str(bundle.path / METADATA_FILE), pointer="/name",
                                   hint="give each bundle a unique name"))
-    for i, a in enumerate(valid):
-        for b in valid[i + 1:]:
-            assert a.metadata is not None and b.metadata is not None
-            if overlaps(a.metadata, b.metadata):
-                out.append(Diagnostic("TTB071", Severity.ERROR,
-                                      f"{a.metadata.name} ({a.path}) and {b.metadata.name} "
-                                      f"({b.path}) both register {a.metadata.tt_arch} for "
-                                      "overlapping targets and conditions",
-                                      file=str(b.path / METADATA_FILE), pointer="/arch",
-                                      hint="give them disjoint targets, or a 'when' condition "
-                                      "that tells them apart"))
+    # Only bundles of one TT architecture can overlap: compare pairs within each group
+    # (not all n^2 pairs of a large models folder), reported in folder order as before.
+    by_arch: dict[str, list[int]] = {}
+    for index, bundle in enumerate(valid):
+        assert bundle.metadata is not None
+        by_arch.setdefault(bundle.metadata.tt_arch, []).append(index)
+    pairs = sorted((i, j) for group in by_arch.values()
+                   for n, i in enumerate(group) for j in group[n + 1:])
+    for i, j in pairs:
+        a, b = valid[i], valid[j]
+        assert a.metadata is not None and b.metadata is not None
+        if overlaps(a.metadata, b.metadata):
+            out.append(Diagnostic("TTB071", Severity.ERROR,
+                                  f"{a.metadata.name} ({a.path}) and {b.metadata.name} "
+                                  f"({b.path}) both register {a.metadata.tt_arch} for "
+                                  "overlapping targets and conditions",
+                                  file=str(b.path / METADATA_FILE), pointer="/arch",
+                                  hint="give them disjoint targets, or a 'when' condition "
+                                  "that tells them apart"))
     return out
 
 
@@ -182,7 +190,8 @@ def validate_path(
         checked = check_bundle(folder, import_check=import_check, timeout=timeout)
         result.bundles.append(checked)
         result.report.extend(checked.diagnostics)
-    result.report.extend(cross_bundle_checks(result.bundles))
+    for diagnostic in cross_bundle_checks(result.bundles):
+        result.report.extend(_locate([diagnostic], diagnostic.file or ""))
     return result
 
 

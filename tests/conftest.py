@@ -1,0 +1,125 @@
+"""Shared fixtures: a bundle factory and a runner for the installed `ttbundle` command."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+# The whole session runs with the TT platform on the host mesh, with only our vLLM plugins
+# and no model hub. Set before anything imports vLLM: the platform is chosen once per
+# process.
+os.environ["MESH_DEVICE"] = "HOST"
+os.environ["VLLM_PLUGINS"] = "tt,ttbundles"
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["TRANSFORMERS_OFFLINE"] = "1"
+
+# A generator that satisfies the whole contract, statically and at import.
+ADAPTER = '''"""A test generator: the contract, and nothing else."""
+
+
+class DemoGenerator:
+    model_capabilities = {
+        "supports_prefix_caching": False,
+        "supports_async_decode": False,
+        "supports_sample_on_device": False,
+    }
+
+    @classmethod
+    def initialize_vllm_model(cls, hf_config, mesh_device, max_batch_size, max_seq_len,
+                              **kwargs):
+        return cls()
+
+    def allocate_kv_cache(self, kv_cache_shape, dtype, num_layers):
+        return None
+
+    def prefill_forward(self, tokens, page_table, kv_cache, prompt_lens, **kwargs):
+        return None
+
+    def decode_forward(self, tokens, start_pos, page_table, kv_cache, **kwargs):
+        return None
+'''
+
+
+def base_metadata(name: str) -> dict:
+    """A valid v1 document whose main class is ADAPTER's."""
+    return {
+        "schema_version": 1,
+        "name": name,
+        "version": "1.0.0",
+        "arch": "DemoForCausalLM",
+        "main_class": "adapter:DemoGenerator",
+        "main_class_source": "bundle",
+    }
+
+
+@pytest.fixture
+def make_bundle(tmp_path):
+    """`make_bundle(name="demo", metadata=None, adapter=ADAPTER, files=None, parent=None)`.
+
+    Writes `<parent or tmp_path>/<name>/` with vllm_metadata.json (base_metadata updated
+    with `metadata`; a value of `...` removes the key; a `str` replaces the whole file),
+    `adapter.py` (None: none) and `files` ({relative path: text}). Returns the folder.
+    """
+
+    def make(name="demo", *, metadata=None, adapter=ADAPTER, files=None, parent=None):
+        folder = Path(parent or tmp_path) / name
+        folder.mkdir(parents=True)
+        if isinstance(metadata, str):
+            text = metadata
+        else:
+            document = {**base_metadata(name), **(metadata or {})}
+            document = {k: v for k, v in document.items() if v is not ...}
+            text = json.dumps(document, indent=2) + "\n"
+        (folder / "vllm_metadata.json").write_text(text, encoding="utf-8")
+        if adapter is not None:
+            (folder / "adapter.py").write_text(adapter, encoding="utf-8")
+        for rel, content in (files or {}).items():
+            (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+            (folder / rel).write_text(content, encoding="utf-8")
+        return folder
+
+    make.adapter = ADAPTER
+    make.base_metadata = base_metadata
+    return make
+
+
+# Variables that change what ttbundle does; cleared so the caller's shell cannot leak in.
+_TTBUNDLE_ENV = (
+    "EXTRA_MODELS_DIR",
+    "TT_VLLM_BUILTIN_MODELS",
+    "TT_BUNDLES_STRICT",
+    "MESH_DEVICE",
+    "TTBUNDLE_DEBUG",
+    "TT_LLAMA_TEXT_VER",
+    "TT_QWEN3_TEXT_VER",
+)
+# The console script next to this interpreter: it imports the installed package, never the
+# source tree (which `python -m` from the repo root would put first on sys.path).
+TTBUNDLE = str(Path(sys.executable).parent / "ttbundle")
+
+
+def _run_cli(*args, env=None, cwd=None, timeout=60):
+    environ = {k: v for k, v in os.environ.items() if k not in _TTBUNDLE_ENV}
+    environ.update({"COLUMNS": "250", "NO_COLOR": "1", "TERM": "dumb"})
+    environ.update(env or {})
+    return subprocess.run([TTBUNDLE, *map(str, args)], capture_output=True, text=True,
+                          env=environ, cwd=cwd, timeout=timeout)
+
+
+@pytest.fixture
+def run_cli():
+    """`run_cli(*args, env=None, cwd=None)` -> CompletedProcess (text, captured)."""
+    return _run_cli
+
+
+@pytest.fixture(scope="session")
+def demo_checkpoint(tmp_path_factory) -> Path:
+    """The demo checkpoint (a tiny Llama with tokenizer), written once per session."""
+    from ttbundles.demo_checkpoint import write_checkpoint
+
+    return write_checkpoint(tmp_path_factory.mktemp("checkpoint") / "tiny-llama")

@@ -1,0 +1,261 @@
+"""The built-in bundles under `bundles/`: the reference plugin's model map as declarative bundles.
+
+Each folder holds one `vllm_metadata.json` whose generator comes from TT-Metal
+(`main_class_source: environment`). The table below is the reference Tenstorrent vLLM
+plugin's built-in map (vllm-tt-plugin `platform.py`, `register_tt_models`), including the
+variants it selects with `TT_LLAMA_TEXT_VER` and `TT_QWEN3_TEXT_VER`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from ttbundles.metadata import METADATA_FILE, BundleMetadata, Capabilities, Target, When
+from ttbundles.tt_options import TTOptions
+
+BUNDLES = Path(__file__).parents[1] / "bundles"
+
+TTT = "models.tt_transformers.tt.generator_vllm"
+GALAXY = "models.demos.llama3_70b_galaxy.tt.generator_vllm"
+
+# name -> (TT arch, main_class, when.env)
+BUILTINS: dict[str, tuple[str, str, dict[str, str]]] = {
+    "tt-llama": ("TTLlamaForCausalLM", f"{TTT}:LlamaForCausalLM", {}),
+    "tt-llama-galaxy": (
+        "TTLlamaForCausalLM",
+        f"{GALAXY}:LlamaForCausalLM",
+        {"TT_LLAMA_TEXT_VER": "llama3_70b_galaxy"},
+    ),
+    "tt-llama2-70b": (
+        "TTLlamaForCausalLM",
+        "models.demos.t3000.llama2_70b.tt.generator_vllm:TtLlamaForCausalLM",
+        {"TT_LLAMA_TEXT_VER": "llama2_70b"},
+    ),
+    "tt-mllama": (
+        "TTMllamaForConditionalGeneration",
+        f"{TTT}:MllamaForConditionalGeneration",
+        {},
+    ),
+    "tt-qwen2": ("TTQwen2ForCausalLM", f"{TTT}:QwenForCausalLM", {}),
+    "tt-qwen3": ("TTQwen3ForCausalLM", f"{TTT}:QwenForCausalLM", {}),
+    "tt-qwen3-galaxy": (
+        "TTQwen3ForCausalLM",
+        f"{GALAXY}:QwenForCausalLM",
+        {"TT_QWEN3_TEXT_VER": "qwen3_32b_galaxy"},
+    ),
+    "tt-qwen3.5": (
+        "TTQwen3_5ForConditionalGeneration",
+        "models.demos.blackhole.qwen36.tt.qwen36_vllm:Qwen36ForCausalLM",
+        {},
+    ),
+    "tt-qwen2.5-vl": (
+        "TTQwen2_5_VLForConditionalGeneration",
+        "models.demos.qwen25_vl.tt.generator_vllm:Qwen2_5_VLForConditionalGeneration",
+        {},
+    ),
+    "tt-qwen3-vl": (
+        "TTQwen3VLForConditionalGeneration",
+        "models.demos.qwen3_vl.tt.generator_vllm:Qwen3VLForConditionalGeneration",
+        {},
+    ),
+    "tt-mistral": ("TTMistralForCausalLM", f"{TTT}:MistralForCausalLM", {}),
+    "tt-mistral3": (
+        "TTMistral3ForConditionalGeneration",
+        f"{TTT}:Mistral3ForConditionalGeneration",
+        {},
+    ),
+    "tt-gemma3": (
+        "TTGemma3ForConditionalGeneration",
+        f"{TTT}:Gemma3ForConditionalGeneration",
+        {},
+    ),
+    "tt-deepseek-v3": (
+        "TTDeepseekV3ForCausalLM",
+        "models.demos.deepseek_v3.tt.generator_vllm:DeepseekV3ForCausalLM",
+        {},
+    ),
+    "tt-gpt-oss": ("TTGptOssForCausalLM", f"{TTT}:GptOssForCausalLM", {}),
+}
+
+SOD_ALL = ["decode_only", "all"]
+# name -> capabilities that differ from the defaults (the generators' model_capabilities).
+CAPABILITIES: dict[str, dict] = {
+    "tt-llama": {"prefix_caching": True, "async_decode": True, "sample_on_device": SOD_ALL},
+    "tt-llama-galaxy": {
+        "prefix_caching": True,
+        "async_decode": True,
+        "sample_on_device": SOD_ALL,
+        "execution": "single",
+    },
+    "tt-llama2-70b": {},
+    "tt-mllama": {"async_decode": True},
+    "tt-qwen2": {"prefix_caching": True, "async_decode": True, "sample_on_device": SOD_ALL},
+    "tt-qwen3": {"prefix_caching": True, "async_decode": True, "sample_on_device": SOD_ALL},
+    "tt-qwen3-galaxy": {"sample_on_device": SOD_ALL, "execution": "single"},
+    "tt-qwen3.5": {"multimodal": True},
+    "tt-qwen2.5-vl": {"multimodal": True},
+    "tt-qwen3-vl": {"async_decode": True, "multimodal": True},
+    "tt-mistral": {"prefix_caching": True, "async_decode": True, "sample_on_device": SOD_ALL},
+    "tt-mistral3": {"sample_on_device": SOD_ALL, "multimodal": True},
+    "tt-gemma3": {"async_decode": True, "sample_on_device": SOD_ALL, "multimodal": True},
+    "tt-deepseek-v3": {},
+    "tt-gpt-oss": {"async_decode": True, "sample_on_device": SOD_ALL},
+}
+
+
+def _builtin_dirs() -> list[Path]:
+    """Every bundle folder except demo bundles."""
+    return sorted(p for p in BUNDLES.iterdir() if p.is_dir() and not p.name.startswith("demo"))
+
+
+def _load(folder: Path) -> BundleMetadata:
+    data = json.loads((folder / METADATA_FILE).read_text(encoding="utf-8"))
+    return BundleMetadata.model_validate(data)
+
+
+@pytest.fixture(scope="module")
+def builtins() -> dict[str, BundleMetadata]:
+    return {folder.name: _load(folder) for folder in _builtin_dirs()}
+
+
+def test_bundles_folder_exists() -> None:
+    assert BUNDLES.is_dir()
+    assert _builtin_dirs(), "no built-in bundles found"
+
+
+@pytest.mark.parametrize("folder", _builtin_dirs(), ids=lambda p: p.name)
+def test_parses(folder: Path) -> None:
+    meta = _load(folder)
+    assert meta.name == folder.name, "folder name must equal the bundle name"
+    assert meta.schema_version == 1
+    assert meta.version == "1.0.0"
+    assert meta.main_class_source == "environment"
+    assert meta.schema_uri is None, "$schema would point nowhere once installed"
+    assert meta.description and "\n" not in meta.description
+    assert "x-source" in meta.extensions
+    # Declarative: the generator comes from TT-Metal, the bundle ships no Python.
+    assert not list(folder.rglob("*.py"))
+
+
+@pytest.mark.parametrize("folder", _builtin_dirs(), ids=lambda p: p.name)
+def test_formatting(folder: Path) -> None:
+    """2-space indent, trailing newline, keys in the order of the model's fields."""
+    text = (folder / METADATA_FILE).read_text(encoding="utf-8")
+    data = json.loads(text)
+    assert text == json.dumps(data, indent=2, ensure_ascii=False) + "\n"
+
+    def aliases(model) -> list[str]:
+        return [f.alias or name for name, f in model.model_fields.items()]
+
+    def check(obj: dict, model) -> None:
+        order = aliases(model)
+        known = [k for k in obj if not k.startswith("x-")]
+        assert known == sorted(known, key=order.index), f"{model.__name__} keys out of order"
+
+    check(data, BundleMetadata)
+    check(data.get("capabilities", {}), Capabilities)
+    check(data.get("when", {}), When)
+    for target in data.get("targets", {}).values():
+        check(target, Target)
+        check(target.get("additional_config", {}), TTOptions)
+
+
+def test_exact_set_of_builtins(builtins: dict[str, BundleMetadata]) -> None:
+    assert sorted(builtins) == sorted(BUILTINS)
+
+
+@pytest.mark.parametrize(
+    ("name", "tt_arch", "main_class", "when_env"),
+    [(name, *row) for name, row in BUILTINS.items()],
+    ids=list(BUILTINS),
+)
+def test_arch_to_main_class(
+    builtins: dict[str, BundleMetadata],
+    name: str,
+    tt_arch: str,
+    main_class: str,
+    when_env: dict[str, str],
+) -> None:
+    meta = builtins[name]
+    assert not meta.arch.startswith("TT"), "arch is the bare Hugging Face architecture"
+    assert meta.tt_arch == tt_arch
+    assert meta.main_class == main_class
+    assert meta.when.env == when_env
+
+
+@pytest.mark.parametrize("name", list(CAPABILITIES))
+def test_capabilities(builtins: dict[str, BundleMetadata], name: str) -> None:
+    caps = builtins[name].capabilities
+    assert caps.model_dump(exclude_defaults=True) == CAPABILITIES[name]
+
+
+def test_env_selected_families_have_a_default(builtins: dict[str, BundleMetadata]) -> None:
+    """Each arch selected by an env variable also has exactly one bundle with no `when`."""
+    selected = {m.arch for m in builtins.values() if m.when.env}
+    assert selected == {"LlamaForCausalLM", "Qwen3ForCausalLM"}
+    for arch in selected:
+        defaults = [m.name for m in builtins.values() if m.arch == arch and not m.when.env]
+        assert len(defaults) == 1, (arch, defaults)
+    assert not builtins["tt-llama"].when.env
+    assert not builtins["tt-qwen3"].when.env
+
+
+@pytest.mark.parametrize(
+    ("environ", "expected"),
+    [
+        ({}, {"LlamaForCausalLM": "tt-llama", "Qwen3ForCausalLM": "tt-qwen3"}),
+        ({"TT_LLAMA_TEXT_VER": "llama3_70b_galaxy"}, {"LlamaForCausalLM": "tt-llama-galaxy"}),
+        ({"TT_LLAMA_TEXT_VER": "llama2_70b"}, {"LlamaForCausalLM": "tt-llama2-70b"}),
+        ({"TT_QWEN3_TEXT_VER": "qwen3_32b_galaxy"}, {"Qwen3ForCausalLM": "tt-qwen3-galaxy"}),
+        ({"TT_QWEN3_TEXT_VER": "tt_transformers"}, {"Qwen3ForCausalLM": "tt-qwen3"}),
+    ],
+)
+def test_most_specific_match(
+    builtins: dict[str, BundleMetadata], environ: dict[str, str], expected: dict[str, str]
+) -> None:
+    """Under `environ` (any mesh), the most specific matching bundle is the plugin's choice."""
+    for arch, name in expected.items():
+        matching = [m for m in builtins.values() if m.arch == arch and m.applies_to(None, environ)]
+        best = max(len(m.when.env) for m in matching)
+        chosen = [m.name for m in matching if len(m.when.env) == best]
+        assert chosen == [name]
+
+
+def test_no_ambiguous_selection(builtins: dict[str, BundleMetadata]) -> None:
+    keys = Counter((m.arch, tuple(sorted(m.when.env.items()))) for m in builtins.values())
+    assert [k for k, n in keys.items() if n > 1] == []
+
+
+def test_names_unique() -> None:
+    names = Counter(_load(folder).name for folder in _builtin_dirs())
+    assert [n for n, c in names.items() if c > 1] == []
+
+
+def test_galaxy_variants_target_galaxy(builtins: dict[str, BundleMetadata]) -> None:
+    for name in ("tt-llama-galaxy", "tt-qwen3-galaxy"):
+        meta = builtins[name]
+        assert meta.capabilities.execution == "single"
+        assert set(meta.targets) == {"TG"}
+
+
+def test_no_user_specific_paths(builtins: dict[str, BundleMetadata]) -> None:
+    """DeepSeek-V3's path variables are documented, never set to a machine's paths."""
+    for meta in builtins.values():
+        for target in meta.targets.values():
+            assert "DEEPSEEK_V3_HF_MODEL" not in target.env
+            assert "DEEPSEEK_V3_CACHE" not in target.env
+    notes = " ".join(builtins["tt-deepseek-v3"].extensions["x-notes"])
+    assert "DEEPSEEK_V3_HF_MODEL" in notes and "DEEPSEEK_V3_CACHE" in notes
+
+
+@pytest.mark.parametrize("folder", _builtin_dirs(), ids=lambda p: p.name)
+def test_validates(folder: Path) -> None:
+    """Each built-in passes the full validator with no errors (warnings allowed)."""
+    validate = pytest.importorskip("ttbundles.validate")
+    report = validate.validate_bundle(folder)
+    assert not report.errors, report.errors
+    assert report.ok()
