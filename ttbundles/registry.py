@@ -177,6 +177,8 @@ def _load(path: Path, source: Source, mesh: str | None, environ: Mapping[str, st
 def _why_inactive(meta: BundleMetadata, mesh: str | None, environ: Mapping[str, str]) -> str:
     if mesh is not None and meta.targets and mesh not in meta.targets:
         return f"TTB101 targets {', '.join(meta.targets)}, not {mesh}"
+    if mesh is None and set(meta.targets) == {"HOST"}:
+        return "TTB101 targets only the host mesh; set MESH_DEVICE=HOST to use it"
     unmatched = [f"{k}={v}" for k, v in meta.when.env.items() if environ.get(k) != v]
     return f"TTB101 applies only when {', '.join(unmatched)}"
 

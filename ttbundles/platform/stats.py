@@ -22,6 +22,10 @@ class Stats:
         with self._lock:
             self._counts[name] += amount
 
+    def record_max(self, name: str, value: int) -> None:
+        with self._lock:
+            self._counts[name] = max(self._counts[name], value)
+
     def snapshot(self) -> dict[str, int]:
         with self._lock:
             return dict(self._counts)

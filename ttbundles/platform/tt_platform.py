@@ -43,6 +43,11 @@ class TTPlatform(Platform):
 
     @classmethod
     def check_and_update_config(cls, vllm_config: VllmConfig) -> None:
+        import os
+
+        # The TT worker speaks the V1 runner's output protocol; vLLM would switch to V2
+        # (other resumed-request semantics) wherever Triton happens to be installed.
+        os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
         from ttbundles.platform.config_plan import plan_config
         from ttbundles.vllm_registration import current_registry
 

@@ -1,0 +1,212 @@
+"""Benchmark the host overhead of `TTScheduler` against vLLM's own `Scheduler`.
+
+The workload is the steady state a server spends most of its time in: a full batch of
+running requests in decode (32 by default, long `max_tokens`, no EOS), nothing waiting.
+Each step is `schedule()` plus `update_from_output()` with a fake model output (one
+token per request), the work the engine core does on the host between device steps.
+
+Both schedulers are built from the same configuration in one process, and their steps
+run in alternating repetitions (the order flips every repetition) so that drift in
+machine load hits both alike. Reported: the median microseconds per step for each, and
+the ratio ours / vLLM (target: <= 1.2).
+
+Usage: python benchmarks/bench_scheduler.py [--steps 4000] [--repetitions 20]
+       [--requests 32] [--async-scheduling] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+BLOCK_SIZE = 16
+PROMPT_LEN = 32
+TOKEN = 7
+
+
+def build_scheduler(cls: type, checkpoint: Path, *, num_requests: int, max_len: int,
+                    async_scheduling: bool) -> Any:
+    """A scheduler on a real VllmConfig, whatever platform this process picked.
+
+    The platform's configuration hook is bypassed (the TT one would plan the config
+    from a bundle); `DeviceConfig("cpu")` lets the config build on any platform.
+    """
+    import torch
+    from vllm.config import (
+        CacheConfig,
+        DeviceConfig,
+        ModelConfig,
+        SchedulerConfig,
+        VllmConfig,
+    )
+    from vllm.platforms import current_platform
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    num_blocks = num_requests * (max_len // BLOCK_SIZE + 2) + 1
+    bypass = classmethod(lambda cls_, config: None)
+    # The V1 runner's bookkeeping (what the TT model runner uses) is the costlier one.
+    with mock.patch.dict(os.environ, {"VLLM_USE_V2_MODEL_RUNNER": "0"}), \
+            mock.patch.object(type(current_platform), "check_and_update_config", bypass):
+        config = VllmConfig(
+            model_config=ModelConfig(
+                model=str(checkpoint), max_model_len=max_len, dtype="float32",
+                skip_tokenizer_init=True,
+                hf_overrides={"max_position_embeddings": max_len},
+            ),
+            scheduler_config=SchedulerConfig(
+                max_num_seqs=num_requests,
+                max_num_batched_tokens=max(2048, num_requests * PROMPT_LEN),
+                max_model_len=max_len,
+                enable_chunked_prefill=True,
+                is_encoder_decoder=False,
+                async_scheduling=async_scheduling,
+            ),
+            cache_config=CacheConfig(block_size=BLOCK_SIZE, enable_prefix_caching=False),
+            device_config=DeviceConfig(device="cpu"),
+        )
+        config.cache_config.num_gpu_blocks = num_blocks
+        kv_cache_config = KVCacheConfig(
+            num_blocks=num_blocks,
+            kv_cache_tensors=[],
+            kv_cache_groups=[KVCacheGroupSpec(["layer.0"], FullAttentionSpec(
+                block_size=BLOCK_SIZE, num_kv_heads=2, head_size=16, dtype=torch.float32))],
+        )
+        return cls(vllm_config=config, kv_cache_config=kv_cache_config,
+                   structured_output_manager=StructuredOutputManager(config),
+                   block_size=BLOCK_SIZE)
+
+
+class Bench:
+    """One scheduler with its running batch, stepped like the engine core steps it."""
+
+    def __init__(self, name: str, scheduler: Any, num_requests: int, max_tokens: int,
+                 depth: int):
+        from vllm.sampling_params import SamplingParams
+        from vllm.v1.request import Request
+
+        self.name = name
+        self.scheduler = scheduler
+        self.depth = depth  # batches in flight: 1 synchronous, 2 async scheduling
+        self.in_flight: list[tuple[Any, Any]] = []
+        self.step_ns: list[int] = []
+        for i in range(num_requests):
+            scheduler.add_request(Request(
+                request_id=f"r{i}",
+                prompt_token_ids=[10 + (i + j) % 300 for j in range(PROMPT_LEN)],
+                sampling_params=SamplingParams(max_tokens=max_tokens, ignore_eos=True),
+                pooling_params=None,
+            ))
+        # The prefill step (and the async pipeline fill) are not what is measured.
+        for _ in range(depth + 1):
+            self.step(timed=False)
+        assert len(scheduler.running) == num_requests
+
+    def step(self, timed: bool = True) -> None:
+        from vllm.v1.outputs import ModelRunnerOutput
+
+        scheduler = self.scheduler
+        start = time.perf_counter_ns()
+        output = scheduler.schedule()
+        elapsed = time.perf_counter_ns() - start
+        # The fake model: built outside the timed region (it is the device's part).
+        req_ids = list(output.num_scheduled_tokens)
+        model_output = ModelRunnerOutput(
+            req_ids=req_ids,
+            req_id_to_index={req_id: i for i, req_id in enumerate(req_ids)},
+            sampled_token_ids=[[TOKEN]] * len(req_ids),
+        )
+        self.in_flight.append((output, model_output))
+        if len(self.in_flight) >= self.depth:
+            done, done_output = self.in_flight.pop(0)
+            start = time.perf_counter_ns()
+            scheduler.update_from_output(done, done_output)
+            elapsed += time.perf_counter_ns() - start
+        if timed:
+            assert output.total_num_scheduled_tokens == len(scheduler.running)
+            self.step_ns.append(elapsed)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=4000,
+                        help="decode steps measured per scheduler (default 4000)")
+    parser.add_argument("--repetitions", type=int, default=20,
+                        help="alternating blocks the steps are split into (default 20)")
+    parser.add_argument("--requests", type=int, default=32,
+                        help="running requests in the batch (default 32)")
+    parser.add_argument("--async-scheduling", action="store_true",
+                        help="compare TTAsyncScheduler with vLLM's AsyncScheduler")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    args = parser.parse_args(argv)
+
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    from ttbundles.demo_checkpoint import write_checkpoint
+    from ttbundles.platform.scheduler import TTAsyncScheduler, TTScheduler
+
+    depth = 2 if args.async_scheduling else 1
+    per_rep = max(1, args.steps // args.repetitions)
+    max_tokens = per_rep * args.repetitions + 16
+    max_len = PROMPT_LEN + max_tokens + 16
+    pairs = ((AsyncScheduler, TTAsyncScheduler) if args.async_scheduling
+             else (Scheduler, TTScheduler))
+    with tempfile.TemporaryDirectory(prefix="bench-scheduler-") as tmp:
+        checkpoint = Path(tmp) / "demo"
+        write_checkpoint(checkpoint)
+        benches = [
+            Bench(cls.__name__, build_scheduler(cls, checkpoint, num_requests=args.requests,
+                                                max_len=max_len,
+                                                async_scheduling=args.async_scheduling),
+                  args.requests, max_tokens, depth)
+            for cls in pairs
+        ]
+
+    gc.collect()
+    for rep in range(args.repetitions):
+        for bench in benches if rep % 2 == 0 else reversed(benches):
+            for _ in range(per_rep):
+                bench.step()
+
+    vllm_bench, tt_bench = benches
+    tt_kinds = dict(tt_bench.scheduler.step_kinds)
+    assert tt_kinds["decode"] >= per_rep * args.repetitions, tt_kinds
+    medians = {b.name: statistics.median(b.step_ns) / 1000 for b in benches}
+    ratio = medians[tt_bench.name] / medians[vllm_bench.name]
+    result = {
+        "workload": f"{args.requests} running requests, decode only",
+        "async_scheduling": args.async_scheduling,
+        "steps_per_scheduler": len(tt_bench.step_ns),
+        "repetitions": args.repetitions,
+        "median_us_per_step": medians,
+        "mean_us_per_step": {b.name: statistics.fmean(b.step_ns) / 1000 for b in benches},
+        "ratio": ratio,
+        "target": 1.2,
+        "within_target": ratio <= 1.2,
+    }
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        for bench in benches:
+            print(f"{bench.name:>18}: {medians[bench.name]:8.1f} us/step (median of "
+                  f"{len(bench.step_ns)} steps)")
+        print(f"{'ratio':>18}: {ratio:8.3f}  (target <= 1.2: "
+              f"{'ok' if ratio <= 1.2 else 'MISSED'})")
+    return 0 if ratio <= 1.2 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

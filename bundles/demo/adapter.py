@@ -1,0 +1,111 @@
+"""The demo bundle's generator: ttbundles' torch reference Llama generator, on the host mesh.
+
+The methods below only forward to the reference implementation. They are spelled out so
+that `ttbundle validate`, which reads this file without importing it (and so cannot see
+into ttbundles), finds the whole contract and the capabilities here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ttbundles.reference.llama import ReferenceLlamaGenerator
+
+
+class DemoGenerator(ReferenceLlamaGenerator):
+    """ReferenceLlamaGenerator under the demo bundle's name; see it for shapes."""
+
+    model_capabilities = {
+        "supports_prefix_caching": True,
+        "supports_async_decode": True,
+        "supports_sample_on_device": True,
+        "supports_chunked_prefill": True,
+    }
+
+    @classmethod
+    def initialize_vllm_model(
+        cls,
+        hf_config: Any,
+        mesh_device: Any,
+        max_batch_size: int,
+        max_seq_len: int,
+        tt_data_parallel: int = 1,
+        optimizations: str | None = None,
+    ) -> DemoGenerator:
+        return super().initialize_vllm_model(
+            hf_config=hf_config,
+            mesh_device=mesh_device,
+            max_batch_size=max_batch_size,
+            max_seq_len=max_seq_len,
+            tt_data_parallel=tt_data_parallel,
+            optimizations=optimizations,
+        )
+
+    def allocate_kv_cache(self, kv_cache_shape: Any, dtype: Any, num_layers: int) -> Any:
+        return super().allocate_kv_cache(
+            kv_cache_shape=kv_cache_shape, dtype=dtype, num_layers=num_layers
+        )
+
+    def prefill_forward(
+        self,
+        tokens: Any,
+        page_table: Any,
+        kv_cache: Any,
+        prompt_lens: Any,
+        start_pos: Any = None,
+        enable_trace: bool = False,
+        sampling_params: Any = None,
+        empty_slots: Any = None,
+        **kwargs: Any,
+    ) -> Any:
+        return super().prefill_forward(
+            tokens=tokens,
+            page_table=page_table,
+            kv_cache=kv_cache,
+            prompt_lens=prompt_lens,
+            start_pos=start_pos,
+            enable_trace=enable_trace,
+            sampling_params=sampling_params,
+            empty_slots=empty_slots,
+            **kwargs,
+        )
+
+    def decode_forward(
+        self,
+        tokens: Any,
+        start_pos: Any,
+        page_table: Any,
+        kv_cache: Any,
+        enable_trace: bool = False,
+        read_from_device: bool = True,
+        sampling_params: Any = None,
+        prompt_tokens: Any = None,
+        output_tokens: Any = None,
+        reset_batch: bool = False,
+        **kwargs: Any,
+    ) -> Any:
+        return super().decode_forward(
+            tokens=tokens,
+            start_pos=start_pos,
+            page_table=page_table,
+            kv_cache=kv_cache,
+            enable_trace=enable_trace,
+            read_from_device=read_from_device,
+            sampling_params=sampling_params,
+            prompt_tokens=prompt_tokens,
+            output_tokens=output_tokens,
+            reset_batch=reset_batch,
+            **kwargs,
+        )
+
+    def read_decode_output(self, out: Any, async_read: bool = False) -> Any:
+        return super().read_decode_output(out, async_read=async_read)
+
+    def process_decode_output_host(self, host_out: Any, is_tokens: bool = False) -> Any:
+        return super().process_decode_output_host(host_out, is_tokens=is_tokens)
+
+    def warmup_model_prefill(self, *args: Any, **kwargs: Any) -> None:
+        """Nothing to warm up on the host."""
+
+    def warmup_model_decode(self, *args: Any, **kwargs: Any) -> None:
+        """Nothing to warm up on the host."""

@@ -1,0 +1,507 @@
+"""The phase-based scheduler, driven like the engine core drives it, without a server.
+
+The real `TTScheduler` / `TTAsyncScheduler` run on a real `VllmConfig` (the demo
+checkpoint as the model) and a `KVCacheConfig` with one full-attention group; a small
+driver plays the engine core (`EngineCore.step` / `step_with_batch_queue`): it schedules,
+"executes" by sampling one token for every request whose prompt is complete, and feeds
+`ModelRunnerOutput` back through `update_from_output`. Every step is checked against the
+rules: never mixed, decode steps one token each, finished and preempted ids reported
+exactly once, `running` and `waiting` consistent.
+
+Configuration: vLLM picks its platform once per process and the shared conftest makes it
+the TT platform on the host mesh for the whole session. The platform's configuration hook
+would plan the config from a bundle (switching async scheduling, chunked prefill and the
+device options to what the bundle declares), so it is bypassed while the test config is
+built: the scheduler sees exactly the settings each test asks for. `DeviceConfig("cpu")`
+makes the config buildable on any platform (without one, vLLM fails to infer a device).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+from unittest import mock
+
+import pytest
+import torch
+from pydantic import ValidationError
+from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig
+from vllm.platforms import current_platform
+from vllm.sampling_params import SamplingParams
+from vllm.utils.hashing import sha256
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+from vllm.v1.core.sched.output import SchedulerOutput
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+from vllm.v1.outputs import ModelRunnerOutput
+from vllm.v1.request import Request, RequestStatus
+from vllm.v1.structured_output import StructuredOutputManager
+
+from ttbundles.demo_checkpoint import write_checkpoint
+from ttbundles.platform.scheduler import (
+    TTAsyncScheduler,
+    TTScheduler,
+    _restore_running,
+    interleave_options,
+)
+
+pytestmark = pytest.mark.vllm
+
+BLOCK_SIZE = 16
+TOKEN = 7  # what the fake model samples; never a stop token (requests ignore EOS)
+
+
+@pytest.fixture(scope="session")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("scheduler") / "demo"
+    write_checkpoint(path)
+    return path
+
+
+@pytest.fixture
+def make_scheduler(checkpoint: Path):
+    """Build a scheduler on a real VllmConfig; keyword arguments choose the settings."""
+
+    def build(
+        cls: type[Scheduler] = TTScheduler,
+        *,
+        num_blocks: int = 200,
+        max_num_seqs: int = 8,
+        max_num_batched_tokens: int = 64,
+        max_model_len: int = 512,
+        tt: dict[str, Any] | None = None,
+        policy: str = "fcfs",
+        prefix_caching: bool = False,
+        v2_runner: bool = False,
+    ) -> Scheduler:
+        env = {"VLLM_USE_V2_MODEL_RUNNER": "1" if v2_runner else "0"}
+        bypass = classmethod(lambda cls_, config: None)
+        with mock.patch.dict(os.environ, env), mock.patch.object(
+            type(current_platform), "check_and_update_config", bypass
+        ):
+            config = VllmConfig(
+                model_config=ModelConfig(
+                    model=str(checkpoint), max_model_len=max_model_len, dtype="float32",
+                    skip_tokenizer_init=True,
+                ),
+                scheduler_config=SchedulerConfig(
+                    max_num_seqs=max_num_seqs,
+                    max_num_batched_tokens=max_num_batched_tokens,
+                    max_model_len=max_model_len,
+                    enable_chunked_prefill=True,
+                    is_encoder_decoder=False,
+                    async_scheduling=issubclass(cls, TTAsyncScheduler),
+                    policy=policy,
+                ),
+                cache_config=CacheConfig(
+                    block_size=BLOCK_SIZE, enable_prefix_caching=prefix_caching
+                ),
+                device_config=DeviceConfig(device="cpu"),
+                additional_config={"tt": dict(tt or {})},
+            )
+            config.cache_config.num_gpu_blocks = num_blocks
+            kv_cache_config = KVCacheConfig(
+                num_blocks=num_blocks,
+                kv_cache_tensors=[],
+                kv_cache_groups=[
+                    KVCacheGroupSpec(
+                        ["layer.0"],
+                        FullAttentionSpec(
+                            block_size=BLOCK_SIZE, num_kv_heads=2, head_size=16,
+                            dtype=torch.float32,
+                        ),
+                    )
+                ],
+            )
+            return cls(
+                vllm_config=config,
+                kv_cache_config=kv_cache_config,
+                structured_output_manager=StructuredOutputManager(config),
+                block_size=BLOCK_SIZE,
+            )
+
+    return build
+
+
+@functools.cache
+def block_hasher() -> Any:
+    """vLLM's prefix-cache block hasher (sha256), initialised once per process."""
+    init_none_hash(sha256)
+    return get_request_block_hasher(BLOCK_SIZE, sha256)
+
+
+def make_request(
+    request_id: str,
+    prompt_len: int,
+    max_tokens: int,
+    *,
+    priority: int = 0,
+    prefix_caching: bool = False,
+    first_token: int = 10,
+) -> Request:
+    return Request(
+        request_id=request_id,
+        prompt_token_ids=[first_token + i % 300 for i in range(prompt_len)],
+        sampling_params=SamplingParams(max_tokens=max_tokens, ignore_eos=True),
+        pooling_params=None,
+        priority=priority,
+        block_hasher=block_hasher() if prefix_caching else None,
+    )
+
+
+def remaining(request: Request) -> int:
+    """Tokens left to compute, counted independently of the scheduler's own helper."""
+    return request.num_tokens + request.num_output_placeholders - request.num_computed_tokens
+
+
+@dataclass
+class Driver:
+    """The engine core's loop around a scheduler, with a fake model, checking each step.
+
+    depth 1 is `EngineCore.step` (synchronous); depth 2 is `step_with_batch_queue` with
+    two batches in flight (async scheduling).
+    """
+
+    scheduler: Scheduler
+    depth: int = 1
+    kinds: list[str] = field(default_factory=list)
+    outputs: list[SchedulerOutput] = field(default_factory=list)
+    finished: set[str] = field(default_factory=set)
+    reported_finished: Counter = field(default_factory=Counter)
+    reported_preempted: int = 0
+    requests: dict[str, Request] = field(default_factory=dict)
+    queue: deque = field(default_factory=deque)
+
+    def add(self, request: Request) -> None:
+        self.requests[request.request_id] = request
+        self.scheduler.add_request(request)
+
+    def schedule(self) -> SchedulerOutput:
+        scheduler = self.scheduler
+        before = {r.request_id: remaining(r) for r in scheduler.running}
+        output = scheduler.schedule()
+        self.check(before, output)
+        self.outputs.append(output)
+        return output
+
+    def check(self, before: dict[str, int], output: SchedulerOutput) -> None:
+        scheduler = self.scheduler
+        kinds = {
+            "decode" if before.get(req_id) == 1 else "prefill"
+            for req_id in output.num_scheduled_tokens
+        }
+        assert len(kinds) <= 1, f"mixed step: {output.num_scheduled_tokens} from {before}"
+        kind = kinds.pop() if kinds else "empty"
+        assert scheduler.last_step_kind == kind
+        if kind == "decode":
+            assert set(output.num_scheduled_tokens.values()) == {1}
+        self.kinds.append(kind)
+        self.reported_finished.update(output.finished_req_ids)
+        self.reported_preempted += len(output.preempted_req_ids or ())
+
+        running_ids = [r.request_id for r in scheduler.running]
+        waiting_ids = [r.request_id for r in scheduler.waiting]
+        waiting_ids += [r.request_id for r in scheduler.kv_holding_waiting]
+        assert len(set(running_ids)) == len(running_ids), running_ids
+        assert not set(running_ids) & set(waiting_ids)
+        assert len(running_ids) <= scheduler.max_num_running_reqs
+        assert all(r.status == RequestStatus.RUNNING for r in scheduler.running)
+        assert set(output.num_scheduled_tokens) <= set(running_ids)
+
+    def model_output(self, output: SchedulerOutput) -> ModelRunnerOutput:
+        """One token for each request whose prompt is complete after this step."""
+        req_ids = list(output.num_scheduled_tokens)
+        sampled = [
+            [] if self.scheduler.requests[req_id].is_prefill_chunk else [TOKEN]
+            for req_id in req_ids
+        ]
+        return ModelRunnerOutput(
+            req_ids=req_ids,
+            req_id_to_index={req_id: i for i, req_id in enumerate(req_ids)},
+            sampled_token_ids=sampled,
+        )
+
+    def step(self) -> None:
+        """One engine-core step (mirrors vLLM's `step_with_batch_queue`)."""
+        scheduler = self.scheduler
+        if scheduler.has_requests():
+            output = self.schedule()
+            self.queue.appendleft((output, self.model_output(output)))
+            if len(self.queue) < self.depth and (
+                output.total_num_scheduled_tokens > 0 or scheduler.has_requests()
+            ):
+                return
+        elif not self.queue:
+            return
+        output, model_output = self.queue.pop()
+        scheduler.update_from_output(output, model_output)
+        self.finished |= scheduler.finished_req_ids
+
+    def run(self, arrivals: dict[int, list[Request]] | None = None,
+            max_steps: int = 2000) -> None:
+        """Step until every request finished and was reported; fail past max_steps."""
+        arrivals = dict(arrivals or {})
+        for step in range(max_steps):
+            for request in arrivals.pop(step, []):
+                self.add(request)
+            if not arrivals and not self.queue and not self.scheduler.has_requests():
+                return
+            self.step()
+        raise AssertionError(
+            f"not done after {max_steps} steps: {self.scheduler.get_request_counts()}"
+        )
+
+    def assert_all_done(self) -> None:
+        for request in self.requests.values():
+            assert request.status == RequestStatus.FINISHED_LENGTH_CAPPED, request
+            assert len(request.output_token_ids) == request.max_tokens
+        assert set(self.reported_finished) == self.finished == set(self.requests)
+        assert max(self.reported_finished.values()) == 1, "a finished id reported twice"
+        preemptions = sum(r.num_preemptions for r in self.requests.values())
+        assert self.reported_preempted == preemptions
+
+
+def kinds_string(kinds: list[str]) -> str:
+    return "".join(kind[0].upper() for kind in kinds)
+
+
+# --- phase rule ------------------------------------------------------------------------
+
+
+def test_arrival_while_decoding_inserts_a_prefill_step(make_scheduler):
+    driver = Driver(make_scheduler())
+    driver.run({0: [make_request("r0", 20, 10)], 3: [make_request("r1", 20, 5)]})
+    driver.assert_all_done()
+    # r0: prefill, 2 decodes; r1 arrives at step 3: one prefill step, then decodes (r0
+    # has 7 tokens to go), then one empty step that reports the last finished ids.
+    assert kinds_string(driver.kinds) == "PDD" + "P" + "D" * 7 + "E"
+    prefill = driver.outputs[3]
+    assert list(prefill.num_scheduled_tokens) == ["r1"]
+    assert set(driver.outputs[4].num_scheduled_tokens) == {"r0", "r1"}
+    assert driver.scheduler.step_kinds == {"prefill": 2, "decode": 9, "empty": 1}
+
+
+def test_decodes_are_hidden_not_reordered(make_scheduler):
+    scheduler = make_scheduler()
+    driver = Driver(scheduler)
+    for name in ("r0", "r1"):
+        driver.add(make_request(name, 20, 50))
+    for _ in range(3):
+        driver.step()
+    driver.add(make_request("r2", 20, 5))
+    driver.step()
+    assert driver.kinds[-1] == "prefill"
+    assert [r.request_id for r in scheduler.running] == ["r0", "r1", "r2"]
+
+
+def test_same_schedule_as_vllm_when_phases_never_mix(make_scheduler):
+    """All prompts admitted in one step, then pure decode: nothing for us to change."""
+    runs = []
+    for cls in (Scheduler, TTScheduler):
+        scheduler = make_scheduler(cls, max_num_batched_tokens=256)
+        driver = Driver(scheduler)
+        if cls is Scheduler:
+            driver.check = lambda before, output: None  # vLLM reports no step kind
+        driver.run({0: [make_request(f"r{i}", 30, 20 + i) for i in range(6)]})
+        runs.append([o.num_scheduled_tokens for o in driver.outputs])
+    assert runs[0] == runs[1]
+
+
+@pytest.mark.parametrize(
+    ("tt", "expected"),
+    [
+        ({"decode_interleave_prefill_steps": 2, "decode_interleave_decode_steps": 1},
+         "PPDPPDP"),
+        ({}, "PDPDPDPDP"),  # the defaults: 1 and 1
+        ({"decode_interleave_prefill_steps": 1, "decode_interleave_decode_steps": 2},
+         "PDDPDDPDDPDDP"),
+        ({"decode_interleave_enabled": False}, "PPPPP"),
+    ],
+    ids=["2-1", "defaults", "1-2", "disabled"],
+)
+def test_long_prompt_is_chunked_with_decodes_interleaved(make_scheduler, tt, expected):
+    scheduler = make_scheduler(max_num_batched_tokens=32, tt=tt)
+    driver = Driver(scheduler)
+    # r1's 160-token prompt needs 5 chunks of 32 while r0 decodes.
+    driver.run({0: [make_request("r0", 20, 40)], 3: [make_request("r1", 160, 3)]})
+    driver.assert_all_done()
+    assert kinds_string(driver.kinds[3 : 3 + len(expected)]) == expected
+    chunks = [o.num_scheduled_tokens["r1"] for o in driver.outputs
+              if o.num_scheduled_tokens.get("r1", 0) > 1]
+    assert chunks == [32] * 5
+
+
+def test_a_last_chunk_of_one_token_runs_as_a_decode(make_scheduler):
+    """Only the newest token left: the request is in decode, as the rule defines it."""
+    scheduler = make_scheduler(max_num_batched_tokens=32)
+    driver = Driver(scheduler)
+    driver.run({0: [make_request("r0", 20, 10)], 2: [make_request("r1", 33, 3)]})
+    driver.assert_all_done()
+    assert kinds_string(driver.kinds[:4]) == "PDPD"
+    assert driver.outputs[2].num_scheduled_tokens == {"r1": 32}
+    assert driver.outputs[3].num_scheduled_tokens == {"r0": 1, "r1": 1}
+
+
+def test_interleave_counts_only_prefill_steps_that_kept_decodes_waiting(make_scheduler):
+    """Prefill steps with no decode running do not bank a decode step for later."""
+    scheduler = make_scheduler(
+        max_num_batched_tokens=32, tt={"decode_interleave_prefill_steps": 2}
+    )
+    driver = Driver(scheduler)
+    driver.run({0: [make_request("r0", 96, 20)], 4: [make_request("r1", 96, 2)]})
+    driver.assert_all_done()
+    # r0 prefills alone (3 chunks), decodes; r1's 3 chunks: P P, then D, then P.
+    assert kinds_string(driver.kinds[:8]) == "PPPD" + "PPDP"
+
+
+# --- continuous batching under pressure ------------------------------------------------
+
+
+@pytest.mark.parametrize("cls", [TTScheduler, TTAsyncScheduler])
+@pytest.mark.parametrize("policy", ["fcfs", "priority"])
+def test_tiny_kv_cache_preempts_and_everyone_finishes(make_scheduler, cls, policy):
+    # 11 usable blocks (one is vLLM's null block): 176 tokens for up to 240 wanted.
+    scheduler = make_scheduler(
+        cls, num_blocks=12, max_num_batched_tokens=32, policy=policy
+    )
+    driver = Driver(scheduler, depth=2 if cls is TTAsyncScheduler else 1)
+    arrivals = {
+        0: [make_request(f"a{i}", 24, 36, priority=i % 2) for i in range(4)],
+        10: [make_request("long", 120, 20, priority=0)],
+        12: [make_request("b0", 40, 30, priority=1)],
+    }
+    driver.run(arrivals, max_steps=1500)
+    driver.assert_all_done()
+    assert sum(r.num_preemptions for r in driver.requests.values()) > 0
+    assert {"prefill", "decode"} <= set(driver.kinds)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_workloads_keep_every_rule(make_scheduler, seed):
+    import random
+
+    rng = random.Random(seed)
+    cls = TTAsyncScheduler if seed % 2 else TTScheduler
+    prefix_caching = seed % 3 == 0
+    scheduler = make_scheduler(
+        cls,
+        num_blocks=rng.randint(10, 20),  # 9 to 19 usable: preemption is common
+        max_num_seqs=rng.choice([2, 4, 8]),
+        max_num_batched_tokens=rng.choice([16, 32, 64]),
+        policy=rng.choice(["fcfs", "priority"]),
+        prefix_caching=prefix_caching,
+        tt={
+            "decode_interleave_enabled": rng.random() < 0.7,
+            "decode_interleave_prefill_steps": rng.randint(1, 3),
+            "decode_interleave_decode_steps": rng.randint(1, 3),
+        },
+    )
+    arrivals: dict[int, list[Request]] = {}
+    for i in range(14):
+        request = make_request(
+            f"q{i}", rng.randint(1, 100), rng.randint(1, 40),
+            priority=rng.randint(0, 2), prefix_caching=prefix_caching,
+            first_token=10 if prefix_caching else rng.randint(10, 50),
+        )
+        arrivals.setdefault(rng.randint(0, 60), []).append(request)
+    driver = Driver(scheduler, depth=2 if cls is TTAsyncScheduler else 1)
+    driver.run(arrivals, max_steps=3000)
+    driver.assert_all_done()
+    assert scheduler.step_kinds.total() == len(driver.kinds)
+
+
+# --- state consumed by a discarded attempt ---------------------------------------------
+
+
+@pytest.mark.parametrize("v2_runner", [False, True], ids=["runner-v1", "runner-v2"])
+@pytest.mark.parametrize("how", ["length", "abort"])
+def test_finished_ids_survive_a_discarded_prefill_attempt(make_scheduler, v2_runner, how):
+    # 11 usable blocks; "big" needs all 11 for its prompt, and r0 always holds 2 or more:
+    # every prefill attempt while r0 runs finds nothing to admit and is discarded.
+    scheduler = make_scheduler(num_blocks=12, v2_runner=v2_runner)
+    driver = Driver(scheduler)
+    driver.add(make_request("r0", 20, 60))
+    driver.add(make_request("r1", 20, 4 if how == "length" else 60))
+    for _ in range(2):
+        driver.step()
+    driver.add(make_request("big", 170, 2))
+    carried = []
+    original = scheduler._carry_over
+    scheduler._carry_over = lambda *args: (carried.append(1), original(*args))
+    if how == "abort":
+        driver.step()
+        scheduler.finish_requests("r1", RequestStatus.FINISHED_ABORTED)
+        driver.finished.add("r1")
+    while "r1" not in driver.finished:
+        driver.step()
+    calls = len(driver.outputs)
+    step_before = scheduler.current_step
+    carried.clear()
+
+    driver.step()
+    output = driver.outputs[-1]
+    assert carried, "the prefill attempt was not discarded"
+    assert output.finished_req_ids == {"r1"}
+    assert list(output.num_scheduled_tokens) == ["r0"]
+    assert scheduler.last_step_kind == "decode"
+    assert scheduler.current_step == step_before + 1  # one step, however many attempts
+    if not v2_runner:
+        # r0 ran in the previous step: the runner already has its tokens.
+        assert output.scheduled_cached_reqs.all_token_ids == {}
+    assert len(driver.outputs) == calls + 1
+
+    driver.run(max_steps=500)
+    assert driver.reported_finished["r1"] == 1
+    assert driver.requests["big"].status == RequestStatus.FINISHED_LENGTH_CAPPED
+
+
+def test_async_variant_keeps_the_phase_rule(make_scheduler):
+    scheduler = make_scheduler(
+        TTAsyncScheduler, max_num_batched_tokens=32,
+        tt={"decode_interleave_prefill_steps": 2},
+    )
+    driver = Driver(scheduler, depth=2)
+    driver.run({0: [make_request("r0", 20, 30)], 6: [make_request("r1", 160, 5)]})
+    driver.assert_all_done()
+    kinds = kinds_string(driver.kinds)
+    assert "PPDPPDP" in kinds
+    assert scheduler.step_kinds["prefill"] == 1 + 5
+
+
+# --- pieces ------------------------------------------------------------------------------
+
+
+def test_step_kind_is_logged_at_debug_level(make_scheduler, caplog):
+    scheduler = make_scheduler()
+    name = "vllm.ttbundles.scheduler"
+    with caplog.at_level(logging.DEBUG, logger=name):
+        Driver(scheduler).run({0: [make_request("r0", 8, 2)]})
+    messages = [r.getMessage() for r in caplog.records if r.name == name]
+    assert [m.split(": ")[1].split()[0] for m in messages] == ["prefill", "decode", "empty"]
+
+
+def test_interleave_options_defaults_and_validation():
+    options = interleave_options(None)
+    assert (options.decode_interleave_enabled, options.decode_interleave_prefill_steps,
+            options.decode_interleave_decode_steps) == (True, 1, 1)
+    options = interleave_options({"tt": {"decode_interleave_decode_steps": 3,
+                                         "trace_mode": "none"}})
+    assert options.decode_interleave_decode_steps == 3
+    with pytest.raises(ValidationError):
+        interleave_options({"tt": {"decode_interleave_prefill_steps": 0}})
+
+
+def test_restore_running_keeps_order_and_the_base_changes():
+    a, b, c, d, e = (SimpleNamespace(name=n) for n in "abcde")
+    # Nothing removed: hidden requests keep their places, admitted ones go last.
+    assert _restore_running([a, b, c], [b], [b, e]) == [a, b, c, e]
+    # b preempted from the visible [b, d]; e admitted.
+    assert _restore_running([a, b, c, d], [b, d], [d, e]) == [a, c, d, e]
+    # Everything visible preempted.
+    assert _restore_running([a, b, c], [a, c], []) == [b]

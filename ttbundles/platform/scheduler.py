@@ -1,0 +1,340 @@
+"""The phase-based scheduler: every step is prefill-only, decode-only or empty.
+
+A TT generator runs a step as one `prefill_forward` or one `decode_forward` (section 4 of
+the serving contract); it has no kernel for a batch that mixes prompt chunks with
+decode tokens, which vLLM's scheduler produces freely. `TTScheduler` keeps vLLM's
+scheduling (budgets, chunking, prefix caching, preemption, resume, priority) by calling
+the base `schedule()` with the requests of the other phase hidden for that call:
+
+- prefill step: running requests in decode are taken out of `self.running`;
+- decode step: running requests mid-prefill are taken out of `self.running`, and the
+  waiting queues are swapped for empty ones so nothing is admitted.
+
+Afterwards the hidden requests are put back where they were, keeping whatever the base
+changed (preempted requests leave `running` and join the front of `waiting`; admitted
+ones are appended). When the chosen phase schedules nothing (a prompt that does not fit
+in the KV cache while decodes hold it), the other phase is tried in the same call, and
+the per-step state the discarded attempt consumed is carried into the returned output.
+
+Prefill goes first unless decode interleaving says otherwise (`additional_config["tt"]`:
+`decode_interleave_enabled`, `decode_interleave_prefill_steps`,
+`decode_interleave_decode_steps`): after that many consecutive prefill steps with decodes
+waiting, that many decode steps run, so a long chunked prompt does not stall generation.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from typing import TYPE_CHECKING, Any, Literal
+
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+from vllm.v1.core.sched.request_queue import RequestQueue, create_request_queue
+from vllm.v1.core.sched.scheduler import Scheduler
+
+from ttbundles.errors import ConfigurationError
+from ttbundles.platform.config_plan import TT_DEFAULTS
+from ttbundles.tt_options import TTOptions
+
+if TYPE_CHECKING:  # annotations only: these modules are loaded by the base classes
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.request import Request
+
+logger = logging.getLogger("vllm.ttbundles.scheduler")
+
+StepKind = Literal["prefill", "decode", "empty"]
+PREFILL: StepKind = "prefill"
+DECODE: StepKind = "decode"
+EMPTY: StepKind = "empty"
+
+INTERLEAVE_OPTIONS = (
+    "decode_interleave_enabled",
+    "decode_interleave_prefill_steps",
+    "decode_interleave_decode_steps",
+)
+
+
+def is_in_prefill(request: Request) -> bool:
+    """True while more than the newest token is left to compute.
+
+    That covers prompt chunks and a resumed request recomputing its tokens. With async
+    scheduling the newest token may still be in flight: it is counted by
+    `num_output_placeholders`, already included in `num_computed_tokens`, so a request
+    whose last prompt chunk is in flight is already "in decode". Draft tokens are not
+    counted (speculative decoding is not served on Tenstorrent).
+    """
+    return (
+        request.num_tokens + request.num_output_placeholders - request.num_computed_tokens
+        > 1
+    )
+
+
+def interleave_options(additional_config: dict[str, Any] | None) -> TTOptions:
+    """The effective decode-interleave options: `additional_config["tt"]` over defaults.
+
+    Validated with the same model as the configuration plan, so a value the plan would
+    reject fails here too, and the defaults are the plan's, never a copy of them.
+    """
+    tt = (additional_config or {}).get("tt") or {}
+    given = {key: tt[key] for key in INTERLEAVE_OPTIONS if key in tt}
+    return TTOptions.model_validate(given).merged_over(TT_DEFAULTS)
+
+
+class PhaseSchedulingMixin:
+    """Phase selection and request hiding around vLLM's `Scheduler.schedule`.
+
+    Mixed in before `Scheduler` or `AsyncScheduler`; every vLLM behaviour that is not
+    about which requests may share a step is the base class's, untouched.
+    """
+
+    # Declared for type checkers; the base scheduler sets these.
+    running: list[Request]
+    waiting: RequestQueue
+    kv_holding_waiting: RequestQueue
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._reject_unsupported()
+        options = interleave_options(self.vllm_config.additional_config)
+        self.decode_interleave_enabled: bool = bool(options.decode_interleave_enabled)
+        self.decode_interleave_prefill_steps: int = options.decode_interleave_prefill_steps
+        self.decode_interleave_decode_steps: int = options.decode_interleave_decode_steps
+        # How many steps of each kind were returned: cheap to keep, and the first thing
+        # to look at when latency looks wrong (are decodes starved by prefills?).
+        self.step_kinds: Counter[str] = Counter({PREFILL: 0, DECODE: 0, EMPTY: 0})
+        self.last_step_kind: StepKind | None = None
+        # Prefill steps taken in a row while decodes were running, and decode steps
+        # still owed to them before the next prefill step (decode interleaving).
+        self._prefill_run = 0
+        self._decode_steps_owed = 0
+
+    def _reject_unsupported(self) -> None:
+        """Refuse what a discarded attempt would corrupt.
+
+        A schedule() call that is discarded (see `_carry_over`) has already drained
+        connector metadata, and encoder-decoder cache bookkeeping advances a stage per
+        call; neither can be merged back, and none of them is served on Tenstorrent.
+        """
+        unsupported = [
+            name
+            for name, present in (
+                ("a KV connector (kv_transfer_config)", self.connector is not None),
+                ("an encoder-cache connector (ec_transfer_config)",
+                 self.ec_connector is not None),
+                ("auxiliary output connectors (aux_output_config)",
+                 self.aux_output_connector is not None),
+                ("encoder-decoder models", self.is_encoder_decoder),
+            )
+            if present
+        ]
+        if unsupported:
+            raise ConfigurationError.single(
+                "TTB202",
+                f"the phase-based Tenstorrent scheduler does not support "
+                f"{', '.join(unsupported)}",
+                hint="remove those options, or set scheduler_cls to vLLM's Scheduler "
+                "(steps will then mix prefill and decode, which TT generators cannot run)",
+            )
+
+    def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
+        """Schedule one step of a single phase.
+
+        On a steady decode batch (nothing mid-prefill, nothing waiting) this is the base
+        schedule() plus one pass over `running`: nothing is hidden or copied.
+        """
+        has_prefill = has_decode = False
+        for request in self.running:
+            if is_in_prefill(request):
+                has_prefill = True
+                if has_decode:
+                    break
+            else:
+                has_decode = True
+                if has_prefill:
+                    break
+        # Admission is possible only with a free running slot; without that check a full
+        # batch with a queue would pay for a futile prefill attempt on every step.
+        can_admit = (self.waiting or self.kv_holding_waiting) and (
+            len(self.running) + self.num_waiting_for_streaming_input
+            < self.max_num_active_reqs
+        )
+        if not (has_prefill or can_admit):
+            phases: tuple[StepKind, ...] = (DECODE,)
+        elif not has_decode:
+            phases = (PREFILL,)
+        elif self.decode_interleave_enabled and self._decode_steps_owed > 0:
+            phases = (DECODE, PREFILL)
+        else:
+            phases = (PREFILL, DECODE)
+
+        # A discarded attempt clears this set in place (MRV1 bookkeeping of the previous
+        # step); keep a copy only when a second attempt is possible.
+        previous_step_ids = (
+            set(self.prev_step_scheduled_req_ids)
+            if len(phases) > 1 and not self.use_v2_model_runner
+            else None
+        )
+        # Preemptions made before this step (reset_prefix_cache) are already here.
+        num_preempted_before = len(self.reset_preempted_req_ids)
+        phase = phases[0]
+        output = self._schedule_phase(phase, has_prefill, throttle_prefills)
+        if output.total_num_scheduled_tokens == 0 and len(phases) > 1 and not (
+            # Like the base, admit nothing in a step that preempted: a request just
+            # preempted by the decode attempt must not be resumed in the same step.
+            phases[1] == PREFILL
+            and len(output.preempted_req_ids or ()) > num_preempted_before
+        ):
+            self._carry_over(output, previous_step_ids)
+            phase = phases[1]
+            output = self._merge_discarded(
+                output, self._schedule_phase(phase, has_prefill, throttle_prefills)
+            )
+
+        kind = phase if output.total_num_scheduled_tokens > 0 else EMPTY
+        self._record(kind, has_decode)
+        return output
+
+    def _schedule_phase(
+        self, phase: StepKind, has_prefill: bool, throttle_prefills: bool
+    ) -> SchedulerOutput:
+        """Run the base schedule() with only `phase`'s requests visible."""
+        running = self.running
+        if phase == PREFILL:
+            visible = [r for r in running if is_in_prefill(r)]
+        elif has_prefill:
+            visible = [r for r in running if not is_in_prefill(r)]
+        else:
+            visible = running
+        num_hidden = len(running) - len(visible)
+
+        hidden_queues = None
+        capacity_bound = self.prefill_capacity_bound
+        if phase == DECODE and (self.waiting or self.kv_holding_waiting):
+            hidden_queues = (self.waiting, self.kv_holding_waiting)
+            self.waiting = create_request_queue(self.policy)
+            self.kv_holding_waiting = create_request_queue(self.policy)
+
+        if num_hidden:
+            # A copy: the base edits `running` in place, and the restore needs `visible`.
+            self.running = list(visible)
+            # Hidden requests still hold run slots: admission must count them.
+            self.max_num_active_reqs -= num_hidden
+        try:
+            return super().schedule(throttle_prefills)  # type: ignore[misc]
+        finally:
+            if num_hidden:
+                self.max_num_active_reqs += num_hidden
+                self.running = _restore_running(running, visible, self.running)
+            if phase == DECODE:
+                # The decode attempt looked at no waiting request: the base's verdict
+                # on prefill capacity is not one.
+                self.prefill_capacity_bound = capacity_bound
+            if hidden_queues is not None:
+                preempted, self.waiting = self.waiting, hidden_queues[0]
+                held, self.kv_holding_waiting = self.kv_holding_waiting, hidden_queues[1]
+                # Preempted requests go to the front, in the order the base put them.
+                if preempted:
+                    self.waiting.prepend_requests(reversed(list(preempted)))
+                if held:
+                    self.kv_holding_waiting.prepend_requests(reversed(list(held)))
+
+    def _carry_over(
+        self, discarded: SchedulerOutput, previous_step_ids: set[str] | None
+    ) -> None:
+        """Give back to the scheduler what a discarded (empty) attempt consumed.
+
+        schedule() hands `finished_req_ids` and the preempted ids to its output and
+        starts new sets, counts a step, and overwrites the previous step's scheduled
+        ids: the next attempt must report the former and see the latter unchanged.
+        """
+        discarded.finished_req_ids |= self.finished_req_ids
+        self.finished_req_ids = discarded.finished_req_ids
+        if discarded.preempted_req_ids is not None:
+            discarded.preempted_req_ids |= self.reset_preempted_req_ids
+            self.reset_preempted_req_ids = discarded.preempted_req_ids
+        self.current_step -= 1
+        if previous_step_ids is not None:
+            self.prev_step_scheduled_req_ids.clear()
+            self.prev_step_scheduled_req_ids.update(previous_step_ids)
+
+    @staticmethod
+    def _merge_discarded(
+        discarded: SchedulerOutput, output: SchedulerOutput
+    ) -> SchedulerOutput:
+        """Carry the drained, step-scoped fields of a discarded attempt into `output`.
+
+        Drained from managers by every schedule() call: freed encoder-cache entries,
+        encoder input updates, blocks to zero and copy-on-write copies. The id sets were
+        given back by `_carry_over` and are already in `output`.
+        """
+        if discarded.free_encoder_mm_hashes:
+            output.free_encoder_mm_hashes = (
+                discarded.free_encoder_mm_hashes + output.free_encoder_mm_hashes
+            )
+        for req_id, updates in discarded.encoder_input_updates.items():
+            output.encoder_input_updates.setdefault(req_id, {}).update(updates)
+        if discarded.new_block_ids_to_zero:
+            output.new_block_ids_to_zero = discarded.new_block_ids_to_zero + (
+                output.new_block_ids_to_zero or []
+            )
+        if discarded.kv_cache_block_copies:
+            output.kv_cache_block_copies = discarded.kv_cache_block_copies + (
+                output.kv_cache_block_copies or []
+            )
+        output.has_sync_kv_loads |= discarded.has_sync_kv_loads
+        return output
+
+    def _record(self, kind: StepKind, had_decodes: bool) -> None:
+        """Count the step and advance the decode-interleave cadence."""
+        self.step_kinds[kind] += 1
+        self.last_step_kind = kind
+        if kind == PREFILL:
+            # Only prefill steps that made running decodes wait count towards the run.
+            self._prefill_run = self._prefill_run + 1 if had_decodes else 0
+            if (
+                self.decode_interleave_enabled
+                and self._prefill_run >= self.decode_interleave_prefill_steps
+            ):
+                self._prefill_run = 0
+                self._decode_steps_owed = self.decode_interleave_decode_steps
+        elif kind == DECODE:
+            self._prefill_run = 0
+            if self._decode_steps_owed:
+                self._decode_steps_owed -= 1
+        logger.debug("ttbundles scheduler: %s step (%d running)", kind, len(self.running))
+
+
+def _restore_running(
+    original: list[Request], visible: list[Request], after: list[Request]
+) -> list[Request]:
+    """`original` in its order, minus what the base removed from `visible`, plus what it
+    appended.
+
+    The base only removes requests from `running` (preemption) and appends admitted
+    ones, keeping the relative order of the rest: `after` is `visible` minus removals,
+    then the new requests.
+    """
+    visible_ids = {id(r) for r in visible}
+    kept = 0
+    for request in after:
+        if id(request) not in visible_ids:
+            break
+        kept += 1
+    appended = after[kept:]
+    if kept == len(visible):
+        return original + appended
+    remaining = {id(r) for r in after[:kept]}
+    removed = visible_ids - remaining
+    return [r for r in original if id(r) not in removed] + appended
+
+
+class TTScheduler(PhaseSchedulingMixin, Scheduler):
+    """vLLM's `Scheduler` with one phase per step (see the module docstring)."""
+
+
+class TTAsyncScheduler(PhaseSchedulingMixin, AsyncScheduler):
+    """vLLM's `AsyncScheduler` with one phase per step.
+
+    Only `_update_after_schedule` differs in the base (output placeholders), and
+    `is_in_prefill` counts those placeholders, so the phase logic is shared as is.
+    """

@@ -1,0 +1,208 @@
+"""The TT worker: opens the mesh, loads the bundle's generator, sizes the KV cache.
+
+vLLM (0.33.0, one rank, "uni" executor) runs it inside the engine-core process and
+calls, in order: init_device, load_model, get_kv_cache_spec,
+get_supported_kv_cache_layouts, determine_available_memory, initialize_from_config,
+compile_or_warm_up_model, get_supported_tasks; then execute_model and sample_tokens per
+step. The generator is the `TT<arch>` class our registry chose, never vLLM's resolution
+of the bare architecture.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import os
+from typing import TYPE_CHECKING, Any
+
+import torch
+from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig
+from vllm.v1.worker.worker_base import CompilationTimes, WorkerBase
+
+from ttbundles.contract import HostMesh
+from ttbundles.platform.model_runner import TTModelRunner
+from ttbundles.platform.stats import STATS
+
+if TYPE_CHECKING:  # only for annotations
+    from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
+    from vllm.v1.outputs import ModelRunnerOutput
+
+logger = logging.getLogger("vllm.ttbundles")
+
+# When set, the worker writes its counters (step kinds, sampling paths) here after each
+# step: how tests and benchmarks see which path a batch took.
+STATS_FILE_ENV = "TT_BUNDLES_STATS_FILE"
+
+
+class TTWorker(WorkerBase):
+    def __init__(
+        self, vllm_config, local_rank, rank, distributed_init_method, is_driver_worker=False
+    ):
+        super().__init__(vllm_config, local_rank, rank, distributed_init_method, is_driver_worker)
+        self.plan = (vllm_config.additional_config or {}).get("ttbundles") or {}
+        self.mesh_device: Any = None
+        self.model_runner: TTModelRunner | None = None  # type: ignore[assignment]
+        self._stats_file = os.environ.get(STATS_FILE_ENV)
+
+    # --- device and model ---------------------------------------------------------------
+
+    def init_device(self) -> None:
+        self.device = torch.device("cpu")
+        self.mesh_device = open_mesh(os.environ.get("MESH_DEVICE"))
+
+    def load_model(self, *, load_dummy_weights: bool = False) -> None:
+        generator_cls = load_generator_class(self.plan)
+        self.model_runner = TTModelRunner(self.vllm_config, generator_cls, self.mesh_device)
+        self.model_runner.load_model()
+        logger.info(
+            "ttbundles: loaded %s (%s) on %s",
+            self.plan.get("tt_arch"),
+            self.plan.get("bundle", {}).get("main_class"),
+            self.mesh_device,
+        )
+
+    def get_model(self) -> Any:
+        return self.model_runner.model if self.model_runner else None
+
+    # --- KV cache -----------------------------------------------------------------------
+
+    def _layer_shape(self) -> tuple[int, int, int]:
+        config = self.model_config
+        num_layers = config.get_num_layers(self.parallel_config)
+        return num_layers, config.get_num_kv_heads(self.parallel_config), config.get_head_size()
+
+    def get_kv_cache_spec(self) -> dict[str, FullAttentionSpec]:
+        num_layers, kv_heads, head_size = self._layer_shape()
+        spec = FullAttentionSpec(
+            block_size=self.cache_config.block_size,
+            num_kv_heads=kv_heads,
+            head_size=head_size,
+            dtype=self.model_config.dtype,
+        )
+        return {f"model.layers.{i}.self_attn": spec for i in range(num_layers)}
+
+    def get_supported_kv_cache_layouts(self) -> list[str]:
+        # The generator owns its cache layout; vLLM only needs a name to record.
+        return ["LBHNC"]
+
+    def determine_available_memory(self) -> int:
+        """Bytes for the KV cache: the generator's own capacity when it declares one
+        (get_max_tokens_all_users), else room for every sequence at full length."""
+        assert self.model_runner is not None
+        explicit = self.cache_config.kv_cache_memory_bytes
+        if explicit is not None:
+            return int(explicit)
+        tokens = self.model_runner.max_tokens_all_users()
+        if tokens is None:
+            tokens = self.scheduler_config.max_num_seqs * self.model_config.max_model_len
+        block = self.cache_config.block_size
+        num_blocks = -(-tokens // block) + 1
+        spec = next(iter(self.get_kv_cache_spec().values()))
+        return num_blocks * spec.page_size_bytes * len(self.get_kv_cache_spec())
+
+    def initialize_from_config(self, kv_cache_config: KVCacheConfig) -> None:
+        assert self.model_runner is not None
+        num_layers, kv_heads, head_size = self._layer_shape()
+        self.model_runner.allocate_kv_cache(
+            kv_cache_config.num_blocks, kv_heads, head_size, num_layers, self.model_config.dtype
+        )
+        logger.info(
+            "ttbundles: KV cache of %d blocks x %d tokens",
+            kv_cache_config.num_blocks,
+            self.cache_config.block_size,
+        )
+
+    def compile_or_warm_up_model(self) -> CompilationTimes:
+        return CompilationTimes(language_model=0.0, encoder=0.0)
+
+    def get_supported_tasks(self) -> tuple[str, ...]:
+        return ("generate",)
+
+    def get_cache_block_size_bytes(self) -> int:
+        spec = next(iter(self.get_kv_cache_spec().values()))
+        return spec.page_size_bytes
+
+    # --- steps --------------------------------------------------------------------------
+
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput | None:
+        assert self.model_runner is not None
+        output = self.model_runner.execute_model(scheduler_output)
+        if output is not None:
+            self._write_stats()
+        return output
+
+    def sample_tokens(self, grammar_output: GrammarOutput | None) -> ModelRunnerOutput:
+        assert self.model_runner is not None
+        output = self.model_runner.sample_tokens(grammar_output)
+        self._write_stats()
+        return output
+
+    def _write_stats(self) -> None:
+        if not self._stats_file:
+            return
+        tmp = f"{self._stats_file}.tmp"
+        with open(tmp, "w", encoding="utf-8") as handle:
+            json.dump(STATS.snapshot(), handle)
+        os.replace(tmp, self._stats_file)
+
+    def check_health(self) -> None:
+        return
+
+    def shutdown(self) -> None:
+        logger.info("ttbundles: step counters %s", STATS.snapshot())
+
+    def add_lora(self, lora_request: Any) -> bool:
+        raise NotImplementedError("LoRA is not supported yet on Tenstorrent")
+
+    def remove_lora(self, lora_id: int) -> bool:
+        raise NotImplementedError("LoRA is not supported yet on Tenstorrent")
+
+    def pin_lora(self, lora_id: int) -> bool:
+        raise NotImplementedError("LoRA is not supported yet on Tenstorrent")
+
+    def list_loras(self) -> set[int]:
+        return set()
+
+
+def open_mesh(name: str | None) -> Any:
+    """The mesh the generator runs on: the host mesh, or a TT mesh through ttnn.
+
+    The ttnn path follows TT-Metal's mesh presets; it is written but untested here (no
+    Tenstorrent hardware on this project's machines).
+    """
+    if (name or "").upper() == "HOST":
+        return HostMesh()
+    import ttnn  # noqa: F401 - only on machines with the TT-Metal stack
+
+    shapes = {
+        "N150": (1, 1),
+        "N300": (1, 2),
+        "N150x4": (1, 4),
+        "T3K": (1, 8),
+        "TG": (8, 4),
+        "P100": (1, 1),
+        "P150": (1, 1),
+        "P150x2": (1, 2),
+        "P150x4": (1, 4),
+        "P150x8": (1, 8),
+        "P300": (1, 2),
+        "P300x2": (1, 4),
+        "BH-Galaxy": (8, 4),
+    }
+    if name in shapes:
+        shape = shapes[name]
+    else:
+        shape = tuple(int(x) for x in (name or "1,1").strip("()").split(","))
+    return ttnn.open_mesh_device(ttnn.MeshShape(*shape))
+
+
+def load_generator_class(plan: dict) -> type:
+    """Import the selected bundle's generator class (bundle modules stay isolated)."""
+    from ttbundles.vllm_registration import register_all
+
+    register_all()  # installs the bundle finder in this process, idempotently
+    target = plan["bundle"]["main_class"]
+    module_name, _, class_name = target.partition(":")
+    module = importlib.import_module(module_name)
+    return getattr(module, class_name)

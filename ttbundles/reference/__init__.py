@@ -1,0 +1,1 @@
+"""Reference generators: readable torch implementations of the generator contract."""
