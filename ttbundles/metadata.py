@@ -17,10 +17,11 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    PrivateAttr,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
+from pydantic.json_schema import SkipJsonSchema
 from pydantic_core import PydanticCustomError
 
 from ttbundles.meshes import HOST, MESH_NAMES
@@ -64,8 +65,42 @@ def _check_specifier(value: str | None) -> str | None:
     return value
 
 
+# Where an object's `x-*` keys are kept once validated: an alias no JSON key can take
+# unnoticed (a document that uses it is refused as an unknown key).
+EXTENSIONS_KEY = "\x00extensions"
+LEGACY_KEY = "\x00legacy"
+# Validation context flag: the caller knows the text has no "x-" key and no reserved one
+# (registration checks the raw text), so the walk that sets extensions aside is skipped.
+NO_EXTENSIONS = "no_extensions"
+_RESERVED = (EXTENSIONS_KEY, LEGACY_KEY)
+
+
+def _aside(obj: Any) -> Any:
+    """`obj` with its `x-*` keys moved under EXTENSIONS_KEY (a copy; input untouched)."""
+    if not isinstance(obj, dict):
+        return obj
+    out: dict[str, Any] = {}
+    extensions: dict[str, Any] | None = None
+    for key, value in obj.items():
+        if key.startswith(EXTENSION_PREFIX):
+            if extensions is None:
+                extensions = {}
+            extensions[key] = value
+        elif key in _RESERVED:
+            out[repr(key)] = value  # reported as an unknown key
+        else:
+            out[key] = value
+    if extensions is not None:
+        out[EXTENSIONS_KEY] = extensions
+    return out
+
+
 class _Strict(BaseModel):
-    """Objects of the format: unknown keys are errors, `x-*` keys are free extensions."""
+    """Objects of the format: unknown keys are errors, `x-*` keys are free extensions.
+
+    Extensions are set aside once per document by `BundleMetadata` (one Python call, not
+    one per object: registration validates every bundle in every vLLM process).
+    """
 
     # strict: JSON's own types only ("yes" is not a boolean, "1" is not a number).
     model_config = ConfigDict(
@@ -73,24 +108,14 @@ class _Strict(BaseModel):
         strict=True,
         json_schema_extra={"patternProperties": {"^x-": {}}},
     )
-    _extensions: dict[str, Any] = PrivateAttr(default_factory=dict)
-
-    @model_validator(mode="wrap")
-    @classmethod
-    def _set_extensions_aside(cls, data: Any, handler: Any) -> Any:
-        extensions: dict[str, Any] = {}
-        if isinstance(data, dict):
-            extensions = {k: v for k, v in data.items() if k.startswith(EXTENSION_PREFIX)}
-            if extensions:
-                data = {k: v for k, v in data.items() if k not in extensions}
-        instance = handler(data)
-        instance._extensions = extensions
-        return instance
+    extensions_: SkipJsonSchema[dict[str, Any] | None] = Field(
+        None, alias=EXTENSIONS_KEY, exclude=True, repr=False
+    )
 
     @property
     def extensions(self) -> dict[str, Any]:
         """The `x-*` keys of this object, kept verbatim."""
-        return dict(self._extensions)
+        return dict(self.extensions_ or {})
 
 
 class ModelRef(_Strict):
@@ -248,7 +273,29 @@ class BundleMetadata(_Strict):
     requires: Requires = Field(default_factory=Requires)
 
     # Set by the parser for metadata of the reference plugin's two-key form.
-    _legacy: bool = PrivateAttr(default=False)
+    legacy_: SkipJsonSchema[bool] = Field(False, alias=LEGACY_KEY, exclude=True, repr=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _set_extensions_aside(cls, data: Any, info: ValidationInfo) -> Any:
+        if not isinstance(data, dict):
+            return data
+        if (info.context or {}).get(NO_EXTENSIONS):
+            data = dict(data)
+        else:
+            data = _aside(data)
+            for key in ("capabilities", "when", "requires"):
+                if key in data:
+                    data[key] = _aside(data[key])
+            if isinstance(data.get("models"), list):
+                data["models"] = [_aside(m) for m in data["models"]]
+            if isinstance(data.get("targets"), dict):
+                data["targets"] = {k: _aside(v) for k, v in data["targets"].items()}
+        # Absent objects validate from {} natively: a default_factory would build each
+        # through Python, and registration runs this for every bundle in every process.
+        for key in ("capabilities", "when", "requires"):
+            data.setdefault(key, {})
+        return data
 
     @field_validator("schema_version", mode="before")
     @classmethod
@@ -290,7 +337,7 @@ class BundleMetadata(_Strict):
 
     @property
     def legacy(self) -> bool:
-        return self._legacy
+        return self.legacy_
 
     def applies_to(self, mesh: str | None, environ: Any) -> bool:
         """Whether the bundle applies on `mesh` (None: any) under `environ`."""

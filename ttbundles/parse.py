@@ -19,6 +19,7 @@ from ttbundles.jsonpos import locate, pointer
 from ttbundles.meshes import MESH_NAMES
 from ttbundles.metadata import (
     METADATA_FILE,
+    NO_EXTENSIONS,
     SCHEMA_VERSION,
     SUPPORTED_SCHEMA_VERSIONS,
     BundleMetadata,
@@ -130,12 +131,13 @@ def parse_metadata(text: str, *, file: Path, bundle_dir: Path | None = None) -> 
 
     metadata: BundleMetadata | None = None
     try:
-        metadata = BundleMetadata.model_validate(document)
+        plain = '"x-' not in text and "\\u0000" not in text
+        metadata = BundleMetadata.model_validate(document, context={NO_EXTENSIONS: plain})
     except ValidationError as exc:
         diagnostics.extend(diagnostics_from_validation(exc, fname))
     else:
         if diagnostics and diagnostics[0].code == "TTB021":
-            metadata._legacy = True
+            metadata.legacy_ = True
     return _located(LoadedMetadata(file, metadata, diagnostics, document), text)
 
 
@@ -224,6 +226,7 @@ def diagnostics_from_validation(exc: ValidationError, fname: str | None) -> list
         elif kind == "extra_forbidden":
             model = _model_at(loc[:-1])
             allowed = [_alias(model, f) for f in model.model_fields]
+            allowed = [name for name in allowed if not name.startswith("\x00")]
             # The device options mirror --additional-config.tt: no extensions there.
             note = "" if model is TTOptions else "; free extensions start with 'x-'"
             out.append(_diag("TTB038" if in_tt else "TTB030", f"unknown key {field_name!r}",

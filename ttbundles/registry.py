@@ -133,18 +133,25 @@ def compute(
                                        "models folder does not exist; ignored",
                                        file=str(folder)))
             continue
-        for child in sorted(folder.iterdir()):
-            if child.name.startswith(".") or not (child / METADATA_FILE).is_file():
-                continue
-            entries.append(_load(child, source, mesh, environ))
+        names = sorted(e.name for e in os.scandir(folder)
+                       if not e.name.startswith(".") and e.is_dir())
+        for name in names:
+            entry = _load(folder / name, source, mesh, environ)
+            if entry is not None:
+                entries.append(entry)
     _select(entries, problems, mesh)
     problems.extend(d for e in entries if e.status is Status.SKIPPED for d in e.diagnostics
                     if d.is_error)
     return Registry(entries, mesh, problems)
 
 
-def _load(path: Path, source: Source, mesh: str | None, environ: Mapping[str, str]) -> Entry:
+def _load(
+    path: Path, source: Source, mesh: str | None, environ: Mapping[str, str]
+) -> Entry | None:
+    """The entry for one folder; None when it holds no metadata (not a bundle)."""
     loaded = load_metadata(path)
+    if loaded.metadata is None and loaded.diagnostics[0].code == "TTB002":
+        return None
     entry = Entry(path, source, loaded.metadata, diagnostics=loaded.diagnostics)
     errors = [d for d in loaded.diagnostics if d.is_error]
     meta = loaded.metadata
