@@ -352,6 +352,49 @@ def test_async_readback_matches_synchronous_path(gen, decode_ready, sample):
     assert torch.equal(gen.process_decode_output_host(direct, is_tokens=sample), expected)
 
 
+def test_steady_decode_takes_its_input_tokens_from_the_device(gen, vocab):
+    """With reset_batch=False the host may not know the last tokens yet (-1): the
+    generator feeds its own on-device samples, so two steps can be in flight."""
+    prompts = [prompt(70 + r, n, vocab) for r, n in enumerate((6, 9))]
+    blocks = [[0, 1, 2, 3], [4, 5, 6, 7]]
+    greedy = params([0.0, 0.0])
+
+    def run(host_knows_tokens: bool) -> list[list[int]]:
+        kv = new_cache(gen)
+        first = prefill(gen, kv, prompts, [0, 0], blocks, greedy).tolist()
+        positions = [len(p) for p in prompts]
+        produced, tokens, handles = [first], first, []
+        for step in range(4):
+            handle = gen.decode_forward(
+                tokens=torch.tensor(tokens if (host_knows_tokens or step == 0) else [-1, -1]
+                                    ).reshape(-1, 1),
+                start_pos=torch.tensor([p + step for p in positions]),
+                page_table=page_table(blocks), kv_cache=kv, read_from_device=False,
+                sampling_params=greedy, reset_batch=step == 0)
+            handles.append(gen.read_decode_output(handle, async_read=True))
+            if host_knows_tokens:  # read back before the next step: no overlap
+                host, events = handles[-1]
+                for event in events:
+                    event.wait()
+                tokens = gen.process_decode_output_host(host, is_tokens=True).tolist()
+        if not host_knows_tokens:
+            tokens_per_step = []
+            for host, events in handles:
+                for event in events:
+                    event.wait()
+                tokens_per_step.append(gen.process_decode_output_host(host, is_tokens=True))
+            return produced + [t.tolist() for t in tokens_per_step]
+        return produced + [gen.process_decode_output_host(h, is_tokens=True).tolist()
+                           for h, _ in handles]
+
+    assert run(host_knows_tokens=False) == run(host_knows_tokens=True)
+    # Unknown tokens with reset_batch=True: nothing on the device may stand in for them.
+    with pytest.raises(ValueError, match="reset_batch"):
+        gen.decode_forward(tokens=torch.tensor([[-1]]), start_pos=torch.tensor([3]),
+                           page_table=page_table([[0]]), kv_cache=new_cache(gen),
+                           sampling_params=params([0.0]), reset_batch=True)
+
+
 # ---- (h) model variants -------------------------------------------------------------------
 
 _COMMON = dict(
