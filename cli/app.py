@@ -14,7 +14,7 @@ import typer
 from ttbundles import envs
 from ttbundles.errors import TTBundleError
 
-from . import archive, info, init, plan, validate
+from . import archive, demo, info, init, plan, validate
 
 app = typer.Typer(
     name="ttbundle",
@@ -34,6 +34,7 @@ app.command()(info.inspect)
 app.command()(info.schema)
 app.command()(init.init)
 app.command()(init.migrate)
+app.command()(demo.demo)
 app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(
     plan.plan
 )

@@ -9,10 +9,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from vllm.exceptions import VLLMValidationError
 from vllm.platforms.interface import Platform, PlatformEnum
 
 if TYPE_CHECKING:  # importing vLLM's config here would be circular at platform load
     from vllm.config import VllmConfig
+
+
+class UnsupportedRequestError(VLLMValidationError, ValueError):
+    """A request the platform cannot serve: vLLM answers it with HTTP 400 (a client
+    error), the engine keeps running."""
 
 
 class TTPlatform(Platform):
@@ -57,10 +63,13 @@ class TTPlatform(Platform):
 
     @classmethod
     def validate_request(cls, processed_inputs: Any, params: Any) -> None:
-        if getattr(params, "prompt_logprobs", None) is not None:
-            raise ValueError(
+        prompt_logprobs = getattr(params, "prompt_logprobs", None)
+        if prompt_logprobs is not None:
+            raise UnsupportedRequestError(
                 "TTB206: prompt logprobs are not supported on Tenstorrent; "
-                "drop prompt_logprobs from the request"
+                "drop prompt_logprobs from the request",
+                parameter="prompt_logprobs",
+                value=prompt_logprobs,
             )
 
     @classmethod

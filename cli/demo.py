@@ -1,0 +1,73 @@
+"""`ttbundle demo`: serve the demo checkpoint on the host mesh, and optionally query it."""
+
+from __future__ import annotations
+
+import signal
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from .output import Output
+
+
+def demo(
+    vllm_args: Annotated[
+        list[str] | None,
+        typer.Argument(help="Further `vllm serve` options, after `--`.", show_default=False,
+                       metavar="VLLM_SERVE_OPTIONS"),
+    ] = None,
+    port: Annotated[
+        int | None,
+        typer.Option(help="Port to serve on. Default: 8000; with --query, a free port."),
+    ] = None,
+    host: Annotated[str, typer.Option(help="Address to serve on.")] = "127.0.0.1",
+    checkpoint_dir: Annotated[
+        Path | None,
+        typer.Option("--checkpoint-dir", file_okay=False,
+                     help="Serve the demo checkpoint from this folder (written if missing). "
+                     "Default: $XDG_CACHE_HOME/ttbundles/demo-checkpoint."),
+    ] = None,
+    write_checkpoint: Annotated[
+        Path | None,
+        typer.Option("--write-checkpoint", file_okay=False,
+                     help="Only write the demo checkpoint into this folder and print its path."),
+    ] = None,
+    query: Annotated[
+        bool,
+        typer.Option("--query/--no-query",
+                     help="Send one completion and one chat completion, print the answers "
+                     "and stop. Without it the server keeps serving until Ctrl-C."),
+    ] = False,
+) -> None:
+    """Serve a tiny Llama through vLLM on the host mesh (MESH_DEVICE=HOST): no hardware needed.
+
+    The demo checkpoint (random weights, a real tokenizer and chat template) is written
+    once into a cache folder and served with the built-in demo bundle. Its answers are
+    meaningless text that matches transformers token for token.
+
+    Example: ttbundle demo --query
+
+    Example: ttbundle demo --port 8000 -- --max-model-len 256 --enable-prefix-caching
+    """
+    from ttbundles.demo import run_demo, write_demo_checkpoint
+
+    out = Output()
+    if write_checkpoint is not None:
+        out.plain(str(write_demo_checkpoint(write_checkpoint)))
+        return
+    # A plain `kill` of this command must still stop the server it started.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    try:
+        answers = run_demo(host=host, port=port, checkpoint_dir=checkpoint_dir,
+                           with_query=query, vllm_args=vllm_args or (),
+                           say=lambda line: out.line(line, style="dim"))
+    except KeyboardInterrupt:
+        return  # Ctrl-C is how a foreground server is meant to end; it has stopped
+    if answers is None:
+        return
+    out.line(f"model: {answers.model}", style="bold")
+    for kind, answer in (("completion", answers.completion), ("chat", answers.chat)):
+        out.line(f"{kind}: {answer.prompt!r} -> {answer.text!r} "
+                 f"({answer.completion_tokens} tokens, {answer.finish_reason})")

@@ -1,0 +1,306 @@
+"""End-to-end fixtures: real `vllm serve` processes on the host mesh, shared per session.
+
+Two servers start concurrently (about 25-40 s each, in parallel) the first time a test
+asks for either, and stop at the end of the session:
+
+- "demo": the built-in demo bundle, with small step budgets so that a 200-token prompt is
+  prefilled in chunks, prefix caching on, the worker's step counters in a stats file,
+  and the phase-based scheduler's per-step debug line in its log (the only record of
+  the order of steps);
+- "plain": a bundle from EXTRA_MODELS_DIR that wraps the same reference generator but
+  declares no capabilities, started with --enable-prefix-caching to show it turned off.
+
+The transformers reference runs in this process, on the same checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from ttbundles.demo import ServerProcess, http_get, serve_environment, start_server
+from ttbundles.errors import TTBundleError
+
+READY_TIMEOUT = 420.0  # two cold starts share two cores with the test process
+STOP_TIMEOUT = 30.0
+
+DEMO_ARGS = [
+    "--max-num-batched-tokens", "64",
+    "--max-model-len", "512",
+    "--enable-prefix-caching",
+    "--max-num-seqs", "8",
+]
+PLAIN_ARGS = ["--enable-prefix-caching", "--max-model-len", "512", "--max-num-seqs", "8"]
+
+PLAIN_ADAPTER = '''"""The reference generator declaring no capabilities at all."""
+
+from ttbundles.reference.llama import ReferenceLlamaGenerator
+
+
+class PlainGenerator(ReferenceLlamaGenerator):
+    model_capabilities = {
+        "supports_prefix_caching": False,
+        "supports_async_decode": False,
+        "supports_sample_on_device": False,
+        "supports_chunked_prefill": False,
+    }
+
+    # Spelled out for the static validator, which cannot see into ttbundles.
+    @classmethod
+    def initialize_vllm_model(cls, hf_config, mesh_device, max_batch_size, max_seq_len,
+                              tt_data_parallel=1, optimizations=None):
+        return super().initialize_vllm_model(
+            hf_config=hf_config, mesh_device=mesh_device, max_batch_size=max_batch_size,
+            max_seq_len=max_seq_len, tt_data_parallel=tt_data_parallel,
+            optimizations=optimizations)
+
+    def allocate_kv_cache(self, kv_cache_shape, dtype, num_layers):
+        return super().allocate_kv_cache(
+            kv_cache_shape=kv_cache_shape, dtype=dtype, num_layers=num_layers)
+
+    def prefill_forward(self, tokens, page_table, kv_cache, prompt_lens, **kwargs):
+        return super().prefill_forward(tokens=tokens, page_table=page_table,
+                                       kv_cache=kv_cache, prompt_lens=prompt_lens, **kwargs)
+
+    def decode_forward(self, tokens, start_pos, page_table, kv_cache, **kwargs):
+        return super().decode_forward(tokens=tokens, start_pos=start_pos,
+                                      page_table=page_table, kv_cache=kv_cache, **kwargs)
+'''
+
+PLAIN_METADATA = {
+    "schema_version": 1,
+    "name": "plain-reference",
+    "version": "1.0.0",
+    "description": "The reference generator with no declared capabilities (e2e tests).",
+    "arch": "LlamaForCausalLM",
+    "main_class": "adapter:PlainGenerator",
+    "main_class_source": "bundle",
+    "capabilities": {
+        "prefix_caching": False,
+        "async_decode": False,
+        "chunked_prefill": False,
+    },
+    "targets": {"HOST": {}},
+}
+
+# vLLM's logging, plus the phase-based scheduler's debug line for every step.
+LOGGING_CONFIG = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {
+        "vllm": {
+            "()": "vllm.logging_utils.NewLineFormatter",
+            "datefmt": "%m-%d %H:%M:%S",
+            "format": "(%(vllm_process_name)s pid=%(process)d) %(levelname)s %(asctime)s "
+            "[%(fileinfo)s:%(lineno)d] %(message)s",
+        }
+    },
+    "handlers": {
+        "vllm": {
+            "class": "logging.StreamHandler",
+            "formatter": "vllm",
+            "level": "DEBUG",
+            "stream": "ext://sys.stdout",
+        }
+    },
+    "loggers": {
+        "vllm": {"handlers": ["vllm"], "level": "INFO", "propagate": False},
+        "vllm.ttbundles.scheduler": {"level": "DEBUG"},
+    },
+}
+
+# Variables of the caller's shell that would change what the servers register or log.
+_SCRUBBED_ENV = (
+    "EXTRA_MODELS_DIR",
+    "TT_VLLM_BUILTIN_MODELS",
+    "TT_BUNDLES_STRICT",
+    "TT_BUNDLES_STATS_FILE",
+    "VLLM_LOGGING_CONFIG_PATH",
+    "VLLM_LOGGING_LEVEL",
+    "VLLM_CONFIGURE_LOGGING",
+)
+
+_METRIC = re.compile(r"^(vllm:[A-Za-z_:]+)(?:\{[^}]*\})? (\S+)$", re.MULTILINE)
+_STEP = re.compile(r"ttbundles scheduler: (prefill|decode|empty) step \((\d+) running\)")
+
+
+@dataclass
+class Server:
+    """One running `vllm serve` and what the tests read from it."""
+
+    name: str
+    process: ServerProcess
+    model: str  # the served model name: the checkpoint path
+    log_path: Path
+    stats_path: Path
+
+    @property
+    def api_url(self) -> str:
+        return self.process.api_url
+
+    def client(self, **kwargs):
+        import openai
+
+        kwargs.setdefault("timeout", 120.0)
+        kwargs.setdefault("max_retries", 0)  # a retried failure would hide the first one
+        return openai.OpenAI(base_url=self.api_url, api_key="EMPTY", **kwargs)
+
+    def metrics(self) -> dict[str, float]:
+        """vLLM's Prometheus counters and gauges, summed over labels (engines)."""
+        status, body = http_get(f"{self.process.base_url}/metrics")
+        assert status == 200, f"/metrics answered {status}"
+        values: dict[str, float] = {}
+        for name, value in _METRIC.findall(body):
+            values[name] = values.get(name, 0.0) + float(value)
+        return values
+
+    def wait_for_metric(self, name: str, at_least: float, timeout: float = 15.0) -> dict:
+        """Metrics once `name` reaches `at_least` (they are recorded after the response)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            values = self.metrics()
+            if values.get(name, 0.0) >= at_least or time.monotonic() > deadline:
+                return values
+            time.sleep(0.05)
+
+    def stats(self) -> dict[str, int]:
+        """The worker's step counters (written after every step); {} before the first."""
+        try:
+            return json.loads(self.stats_path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return {}
+
+    def log_size(self) -> int:
+        return self.log_path.stat().st_size
+
+    def log_since(self, offset: int) -> str:
+        with open(self.log_path, "rb") as handle:
+            handle.seek(offset)
+            return handle.read().decode("utf-8", "replace")
+
+    def steps_since(self, offset: int) -> list[tuple[str, int]]:
+        """(kind, running requests) of each scheduled step logged after `offset`."""
+        return [(kind, int(n)) for kind, n in _STEP.findall(self.log_since(offset))]
+
+
+def _environment(extra: dict[str, str]) -> dict[str, str]:
+    import os
+
+    base = {k: v for k, v in os.environ.items() if k not in _SCRUBBED_ENV}
+    env = serve_environment(base)
+    env.update({"PYTHONUNBUFFERED": "1", "NO_COLOR": "1"})
+    env.update(extra)
+    return env
+
+
+def write_plain_bundle(models_dir: Path) -> Path:
+    folder = models_dir / "plain-reference"
+    folder.mkdir(parents=True)
+    (folder / "vllm_metadata.json").write_text(json.dumps(PLAIN_METADATA, indent=2) + "\n")
+    (folder / "adapter.py").write_text(PLAIN_ADAPTER)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def servers(demo_checkpoint, tmp_path_factory) -> Iterator[dict[str, Server]]:
+    """Both servers, started concurrently; stopped (SIGTERM, then SIGKILL) at the end."""
+    root = tmp_path_factory.mktemp("e2e")
+    logging_config = root / "logging.json"
+    logging_config.write_text(json.dumps(LOGGING_CONFIG))
+    models_dir = root / "models"
+    write_plain_bundle(models_dir)
+    plans = {
+        "demo": (DEMO_ARGS, {}),
+        "plain": (PLAIN_ARGS, {"EXTRA_MODELS_DIR": str(models_dir)}),
+    }
+    started: dict[str, Server] = {}
+    try:
+        for name, (args, extra) in plans.items():
+            stats_path = root / f"{name}-stats.json"
+            log_path = root / f"{name}-server.log"
+            env = _environment({
+                "TT_BUNDLES_STATS_FILE": str(stats_path),
+                "VLLM_LOGGING_CONFIG_PATH": str(logging_config),
+                **extra,
+            })
+            process = start_server(demo_checkpoint, vllm_args=args, env=env, log_path=log_path)
+            started[name] = Server(name, process, str(demo_checkpoint), log_path, stats_path)
+        for server in started.values():  # both are starting meanwhile
+            try:
+                server.process.wait_ready(READY_TIMEOUT)
+            except TTBundleError as exc:  # its message ends with the server log's tail
+                pytest.fail(f"the {server.name!r} server did not start: {exc}", pytrace=False)
+        yield started
+    finally:
+        for server in started.values():
+            server.process.stop(STOP_TIMEOUT)
+
+
+@pytest.fixture(scope="session")
+def demo_server(servers) -> Server:
+    return servers["demo"]
+
+
+@pytest.fixture(scope="session")
+def plain_server(servers) -> Server:
+    return servers["plain"]
+
+
+class Reference:
+    """transformers on the same checkpoint, float32: the golden greedy tokens and logits."""
+
+    def __init__(self, folder: Path):
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.torch = torch
+        self.tokenizer = AutoTokenizer.from_pretrained(folder)
+        self.model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+        # vLLM's ignore_eos generates through EOS; generate() must not stop there either.
+        self.model.generation_config.eos_token_id = None
+        self._greedy: dict[tuple[int, ...], list[int]] = {}
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.tokenizer)
+
+    def greedy(self, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
+        """generate(do_sample=False) without stopping at EOS; cached per prompt."""
+        torch = self.torch
+        key = tuple(prompt_ids)
+        cached = self._greedy.get(key, [])
+        if len(cached) < max_new_tokens:
+            ids = torch.tensor([prompt_ids])
+            with torch.no_grad():
+                out = self.model.generate(ids, attention_mask=torch.ones_like(ids),
+                                          max_new_tokens=max_new_tokens, do_sample=False)
+            cached = out[0, len(prompt_ids):].tolist()
+            assert len(cached) == max_new_tokens
+            self._greedy[key] = cached
+        return cached[:max_new_tokens]
+
+    def logprobs(self, prompt_ids: list[int], output_ids: list[int]):
+        """[len(output_ids), vocab] log-softmax of the logits that chose each output token."""
+        torch = self.torch
+        ids = torch.tensor([prompt_ids + output_ids])
+        with torch.no_grad():
+            logits = self.model(ids).logits[0].float()
+        positions = slice(len(prompt_ids) - 1, len(prompt_ids) + len(output_ids) - 1)
+        return torch.log_softmax(logits[positions], dim=-1)
+
+    def chat_prompt_ids(self, messages: list[dict]) -> list[int]:
+        encoded = self.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=True
+        )
+        return list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
+
+
+@pytest.fixture(scope="session")
+def reference(demo_checkpoint) -> Reference:
+    return Reference(demo_checkpoint)
