@@ -206,3 +206,14 @@ def test_plan_cli_matches_the_server_hook(tmp_path, monkeypatch, demo_checkpoint
                             env=os.environ, timeout=300)
     assert failed.returncode == 1
     assert "TTB201" in failed.stderr and "Traceback" not in failed.stderr
+
+
+def test_vllm_serve_reports_a_configuration_error_without_a_traceback(demo_checkpoint):
+    vllm = os.path.join(os.path.dirname(sys.executable), "vllm")
+    done = subprocess.run([vllm, "serve", str(demo_checkpoint), "--port", "0",
+                           "--tensor-parallel-size", "2"], capture_output=True, text=True,
+                          env=os.environ, timeout=300)
+    output = done.stdout + done.stderr
+    assert done.returncode == 1
+    assert "error TTB201: --tensor-parallel-size=2" in output
+    assert "Traceback" not in output

@@ -16,6 +16,31 @@ if TYPE_CHECKING:  # importing vLLM's config here would be circular at platform 
     from vllm.config import VllmConfig
 
 
+def _report_configuration_errors_cleanly() -> None:
+    """Make an uncaught ttbundles error end `vllm serve` with its message, not a traceback.
+
+    Configuration errors are raised inside vLLM's config construction; whoever catches
+    them (`ttbundle plan`, tests) still gets the exception. Only an uncaught one reaches
+    this hook, and other exceptions keep Python's usual report.
+    """
+    import sys
+
+    from ttbundles.errors import TTBundleError
+
+    previous = sys.excepthook
+    if getattr(previous, "_ttbundles", False):
+        return
+
+    def hook(kind, value, traceback):  # noqa: ANN001 - sys.excepthook's signature
+        if isinstance(value, TTBundleError):
+            sys.stderr.write(f"{value}\n")
+            return
+        previous(kind, value, traceback)
+
+    hook._ttbundles = True  # type: ignore[attr-defined]
+    sys.excepthook = hook
+
+
 class UnsupportedRequestError(VLLMValidationError, ValueError):
     """A request the platform cannot serve: vLLM answers it with HTTP 400 (a client
     error), the engine keeps running."""
@@ -54,6 +79,7 @@ class TTPlatform(Platform):
         # The TT worker speaks the V1 runner's output protocol; vLLM would switch to V2
         # (other resumed-request semantics) wherever Triton happens to be installed.
         os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
+        _report_configuration_errors_cleanly()
         from ttbundles.platform.config_plan import plan_config
         from ttbundles.vllm_registration import current_registry
 
