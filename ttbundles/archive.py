@@ -47,6 +47,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import BinaryIO
 
+from ttbundles import envs
 from ttbundles.errors import (
     ArchiveError,
     Diagnostic,
@@ -117,7 +118,7 @@ def source_date_epoch() -> int:
     """
     # The reproducible-builds.org variable, read here rather than from `envs`: it is a
     # convention of build tools, not a ttbundles setting.
-    value = os.environ.get("SOURCE_DATE_EPOCH")
+    value = envs.SOURCE_DATE_EPOCH
     if value is None or not value.strip():
         return DEFAULT_MTIME
     try:

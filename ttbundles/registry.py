@@ -104,13 +104,10 @@ def sources(
     environ: Mapping[str, str] | None = None, models_dirs: list[Path] | None = None
 ) -> list[tuple[Source, Path]]:
     """The folders searched, in order: EXTRA_MODELS_DIR entries, then the built-ins."""
-    environ = os.environ if environ is None else environ
     if models_dirs is None:
-        extra = [p for p in environ.get("EXTRA_MODELS_DIR", "").split(os.pathsep) if p]
-        models_dirs = [Path(p) for p in extra]
+        models_dirs = [Path(p) for p in envs.read("EXTRA_MODELS_DIR", environ)]
     found = [(Source.EXTRA, Path(p)) for p in models_dirs]
-    builtin = environ.get("TT_VLLM_BUILTIN_MODELS", "").strip().lower()
-    if builtin not in {"0", "false", "no", "off"}:
+    if envs.read("TT_VLLM_BUILTIN_MODELS", environ):
         found.append((Source.BUILTIN, builtin_bundles_dir()))
     return found
 
@@ -124,7 +121,7 @@ def compute(
     """Decide what registers, from the environment (EXTRA_MODELS_DIR, MESH_DEVICE, ...)."""
     environ = os.environ if environ is None else environ
     if mesh is None:
-        mesh = environ.get("MESH_DEVICE") or None
+        mesh = envs.read("MESH_DEVICE", environ)
     entries: list[Entry] = []
     problems: list[Diagnostic] = []
     for source, folder in sources(environ, models_dirs):
@@ -227,4 +224,4 @@ def table(registry: Registry) -> list[dict]:
     return [e.to_dict() for e in rows]
 
 
-__all__ = ["Entry", "Registry", "Source", "Status", "compute", "envs", "sources", "table"]
+__all__ = ["Entry", "Registry", "Source", "Status", "compute", "sources", "table"]

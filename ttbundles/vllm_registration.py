@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 
+from ttbundles import envs
 from ttbundles.errors import ConfigurationError
 from ttbundles.registry import Registry, compute, table
 
@@ -42,13 +43,7 @@ def register_all() -> Registry:
     registry = current_registry()
     if _state.get("registered_key") == _state["key"]:
         return registry
-    strict = os.environ.get("TT_BUNDLES_STRICT", "").strip().lower() not in {
-        "",
-        "0",
-        "false",
-        "no",
-        "off",
-    }
+    strict = envs.TT_BUNDLES_STRICT
     if strict and registry.fatal():
         raise ConfigurationError(registry.fatal())
     from vllm.model_executor.models.registry import ModelRegistry

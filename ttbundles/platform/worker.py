@@ -20,6 +20,7 @@ import torch
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig
 from vllm.v1.worker.worker_base import CompilationTimes, WorkerBase
 
+from ttbundles import envs
 from ttbundles.contract import HostMesh
 from ttbundles.platform.model_runner import TTModelRunner
 from ttbundles.platform.stats import STATS
@@ -30,9 +31,6 @@ if TYPE_CHECKING:  # only for annotations
 
 logger = logging.getLogger("vllm.ttbundles")
 
-# When set, the worker writes its counters (step kinds, sampling paths) here after each
-# step: how tests and benchmarks see which path a batch took.
-STATS_FILE_ENV = "TT_BUNDLES_STATS_FILE"
 
 
 class TTWorker(WorkerBase):
@@ -43,13 +41,13 @@ class TTWorker(WorkerBase):
         self.plan = (vllm_config.additional_config or {}).get("ttbundles") or {}
         self.mesh_device: Any = None
         self.model_runner: TTModelRunner | None = None  # type: ignore[assignment]
-        self._stats_file = os.environ.get(STATS_FILE_ENV)
+        self._stats_file = envs.TT_BUNDLES_STATS_FILE
 
     # --- device and model ---------------------------------------------------------------
 
     def init_device(self) -> None:
         self.device = torch.device("cpu")
-        self.mesh_device = open_mesh(os.environ.get("MESH_DEVICE"))
+        self.mesh_device = open_mesh(envs.MESH_DEVICE)
 
     def load_model(self, *, load_dummy_weights: bool = False) -> None:
         generator_cls = load_generator_class(self.plan)
