@@ -234,58 +234,28 @@ def plan_config(vllm_config: VllmConfig, registry: Registry) -> Plan | None:
     _plan_lengths(vllm_config, plan, target)
     _plan_lanes(vllm_config, plan, caps.execution, target)
 
-    cache = vllm_config.cache_config
-    if cache.enable_prefix_caching and not caps.prefix_caching:
-        cache.enable_prefix_caching = plan.decide(
-            "enable_prefix_caching",
-            True,
-            False,
-            f"{meta.name} does not declare capabilities.prefix_caching",
-        )
-    else:
-        plan.decide(
-            "enable_prefix_caching",
-            cache.enable_prefix_caching,
-            cache.enable_prefix_caching,
-            "as requested",
-        )
-
     sched = vllm_config.scheduler_config
-    if sched.async_scheduling and not caps.async_decode:
-        sched.async_scheduling = plan.decide(
-            "async_scheduling",
-            True,
-            False,
-            f"{meta.name} does not declare capabilities.async_decode",
-        )
-    else:
-        plan.decide(
-            "async_scheduling",
-            bool(sched.async_scheduling),
-            bool(sched.async_scheduling),
-            "as requested",
-        )
-
-    if sched.enable_chunked_prefill and not caps.chunked_prefill:
-        sched.enable_chunked_prefill = plan.decide(
-            "enable_chunked_prefill",
-            True,
-            False,
-            f"{meta.name} does not declare capabilities.chunked_prefill",
-        )
-        if sched.max_num_batched_tokens < model_config.max_model_len:
-            sched.max_num_batched_tokens = plan.decide(
-                "max_num_batched_tokens",
-                sched.max_num_batched_tokens,
-                model_config.max_model_len,
-                "prompts prefill whole: the step budget must hold the longest prompt",
-            )
-    else:
-        plan.decide(
-            "enable_chunked_prefill",
-            bool(sched.enable_chunked_prefill),
-            bool(sched.enable_chunked_prefill),
-            "as requested",
+    # Each feature stays on only when the bundle declares the capability it needs.
+    for config, setting, capability in (
+        (vllm_config.cache_config, "enable_prefix_caching", "prefix_caching"),
+        (sched, "async_scheduling", "async_decode"),
+        (sched, "enable_chunked_prefill", "chunked_prefill"),
+    ):
+        requested = bool(getattr(config, setting))
+        if requested and not getattr(caps, capability):
+            setattr(config, setting, plan.decide(
+                setting, True, False,
+                f"{meta.name} does not declare capabilities.{capability}"))
+        else:
+            plan.decide(setting, requested, requested, "as requested")
+    if not sched.enable_chunked_prefill and (
+        sched.max_num_batched_tokens < model_config.max_model_len
+    ):
+        sched.max_num_batched_tokens = plan.decide(
+            "max_num_batched_tokens",
+            sched.max_num_batched_tokens,
+            model_config.max_model_len,
+            "prompts prefill whole: the step budget must hold the longest prompt",
         )
 
     if parallel.worker_cls == "auto":
