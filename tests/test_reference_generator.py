@@ -17,7 +17,11 @@ from ttbundles.demo_checkpoint import write_checkpoint  # noqa: E402
 from ttbundles.reference.llama import (  # noqa: E402
     DeviceOutput,
     ReferenceLlamaGenerator,
+    causal_attention,
+    causal_mask,
+    context_blocks,
     filtered_probs,
+    gather_context,
 )
 
 ATOL = 1e-4
@@ -395,7 +399,76 @@ def test_steady_decode_takes_its_input_tokens_from_the_device(gen, vocab):
                            sampling_params=params([0.0]), reset_batch=True)
 
 
-# ---- (h) model variants -------------------------------------------------------------------
+# ---- (h) batched paged attention ---------------------------------------------------------
+
+
+def test_gather_context_reads_each_rows_blocks_up_to_the_longest():
+    cache = torch.randn(10, 2, 4, 3)  # N=10, KV=2, Bs=4, D=3
+    # Past its own blocks a row's page table holds junk (99 is not even a block).
+    table = torch.tensor([[7, 2, 9, 99], [4, 99, 99, 99]])
+    last = torch.tensor([9, 2])  # row 0: positions 0..9 (3 blocks); row 1: 0..2 (1 block)
+    context = gather_context(cache, context_blocks(table, last, cache.shape))
+    assert context.shape == (2, 2, 12, 3)  # [n, KV, C, D], C = 3 blocks of 4
+    for row in range(2):
+        for p in range(12):
+            block = table[row, min(p // 4, int(last[row]) // 4)]  # a shorter row repeats
+            assert torch.equal(context[row, :, p], cache[block, :, p % 4])  # its last block
+
+
+def test_causal_attention_is_masked_softmax_over_grouped_heads():
+    n, length, heads, kv_heads, context, dim = 3, 2, 4, 2, 6, 8
+    generator = torch.Generator().manual_seed(0)
+    q = torch.randn(n, length, heads, dim, generator=generator)
+    k = torch.randn(n, kv_heads, context, dim, generator=generator)
+    v = torch.randn(n, kv_heads, context, dim, generator=generator)
+    positions = torch.tensor([[3, 4], [0, 1], [4, 5]])  # row 1 sees 1-2 of its 6 keys
+    visible = causal_mask(positions, context)
+    out = causal_attention(q, k, v, visible, scale=dim**-0.5)
+    for row in range(n):
+        k_row = k[row].repeat_interleave(heads // kv_heads, dim=0)  # [H, C, D]
+        v_row = v[row].repeat_interleave(heads // kv_heads, dim=0)
+        scores = q[row].transpose(0, 1) @ k_row.transpose(1, 2) * dim**-0.5  # [H, L, C]
+        scores = scores.masked_fill(~visible[row], float("-inf"))
+        expected = (torch.softmax(scores, dim=-1) @ v_row).transpose(0, 1)  # [L, H, D]
+        torch.testing.assert_close(out[row], expected, atol=1e-6, rtol=0)
+
+
+def test_ragged_batched_decode_matches_transformers(gen, hf_model, vocab):
+    """One decode step over contexts of very different lengths (ending mid-block and on
+    block boundaries), attended in one batched call. Page-table entries past each row's
+    blocks are out of range, so reading them (rather than masking) would fail."""
+    lengths = (1, 4, 9, 40)
+    prompts = [prompt(80 + r, n, vocab) for r, n in enumerate(lengths)]
+    order = torch.randperm(NUM_BLOCKS, generator=torch.Generator().manual_seed(8)).tolist()
+    table = torch.full((len(prompts), 16), 10 * NUM_BLOCKS, dtype=torch.int32)
+    used = 0
+    for row, n in enumerate(lengths):
+        count = -(-(n + 1) // BLOCK)  # the prompt and one decoded token
+        table[row, :count] = torch.tensor(order[used : used + count], dtype=torch.int32)
+        used += count
+    kv = new_cache(gen)
+    logits = gen.prefill_forward(
+        tokens=padded(prompts, [0] * len(prompts)), page_table=table, kv_cache=kv,
+        prompt_lens=torch.tensor(lengths), start_pos=torch.zeros(len(prompts), dtype=torch.long),
+    )
+    nxt = torch.argmax(logits[:, 0], dim=-1).tolist()
+    stepped = gen.decode_forward(
+        tokens=torch.tensor(nxt).reshape(-1, 1), start_pos=torch.tensor(lengths),
+        page_table=table, kv_cache=kv,
+    )
+    for row, ids in enumerate(prompts):
+        torch.testing.assert_close(stepped[row, 0], hf_last_logits(hf_model, ids + [nxt[row]]),
+                                   atol=ATOL, rtol=0)
+    # A prefill of one token per row (every block a prefix-cache hit) is batched the same way.
+    again = gen.prefill_forward(
+        tokens=padded([p[-1:] for p in prompts], [n - 1 for n in lengths]), page_table=table,
+        kv_cache=kv, prompt_lens=torch.tensor(lengths),
+        start_pos=torch.tensor([n - 1 for n in lengths]),
+    )
+    torch.testing.assert_close(again, logits, atol=1e-5, rtol=0)
+
+
+# ---- (i) model variants -------------------------------------------------------------------
 
 _COMMON = dict(
     vocab_size=160, hidden_size=64, intermediate_size=96, num_hidden_layers=2,

@@ -5,7 +5,11 @@ vLLM drives, so the whole serving path (paged KV cache, chunked prefill, prefix 
 on-device sampling, asynchronous readback) runs end to end on a CPU. And it is the golden
 reference that bundle authors compare their TT-NN generators against, call for call. So it
 is written to be read: one small function per idea, shapes in the docstrings, float32
-everywhere, no fused kernels and no tricks.
+everywhere, plain torch ops and no tricks. The one fused call is attention, torch's
+`scaled_dot_product_attention` with an explicit mask (`causal_attention` spells out what
+it computes). A decode step attends for the whole batch in that one call, over contexts
+gathered from the paged cache with one index_select each for K and V; prefill chunks
+attend one row at a time (see `attention_groups`).
 
 Checkpoints: Hugging Face format (safetensors, sharded or not) of Llama, Mistral, Qwen2
 (q/k/v biases) and Qwen3 (per-head RMSNorm on q and k). RoPE types: "default", "linear",
@@ -17,6 +21,8 @@ Shape conventions used throughout (all batch tensors are row-major in the batch)
     S   padded token width of a call       H   query heads, KV key/value heads
     T   real tokens of a call, all rows    D   head size
     N   KV cache blocks                   Bs  tokens per block
+    n   rows attending in one call         L   new tokens per row in that call
+    C   positions 0 .. C-1 attended in that call: the blocks of the longest context
 
     tokens        prefill [B, S] int64; decode [B, 1] int64
     page_table    [B, max_blocks] int32: position p of row i lives in block
@@ -29,7 +35,6 @@ Shape conventions used throughout (all batch tensors are row-major in the batch)
 from __future__ import annotations
 
 import json
-import math
 import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -316,37 +321,63 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos[:, None, :] + rotated * sin[:, None, :]
 
 
-def gather_context(cache: torch.Tensor, block_ids: torch.Tensor, length: int) -> torch.Tensor:
-    """The first `length` positions of one sequence from a paged cache, as `[KV, length, D]`.
+def context_blocks(
+    block_table: torch.Tensor, last_positions: torch.Tensor, cache_shape: torch.Size
+) -> torch.Tensor:
+    """Where n sequences' contexts live in a paged cache, for `gather_context`.
 
-    cache `[N, KV, Bs, D]`; block_ids `[>= ceil(length / Bs)]`, the row of the page table.
+    The cache `[N, KV, Bs, D]` is viewed as `[N * KV, Bs * D]`: entry `block * KV + head`
+    holds one head's K (or V) for the Bs positions of one block. Returns those entries
+    `[n, KV, nb]` for the blocks holding positions 0 .. nb * Bs - 1, where nb blocks
+    cover the longest context (the largest last position).
+
+    block_table `[n, >= nb]`: the rows' page-table rows (position p of row i is in block
+    `block_table[i, p // Bs]`, slot `p % Bs`); last_positions `[n]`: each row's last
+    context position. A row with fewer blocks repeats its last block up to nb, so only
+    blocks the row owns are read (a padded page table may hold anything past them);
+    attention masks every position past the row's last out.
     """
-    block_size = cache.shape[2]
-    num_blocks = math.ceil(length / block_size)
-    blocks = cache[block_ids[:num_blocks]]  # [nb, KV, Bs, D]
-    kv_heads, head_dim = blocks.shape[1], blocks.shape[3]
-    flat = blocks.permute(1, 0, 2, 3).reshape(kv_heads, num_blocks * block_size, head_dim)
-    return flat[:, :length]
+    _, kv_heads, block_size, _ = cache_shape
+    last_block = last_positions // block_size  # [n]
+    num_blocks = int(last_block.max()) + 1
+    block_index = torch.arange(num_blocks)[None, :].minimum(last_block[:, None])  # [n, nb]
+    blocks = block_table.gather(1, block_index)  # [n, nb]
+    heads = torch.arange(kv_heads)[None, :, None]  # [1, KV, 1]
+    return blocks[:, None, :] * kv_heads + heads  # [n, KV, nb]
+
+
+def gather_context(cache: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
+    """K or V of n sequences' contexts, `[n, KV, C, D]` with C = nb * Bs (key c at
+    position c), read from a paged cache `[N, KV, Bs, D]` in one index_select of the
+    `[n, KV, nb]` entries from `context_blocks`."""
+    _, _, block_size, head_dim = cache.shape
+    n, kv_heads, num_blocks = blocks.shape
+    picked = cache.view(-1, block_size * head_dim).index_select(0, blocks.reshape(-1))
+    return picked.view(n, kv_heads, num_blocks * block_size, head_dim)
+
+
+def causal_mask(query_positions: torch.Tensor, length: int) -> torch.Tensor:
+    """Which keys each query sees, `[n, L, C]` bool with C = length: the key at position c
+    is visible to a query at position p iff c <= p. query_positions `[n, L]` (absolute)."""
+    key_positions = torch.arange(length)  # [C]
+    return key_positions[None, None, :] <= query_positions[:, :, None]
 
 
 def causal_attention(
-    q: torch.Tensor, q_positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor, scale: float
 ) -> torch.Tensor:
-    """Attention of one sequence's new tokens over its whole context.
+    """Attention of n sequences' new tokens over their contexts, in one call.
 
-    q `[L, H, D]` at absolute positions `q_positions [L]`; k, v `[KV, C, D]` hold
-    positions 0 .. C-1. A query at position p sees keys at positions <= p. Grouped-query
-    attention: KV head j serves query heads j*H/KV .. (j+1)*H/KV - 1. Returns `[L, H, D]`.
+    q `[n, L, H, D]`; k, v `[n, KV, C, D]`, key c at position c; visible `[n, L, C]` from
+    `causal_mask`. Per row and head: `softmax(q @ k.T * scale, masked to visible) @ v`.
+    Grouped-query attention: KV head j serves query heads j*H/KV .. (j+1)*H/KV - 1
+    (`enable_gqa` repeats K/V heads exactly like `repeat_interleave(H // KV, dim=1)`).
+    Returns `[n, L, H, D]`.
     """
-    groups = q.shape[1] // k.shape[0]
-    k = k.repeat_interleave(groups, dim=0)  # [H, C, D]
-    v = v.repeat_interleave(groups, dim=0)
-    scores = q.transpose(0, 1) @ k.transpose(1, 2) * scale  # [H, L, C]
-    key_positions = torch.arange(k.shape[1])
-    visible = key_positions[None, :] <= q_positions[:, None]  # [L, C]
-    scores = scores.masked_fill(~visible, float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
-    return (probs @ v).transpose(0, 1)  # [L, H, D]
+    out = F.scaled_dot_product_attention(
+        q.transpose(1, 2), k, v, attn_mask=visible[:, None], scale=scale, enable_gqa=True
+    )  # [n, H, L, D]
+    return out.transpose(1, 2)
 
 
 # --------------------------------------------------------------------------------------
@@ -399,20 +430,21 @@ def sample_tokens(
     Inactive (padding) rows get token 0. A SamplingParamsBatch of one entry applies to
     every row.
     """
-    out = torch.zeros(logits.shape[0], dtype=torch.int64)
+    greedy = torch.argmax(logits, dim=-1).tolist()  # every row's argmax, in one call
+    out = [0] * logits.shape[0]
     for i in range(logits.shape[0]):
         if not active[i]:
             continue
         j = 0 if len(params) == 1 else i
         temperature = float(params.temperature[j])
         if temperature <= 0.0:
-            out[i] = torch.argmax(logits[i])
+            out[i] = greedy[i]
             continue
         probs = filtered_probs(logits[i], temperature, int(params.top_k[j]), float(params.top_p[j]))
         seed = params.seed[j] if j < len(params.seed) else None
         generator = unseeded if seed is None else seeded_generator(int(seed), positions[i])
-        out[i] = torch.multinomial(probs, 1, generator=generator)[0]
-    return out
+        out[i] = int(torch.multinomial(probs, 1, generator=generator)[0])
+    return torch.tensor(out, dtype=torch.int64)
 
 
 # --------------------------------------------------------------------------------------
@@ -466,6 +498,70 @@ class Segment:
     @property
     def end(self) -> int:
         return self.start + len(self.tokens)
+
+
+@dataclass(frozen=True)
+class AttentionGroup:
+    """Rows whose new tokens attend in one batched call: n rows of L tokens each, stored
+    row after row as `span` of the flattened `[T]` tokens. Built once per forward pass
+    (the page table and positions do not change between layers), used by every layer."""
+
+    span: slice  # the group's n * L tokens in the flattened batch
+    blocks: torch.Tensor  # [n, KV, nb] where the contexts are (`context_blocks`)
+    visible: torch.Tensor  # [n, L, C] bool; C = nb * Bs covers the longest context
+
+    @classmethod
+    def build(
+        cls, span: slice, query_positions: torch.Tensor, block_table: torch.Tensor,
+        cache_shape: torch.Size,
+    ) -> AttentionGroup:
+        """query_positions `[n, L]` (ascending per row, the last one ends the row's
+        context); block_table `[n, max_blocks]`, the rows' page-table rows."""
+        blocks = context_blocks(block_table, query_positions[:, -1], cache_shape)
+        length = blocks.shape[-1] * cache_shape[2]  # C = nb * Bs
+        return cls(span, blocks, causal_mask(query_positions, length))
+
+    def attend(
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float
+    ) -> torch.Tensor:
+        """The group's attention output `[n * L, H, D]`; q `[T, H, D]` is the whole
+        batch's, the caches `[N, KV, Bs, D]` already hold this layer's new K/V."""
+        n, length, _ = self.visible.shape
+        out = causal_attention(
+            q[self.span].unflatten(0, (n, length)),  # [n, L, H, D]
+            gather_context(k_cache, self.blocks),  # [n, KV, C, D]
+            gather_context(v_cache, self.blocks),
+            self.visible,
+            scale,
+        )
+        return out.flatten(0, 1)
+
+
+def attention_groups(
+    segments: list[Segment], positions: torch.Tensor, page_table: torch.Tensor,
+    cache_shape: torch.Size,
+) -> list[AttentionGroup]:
+    """How the segments' attention is batched; the groups' spans tile the flattened tokens.
+
+    Decode (every segment one token): all rows in one group, one attention call for the
+    batch, contexts padded to the longest. Prefill: one group per row, a per-row loop on
+    purpose: chunks differ in length (1 .. thousands of tokens), and a padded batch would
+    make every row pay for the longest chunk and the longest context, with scores of
+    `[n, H, L_max, C_max]`; one row at a time they stay `[H, L, C]` of that row.
+    positions `[T]` are the flattened tokens' positions.
+    """
+    if all(len(s.tokens) == 1 for s in segments):
+        span = slice(0, len(segments))
+        rows = [s.row for s in segments]
+        return [AttentionGroup.build(span, positions[span, None], page_table[rows], cache_shape)]
+    groups, offset = [], 0
+    for segment in segments:
+        span = slice(offset, offset + len(segment.tokens))
+        groups.append(AttentionGroup.build(
+            span, positions[None, span], page_table[segment.row][None], cache_shape
+        ))
+        offset = span.stop
+    return groups
 
 
 def _int_list(values: Any, count: int, name: str) -> list[int]:
@@ -587,18 +683,21 @@ class ReferenceLlamaGenerator:
         """Run the model over new tokens of several sequences; last-token logits `[n, V]`.
 
         All rows' tokens are flattened into one `[T, hidden]` activation so projections
-        and the MLP run once per layer; only attention is per row. Each layer first writes
-        the new K/V into the paged cache and then attends over the row's context read back
-        from it, so earlier chunks and prefix-cached blocks are seen exactly like new ones.
+        and the MLP run once per layer. Each layer first writes the new K/V of every token
+        into the paged cache (one indexed write), then attends over each row's context
+        read back from it, so earlier chunks and prefix-cached blocks are seen exactly like
+        new ones. Attention is batched per `AttentionGroup` (see `attention_groups`).
         """
         dims = self.dims
+        lengths = torch.tensor([len(s.tokens) for s in segments])  # [n]
         token_ids = torch.cat([s.tokens for s in segments])  # [T]
         positions = torch.cat([torch.arange(s.start, s.end) for s in segments])  # [T]
-        rows = torch.cat([torch.full((len(s.tokens),), s.row) for s in segments])  # [T]
+        rows = torch.tensor([s.row for s in segments]).repeat_interleave(lengths)  # [T]
         block_size = kv_cache[0][0].shape[2]
         block_of_token = page_table[rows, positions // block_size]  # [T]
         slot_of_token = positions % block_size  # [T]
         cos, sin = rope_cos_sin(positions, self.inv_freq, self.attention_scaling)
+        groups = attention_groups(segments, positions, page_table, kv_cache[0][0].shape)
 
         x = self.weights.embed_tokens[token_ids]  # [T, hidden]
         for layer, (k_cache, v_cache) in zip(self.weights.layers, kv_cache, strict=True):
@@ -616,25 +715,14 @@ class ReferenceLlamaGenerator:
             k_cache[block_of_token, :, slot_of_token, :] = k
             v_cache[block_of_token, :, slot_of_token, :] = v
 
-            attended = torch.empty_like(q)  # [T, H, D]
-            offset = 0
-            for segment in segments:
-                span = slice(offset, offset + len(segment.tokens))
-                block_ids = page_table[segment.row]
-                attended[span] = causal_attention(
-                    q[span],
-                    positions[span],
-                    gather_context(k_cache, block_ids, segment.end),
-                    gather_context(v_cache, block_ids, segment.end),
-                    self.scale,
-                )
-                offset = span.stop
-            x = x + layer.o_proj(attended.reshape(-1, dims.num_heads * dims.head_dim))
+            # [T, H, D]: the groups' spans tile the flattened tokens in order.
+            attended = torch.cat([g.attend(q, k_cache, v_cache, self.scale) for g in groups])
+            x = x + layer.o_proj(attended.view(-1, dims.num_heads * dims.head_dim))
 
             h = rms_norm(x, layer.post_attention_norm, dims.rms_norm_eps)
             x = x + layer.down_proj(F.silu(layer.gate_proj(h)) * layer.up_proj(h))
 
-        last = torch.tensor([len(s.tokens) for s in segments]).cumsum(0) - 1  # [n]
+        last = lengths.cumsum(0) - 1  # [n] each segment's last token
         final = rms_norm(x[last], self.weights.final_norm, dims.rms_norm_eps)
         return F.linear(final, self.weights.lm_head)  # [n, V]
 
