@@ -1,12 +1,17 @@
 """End-to-end fixtures: real `vllm serve` processes on the host mesh, shared per session.
 
-Two servers start concurrently (about 25-40 s each, in parallel) the first time a test
-asks for either, and stop at the end of the session:
+Four servers start concurrently (about 25-40 s each, in parallel) the first time a test
+asks for any, and stop at the end of the session. Each writes the worker's step counters
+to its own stats file and the phase-based scheduler's per-step debug line to its log (the
+only record of the order of steps).
 
 - "demo": the built-in demo bundle, with small step budgets so that a 200-token prompt is
-  prefilled in chunks, prefix caching on, the worker's step counters in a stats file,
-  and the phase-based scheduler's per-step debug line in its log (the only record of
-  the order of steps);
+  prefilled in chunks, prefix caching on, sampling on the device where a batch allows it
+  (`sample_on_device_mode: "all"`) and asynchronous decode (vLLM's default async
+  scheduling, which the demo bundle's async_decode capability keeps on);
+- "demo-sync": the same, with `--no-async-scheduling`: one step in flight at a time;
+- "compat": the same as "demo" with `always_compat_sampling: true`: every batch on vLLM's
+  sampler on the host;
 - "plain": a bundle from EXTRA_MODELS_DIR that wraps the same reference generator but
   declares no capabilities, started with --enable-prefix-caching to show it turned off.
 
@@ -27,7 +32,7 @@ import pytest
 from ttbundles.demo import ServerProcess, http_get, serve_environment, start_server
 from ttbundles.errors import TTBundleError
 
-READY_TIMEOUT = 420.0  # two cold starts share two cores with the test process
+READY_TIMEOUT = 600.0  # four cold starts share two cores with the test process
 STOP_TIMEOUT = 30.0
 
 DEMO_ARGS = [
@@ -37,6 +42,21 @@ DEMO_ARGS = [
     "--max-num-seqs", "8",
 ]
 PLAIN_ARGS = ["--enable-prefix-caching", "--max-model-len", "512", "--max-num-seqs", "8"]
+
+
+def tt_options(**options) -> list[str]:
+    """`--additional-config` with these device options (`additional_config["tt"]`)."""
+    return ["--additional-config", json.dumps({"tt": options})]
+
+
+DEVICE_SAMPLING = {"sample_on_device_mode": "all"}
+# name -> (vllm serve options, extra environment); all start together.
+SERVER_PLANS: dict[str, tuple[list[str], dict[str, str]]] = {
+    "demo": ([*DEMO_ARGS, *tt_options(**DEVICE_SAMPLING)], {}),
+    "demo-sync": ([*DEMO_ARGS, "--no-async-scheduling", *tt_options(**DEVICE_SAMPLING)], {}),
+    "compat": ([*DEMO_ARGS, *tt_options(**DEVICE_SAMPLING, always_compat_sampling=True)], {}),
+    "plain": (PLAIN_ARGS, {}),  # EXTRA_MODELS_DIR: set by the fixture
+}
 
 PLAIN_ADAPTER = '''"""The reference generator declaring no capabilities at all."""
 
@@ -176,6 +196,30 @@ class Server:
         except FileNotFoundError:
             return {}
 
+    def settled_stats(self, quiet: float = 0.3, timeout: float = 15.0) -> dict[str, int]:
+        """The step counters once no step has run for `quiet` seconds.
+
+        A response can reach the client before the engine has run the steps that follow
+        it (an empty step that retires the finished request, reading back what is still
+        in flight); read counters around a test's requests with this, so that those
+        steps are counted in the test that caused them.
+        """
+        deadline = time.monotonic() + timeout
+        last = self.stats()
+        while True:
+            time.sleep(quiet)
+            now = self.stats()
+            if now == last or time.monotonic() > deadline:
+                return now
+            last = now
+
+    def stats_delta(self, before: dict[str, int]) -> dict[str, int]:
+        """Settled counters minus `before`, for every counter that changed."""
+        after = self.settled_stats()
+        return {k: after.get(k, 0) - before.get(k, 0)
+                for k in sorted(after.keys() | before.keys())
+                if after.get(k, 0) != before.get(k, 0)}
+
     def log_size(self) -> int:
         return self.log_path.stat().st_size
 
@@ -209,16 +253,15 @@ def write_plain_bundle(models_dir: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def servers(demo_checkpoint, tmp_path_factory) -> Iterator[dict[str, Server]]:
-    """Both servers, started concurrently; stopped (SIGTERM, then SIGKILL) at the end."""
+    """Every server of SERVER_PLANS, started concurrently; stopped (SIGTERM, then SIGKILL)
+    at the end."""
     root = tmp_path_factory.mktemp("e2e")
     logging_config = root / "logging.json"
     logging_config.write_text(json.dumps(LOGGING_CONFIG))
     models_dir = root / "models"
     write_plain_bundle(models_dir)
-    plans = {
-        "demo": (DEMO_ARGS, {}),
-        "plain": (PLAIN_ARGS, {"EXTRA_MODELS_DIR": str(models_dir)}),
-    }
+    plans = dict(SERVER_PLANS)
+    plans["plain"] = (PLAIN_ARGS, {"EXTRA_MODELS_DIR": str(models_dir)})
     started: dict[str, Server] = {}
     try:
         for name, (args, extra) in plans.items():
@@ -231,7 +274,7 @@ def servers(demo_checkpoint, tmp_path_factory) -> Iterator[dict[str, Server]]:
             })
             process = start_server(demo_checkpoint, vllm_args=args, env=env, log_path=log_path)
             started[name] = Server(name, process, str(demo_checkpoint), log_path, stats_path)
-        for server in started.values():  # both are starting meanwhile
+        for server in started.values():  # all are starting meanwhile
             try:
                 server.process.wait_ready(READY_TIMEOUT)
             except TTBundleError as exc:  # its message ends with the server log's tail
@@ -250,6 +293,16 @@ def demo_server(servers) -> Server:
 @pytest.fixture(scope="session")
 def plain_server(servers) -> Server:
     return servers["plain"]
+
+
+@pytest.fixture(scope="session")
+def sync_server(servers) -> Server:
+    return servers["demo-sync"]
+
+
+@pytest.fixture(scope="session")
+def compat_server(servers) -> Server:
+    return servers["compat"]
 
 
 class Reference:

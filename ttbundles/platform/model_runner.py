@@ -249,13 +249,17 @@ class TTModelRunner:
             from vllm.v1.structured_output.utils import apply_grammar_bitmask
 
             apply_grammar_bitmask(step.scheduler_output, grammar_output, batch, logits)
+        # A seeded row whose prompt is not complete draws a token that is thrown away:
+        # undo that draw. CPU generators have no offset to rewind (vLLM's GPU runner
+        # rewinds the offset), so keep their state and put it back.
+        rewind = {int(i): generator.get_state() for i in np.nonzero(step.discard)[0]
+                  if (generator := batch.generators.get(int(i))) is not None}
         sampler_output = self.sampler(logits=logits, sampling_metadata=batch.sampling_metadata)
         sampled = sampler_output.sampled_token_ids.tolist()
         for i in np.nonzero(step.discard)[0]:
             sampled[int(i)] = []
-            generator = batch.generators.get(int(i))
-            if generator is not None:  # undo the draw for a token that is thrown away
-                generator.set_offset(generator.get_offset() - 4)
+        for i, state in rewind.items():
+            batch.generators[i].set_state(state)
         self._append_sampled(step.req_ids, sampled)
         logprobs = sampler_output.logprobs_tensors
         return ModelRunnerOutput(
