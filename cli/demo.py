@@ -71,3 +71,7 @@ def demo(
     for kind, answer in (("completion", answers.completion), ("chat", answers.chat)):
         out.line(f"{kind}: {answer.prompt!r} -> {answer.text!r} "
                  f"({answer.completion_tokens} tokens, {answer.finish_reason})")
+    out.line("(The demo checkpoint is a tiny Llama with seeded random weights: its text is "
+             "noise. What it shows is the serving path: vLLM, the TT platform, the demo "
+             "bundle and the reference generator, greedy-identical to transformers.)",
+             style="dim")
