@@ -26,6 +26,7 @@ from vllm.v1.sample.logits_processor import build_logitsprocs
 from vllm.v1.sample.sampler import Sampler
 from vllm.v1.worker.gpu_input_batch import CachedRequestState, InputBatch
 
+from ttbundles.contract import SamplingParamsBatch
 from ttbundles.platform.sampling_path import batch_host_reason, device_params
 from ttbundles.platform.stats import STATS
 
@@ -190,44 +191,57 @@ class TTModelRunner:
         else:
             STATS.count("sampling.host")
             STATS.count(f"sampling.host.{reason}")
-        page_table = self._page_table(req_ids)
         if is_decode:
-            STATS.count("step.decode")
-            tokens = torch.tensor(
-                [[int(batch.token_ids_cpu[i, c]) if c < t else -1]
-                 for i, (c, t) in enumerate(zip(computed, totals))], dtype=torch.int64)
-            use_async = self.async_decode and params is not None
-            out = self.model.decode_forward(
-                tokens=tokens, start_pos=torch.tensor(computed, dtype=torch.int64),
-                page_table=page_table, kv_cache=self.kv_cache, enable_trace=False,
-                read_from_device=not use_async, sampling_params=params,
-                reset_batch=not steady)
-            if use_async:
-                step.readback = self.model.read_decode_output(out, async_read=True)
-                STATS.count("decode.async")
-                if self._inflight:
-                    STATS.count("decode.overlapped")  # submitted while a step is in flight
-                self._async_req_ids = req_ids
-            elif params is not None:
-                step.tokens = out.reshape(-1)
-            else:
-                step.logits = out.reshape(len(req_ids), -1).float()
+            self._decode(step, computed, totals, params, steady)
         else:
-            STATS.count("step.prefill")
-            ends = [c + n for c, n in zip(computed, counts)]
-            tokens = torch.from_numpy(batch.token_ids_cpu[: len(req_ids), : max(ends)].copy())
-            out = self.model.prefill_forward(
-                tokens=tokens.long(), page_table=page_table, kv_cache=self.kv_cache,
-                prompt_lens=torch.tensor(ends), start_pos=torch.tensor(computed),
-                enable_trace=False, sampling_params=params)
-            if params is not None:
-                step.tokens = out.reshape(-1)
-            else:
-                step.logits = out.reshape(len(req_ids), -1).float()
+            self._prefill(step, [c + n for c, n in zip(computed, counts)], computed, params)
         if step.readback is None:
             self._async_req_ids = None
         self._step = step
         return None
+
+    def _decode(self, step: _StepState, computed: list[int], totals: list[int],
+                params: SamplingParamsBatch | None, steady: bool) -> None:
+        """One token per row. Sampling on the device with async decode: submit without
+        blocking and start the readback; the host learns the tokens when vLLM asks."""
+        STATS.count("step.decode")
+        batch = self.input_batch
+        # A token still in flight is unknown here (-1): the generator has it on the device.
+        tokens = torch.tensor(
+            [[int(batch.token_ids_cpu[i, c]) if c < t else -1]
+             for i, (c, t) in enumerate(zip(computed, totals))], dtype=torch.int64)
+        use_async = self.async_decode and params is not None
+        out = self.model.decode_forward(
+            tokens=tokens, start_pos=torch.tensor(computed, dtype=torch.int64),
+            page_table=self._page_table(step.req_ids), kv_cache=self.kv_cache,
+            enable_trace=False, read_from_device=not use_async, sampling_params=params,
+            reset_batch=not steady)
+        if use_async:
+            step.readback = self.model.read_decode_output(out, async_read=True)
+            STATS.count("decode.async")
+            if self._inflight:
+                STATS.count("decode.overlapped")  # submitted while a step is in flight
+            self._async_req_ids = step.req_ids
+        elif params is not None:
+            step.tokens = out.reshape(-1)
+        else:
+            step.logits = out.reshape(len(step.req_ids), -1).float()
+
+    def _prefill(self, step: _StepState, ends: list[int], computed: list[int],
+                 params: SamplingParamsBatch | None) -> None:
+        """One chunk per row, rows holding their tokens from position 0 (TT-Metal's
+        convention); positions below `computed` are already in the cache."""
+        STATS.count("step.prefill")
+        rows = len(step.req_ids)
+        tokens = torch.from_numpy(self.input_batch.token_ids_cpu[:rows, : max(ends)].copy())
+        out = self.model.prefill_forward(
+            tokens=tokens.long(), page_table=self._page_table(step.req_ids),
+            kv_cache=self.kv_cache, prompt_lens=torch.tensor(ends),
+            start_pos=torch.tensor(computed), enable_trace=False, sampling_params=params)
+        if params is not None:
+            step.tokens = out.reshape(-1)
+        else:
+            step.logits = out.reshape(rows, -1).float()
 
     def sample_tokens(
         self, grammar_output: GrammarOutput | None
