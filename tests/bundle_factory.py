@@ -137,6 +137,37 @@ class Crafted:
     entry: str | None  # the entry the diagnostic must name, when there is one
 
 
+# Every way crafted_archives breaks an archive (its keys): the parametrize ids of the
+# verify and install tests, checked against the corpus itself by a test.
+CRAFTED_CASES = (
+    "absolute-path",
+    "dotdot",
+    "nested-dotdot",
+    "symlink",
+    "hardlink",
+    "char-device",
+    "fifo",
+    "duplicate",
+    "not-in-manifest",
+    "larger-than-manifest",
+    "no-manifest",
+    "manifest-not-last",
+    "not-gzip",
+    "plain-tar",
+    "truncated",
+    "empty-file",
+)
+
+
+def crafted_corpus(root: Path, weights: bytes) -> tuple[Path, dict[str, Crafted]]:
+    """A packed bundle with weights/w.bin under `root`, and the crafted archives."""
+    from ttbundles.archive import pack
+
+    folder = write_bundle(root / "src", files={"weights/w.bin": weights})
+    good = pack(folder, root / "dist")
+    return good, crafted_archives(good, root / "crafted")
+
+
 def crafted_archives(good: Path, out: Path) -> dict[str, Crafted]:
     """The corpus: each archive derived from `good` (a packed bundle with
     weights/w.bin), broken in one way. Keys are readable test ids."""

@@ -21,8 +21,9 @@ from pydantic import ValidationError
 
 import ttbundles.archive as archive_module
 from tests.bundle_factory import (
+    CRAFTED_CASES,
     Entry,
-    crafted_archives,
+    crafted_corpus,
     metadata,
     read_entries,
     write_bundle,
@@ -698,30 +699,10 @@ def test_every_tampering_is_reported_together(archive: Path, tmp_path: Path):
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    root = tmp_path_factory.mktemp("corpus")
-    folder = write_bundle(root / "src", files={"weights/w.bin": WEIGHTS})
-    good = pack(folder, root / "dist")
-    return good, crafted_archives(good, root / "crafted")
+    return crafted_corpus(tmp_path_factory.mktemp("corpus"), WEIGHTS)
 
 
-CORPUS_IDS = [
-    "absolute-path",
-    "dotdot",
-    "nested-dotdot",
-    "symlink",
-    "hardlink",
-    "char-device",
-    "fifo",
-    "duplicate",
-    "not-in-manifest",
-    "larger-than-manifest",
-    "no-manifest",
-    "manifest-not-last",
-    "not-gzip",
-    "plain-tar",
-    "truncated",
-    "empty-file",
-]
+CORPUS_IDS = CRAFTED_CASES
 
 
 @pytest.mark.parametrize("case", CORPUS_IDS)

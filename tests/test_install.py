@@ -12,8 +12,9 @@ import pytest
 
 import ttbundles.install as install_module
 from tests.bundle_factory import (
+    CRAFTED_CASES,
     Entry,
-    crafted_archives,
+    crafted_corpus,
     read_entries,
     snapshot,
     write_bundle,
@@ -197,30 +198,10 @@ def test_a_failure_while_extracting_leaves_nothing_behind(
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    root = tmp_path_factory.mktemp("corpus")
-    folder = write_bundle(root / "src", files={"weights/w.bin": WEIGHTS})
-    good = pack(folder, root / "dist")
-    return good, crafted_archives(good, root / "crafted")
+    return crafted_corpus(tmp_path_factory.mktemp("corpus"), WEIGHTS)
 
 
-CASES = [
-    "absolute-path",
-    "dotdot",
-    "nested-dotdot",
-    "symlink",
-    "hardlink",
-    "char-device",
-    "fifo",
-    "duplicate",
-    "not-in-manifest",
-    "larger-than-manifest",
-    "no-manifest",
-    "manifest-not-last",
-    "not-gzip",
-    "plain-tar",
-    "truncated",
-    "empty-file",
-]
+CASES = CRAFTED_CASES
 
 
 def _assert_refused(exc: TTBundleError, code: str, entry: str | None) -> None:
