@@ -151,9 +151,16 @@ class TTModelRunner:
         dtype: torch.dtype,
     ) -> None:
         shape = (num_blocks, num_kv_heads, self.block_size, head_size)
-        self.kv_cache = self.model.allocate_kv_cache(
-            kv_cache_shape=shape, dtype=dtype, num_layers=num_layers
-        )
+        per_layer = getattr(self.model, "allocate_kv_cache_per_layer", None)
+        if per_layer is not None:
+            # Newer generators (hybrid attention) take one (shape, dtype, index) per layer,
+            # and are preferred through it where they offer it.
+            specs = [(shape, dtype, layer) for layer in range(num_layers)]
+            self.kv_cache = per_layer(per_layer_specs=specs)
+        else:
+            self.kv_cache = self.model.allocate_kv_cache(
+                kv_cache_shape=shape, dtype=dtype, num_layers=num_layers
+            )
 
     # --- a step -------------------------------------------------------------------------
 
