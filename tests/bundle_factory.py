@@ -15,10 +15,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-ADAPTER = '''"""A test generator: the contract, and nothing else."""
+_CONTRACT = '''"""A test generator: the contract, and nothing else."""
+{preamble}
 
-
-class Generator:
+class {name}:
+{attributes}
     @classmethod
     def initialize_vllm_model(cls, hf_config, mesh_device, max_batch_size, max_seq_len,
                               **kwargs):
@@ -33,6 +34,16 @@ class Generator:
     def decode_forward(self, tokens, start_pos, page_table, kv_cache, **kwargs):
         return None
 '''
+
+
+def contract_adapter(name: str = "Generator", *, preamble: str = "",
+                     attributes: str = "") -> str:
+    """Source of an adapter module whose class `name` satisfies the generator contract;
+    `preamble` goes before the class, `attributes` (indented) into its body."""
+    return _CONTRACT.format(name=name, preamble=preamble, attributes=attributes)
+
+
+ADAPTER = contract_adapter()
 
 
 def metadata(name: str = "demo", version: str = "1.0.0", **extra: object) -> dict:

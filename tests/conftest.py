@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.bundle_factory import contract_adapter
+
 # The whole session runs with the TT platform on the host mesh, with only our vLLM plugins
 # and no model hub. Set before anything imports vLLM: the platform is chosen once per
 # process.
@@ -19,30 +21,13 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 
 # A generator that satisfies the whole contract, statically and at import.
-ADAPTER = '''"""A test generator: the contract, and nothing else."""
-
-
-class DemoGenerator:
+ADAPTER = contract_adapter("DemoGenerator", attributes="""\
     model_capabilities = {
         "supports_prefix_caching": False,
         "supports_async_decode": False,
         "supports_sample_on_device": False,
     }
-
-    @classmethod
-    def initialize_vllm_model(cls, hf_config, mesh_device, max_batch_size, max_seq_len,
-                              **kwargs):
-        return cls()
-
-    def allocate_kv_cache(self, kv_cache_shape, dtype, num_layers):
-        return None
-
-    def prefill_forward(self, tokens, page_table, kv_cache, prompt_lens, **kwargs):
-        return None
-
-    def decode_forward(self, tokens, start_pos, page_table, kv_cache, **kwargs):
-        return None
-'''
+""")
 
 
 def base_metadata(name: str) -> dict:

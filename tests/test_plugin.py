@@ -12,30 +12,12 @@ import pytest
 
 pytest.importorskip("vllm")
 
+from tests.bundle_factory import contract_adapter  # noqa: E402
 from ttbundles.errors import ConfigurationError  # noqa: E402
 from ttbundles.registry import Status, compute  # noqa: E402
 
-ADAPTER = '''
-from .helper import WHO
-
-
-class Generator:
-    who = WHO
-
-    @classmethod
-    def initialize_vllm_model(cls, hf_config, mesh_device, max_batch_size, max_seq_len,
-                              **kwargs):
-        return cls()
-
-    def allocate_kv_cache(self, kv_cache_shape, dtype, num_layers):
-        return None
-
-    def prefill_forward(self, tokens, page_table, kv_cache, prompt_lens, **kwargs):
-        return None
-
-    def decode_forward(self, tokens, start_pos, page_table, kv_cache, **kwargs):
-        return None
-'''
+# Two bundles with the same module names, told apart by what helper.py says.
+ADAPTER = contract_adapter(preamble="from .helper import WHO\n", attributes="    who = WHO\n")
 
 
 def write_bundle(parent, name, arch, who, **fields):
