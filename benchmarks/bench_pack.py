@@ -1,4 +1,4 @@
-"""Benchmark `ttbundles.archive.pack` against `tar -c DIR | gzip -1`, and its peak memory.
+"""Benchmark `ttbundles.build.pack` against `tar -c DIR | gzip -1`, and its peak memory.
 
 Builds a bundle of the requested size in a temporary folder (a few large incompressible
 "weight" files plus many small ones), then in one run measures:
@@ -54,7 +54,7 @@ PACK_CHILD = """
 import json, sys, time
 from pathlib import Path
 start = time.perf_counter()
-from ttbundles.archive import pack
+from ttbundles.build import pack
 out = pack(Path(sys.argv[1]), Path(sys.argv[2]))
 print(json.dumps({"archive": str(out), "seconds": time.perf_counter() - start}))
 """

@@ -1,6 +1,6 @@
 """Decode step time of the reference generator against transformers' cached decode.
 
-Writes the demo checkpoint (`ttbundles.demo_checkpoint.write_checkpoint`) to a temporary
+Writes the demo checkpoint (`ttbundles.demo.checkpoint.write_checkpoint`) to a temporary
 folder, fills `--batch` rows of `--context` tokens, then measures, in one run:
 
 - reference: `ReferenceLlamaGenerator.decode_forward` over a paged KV cache (logits out,
@@ -36,8 +36,8 @@ from pathlib import Path
 import torch
 import transformers
 
-from ttbundles.contract import HostMesh, SamplingParamsBatch
-from ttbundles.demo_checkpoint import write_checkpoint
+from ttbundles.demo.checkpoint import write_checkpoint
+from ttbundles.format.contract import HostMesh, SamplingParamsBatch
 from ttbundles.reference.llama import ReferenceLlamaGenerator
 
 
@@ -78,30 +78,42 @@ def reference_decode(
     dims = gen.dims
     kv = gen.allocate_kv_cache(
         (batch * blocks_per_row, dims.num_kv_heads, args.block_size, dims.head_dim),
-        torch.float32, dims.num_layers,
+        torch.float32,
+        dims.num_layers,
     )
     # Blocks scattered over the cache, as a long-running server's would be.
     order = torch.randperm(batch * blocks_per_row, generator=torch.Generator().manual_seed(0))
     page_table = order.reshape(batch, blocks_per_row).int()
     logits = gen.prefill_forward(
-        tokens=prompts, page_table=page_table, kv_cache=kv,
-        prompt_lens=torch.full((batch,), context), start_pos=torch.zeros(batch, dtype=torch.long),
+        tokens=prompts,
+        page_table=page_table,
+        kv_cache=kv,
+        prompt_lens=torch.full((batch,), context),
+        start_pos=torch.zeros(batch, dtype=torch.long),
     )
     tokens = logits[:, 0].argmax(-1)  # [B]
     sampling = None
     if greedy_on_device:
-        sampling = SamplingParamsBatch(temperature=[0.0] * batch, top_k=[0] * batch,
-                                       top_p=[1.0] * batch, seed=[None] * batch)
+        sampling = SamplingParamsBatch(
+            temperature=[0.0] * batch, top_k=[0] * batch, top_p=[1.0] * batch, seed=[None] * batch
+        )
     first_logits = gen.decode_forward(
-        tokens=tokens[:, None], start_pos=torch.full((batch,), context), page_table=page_table,
-        kv_cache=kv, reset_batch=True,
+        tokens=tokens[:, None],
+        start_pos=torch.full((batch,), context),
+        page_table=page_table,
+        kv_cache=kv,
+        reset_batch=True,
     )[:, 0]
     state = {"tokens": first_logits.argmax(-1), "position": context + 1}
 
     def step() -> None:
         out = gen.decode_forward(
-            tokens=state["tokens"][:, None], start_pos=torch.full((batch,), state["position"]),
-            page_table=page_table, kv_cache=kv, sampling_params=sampling, reset_batch=True,
+            tokens=state["tokens"][:, None],
+            start_pos=torch.full((batch,), state["position"]),
+            page_table=page_table,
+            kv_cache=kv,
+            sampling_params=sampling,
+            reset_batch=True,
         )
         state["tokens"] = out if greedy_on_device else out[:, 0].argmax(-1)
         state["position"] += 1
@@ -124,8 +136,9 @@ def transformers_decode(
 
     @torch.no_grad()
     def step() -> None:
-        out = model(input_ids=state["tokens"][:, None], past_key_values=state["cache"],
-                    use_cache=True)
+        out = model(
+            input_ids=state["tokens"][:, None], past_key_values=state["cache"], use_cache=True
+        )
         state["tokens"] = out.logits[:, -1].argmax(-1)
         state["cache"] = out.past_key_values
 
@@ -139,8 +152,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=50, help="timed decode steps")
     parser.add_argument("--warmup", type=int, default=5, help="untimed decode steps first")
     parser.add_argument("--block-size", type=int, default=16, help="KV cache tokens per block")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch intra-op threads (0: torch's default); see the docstring")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch intra-op threads (0: torch's default); see the docstring",
+    )
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     args = parser.parse_args(argv)
     if args.threads:
@@ -156,7 +173,8 @@ def main(argv: list[str] | None = None) -> int:
         theirs, theirs_logits = transformers_decode(folder, prompts)
         times = interleaved_step_times(
             {"reference": ours, "reference_greedy": ours_greedy, "transformers": theirs},
-            args.steps, args.warmup,
+            args.steps,
+            args.warmup,
         )
 
     results = {
@@ -175,13 +193,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(results, indent=2))
         return 0
-    print(f"batch {args.batch}, context {args.context} (+{args.warmup} warmup, "
-          f"+{args.steps} timed steps), block size {args.block_size}, "
-          f"{results['threads']} torch threads; median ms per decode step")
-    print(f"  reference, logits out         {results['reference_ms']:8.3f} ms"
-          f"   {results['ratio']:5.2f}x transformers")
-    print(f"  reference, greedy on device   {results['reference_greedy_ms']:8.3f} ms"
-          f"   {results['ratio_greedy']:5.2f}x transformers")
+    print(
+        f"batch {args.batch}, context {args.context} (+{args.warmup} warmup, "
+        f"+{args.steps} timed steps), block size {args.block_size}, "
+        f"{results['threads']} torch threads; median ms per decode step"
+    )
+    print(
+        f"  reference, logits out         {results['reference_ms']:8.3f} ms"
+        f"   {results['ratio']:5.2f}x transformers"
+    )
+    print(
+        f"  reference, greedy on device   {results['reference_greedy_ms']:8.3f} ms"
+        f"   {results['ratio_greedy']:5.2f}x transformers"
+    )
     print(f"  transformers, past_key_values {results['transformers_ms']:8.3f} ms")
     print(f"  first step max |logits diff|  {results['max_abs_logit_diff']:.2e}")
     return 0

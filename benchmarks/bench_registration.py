@@ -10,7 +10,7 @@ against two baselines over the same files:
   `sys.path.append`, `register_model`, no validation), for scale.
 
 It checks that no adapter module was imported, and reports the plugin's import time
-(`python -X importtime -c "import ttbundles.plugin"`). Target: within 2x of the floor.
+(`python -X importtime -c "import ttbundles.serving.plugin"`). Target: within 2x of the floor.
 
     .venv/bin/python benchmarks/bench_registration.py [--counts 10 100 1000] [--json]
 """
@@ -49,8 +49,9 @@ def reference_loop(root: Path) -> None:
                 data = json.load(handle)
             sys.path.append(str(child))
             arch = data["arch"]
-            ModelRegistry.register_model(arch if arch.startswith("TT") else f"TT{arch}",
-                                         data["main_class"])
+            ModelRegistry.register_model(
+                arch if arch.startswith("TT") else f"TT{arch}", data["main_class"]
+            )
     finally:
         sys.path[:] = saved
 
@@ -58,10 +59,9 @@ def reference_loop(root: Path) -> None:
 def ours(root: Path) -> None:
     from vllm.model_executor.models.registry import ModelRegistry
 
-    from ttbundles.registry import compute
+    from ttbundles.registry.registry import compute
 
-    registry = compute({"TT_VLLM_BUILTIN_MODELS": "0", "BENCH_VARIANT": "0"},
-                       models_dirs=[root])
+    registry = compute({"TT_VLLM_BUILTIN_MODELS": "0", "BENCH_VARIANT": "0"}, models_dirs=[root])
     for arch, entry in registry.registered.items():
         ModelRegistry.register_model(arch, entry.class_ref())
 
@@ -73,11 +73,12 @@ def timed(function, root: Path) -> float:
 
 
 def import_time() -> dict[str, float]:
-    """Cumulative import time of ttbundles.plugin (what vLLM loads in every process),
+    """Cumulative import time of ttbundles.serving.plugin (what vLLM loads in every process),
     with the standard-library modules vLLM has already imported (logging) in place."""
-    code = "import logging, importlib.util; import ttbundles.plugin"
-    done = subprocess.run([sys.executable, "-X", "importtime", "-c", code],
-                          capture_output=True, text=True, check=True)
+    code = "import logging, importlib.util; import ttbundles.serving.plugin"
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", code], capture_output=True, text=True, check=True
+    )
     cumulative = {}
     for line in done.stderr.splitlines():
         match = re.match(r"import time:\s+(\d+) \|\s+(\d+) \|\s+(\S.*)$", line)
@@ -85,8 +86,7 @@ def import_time() -> dict[str, float]:
             cumulative[match.group(3).strip()] = int(match.group(2))
     after = done.stderr.split("importlib.util")[-1]
     ours = [line for line in after.splitlines() if "import time:" in line]
-    return {"ttbundles.plugin_us": cumulative.get("ttbundles.plugin", 0),
-            "modules": len(ours)}
+    return {"plugin_us": cumulative.get("ttbundles.serving.plugin", 0), "modules": len(ours)}
 
 
 def main() -> None:
@@ -110,28 +110,36 @@ def main() -> None:
                 runs["ours"].append(timed(ours, root))
             adapters = [m for m in sys.modules if m.startswith("_ttb_")]
             median = {k: statistics.median(v) for k, v in runs.items()}
-            results.append({
-                "bundles": count,
-                "floor_ms": median["floor"] * 1e3,
-                "reference_ms": median["reference"] * 1e3,
-                "ours_ms": median["ours"] * 1e3,
-                "reference_ratio": median["reference"] / median["floor"],
-                "ours_ratio": median["ours"] / median["floor"],
-                "adapter_imports": len(adapters),
-            })
+            results.append(
+                {
+                    "bundles": count,
+                    "floor_ms": median["floor"] * 1e3,
+                    "reference_ms": median["reference"] * 1e3,
+                    "ours_ms": median["ours"] * 1e3,
+                    "reference_ratio": median["reference"] / median["floor"],
+                    "ours_ratio": median["ours"] / median["floor"],
+                    "adapter_imports": len(adapters),
+                }
+            )
     imports = import_time()
     if args.json:
         print(json.dumps({"results": results, "import": imports}, indent=2))
         return
-    print(f"{'bundles':>8} {'floor':>10} {'reference':>10} {'ours':>10} "
-          f"{'ref/floor':>10} {'ours/floor':>11} adapter imports")
+    print(
+        f"{'bundles':>8} {'floor':>10} {'reference':>10} {'ours':>10} "
+        f"{'ref/floor':>10} {'ours/floor':>11} adapter imports"
+    )
     for r in results:
         verdict = "ok" if r["ours_ratio"] <= TARGET else f"OVER {TARGET}x"
-        print(f"{r['bundles']:>8} {r['floor_ms']:>8.2f}ms {r['reference_ms']:>8.2f}ms "
-              f"{r['ours_ms']:>8.2f}ms {r['reference_ratio']:>9.2f}x {r['ours_ratio']:>9.2f}x "
-              f"  {r['adapter_imports']} ({verdict})")
-    print(f"import ttbundles.plugin: {imports['ttbundles.plugin_us'] / 1e3:.2f} ms cumulative, "
-          f"{imports['modules']} modules loaded by it")
+        print(
+            f"{r['bundles']:>8} {r['floor_ms']:>8.2f}ms {r['reference_ms']:>8.2f}ms "
+            f"{r['ours_ms']:>8.2f}ms {r['reference_ratio']:>9.2f}x {r['ours_ratio']:>9.2f}x "
+            f"  {r['adapter_imports']} ({verdict})"
+        )
+    print(
+        f"import ttbundles.serving.plugin: {imports['plugin_us'] / 1e3:.2f} ms cumulative, "
+        f"{imports['modules']} modules loaded by it"
+    )
 
 
 if __name__ == "__main__":

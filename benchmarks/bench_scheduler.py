@@ -36,8 +36,9 @@ PROMPT_LEN = 32
 TOKEN = 7
 
 
-def build_scheduler(cls: type, checkpoint: Path, *, num_requests: int, max_len: int,
-                    async_scheduling: bool) -> Any:
+def build_scheduler(
+    cls: type, checkpoint: Path, *, num_requests: int, max_len: int, async_scheduling: bool
+) -> Any:
     """A scheduler on a real VllmConfig, whatever platform this process picked.
 
     The platform's configuration hook is bypassed (the TT one would plan the config
@@ -58,11 +59,15 @@ def build_scheduler(cls: type, checkpoint: Path, *, num_requests: int, max_len: 
     num_blocks = num_requests * (max_len // BLOCK_SIZE + 2) + 1
     bypass = classmethod(lambda cls_, config: None)
     # The V1 runner's bookkeeping (what the TT model runner uses) is the costlier one.
-    with mock.patch.dict(os.environ, {"VLLM_USE_V2_MODEL_RUNNER": "0"}), \
-            mock.patch.object(type(current_platform), "check_and_update_config", bypass):
+    with (
+        mock.patch.dict(os.environ, {"VLLM_USE_V2_MODEL_RUNNER": "0"}),
+        mock.patch.object(type(current_platform), "check_and_update_config", bypass),
+    ):
         config = VllmConfig(
             model_config=ModelConfig(
-                model=str(checkpoint), max_model_len=max_len, dtype="float32",
+                model=str(checkpoint),
+                max_model_len=max_len,
+                dtype="float32",
                 skip_tokenizer_init=True,
                 hf_overrides={"max_position_embeddings": max_len},
             ),
@@ -81,19 +86,27 @@ def build_scheduler(cls: type, checkpoint: Path, *, num_requests: int, max_len: 
         kv_cache_config = KVCacheConfig(
             num_blocks=num_blocks,
             kv_cache_tensors=[],
-            kv_cache_groups=[KVCacheGroupSpec(["layer.0"], FullAttentionSpec(
-                block_size=BLOCK_SIZE, num_kv_heads=2, head_size=16, dtype=torch.float32))],
+            kv_cache_groups=[
+                KVCacheGroupSpec(
+                    ["layer.0"],
+                    FullAttentionSpec(
+                        block_size=BLOCK_SIZE, num_kv_heads=2, head_size=16, dtype=torch.float32
+                    ),
+                )
+            ],
         )
-        return cls(vllm_config=config, kv_cache_config=kv_cache_config,
-                   structured_output_manager=StructuredOutputManager(config),
-                   block_size=BLOCK_SIZE)
+        return cls(
+            vllm_config=config,
+            kv_cache_config=kv_cache_config,
+            structured_output_manager=StructuredOutputManager(config),
+            block_size=BLOCK_SIZE,
+        )
 
 
 class Bench:
     """One scheduler with its running batch, stepped like the engine core steps it."""
 
-    def __init__(self, name: str, scheduler: Any, num_requests: int, max_tokens: int,
-                 depth: int):
+    def __init__(self, name: str, scheduler: Any, num_requests: int, max_tokens: int, depth: int):
         from vllm.sampling_params import SamplingParams
         from vllm.v1.request import Request
 
@@ -103,12 +116,14 @@ class Bench:
         self.in_flight: list[tuple[Any, Any]] = []
         self.step_ns: list[int] = []
         for i in range(num_requests):
-            scheduler.add_request(Request(
-                request_id=f"r{i}",
-                prompt_token_ids=[10 + (i + j) % 300 for j in range(PROMPT_LEN)],
-                sampling_params=SamplingParams(max_tokens=max_tokens, ignore_eos=True),
-                pooling_params=None,
-            ))
+            scheduler.add_request(
+                Request(
+                    request_id=f"r{i}",
+                    prompt_token_ids=[10 + (i + j) % 300 for j in range(PROMPT_LEN)],
+                    sampling_params=SamplingParams(max_tokens=max_tokens, ignore_eos=True),
+                    pooling_params=None,
+                )
+            )
         # The prefill step (and the async pipeline fill) are not what is measured.
         for _ in range(depth + 1):
             self.step(timed=False)
@@ -141,37 +156,56 @@ class Bench:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=4000,
-                        help="decode steps measured per scheduler (default 4000)")
-    parser.add_argument("--repetitions", type=int, default=20,
-                        help="alternating blocks the steps are split into (default 20)")
-    parser.add_argument("--requests", type=int, default=32,
-                        help="running requests in the batch (default 32)")
-    parser.add_argument("--async-scheduling", action="store_true",
-                        help="compare TTAsyncScheduler with vLLM's AsyncScheduler")
+    parser.add_argument(
+        "--steps", type=int, default=4000, help="decode steps measured per scheduler (default 4000)"
+    )
+    parser.add_argument(
+        "--repetitions",
+        type=int,
+        default=20,
+        help="alternating blocks the steps are split into (default 20)",
+    )
+    parser.add_argument(
+        "--requests", type=int, default=32, help="running requests in the batch (default 32)"
+    )
+    parser.add_argument(
+        "--async-scheduling",
+        action="store_true",
+        help="compare TTAsyncScheduler with vLLM's AsyncScheduler",
+    )
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     args = parser.parse_args(argv)
 
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler
     from vllm.v1.core.sched.scheduler import Scheduler
 
-    from ttbundles.demo_checkpoint import write_checkpoint
-    from ttbundles.platform.scheduler import TTAsyncScheduler, TTScheduler
+    from ttbundles.demo.checkpoint import write_checkpoint
+    from ttbundles.serving.scheduler import TTAsyncScheduler, TTScheduler
 
     depth = 2 if args.async_scheduling else 1
     per_rep = max(1, args.steps // args.repetitions)
     max_tokens = per_rep * args.repetitions + 16
     max_len = PROMPT_LEN + max_tokens + 16
-    pairs = ((AsyncScheduler, TTAsyncScheduler) if args.async_scheduling
-             else (Scheduler, TTScheduler))
+    pairs = (
+        (AsyncScheduler, TTAsyncScheduler) if args.async_scheduling else (Scheduler, TTScheduler)
+    )
     with tempfile.TemporaryDirectory(prefix="bench-scheduler-") as tmp:
         checkpoint = Path(tmp) / "demo"
         write_checkpoint(checkpoint)
         benches = [
-            Bench(cls.__name__, build_scheduler(cls, checkpoint, num_requests=args.requests,
-                                                max_len=max_len,
-                                                async_scheduling=args.async_scheduling),
-                  args.requests, max_tokens, depth)
+            Bench(
+                cls.__name__,
+                build_scheduler(
+                    cls,
+                    checkpoint,
+                    num_requests=args.requests,
+                    max_len=max_len,
+                    async_scheduling=args.async_scheduling,
+                ),
+                args.requests,
+                max_tokens,
+                depth,
+            )
             for cls in pairs
         ]
 
@@ -201,10 +235,11 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(result, indent=2))
     else:
         for bench in benches:
-            print(f"{bench.name:>18}: {medians[bench.name]:8.1f} us/step (median of "
-                  f"{len(bench.step_ns)} steps)")
-        print(f"{'ratio':>18}: {ratio:8.3f}  (target <= 1.2: "
-              f"{'ok' if ratio <= 1.2 else 'MISSED'})")
+            print(
+                f"{bench.name:>18}: {medians[bench.name]:8.1f} us/step (median of "
+                f"{len(bench.step_ns)} steps)"
+            )
+        print(f"{'ratio':>18}: {ratio:8.3f}  (target <= 1.2: {'ok' if ratio <= 1.2 else 'MISSED'})")
     return 0 if ratio <= 1.2 else 1
 
 

@@ -29,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from ttbundles.demo import serve_environment, start_server, vllm_command, write_demo_checkpoint
+from ttbundles.demo.flow import serve_environment, start_server, vllm_command, write_demo_checkpoint
 
 SPECIAL_TOKENS = 7  # the demo tokenizer's first ids are its special tokens
 
@@ -43,13 +43,21 @@ def transformers_throughput(checkpoint: Path, args: argparse.Namespace) -> dict:
     model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
     model.generation_config.eos_token_id = None  # like --ignore-eos: always output_len
     rng = random.Random(args.seed)
-    prompts = torch.tensor([[rng.randrange(SPECIAL_TOKENS, vocab) for _ in range(args.input_len)]
-                            for _ in range(args.num_prompts)])
+    prompts = torch.tensor(
+        [
+            [rng.randrange(SPECIAL_TOKENS, vocab) for _ in range(args.input_len)]
+            for _ in range(args.num_prompts)
+        ]
+    )
 
     def generate(batch: torch.Tensor, new_tokens: int) -> torch.Tensor:
         with torch.no_grad():
-            return model.generate(batch, attention_mask=torch.ones_like(batch),
-                                  max_new_tokens=new_tokens, do_sample=False)
+            return model.generate(
+                batch,
+                attention_mask=torch.ones_like(batch),
+                max_new_tokens=new_tokens,
+                do_sample=False,
+            )
 
     generate(prompts[: args.max_concurrency], 4)  # warm-up, as vllm bench serve does
     runs = []
@@ -76,38 +84,55 @@ def serving_throughput(checkpoint: Path, workdir: Path, args: argparse.Namespace
     log_path = workdir / "server.log"
     stats_path = workdir / "stats.json"
     env = {**serve_environment(), "TT_BUNDLES_STATS_FILE": str(stats_path)}
-    server = start_server(checkpoint, port=args.port, vllm_args=args.serve_args, env=env,
-                          log_path=log_path)
+    server = start_server(
+        checkpoint, port=args.port, vllm_args=args.serve_args, env=env, log_path=log_path
+    )
     try:
         startup = server.wait_ready()
         command = [
-            *vllm_command(), "bench", "serve",
-            "--backend", "vllm",
-            "--base-url", server.base_url,
-            "--model", str(checkpoint),
-            "--tokenizer", str(checkpoint),
-            "--dataset-name", "random",
-            "--random-input-len", str(args.input_len),
-            "--random-output-len", str(args.output_len),
-            "--num-prompts", str(args.num_prompts),
-            "--max-concurrency", str(args.max_concurrency),
+            *vllm_command(),
+            "bench",
+            "serve",
+            "--backend",
+            "vllm",
+            "--base-url",
+            server.base_url,
+            "--model",
+            str(checkpoint),
+            "--tokenizer",
+            str(checkpoint),
+            "--dataset-name",
+            "random",
+            "--random-input-len",
+            str(args.input_len),
+            "--random-output-len",
+            str(args.output_len),
+            "--num-prompts",
+            str(args.num_prompts),
+            "--max-concurrency",
+            str(args.max_concurrency),
             "--ignore-eos",
-            "--seed", str(args.seed),
+            "--seed",
+            str(args.seed),
             "--disable-tqdm",
             "--save-result",
-            "--result-dir", str(workdir),
-            "--result-filename", "bench-serve.json",
+            "--result-dir",
+            str(workdir),
+            "--result-filename",
+            "bench-serve.json",
         ]
         run = subprocess.run(command, capture_output=True, text=True, env=_client_env())
         if run.returncode != 0:
-            sys.exit(f"vllm bench serve failed ({run.returncode}):\n{run.stdout[-3000:]}\n"
-                     f"{run.stderr[-3000:]}")
+            sys.exit(
+                f"vllm bench serve failed ({run.returncode}):\n{run.stdout[-3000:]}\n"
+                f"{run.stderr[-3000:]}"
+            )
         result = json.loads((workdir / "bench-serve.json").read_text())
         steps = json.loads(stats_path.read_text())  # includes the client's warm-up request
     finally:
         server.stop()
     if result["failed"]:
-        sys.exit(f"{result['failed']} requests failed: {set(result['errors']) - {''} }")
+        sys.exit(f"{result['failed']} requests failed: {set(result['errors']) - {''}}")
     return {
         "startup_s": startup,
         "completed": result["completed"],
@@ -138,13 +163,22 @@ def main() -> None:
     parser.add_argument("--input-len", type=int, default=64)
     parser.add_argument("--output-len", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--repeats", type=int, default=3,
-                        help="transformers runs; the median is reported")
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="transformers runs; the median is reported"
+    )
     parser.add_argument("--port", type=int, default=None, help="Default: a free port.")
-    parser.add_argument("--checkpoint-dir", type=Path, default=None,
-                        help="Default: the demo checkpoint, written into a temporary folder.")
-    parser.add_argument("--serve-args", nargs=argparse.REMAINDER, default=[],
-                        help="Further vllm serve options (last on the command line).")
+    parser.add_argument(
+        "--checkpoint-dir",
+        type=Path,
+        default=None,
+        help="Default: the demo checkpoint, written into a temporary folder.",
+    )
+    parser.add_argument(
+        "--serve-args",
+        nargs=argparse.REMAINDER,
+        default=[],
+        help="Further vllm serve options (last on the command line).",
+    )
     parser.add_argument("--json", action="store_true", help="Print the figures as JSON.")
     args = parser.parse_args()
 
@@ -155,8 +189,10 @@ def main() -> None:
         ours = serving_throughput(checkpoint, workdir, args)
     ratio = ours["output_tokens_per_s"] / baseline["output_tokens_per_s"]
     report = {
-        "workload": {k: getattr(args, k) for k in
-                     ("num_prompts", "max_concurrency", "input_len", "output_len")},
+        "workload": {
+            k: getattr(args, k)
+            for k in ("num_prompts", "max_concurrency", "input_len", "output_len")
+        },
         "transformers_generate": baseline,
         "vllm_serve_host_mesh": {k: v for k, v in ours.items() if k != "server_log"},
         "ratio_ours_over_transformers": ratio,
@@ -165,14 +201,20 @@ def main() -> None:
         print(json.dumps(report, indent=2))
         return
     w = report["workload"]
-    print(f"workload: {w['num_prompts']} prompts x {w['input_len']} tokens in, "
-          f"{w['output_len']} out, concurrency/batch {w['max_concurrency']}")
-    print(f"transformers generate(): {baseline['output_tokens_per_s']:8.1f} output tok/s "
-          f"({baseline['output_tokens']} tokens in {baseline['duration_s']:.2f} s)")
-    print(f"vllm serve (host mesh):  {ours['output_tokens_per_s']:8.1f} output tok/s "
-          f"({ours['output_tokens']} tokens in {ours['duration_s']:.2f} s; "
-          f"TTFT {ours['mean_ttft_ms']:.0f} ms, TPOT {ours['mean_tpot_ms']:.1f} ms; "
-          f"{ours['decode_steps']} decode steps; server ready after {ours['startup_s']:.0f} s)")
+    print(
+        f"workload: {w['num_prompts']} prompts x {w['input_len']} tokens in, "
+        f"{w['output_len']} out, concurrency/batch {w['max_concurrency']}"
+    )
+    print(
+        f"transformers generate(): {baseline['output_tokens_per_s']:8.1f} output tok/s "
+        f"({baseline['output_tokens']} tokens in {baseline['duration_s']:.2f} s)"
+    )
+    print(
+        f"vllm serve (host mesh):  {ours['output_tokens_per_s']:8.1f} output tok/s "
+        f"({ours['output_tokens']} tokens in {ours['duration_s']:.2f} s; "
+        f"TTFT {ours['mean_ttft_ms']:.0f} ms, TPOT {ours['mean_tpot_ms']:.1f} ms; "
+        f"{ours['decode_steps']} decode steps; server ready after {ours['startup_s']:.0f} s)"
+    )
     print(f"ratio (ours / transformers): {ratio:.2f}")
 
 

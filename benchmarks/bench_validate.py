@@ -26,8 +26,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ttbundles.registry import Status, compute
-from ttbundles.validate import validate_path
+from ttbundles.check.validate import validate_path
+from ttbundles.registry.registry import Status, compute
 
 TARGETS = {"validate": 5.0, "register": 2.0}
 # Bundles per architecture: variants told apart by `when`, as the built-in Llama family
@@ -71,9 +71,14 @@ def make_bundles(root: Path, count: int) -> None:
             "capabilities": {"prefix_caching": True, "sample_on_device": ["decode_only"]},
             "targets": {
                 "N150": {"max_model_len": 8192, "max_num_seqs": 32},
-                "T3K": {"max_model_len": 131072, "max_num_seqs": 64,
-                        "additional_config": {"sample_on_device_mode": "decode_only",
-                                              "trace_mode": "all"}},
+                "T3K": {
+                    "max_model_len": 131072,
+                    "max_num_seqs": 64,
+                    "additional_config": {
+                        "sample_on_device_mode": "decode_only",
+                        "trace_mode": "all",
+                    },
+                },
             },
             "when": {"env": {"BENCH_VARIANT": str(i % VARIANTS)}},
             "x-benchmark": True,
@@ -99,15 +104,17 @@ def validate(root: Path) -> int:
 
 
 def register(root: Path) -> int:
-    registry = compute(models_dirs=[root], environ={"TT_VLLM_BUILTIN_MODELS": "0",
-                                                    "BENCH_VARIANT": "0"})
+    registry = compute(
+        models_dirs=[root], environ={"TT_VLLM_BUILTIN_MODELS": "0", "BENCH_VARIANT": "0"}
+    )
     if registry.problems:
         raise SystemExit(f"registration reported problems: {registry.problems[:3]}")
     return sum(e.status is Status.REGISTERED for e in registry.entries)
 
 
-def measure(functions: dict[str, Callable[[Path], int]], root: Path, repeat: int
-            ) -> tuple[dict[str, float], dict[str, float]]:
+def measure(
+    functions: dict[str, Callable[[Path], int]], root: Path, repeat: int
+) -> tuple[dict[str, float], dict[str, float]]:
     """Median seconds of each function, and median ratio of each to the floor.
 
     Rounds interleave the functions, and each ratio is taken within a round, so a change
@@ -122,7 +129,8 @@ def measure(functions: dict[str, Callable[[Path], int]], root: Path, repeat: int
     seconds = {name: statistics.median(values) for name, values in times.items()}
     ratios = {
         name: statistics.median(t / f for t, f in zip(times[name], times["floor"], strict=True))
-        for name in functions if name != "floor"
+        for name in functions
+        if name != "floor"
     }
     return seconds, ratios
 
@@ -140,21 +148,37 @@ def main(argv: list[str] | None = None) -> int:
         assert floor(root) == validate(root) == args.count
         assert register(root) == args.count // VARIANTS + (args.count % VARIANTS > 0)
         seconds, ratios = measure(
-            {"floor": floor, "validate": validate, "register": register}, root, args.repeat)
+            {"floor": floor, "validate": validate, "register": register}, root, args.repeat
+        )
 
     within = {name: ratios[name] <= TARGETS[name] for name in TARGETS}
     if args.json:
-        print(json.dumps({"count": args.count, "repeat": args.repeat, "seconds": seconds,
-                          "ratios": ratios, "targets": TARGETS, "within": within}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "count": args.count,
+                    "repeat": args.repeat,
+                    "seconds": seconds,
+                    "ratios": ratios,
+                    "targets": TARGETS,
+                    "within": within,
+                },
+                indent=2,
+            )
+        )
     else:
         per_bundle = {name: value / args.count * 1e6 for name, value in seconds.items()}
         print(f"{args.count} bundles, median of {args.repeat} interleaved runs")
-        print(f"  floor     {seconds['floor'] * 1e3:8.1f} ms {per_bundle['floor']:7.1f} us/bundle"
-              "   read + json.load")
+        print(
+            f"  floor     {seconds['floor'] * 1e3:8.1f} ms {per_bundle['floor']:7.1f} us/bundle"
+            "   read + json.load"
+        )
         for name in TARGETS:
             verdict = "ok" if within[name] else "OVER"
-            print(f"  {name:9} {seconds[name] * 1e3:8.1f} ms {per_bundle[name]:7.1f} us/bundle"
-                  f"   {ratios[name]:5.1f}x floor (target {TARGETS[name]:g}x: {verdict})")
+            print(
+                f"  {name:9} {seconds[name] * 1e3:8.1f} ms {per_bundle[name]:7.1f} us/bundle"
+                f"   {ratios[name]:5.1f}x floor (target {TARGETS[name]:g}x: {verdict})"
+            )
     return 0 if all(within.values()) else 1
 
 

@@ -35,9 +35,7 @@ app.command()(info.schema)
 app.command()(init.init)
 app.command()(init.migrate)
 app.command()(demo.demo)
-app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(
-    plan.plan
-)
+app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(plan.plan)
 
 
 def main() -> None:

@@ -27,9 +27,15 @@ def _progress(label: str, enabled: bool):
         TransferSpeedColumn,
     )
 
-    with Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
-                  TransferSpeedColumn(), TimeRemainingColumn(), transient=True,
-                  console=Output().err) as bar:
+    with Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+        transient=True,
+        console=Output().err,
+    ) as bar:
         task = bar.add_task(label, total=None)
 
         def update(done: int, total: int) -> None:
@@ -50,7 +56,7 @@ def pack(
 
     Example: ttbundle pack my-bundle -o dist/
     """
-    from ttbundles.archive import pack as pack_bundle
+    from ttbundles.build import pack as pack_bundle
 
     with _progress(f"packing {bundle.name}", True) as progress:
         path = pack_bundle(bundle, output_dir, progress=progress)
@@ -65,18 +71,24 @@ def verify(
 
     Example: ttbundle verify dist/my-bundle-1.0.0.ttbundle
     """
-    from ttbundles.archive import verify as verify_path
+    from ttbundles.archive.reader import verify as verify_path
 
     out = Output(fmt)
     report = verify_path(path)
     if out.is_json:
-        out.json({"path": str(path), "valid": report.ok(),
-                  "diagnostics": [d.to_dict() for d in report.diagnostics]})
+        out.json(
+            {
+                "path": str(path),
+                "valid": report.ok(),
+                "diagnostics": [d.to_dict() for d in report.diagnostics],
+            }
+        )
     else:
         out.diagnostics(report.diagnostics)
-        out.line(f"{path}: {'verified' if report.ok() else 'FAILED'} "
-                 f"({summary(report.diagnostics)})",
-                 style="green" if report.ok() else "bold red")
+        out.line(
+            f"{path}: {'verified' if report.ok() else 'FAILED'} ({summary(report.diagnostics)})",
+            style="green" if report.ok() else "bold red",
+        )
     raise typer.Exit(0 if report.ok() else 1)
 
 
@@ -91,8 +103,8 @@ def install(
 
     Example: EXTRA_MODELS_DIR=/opt/tt-bundles ttbundle install my-bundle-1.0.0.ttbundle
     """
-    from ttbundles.install import install as install_archive
-    from ttbundles.install import resolve_models_dir
+    from ttbundles.archive.install import install as install_archive
+    from ttbundles.archive.install import resolve_models_dir
 
     target = install_archive(archive, resolve_models_dir(models_dir), replace=replace)
     Output().plain(str(target))
@@ -106,8 +118,8 @@ def uninstall(
 
     Example: ttbundle uninstall my-bundle --models-dir /opt/tt-bundles
     """
-    from ttbundles.install import resolve_models_dir
-    from ttbundles.install import uninstall as uninstall_bundle
+    from ttbundles.archive.install import resolve_models_dir
+    from ttbundles.archive.install import uninstall as uninstall_bundle
 
     removed = uninstall_bundle(name, resolve_models_dir(models_dir))
     Output().plain(str(removed))

@@ -15,8 +15,11 @@ from .output import Output
 def demo(
     vllm_args: Annotated[
         list[str] | None,
-        typer.Argument(help="Further `vllm serve` options, after `--`.", show_default=False,
-                       metavar="VLLM_SERVE_OPTIONS"),
+        typer.Argument(
+            help="Further `vllm serve` options, after `--`.",
+            show_default=False,
+            metavar="VLLM_SERVE_OPTIONS",
+        ),
     ] = None,
     port: Annotated[
         int | None,
@@ -25,20 +28,28 @@ def demo(
     host: Annotated[str, typer.Option(help="Address to serve on.")] = "127.0.0.1",
     checkpoint_dir: Annotated[
         Path | None,
-        typer.Option("--checkpoint-dir", file_okay=False,
-                     help="Serve the demo checkpoint from this folder (written if missing). "
-                     "Default: $XDG_CACHE_HOME/ttbundles/demo-checkpoint."),
+        typer.Option(
+            "--checkpoint-dir",
+            file_okay=False,
+            help="Serve the demo checkpoint from this folder (written if missing). "
+            "Default: $XDG_CACHE_HOME/ttbundles/demo-checkpoint.",
+        ),
     ] = None,
     write_checkpoint: Annotated[
         Path | None,
-        typer.Option("--write-checkpoint", file_okay=False,
-                     help="Only write the demo checkpoint into this folder and print its path."),
+        typer.Option(
+            "--write-checkpoint",
+            file_okay=False,
+            help="Only write the demo checkpoint into this folder and print its path.",
+        ),
     ] = None,
     query: Annotated[
         bool,
-        typer.Option("--query/--no-query",
-                     help="Send one completion and one chat completion, print the answers "
-                     "and stop. Without it the server keeps serving until Ctrl-C."),
+        typer.Option(
+            "--query/--no-query",
+            help="Send one completion and one chat completion, print the answers "
+            "and stop. Without it the server keeps serving until Ctrl-C.",
+        ),
     ] = False,
 ) -> None:
     """Serve a tiny Llama through vLLM on the host mesh (MESH_DEVICE=HOST): no hardware needed.
@@ -51,7 +62,7 @@ def demo(
 
     Example: ttbundle demo --port 8000 -- --max-model-len 256 --enable-prefix-caching
     """
-    from ttbundles.demo import run_demo, write_demo_checkpoint
+    from ttbundles.demo.flow import run_demo, write_demo_checkpoint
 
     out = Output()
     if write_checkpoint is not None:
@@ -60,18 +71,27 @@ def demo(
     # A plain `kill` of this command must still stop the server it started.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     try:
-        answers = run_demo(host=host, port=port, checkpoint_dir=checkpoint_dir,
-                           with_query=query, vllm_args=vllm_args or (),
-                           say=lambda line: out.line(line, style="dim"))
+        answers = run_demo(
+            host=host,
+            port=port,
+            checkpoint_dir=checkpoint_dir,
+            with_query=query,
+            vllm_args=vllm_args or (),
+            say=lambda line: out.line(line, style="dim"),
+        )
     except KeyboardInterrupt:
         return  # Ctrl-C is how a foreground server is meant to end; it has stopped
     if answers is None:
         return
     out.line(f"model: {answers.model}", style="bold")
     for kind, answer in (("completion", answers.completion), ("chat", answers.chat)):
-        out.line(f"{kind}: {answer.prompt!r} -> {answer.text!r} "
-                 f"({answer.completion_tokens} tokens, {answer.finish_reason})")
-    out.line("(The demo checkpoint is a tiny Llama with seeded random weights: its text is "
-             "noise. What it shows is the serving path: vLLM, the TT platform, the demo "
-             "bundle and the reference generator, greedy-identical to transformers.)",
-             style="dim")
+        out.line(
+            f"{kind}: {answer.prompt!r} -> {answer.text!r} "
+            f"({answer.completion_tokens} tokens, {answer.finish_reason})"
+        )
+    out.line(
+        "(The demo checkpoint is a tiny Llama with seeded random weights: its text is "
+        "noise. What it shows is the serving path: vLLM, the TT platform, the demo "
+        "bundle and the reference generator, greedy-identical to transformers.)",
+        style="dim",
+    )

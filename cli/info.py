@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import sys
-import tempfile
 from pathlib import Path
 from typing import Annotated
 
 import typer
-
-from ttbundles.errors import TTBundleError
 
 from .options import FormatOption
 from .output import Format, Output
@@ -18,8 +15,11 @@ from .output import Format, Output
 def list_bundles(
     models_dir: Annotated[
         list[Path] | None,
-        typer.Option("--models-dir", help="Folders of bundles, in order (repeatable). "
-                     "Default: $EXTRA_MODELS_DIR.", file_okay=False),
+        typer.Option(
+            "--models-dir",
+            help="Folders of bundles, in order (repeatable). Default: $EXTRA_MODELS_DIR.",
+            file_okay=False,
+        ),
     ] = None,
     mesh: Annotated[
         str | None, typer.Option(help="The mesh to select for. Default: $MESH_DEVICE.")
@@ -33,20 +33,34 @@ def list_bundles(
 
     Example: EXTRA_MODELS_DIR=/opt/tt-bundles ttbundle list --mesh T3K
     """
-    from ttbundles.registry import compute, table
+    from ttbundles.registry.registry import compute, table
 
     registry = compute(mesh=mesh, models_dirs=models_dir or None)
     rows = table(registry)
     out = Output(fmt)
     if out.is_json:
-        out.json({"mesh": registry.mesh, "entries": rows,
-                  "problems": [d.to_dict() for d in registry.problems]})
+        out.json(
+            {
+                "mesh": registry.mesh,
+                "entries": rows,
+                "problems": [d.to_dict() for d in registry.problems],
+            }
+        )
         return
     out.table(
         f"TT architectures (mesh: {registry.mesh or 'any'})",
         ["architecture", "bundle", "source", "status", "capabilities", "path / reason"],
-        [[r["tt_arch"] or "-", f"{r['bundle'] or '-'}@{r['version'] or '-'}", r["source"],
-          r["status"], _caps(r["capabilities"]), r["reason"] or r["path"]] for r in rows],
+        [
+            [
+                r["tt_arch"] or "-",
+                f"{r['bundle'] or '-'}@{r['version'] or '-'}",
+                r["source"],
+                r["status"],
+                _caps(r["capabilities"]),
+                r["reason"] or r["path"],
+            ]
+            for r in rows
+        ],
     )
     out.diagnostics(registry.problems)
 
@@ -54,8 +68,11 @@ def list_bundles(
 def _caps(caps: dict | None) -> str:
     if not caps:
         return ""
-    flags = [k for k in ("prefix_caching", "async_decode", "chunked_prefill", "multimodal")
-             if caps.get(k)]
+    flags = [
+        k
+        for k in ("prefix_caching", "async_decode", "chunked_prefill", "multimodal")
+        if caps.get(k)
+    ]
     if caps.get("sample_on_device"):
         flags.append("sample_on_device=" + "+".join(caps["sample_on_device"]))
     if caps.get("execution") == "single":
@@ -71,16 +88,10 @@ def inspect(
 
     Example: ttbundle inspect dist/my-bundle-1.0.0.ttbundle --format json
     """
-    out = Output(fmt)
-    if path.is_file():
-        from ttbundles.install import install
+    from ttbundles.archive.inspect import describe
 
-        with tempfile.TemporaryDirectory(prefix="ttbundle-inspect-") as tmp:
-            folder = install(path, Path(tmp))
-            data = _describe(folder)
-    else:
-        data = _describe(path)
-    data["path"] = str(path)
+    out = Output(fmt)
+    data = describe(path)
     if out.is_json:
         out.json(data)
         return
@@ -95,25 +106,11 @@ def inspect(
     out.line(f"targets:      {', '.join(targets) if targets else 'any mesh'}")
     if meta.get("when", {}).get("env"):
         out.line("when:         " + ", ".join(f"{k}={v}" for k, v in meta["when"]["env"].items()))
-    out.table("files", ["path", "size", "sha256"],
-              [[f["path"], f["size"], f["sha256"][:16]] for f in data["files"]])
-
-
-def _describe(folder: Path) -> dict:
-    from ttbundles.manifest import build_manifest
-    from ttbundles.parse import load_metadata
-
-    loaded = load_metadata(folder)
-    if loaded.metadata is None:
-        raise TTBundleError(loaded.diagnostics)
-    manifest = build_manifest(folder)
-    return {
-        "tt_arch": loaded.metadata.tt_arch,
-        "legacy": loaded.metadata.legacy,
-        "metadata": loaded.metadata.model_dump(by_alias=True, exclude_none=True),
-        "root_digest": manifest.root_digest,
-        "files": [f.model_dump() for f in manifest.files],
-    }
+    out.table(
+        "files",
+        ["path", "size", "sha256"],
+        [[f["path"], f["size"], f["sha256"][:16]] for f in data["files"]],
+    )
 
 
 def schema() -> None:

@@ -17,8 +17,11 @@ def init(
     ] = None,
     from_hf: Annotated[
         str | None,
-        typer.Option("--from-hf", help="Checkpoint folder or hub repo whose config.json "
-                     "fills arch, models and the pinned revision."),
+        typer.Option(
+            "--from-hf",
+            help="Checkpoint folder or hub repo whose config.json "
+            "fills arch, models and the pinned revision.",
+        ),
     ] = None,
     name: Annotated[str | None, typer.Option(help="Bundle name (default: folder).")] = None,
 ) -> None:
@@ -44,5 +47,7 @@ def migrate(
     from ttbundles.scaffold import migrate_bundle
 
     changed = migrate_bundle(bundle)
-    Output().line(f"{bundle}: " + ("migrated to schema_version 1" if changed
-                                   else "already schema_version 1; nothing to do"))
+    Output().line(
+        f"{bundle}: "
+        + ("migrated to schema_version 1" if changed else "already schema_version 1; nothing to do")
+    )

@@ -52,8 +52,11 @@ class Output:
         for d in diagnostics:
             where = d.location()
             head = f"[{_STYLE[d.severity]}]{d.severity.value} {d.code}[/]"
-            text = f"{escape(where)}: {head} {escape(d.message)}" if where else (
-                f"{head} {escape(d.message)}")
+            text = (
+                f"{escape(where)}: {head} {escape(d.message)}"
+                if where
+                else (f"{head} {escape(d.message)}")
+            )
             console.print(text)
             if d.hint:
                 console.print(f"    [dim]fix:[/] {escape(d.hint)}")

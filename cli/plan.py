@@ -24,7 +24,7 @@ def plan(
 
     Example: ttbundle plan --model ./ckpt --mesh HOST --max-model-len 2048 --async-scheduling
     """
-    from ttbundles.plan import make_plan
+    from ttbundles.serving.dry_run import make_plan
 
     result = make_plan(model, list(ctx.args), mesh=mesh)
     out = Output(fmt)
@@ -32,8 +32,13 @@ def plan(
         out.json(result)
         return
     bundle = result["bundle"]
-    out.line(f"{result['tt_arch']}: {bundle['name']}@{bundle['version']} ({bundle['source']}, "
-             f"{bundle['path']}) on mesh {result['mesh'] or 'unset'}", style="bold")
-    out.table("decisions", ["setting", "requested", "effective", "reason"],
-              [[d["setting"], d["requested"], d["effective"], d["reason"]]
-               for d in result["decisions"]])
+    out.line(
+        f"{result['tt_arch']}: {bundle['name']}@{bundle['version']} ({bundle['source']}, "
+        f"{bundle['path']}) on mesh {result['mesh'] or 'unset'}",
+        style="bold",
+    )
+    out.table(
+        "decisions",
+        ["setting", "requested", "effective", "reason"],
+        [[d["setting"], d["requested"], d["effective"], d["reason"]] for d in result["decisions"]],
+    )

@@ -36,8 +36,7 @@ class {name}:
 '''
 
 
-def contract_adapter(name: str = "Generator", *, preamble: str = "",
-                     attributes: str = "") -> str:
+def contract_adapter(name: str = "Generator", *, preamble: str = "", attributes: str = "") -> str:
     """Source of an adapter module whose class `name` satisfies the generator contract;
     `preamble` goes before the class, `attributes` (indented) into its body."""
     return _CONTRACT.format(name=name, preamble=preamble, attributes=attributes)
@@ -172,7 +171,7 @@ CRAFTED_CASES = (
 
 def crafted_corpus(root: Path, weights: bytes) -> tuple[Path, dict[str, Crafted]]:
     """A packed bundle with weights/w.bin under `root`, and the crafted archives."""
-    from ttbundles.archive import pack
+    from ttbundles.build import pack
 
     folder = write_bundle(root / "src", files={"weights/w.bin": weights})
     good = pack(folder, root / "dist")

@@ -21,13 +21,16 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 
 # A generator that satisfies the whole contract, statically and at import.
-ADAPTER = contract_adapter("DemoGenerator", attributes="""\
+ADAPTER = contract_adapter(
+    "DemoGenerator",
+    attributes="""\
     model_capabilities = {
         "supports_prefix_caching": False,
         "supports_async_decode": False,
         "supports_sample_on_device": False,
     }
-""")
+""",
+)
 
 
 def base_metadata(name: str) -> dict:
@@ -92,8 +95,14 @@ def _run_cli(*args, env=None, cwd=None, timeout=60):
     environ = {k: v for k, v in os.environ.items() if k not in _TTBUNDLE_ENV}
     environ.update({"COLUMNS": "250", "NO_COLOR": "1", "TERM": "dumb"})
     environ.update(env or {})
-    return subprocess.run([TTBUNDLE, *map(str, args)], capture_output=True, text=True,
-                          env=environ, cwd=cwd, timeout=timeout)
+    return subprocess.run(
+        [TTBUNDLE, *map(str, args)],
+        capture_output=True,
+        text=True,
+        env=environ,
+        cwd=cwd,
+        timeout=timeout,
+    )
 
 
 @pytest.fixture
@@ -105,6 +114,6 @@ def run_cli():
 @pytest.fixture(scope="session")
 def demo_checkpoint(tmp_path_factory) -> Path:
     """The demo checkpoint (a tiny Llama with tokenizer), written once per session."""
-    from ttbundles.demo_checkpoint import write_checkpoint
+    from ttbundles.demo.checkpoint import write_checkpoint
 
     return write_checkpoint(tmp_path_factory.mktemp("checkpoint") / "tiny-llama")

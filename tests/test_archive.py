@@ -19,7 +19,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-import ttbundles.archive as archive_module
+import ttbundles.archive.reader as reader_module
+import ttbundles.archive.writer as archive_module
 from tests.bundle_factory import (
     CRAFTED_CASES,
     Entry,
@@ -29,17 +30,8 @@ from tests.bundle_factory import (
     write_bundle,
     write_entries,
 )
-from ttbundles.archive import (
-    DEFAULT_MTIME,
-    pack,
-    read_archive,
-    source_date_epoch,
-    verify,
-    verify_archive,
-)
-from ttbundles.errors import ArchiveError, InvalidBundleError, TTBundleError
-from ttbundles.files import IgnoreRules, list_files, unsafe_reason
-from ttbundles.manifest import (
+from ttbundles.archive.files import IgnoreRules, list_files, unsafe_reason
+from ttbundles.archive.manifest import (
     MANIFEST_FILE,
     FileEntry,
     Manifest,
@@ -49,6 +41,10 @@ from ttbundles.manifest import (
     root_digest,
     verify_dir,
 )
+from ttbundles.archive.reader import read_archive, verify, verify_archive
+from ttbundles.archive.writer import DEFAULT_MTIME, source_date_epoch
+from ttbundles.build import pack
+from ttbundles.errors import ArchiveError, InvalidBundleError, TTBundleError
 
 WEIGHTS = bytes(range(256)) * 4096 + b"tail"  # ~1 MiB: more than one hashing chunk
 
@@ -680,7 +676,7 @@ def test_tampering_is_named(archive: Path, tmp_path: Path, edit, code: str, entr
 
 
 def test_an_oversized_manifest_is_not_read(archive: Path, monkeypatch):
-    monkeypatch.setattr(archive_module, "MAX_MANIFEST_SIZE", 100)
+    monkeypatch.setattr(reader_module, "MAX_MANIFEST_SIZE", 100)
     report = verify_archive(archive)
     assert [m for m in find(report.diagnostics, "TTB081") if "too large" in m]
     with pytest.raises(ArchiveError):

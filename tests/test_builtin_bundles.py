@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from ttbundles.metadata import METADATA_FILE, BundleMetadata, Capabilities, Target, When
-from ttbundles.tt_options import TTOptions
+from ttbundles.format.metadata import METADATA_FILE, BundleMetadata, Capabilities, Target, When
+from ttbundles.format.tt_options import TTOptions
 
 BUNDLES = Path(__file__).parents[1] / "bundles"
 
@@ -255,7 +255,7 @@ def test_no_user_specific_paths(builtins: dict[str, BundleMetadata]) -> None:
 @pytest.mark.parametrize("folder", _builtin_dirs(), ids=lambda p: p.name)
 def test_validates(folder: Path) -> None:
     """Each built-in passes the full validator with no errors (warnings allowed)."""
-    validate = pytest.importorskip("ttbundles.validate")
+    validate = pytest.importorskip("ttbundles.check.validate")
     report = validate.validate_bundle(folder)
     assert not report.errors, report.errors
     assert report.ok()

@@ -35,16 +35,36 @@ def test_validate_valid(make_bundle, run_cli):
 @pytest.mark.parametrize(
     ("kwargs", "location", "code", "fix"),
     [
-        ({"metadata": {"capabilites": {}}}, f"{META}:8:3 /capabilites", "error TTB030",
-         "did you mean 'capabilities'?; free extensions start with 'x-'"),
-        ({"metadata": '{\n  "schema_version": 1,\n}\n'}, f"{META}:3:1", "error TTB010",
-         "fix the JSON syntax at that position"),
-        ({"metadata": {"main_class": "adaptr:DemoGenerator"}}, f"{META}:6:17 /main_class",
-         "error TTB050", "did you mean 'adapter'?"),
-        ({"adapter": "class DemoGenerator(:\n    pass\n"}, "adapter.py:1:21", "error TTB051",
-         "fix the Python syntax"),
-        ({"metadata": {"targets": {"N15O": {}}}}, f"{META}:9:5 /targets/N15O", "error TTB035",
-         "did you mean 'N150'?"),
+        (
+            {"metadata": {"capabilites": {}}},
+            f"{META}:8:3 /capabilites",
+            "error TTB030",
+            "did you mean 'capabilities'?; free extensions start with 'x-'",
+        ),
+        (
+            {"metadata": '{\n  "schema_version": 1,\n}\n'},
+            f"{META}:3:1",
+            "error TTB010",
+            "fix the JSON syntax at that position",
+        ),
+        (
+            {"metadata": {"main_class": "adaptr:DemoGenerator"}},
+            f"{META}:6:17 /main_class",
+            "error TTB050",
+            "did you mean 'adapter'?",
+        ),
+        (
+            {"adapter": "class DemoGenerator(:\n    pass\n"},
+            "adapter.py:1:21",
+            "error TTB051",
+            "fix the Python syntax",
+        ),
+        (
+            {"metadata": {"targets": {"N15O": {}}}},
+            f"{META}:9:5 /targets/N15O",
+            "error TTB035",
+            "did you mean 'N150'?",
+        ),
     ],
     ids=["unknown key", "json syntax", "module missing", "python syntax", "mesh"],
 )
@@ -67,19 +87,27 @@ def test_validate_json(make_bundle, run_cli):
     assert (data["valid"], data["strict"]) == (False, False)
     [path] = data["paths"]
     assert (path["path"], path["valid"]) == (str(folder), False)
-    assert path["bundles"] == [
-        {"path": str(folder), "name": None, "version": None, "legacy": None}
+    assert path["bundles"] == [{"path": str(folder), "name": None, "version": None, "legacy": None}]
+    found = [
+        (d["code"], d["severity"], d["pointer"], d["line"], d["column"])
+        for d in path["diagnostics"]
     ]
-    found = [(d["code"], d["severity"], d["pointer"], d["line"], d["column"])
-             for d in path["diagnostics"]]
     assert found == [
         ("TTB035", "error", "/targets/t3k", 10, 5),
         ("TTB030", "error", "/capabilites", 8, 3),
     ]
     assert all(d["file"] == str(folder / META) for d in path["diagnostics"])
     assert path["diagnostics"][0]["hint"] == "did you mean 'T3K'?"
-    assert set(path["diagnostics"][0]) == {"code", "severity", "message", "file", "pointer",
-                                           "line", "column", "hint"}
+    assert set(path["diagnostics"][0]) == {
+        "code",
+        "severity",
+        "message",
+        "file",
+        "pointer",
+        "line",
+        "column",
+        "hint",
+    }
 
 
 def test_validate_json_valid_bundle_lists_it(make_bundle, run_cli):
@@ -97,14 +125,14 @@ def test_strict_turns_warnings_into_errors(make_bundle, run_cli):
     done = no_traceback(run_cli("validate", folder))
     assert done.returncode == 0
     assert f"{META}:9:5 /models/0: warning TTB037 " in done.stdout
-    assert done.stdout.splitlines()[-1] == (
-        f"{folder}: valid (0 errors, 1 warning; bundles: demo)")
+    assert done.stdout.splitlines()[-1] == (f"{folder}: valid (0 errors, 1 warning; bundles: demo)")
 
     done = no_traceback(run_cli("validate", "--strict", folder))
     assert done.returncode == 1
     assert f"{META}:9:5 /models/0: error TTB037 " in done.stdout
     assert done.stdout.splitlines()[-1] == (
-        f"{folder}: INVALID (1 error, 0 warnings; bundles: demo)")
+        f"{folder}: INVALID (1 error, 0 warnings; bundles: demo)"
+    )
 
     data = as_json(run_cli("validate", "--strict", "--format", "json", folder))
     assert (data["valid"], data["strict"]) == (False, True)
@@ -112,8 +140,11 @@ def test_strict_turns_warnings_into_errors(make_bundle, run_cli):
 
 
 def test_notes_only_with_verbose(make_bundle, run_cli):
-    folder = make_bundle("demo", adapter=None, metadata={
-        "main_class": "models.x.generator_vllm:Gen", "main_class_source": "environment"})
+    folder = make_bundle(
+        "demo",
+        adapter=None,
+        metadata={"main_class": "models.x.generator_vllm:Gen", "main_class_source": "environment"},
+    )
     done = no_traceback(run_cli("validate", folder))
     assert done.returncode == 0
     assert "TTB058" not in done.stdout
@@ -138,8 +169,10 @@ def test_validate_several_paths(make_bundle, run_cli, tmp_path):
         f"{missing}: INVALID (1 error, 0 warnings; bundles: -)",
     ]
     data = as_json(run_cli("validate", "--format", "json", good, bad))
-    assert [(p["path"], p["valid"]) for p in data["paths"]] == [(str(good), True),
-                                                              (str(bad), False)]
+    assert [(p["path"], p["valid"]) for p in data["paths"]] == [
+        (str(good), True),
+        (str(bad), False),
+    ]
     assert data["valid"] is False
 
 
@@ -184,19 +217,24 @@ def test_help_exits_0(run_cli):
 
 
 def entries(data):
-    return {(e["tt_arch"], e["bundle"]): (e["source"], e["status"], e["reason"])
-            for e in data["entries"]}
+    return {
+        (e["tt_arch"], e["bundle"]): (e["source"], e["status"], e["reason"])
+        for e in data["entries"]
+    }
 
 
 def test_list_extra_dirs_only(make_bundle, run_cli, tmp_path):
     first = make_bundle("one", parent=tmp_path / "m1", metadata={"arch": "OneForCausalLM"})
     second = make_bundle("two", parent=tmp_path / "m2", metadata={"arch": "TwoForCausalLM"})
-    env = {"EXTRA_MODELS_DIR": os.pathsep.join([str(tmp_path / "m1"), str(tmp_path / "m2")]),
-           "TT_VLLM_BUILTIN_MODELS": "0"}
+    env = {
+        "EXTRA_MODELS_DIR": os.pathsep.join([str(tmp_path / "m1"), str(tmp_path / "m2")]),
+        "TT_VLLM_BUILTIN_MODELS": "0",
+    }
     data = as_json(run_cli("list", "--format", "json", env=env))
     assert data["mesh"] is None and data["problems"] == []
-    assert [(e["tt_arch"], e["bundle"], e["source"], e["status"], e["path"])
-            for e in data["entries"]] == [
+    assert [
+        (e["tt_arch"], e["bundle"], e["source"], e["status"], e["path"]) for e in data["entries"]
+    ] == [
         ("TTOneForCausalLM", "one", "extra", "registered", str(first)),
         ("TTTwoForCausalLM", "two", "extra", "registered", str(second)),
     ]
@@ -215,50 +253,64 @@ def test_list_builtins(run_cli):
     data = as_json(run_cli("list", "--format", "json"))
     found = entries(data)
     assert found[("TTLlamaForCausalLM", "tt-llama-galaxy")] == (
-        "built-in", "inactive", "TTB101 applies only when TT_LLAMA_TEXT_VER=llama3_70b_galaxy")
+        "built-in",
+        "inactive",
+        "TTB101 applies only when TT_LLAMA_TEXT_VER=llama3_70b_galaxy",
+    )
     assert found[("TTMistralForCausalLM", "tt-mistral")] == ("built-in", "registered", "")
 
     data = as_json(run_cli("list", "--mesh", "N150", "--format", "json"))
     found = entries(data)
     assert found[("TTLlamaForCausalLM", "tt-llama")] == ("built-in", "registered", "")
     assert found[("TTLlamaForCausalLM", "tt-llama-galaxy")] == (
-        "built-in", "inactive", "TTB101 targets TG, not N150")
+        "built-in",
+        "inactive",
+        "TTB101 targets TG, not N150",
+    )
     assert data["problems"] == []
 
 
 def test_builtins_off(run_cli, tmp_path):
     for value in ("0", "off"):
-        data = as_json(run_cli("list", "--format", "json",
-                               env={"TT_VLLM_BUILTIN_MODELS": value}))
+        data = as_json(run_cli("list", "--format", "json", env={"TT_VLLM_BUILTIN_MODELS": value}))
         assert data["entries"] == []
 
 
 def test_extra_bundle_shadows_builtin(make_bundle, run_cli, tmp_path):
     mine = make_bundle("my-llama", parent=tmp_path / "m", metadata={"arch": "LlamaForCausalLM"})
-    data = as_json(run_cli("list", "--format", "json",
-                           env={"EXTRA_MODELS_DIR": str(tmp_path / "m")}))
+    data = as_json(
+        run_cli("list", "--format", "json", env={"EXTRA_MODELS_DIR": str(tmp_path / "m")})
+    )
     found = entries(data)
     assert found[("TTLlamaForCausalLM", "my-llama")] == ("extra", "registered", "")
     assert found[("TTLlamaForCausalLM", "tt-llama")] == (
-        "built-in", "shadowed", f"TTB102 shadowed by my-llama@1.0.0 from {mine}")
+        "built-in",
+        "shadowed",
+        f"TTB102 shadowed by my-llama@1.0.0 from {mine}",
+    )
     registered = [e for e in data["entries"] if e["status"] == "registered"]
-    assert [e["bundle"] for e in registered if e["tt_arch"] == "TTLlamaForCausalLM"] == [
-        "my-llama"]
+    assert [e["bundle"] for e in registered if e["tt_arch"] == "TTLlamaForCausalLM"] == ["my-llama"]
 
 
 @pytest.mark.parametrize(
     ("env", "args", "winner", "loser_status"),
     [
         ({"TT_LLAMA_TEXT_VER": "llama3_70b_galaxy"}, [], "tt-llama-galaxy", "shadowed"),
-        ({"TT_LLAMA_TEXT_VER": "llama3_70b_galaxy"}, ["--mesh", "TG"], "tt-llama-galaxy",
-         "shadowed"),
-        ({"TT_LLAMA_TEXT_VER": "llama3_70b_galaxy", "MESH_DEVICE": "TG"}, [],
-         "tt-llama-galaxy", "shadowed"),
-        ({"TT_LLAMA_TEXT_VER": "llama3_70b_galaxy"}, ["--mesh", "N150"], "tt-llama",
-         "inactive"),
+        (
+            {"TT_LLAMA_TEXT_VER": "llama3_70b_galaxy"},
+            ["--mesh", "TG"],
+            "tt-llama-galaxy",
+            "shadowed",
+        ),
+        (
+            {"TT_LLAMA_TEXT_VER": "llama3_70b_galaxy", "MESH_DEVICE": "TG"},
+            [],
+            "tt-llama-galaxy",
+            "shadowed",
+        ),
+        ({"TT_LLAMA_TEXT_VER": "llama3_70b_galaxy"}, ["--mesh", "N150"], "tt-llama", "inactive"),
         ({"TT_LLAMA_TEXT_VER": "llama2_70b"}, ["--mesh", "T3K"], "tt-llama2-70b", "shadowed"),
-        ({"TT_LLAMA_TEXT_VER": "tt_transformers"}, ["--mesh", "N150"], "tt-llama",
-         "inactive"),
+        ({"TT_LLAMA_TEXT_VER": "tt_transformers"}, ["--mesh", "N150"], "tt-llama", "inactive"),
     ],
 )
 def test_env_selected_variants(run_cli, env, args, winner, loser_status):
@@ -272,22 +324,26 @@ def test_env_selected_variants(run_cli, env, args, winner, loser_status):
 
 
 def test_list_mesh_filters_targets(make_bundle, run_cli, tmp_path):
-    make_bundle("n150-only", parent=tmp_path / "m",
-                metadata={"targets": {"N150": {"max_num_seqs": 32}}})
+    make_bundle(
+        "n150-only", parent=tmp_path / "m", metadata={"targets": {"N150": {"max_num_seqs": 32}}}
+    )
     env = {"EXTRA_MODELS_DIR": str(tmp_path / "m"), "TT_VLLM_BUILTIN_MODELS": "0"}
     data = as_json(run_cli("list", "--mesh", "N150", "--format", "json", env=env))
     assert [(e["bundle"], e["status"]) for e in data["entries"]] == [("n150-only", "registered")]
     data = as_json(run_cli("list", "--mesh", "T3K", "--format", "json", env=env))
     assert [(e["bundle"], e["status"], e["reason"]) for e in data["entries"]] == [
-        ("n150-only", "inactive", "TTB101 targets N150, not T3K")]
+        ("n150-only", "inactive", "TTB101 targets N150, not T3K")
+    ]
     done = no_traceback(run_cli("list", "--mesh", "T3K", env=env))
     assert "TT architectures (mesh: T3K)" in done.stdout
 
 
 def test_list_reports_broken_and_missing(make_bundle, run_cli, tmp_path):
     make_bundle("broken", parent=tmp_path / "m", metadata={"capabilites": {}})
-    env = {"EXTRA_MODELS_DIR": os.pathsep.join([str(tmp_path / "m"), str(tmp_path / "nope")]),
-           "TT_VLLM_BUILTIN_MODELS": "0"}
+    env = {
+        "EXTRA_MODELS_DIR": os.pathsep.join([str(tmp_path / "m"), str(tmp_path / "nope")]),
+        "TT_VLLM_BUILTIN_MODELS": "0",
+    }
     done = run_cli("list", "--format", "json", env=env)
     assert done.returncode == 0
     data = as_json(done)
@@ -295,14 +351,23 @@ def test_list_reports_broken_and_missing(make_bundle, run_cli, tmp_path):
     assert (entry["bundle"], entry["status"]) == (None, "skipped")
     assert entry["reason"] == "invalid: TTB030 unknown key 'capabilites'"
     assert sorted((p["code"], p["severity"]) for p in data["problems"]) == [
-        ("TTB001", "warning"), ("TTB030", "error")]
+        ("TTB001", "warning"),
+        ("TTB030", "error"),
+    ]
 
 
 def test_list_models_dir_option(make_bundle, run_cli, tmp_path):
     make_bundle("one", parent=tmp_path / "m")
-    data = as_json(run_cli("list", "--models-dir", tmp_path / "m", "--format", "json",
-                           env={"TT_VLLM_BUILTIN_MODELS": "0",
-                                "EXTRA_MODELS_DIR": str(tmp_path / "ignored")}))
+    data = as_json(
+        run_cli(
+            "list",
+            "--models-dir",
+            tmp_path / "m",
+            "--format",
+            "json",
+            env={"TT_VLLM_BUILTIN_MODELS": "0", "EXTRA_MODELS_DIR": str(tmp_path / "ignored")},
+        )
+    )
     assert [e["bundle"] for e in data["entries"]] == ["one"]
     assert data["problems"] == []
 
@@ -317,7 +382,10 @@ def test_init_then_validate(run_cli, tmp_path):
     assert done.stdout.strip() == str(folder)
     meta = json.loads((folder / META).read_text())
     assert (meta["name"], meta["arch"], meta["main_class"]) == (
-        "my-model", "MyForCausalLM", "adapter:TTMyForCausalLMGenerator")
+        "my-model",
+        "MyForCausalLM",
+        "adapter:TTMyForCausalLMGenerator",
+    )
     assert (folder / "adapter.py").is_file()
     done = no_traceback(run_cli("validate", "--strict", folder))
     assert done.returncode == 0, done.stdout
@@ -327,8 +395,9 @@ def test_init_then_validate(run_cli, tmp_path):
 def test_init_from_local_checkpoint(run_cli, tmp_path):
     checkpoint = tmp_path / "ckpt"
     checkpoint.mkdir()
-    (checkpoint / "config.json").write_text(json.dumps(
-        {"architectures": ["MistralForCausalLM"], "model_type": "mistral"}))
+    (checkpoint / "config.json").write_text(
+        json.dumps({"architectures": ["MistralForCausalLM"], "model_type": "mistral"})
+    )
     folder = tmp_path / "mistral-bundle"
     done = no_traceback(run_cli("init", folder, "--from-hf", checkpoint, "--name", "my-mistral"))
     assert done.returncode == 0, done.stderr
@@ -341,8 +410,12 @@ def test_init_from_local_checkpoint(run_cli, tmp_path):
 
 @pytest.mark.parametrize(
     ("setup", "code"),
-    [("exists", "TTB033"), ("no config", "TTB208"), ("no architectures", "TTB208"),
-     ("bad arch", "TTB033")],
+    [
+        ("exists", "TTB033"),
+        ("no config", "TTB208"),
+        ("no architectures", "TTB208"),
+        ("bad arch", "TTB033"),
+    ],
 )
 def test_init_refuses(run_cli, make_bundle, tmp_path, setup, code):
     checkpoint = tmp_path / "ckpt"
@@ -372,9 +445,14 @@ def test_migrate(make_bundle, run_cli):
     assert done.returncode == 0
     assert done.stdout.strip() == f"{folder}: migrated to schema_version 1"
     meta = json.loads((folder / META).read_text())
-    assert meta == {"schema_version": 1, "name": "old-model", "version": "0.1.0",
-                    "arch": "DemoForCausalLM", "main_class": "adapter:DemoGenerator",
-                    "main_class_source": "bundle"}
+    assert meta == {
+        "schema_version": 1,
+        "name": "old-model",
+        "version": "0.1.0",
+        "arch": "DemoForCausalLM",
+        "main_class": "adapter:DemoGenerator",
+        "main_class_source": "bundle",
+    }
 
     data = as_json(run_cli("validate", "--strict", "--format", "json", folder))
     assert data["valid"] is True
@@ -407,7 +485,7 @@ def test_schema(run_cli):
 
 
 def test_inspect_json(make_bundle, run_cli):
-    pytest.importorskip("ttbundles.manifest")
+    pytest.importorskip("ttbundles.archive.manifest")
     folder = make_bundle("demo", files={"weights/README.md": "no weights\n"})
     done = run_cli("inspect", folder, "--format", "json")
     assert done.returncode == 0, done.stderr
@@ -420,8 +498,9 @@ def test_inspect_json(make_bundle, run_cli):
     expected = []
     for rel in ("adapter.py", META, "weights/README.md"):
         content = (folder / rel).read_bytes()
-        expected.append({"path": rel, "size": len(content),
-                         "sha256": hashlib.sha256(content).hexdigest()})
+        expected.append(
+            {"path": rel, "size": len(content), "sha256": hashlib.sha256(content).hexdigest()}
+        )
     assert sorted(data["files"], key=lambda f: f["path"]) == expected
     # The identity depends on the content only.
     assert as_json(run_cli("inspect", folder, "--format", "json"))["root_digest"] == digest

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-import ttbundles.install as install_module
+import ttbundles.archive.install as install_module
+import ttbundles.archive.reader as reader_module
 from tests.bundle_factory import (
     CRAFTED_CASES,
     Entry,
@@ -20,16 +21,16 @@ from tests.bundle_factory import (
     write_bundle,
     write_entries,
 )
-from ttbundles.archive import pack, read_archive, verify
-from ttbundles.errors import ArchiveError, InstallError, TTBundleError
-from ttbundles.install import (
+from ttbundles.archive.install import (
     LOCK_FILE,
-    extract_verified,
     install,
     resolve_models_dir,
     uninstall,
 )
-from ttbundles.manifest import MANIFEST_FILE, verify_dir
+from ttbundles.archive.manifest import MANIFEST_FILE, verify_dir
+from ttbundles.archive.reader import extract_verified, read_archive, verify
+from ttbundles.build import pack
+from ttbundles.errors import ArchiveError, InstallError, TTBundleError
 
 WEIGHTS = os.urandom(1 << 20) + b"end"
 
@@ -176,7 +177,7 @@ def test_a_failure_while_extracting_leaves_nothing_behind(
     install(archive, models)
     before = snapshot(models)
     newer = make_archive(tmp_path, "2.0.0")
-    real_copy = install_module._copy_capped
+    real_copy = reader_module._copy_capped
     calls = []
 
     def disk_full(*args, **kwargs):
@@ -185,7 +186,7 @@ def test_a_failure_while_extracting_leaves_nothing_behind(
             raise OSError(28, "No space left on device")
         return real_copy(*args, **kwargs)
 
-    monkeypatch.setattr(install_module, "_copy_capped", disk_full)
+    monkeypatch.setattr(reader_module, "_copy_capped", disk_full)
     with pytest.raises(InstallError) as info:
         install(newer, models, replace=True)
     (diagnostic,) = info.value.diagnostics
@@ -230,7 +231,7 @@ def test_extraction_rechecks_every_entry_by_itself(corpus, case: str, tmp_path: 
     """Were the archive swapped after verification, extraction alone still refuses it."""
     good, crafted = corpus
     manifest = read_archive(good)
-    monkeypatch.setattr(install_module, "_verified_manifest", lambda _archive: manifest)
+    monkeypatch.setattr(install_module, "verified_manifest", lambda _archive: manifest)
     models = tmp_path / "models"
     models.mkdir()
     item = crafted[case]

@@ -1,4 +1,4 @@
-"""The bundle format: `vllm_metadata.json` v1, read by `ttbundles.parse`, and its JSON Schema."""
+"""The bundle format: `vllm_metadata.json` v1, its parser and its JSON Schema."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import jsonschema
 import pytest
 
 from ttbundles.errors import Severity
-from ttbundles.metadata import BundleMetadata, tt_arch_name
-from ttbundles.parse import load_metadata, parse_metadata
-from ttbundles.schema import generate_schema, render_schema
-from ttbundles.tt_options import TTOptions
+from ttbundles.format.metadata import BundleMetadata, tt_arch_name
+from ttbundles.format.parse import load_metadata, parse_metadata
+from ttbundles.format.schema import generate_schema, render_schema
+from ttbundles.format.tt_options import TTOptions
 
 SCHEMA_FILE = Path(__file__).parents[1] / "schemas" / "vllm_metadata.schema.json"
 FILE = Path("vllm_metadata.json")
@@ -144,14 +144,16 @@ def test_applies_to_mesh_and_environment():
 
 
 def test_extensions_top_level_and_nested():
-    document = with_(**{
-        "x-top": {"any": ["thing"]},
-        "capabilities": {"x-cap": 1},
-        "models": [{"repo": "a/b", "revision": "r", "x-model": True}],
-        "targets": {"N300": {"x-target": "t"}},
-        "when": {"x-when": None},
-        "requires": {"x-req": 2.5},
-    })
+    document = with_(
+        **{
+            "x-top": {"any": ["thing"]},
+            "capabilities": {"x-cap": 1},
+            "models": [{"repo": "a/b", "revision": "r", "x-model": True}],
+            "targets": {"N300": {"x-target": "t"}},
+            "when": {"x-when": None},
+            "requires": {"x-req": 2.5},
+        }
+    )
     loaded = parse(document)
     assert loaded.diagnostics == []
     meta = loaded.metadata
@@ -223,12 +225,17 @@ def test_tt_arch(arch, tt_arch):
         ({"models": [{"repo": "a/b", "revision": ""}]}, "TTB033", "/models/0/revision"),
         ({"models": {"repo": "a/b"}}, "TTB032", "/models"),
         # capabilities
-        ({"capabilities": {"sample_on_device": ["all", "all"]}}, "TTB033",
-         "/capabilities/sample_on_device"),
-        ({"capabilities": {"sample_on_device": ["prefill"]}}, "TTB033",
-         "/capabilities/sample_on_device/0"),
-        ({"capabilities": {"sample_on_device": "all"}}, "TTB032",
-         "/capabilities/sample_on_device"),
+        (
+            {"capabilities": {"sample_on_device": ["all", "all"]}},
+            "TTB033",
+            "/capabilities/sample_on_device",
+        ),
+        (
+            {"capabilities": {"sample_on_device": ["prefill"]}},
+            "TTB033",
+            "/capabilities/sample_on_device/0",
+        ),
+        ({"capabilities": {"sample_on_device": "all"}}, "TTB032", "/capabilities/sample_on_device"),
         ({"capabilities": {"execution": "multi"}}, "TTB033", "/capabilities/execution"),
         ({"capabilities": []}, "TTB032", "/capabilities"),
         # targets
@@ -238,16 +245,31 @@ def test_tt_arch(arch, tt_arch):
         ({"targets": {"N150": {"env": {"A": 1}}}}, "TTB032", "/targets/N150/env/A"),
         ({"targets": ["N150"]}, "TTB032", "/targets"),
         # device options
-        ({"targets": {"N150": {"additional_config": {"trace_mode": "prefill"}}}}, "TTB038",
-         "/targets/N150/additional_config/trace_mode"),
-        ({"targets": {"N150": {"additional_config": {"fabric_config": "FABRIC_3D"}}}},
-         "TTB038", "/targets/N150/additional_config/fabric_config"),
-        ({"targets": {"N150": {"additional_config": {"trace_region_size": -1}}}}, "TTB038",
-         "/targets/N150/additional_config/trace_region_size"),
-        ({"targets": {"N150": {"additional_config": {"decode_interleave_decode_steps": 0}}}},
-         "TTB038", "/targets/N150/additional_config/decode_interleave_decode_steps"),
-        ({"targets": {"N150": {"additional_config": {"sample_on_device_mode": "yes"}}}},
-         "TTB038", "/targets/N150/additional_config/sample_on_device_mode"),
+        (
+            {"targets": {"N150": {"additional_config": {"trace_mode": "prefill"}}}},
+            "TTB038",
+            "/targets/N150/additional_config/trace_mode",
+        ),
+        (
+            {"targets": {"N150": {"additional_config": {"fabric_config": "FABRIC_3D"}}}},
+            "TTB038",
+            "/targets/N150/additional_config/fabric_config",
+        ),
+        (
+            {"targets": {"N150": {"additional_config": {"trace_region_size": -1}}}},
+            "TTB038",
+            "/targets/N150/additional_config/trace_region_size",
+        ),
+        (
+            {"targets": {"N150": {"additional_config": {"decode_interleave_decode_steps": 0}}}},
+            "TTB038",
+            "/targets/N150/additional_config/decode_interleave_decode_steps",
+        ),
+        (
+            {"targets": {"N150": {"additional_config": {"sample_on_device_mode": "yes"}}}},
+            "TTB038",
+            "/targets/N150/additional_config/sample_on_device_mode",
+        ),
         # when, requires
         ({"when": {"env": {"A-B": "1"}}}, "TTB033", "/when/env/A-B"),
         ({"when": {"env": {"A": True}}}, "TTB032", "/when/env/A"),
@@ -274,8 +296,11 @@ def test_field_constraint(changes, code, pointer):
         ({"main_class": "adapter.Generator"}, "/main_class", "'adapter:Generator'"),
         ({"requires": {"vllm": "0.33"}}, "/requires/vllm", "'>=0.33,<0.34'"),
         ({"requires": {"packages": ["foo>="]}}, "/requires/packages", "'safetensors>=0.4'"),
-        ({"capabilities": {"execution": "multi"}}, "/capabilities/execution",
-         "'submesh' or 'single'"),
+        (
+            {"capabilities": {"execution": "multi"}},
+            "/capabilities/execution",
+            "'submesh' or 'single'",
+        ),
     ],
 )
 def test_messages_carry_the_fix(changes, pointer, hint):
@@ -300,18 +325,33 @@ def test_pep440_messages_name_the_value():
     [
         ({"capabilites": {}}, "TTB030", "/capabilites", "capabilities"),
         ({"mainclass": "adapter:X"}, "TTB030", "/mainclass", "main_class"),
-        ({"capabilities": {"prefix_cache": True}}, "TTB030", "/capabilities/prefix_cache",
-         "prefix_caching"),
-        ({"targets": {"N150": {"max_seqs": 1}}}, "TTB030", "/targets/N150/max_seqs",
-         "max_num_seqs"),
-        ({"models": [{"repo": "a/b", "revison": "r"}]}, "TTB030", "/models/0/revison",
-         "revision"),
+        (
+            {"capabilities": {"prefix_cache": True}},
+            "TTB030",
+            "/capabilities/prefix_cache",
+            "prefix_caching",
+        ),
+        (
+            {"targets": {"N150": {"max_seqs": 1}}},
+            "TTB030",
+            "/targets/N150/max_seqs",
+            "max_num_seqs",
+        ),
+        ({"models": [{"repo": "a/b", "revison": "r"}]}, "TTB030", "/models/0/revison", "revision"),
         ({"requires": {"vlm": ">=1"}}, "TTB030", "/requires/vlm", "vllm"),
         ({"when": {"environ": {}}}, "TTB030", "/when/environ", "env"),
-        ({"targets": {"N150": {"additional_config": {"trace_mod": "all"}}}}, "TTB038",
-         "/targets/N150/additional_config/trace_mod", "trace_mode"),
-        ({"targets": {"N150": {"additional_config": {"fabric_cfg": "FABRIC_1D"}}}}, "TTB038",
-         "/targets/N150/additional_config/fabric_cfg", "fabric_config"),
+        (
+            {"targets": {"N150": {"additional_config": {"trace_mod": "all"}}}},
+            "TTB038",
+            "/targets/N150/additional_config/trace_mod",
+            "trace_mode",
+        ),
+        (
+            {"targets": {"N150": {"additional_config": {"fabric_cfg": "FABRIC_1D"}}}},
+            "TTB038",
+            "/targets/N150/additional_config/fabric_cfg",
+            "fabric_config",
+        ),
         ({"targets": {"N15O": {}}}, "TTB035", "/targets/N15O", "N150"),
         ({"targets": {"t3k": {}}}, "TTB035", "/targets/t3k", "T3K"),
         ({"targets": {"P150X4": {}}}, "TTB035", "/targets/P150X4", "P150x4"),
@@ -342,22 +382,45 @@ def test_unknown_key_hint_mentions_extensions():
 @pytest.mark.parametrize(
     ("changes", "code", "pointer", "got"),
     [
-        ({"capabilities": {"prefix_caching": "yes"}}, "TTB032", "/capabilities/prefix_caching",
-         "a string"),
-        ({"capabilities": {"async_decode": 1}}, "TTB032", "/capabilities/async_decode",
-         "a number"),
-        ({"targets": {"N150": {"max_num_seqs": "4"}}}, "TTB032", "/targets/N150/max_num_seqs",
-         "a string"),
-        ({"targets": {"N150": {"max_num_seqs": 4.0}}}, "TTB032", "/targets/N150/max_num_seqs",
-         "a number"),
-        ({"targets": {"N150": {"max_model_len": True}}}, "TTB032",
-         "/targets/N150/max_model_len", "a boolean"),
+        (
+            {"capabilities": {"prefix_caching": "yes"}},
+            "TTB032",
+            "/capabilities/prefix_caching",
+            "a string",
+        ),
+        ({"capabilities": {"async_decode": 1}}, "TTB032", "/capabilities/async_decode", "a number"),
+        (
+            {"targets": {"N150": {"max_num_seqs": "4"}}},
+            "TTB032",
+            "/targets/N150/max_num_seqs",
+            "a string",
+        ),
+        (
+            {"targets": {"N150": {"max_num_seqs": 4.0}}},
+            "TTB032",
+            "/targets/N150/max_num_seqs",
+            "a number",
+        ),
+        (
+            {"targets": {"N150": {"max_model_len": True}}},
+            "TTB032",
+            "/targets/N150/max_model_len",
+            "a boolean",
+        ),
         ({"version": 1}, "TTB032", "/version", "a number"),
         ({"name": None}, "TTB032", "/name", "null"),
-        ({"targets": {"N150": {"additional_config": {"enable_model_warmup": "true"}}}},
-         "TTB038", "/targets/N150/additional_config/enable_model_warmup", "a string"),
-        ({"targets": {"N150": {"additional_config": {"worker_l1_size": "1024"}}}},
-         "TTB038", "/targets/N150/additional_config/worker_l1_size", "a string"),
+        (
+            {"targets": {"N150": {"additional_config": {"enable_model_warmup": "true"}}}},
+            "TTB038",
+            "/targets/N150/additional_config/enable_model_warmup",
+            "a string",
+        ),
+        (
+            {"targets": {"N150": {"additional_config": {"worker_l1_size": "1024"}}}},
+            "TTB038",
+            "/targets/N150/additional_config/worker_l1_size",
+            "a string",
+        ),
     ],
 )
 def test_strict_types(changes, code, pointer, got):
@@ -387,8 +450,12 @@ def test_unsupported_schema_version(version):
 
 
 def test_legacy_and_v1_keys_without_schema_version():
-    document = {"arch": "LlamaForCausalLM", "main_class": "adapter:Gen", "name": "x",
-                "capabilities": {}}
+    document = {
+        "arch": "LlamaForCausalLM",
+        "main_class": "adapter:Gen",
+        "name": "x",
+        "capabilities": {},
+    }
     d = only(document)
     assert (d.code, d.severity, d.pointer) == ("TTB031", Severity.ERROR, "")
     assert "schema_version is missing" in d.message
@@ -435,15 +502,23 @@ def test_legacy_accepted_with_warning(tmp_path, module, source):
     assert meta.schema_version == 1
     assert meta.name == "my-llama_3"  # slug of the folder name
     assert (meta.arch, meta.main_class, meta.main_class_source) == (
-        "LlamaForCausalLM", "adapter:LlamaGen", source)
+        "LlamaForCausalLM",
+        "adapter:LlamaGen",
+        source,
+    )
     assert meta.tt_arch == "TTLlamaForCausalLM"
 
 
 def test_legacy_environment_module_not_in_folder(tmp_path):
     folder = legacy_folder(tmp_path, "env-model")
-    (folder / "vllm_metadata.json").write_text(json.dumps(
-        {"arch": "LlamaForCausalLM",
-         "main_class": "models.tt_transformers.tt.generator_vllm:LlamaForCausalLM"}))
+    (folder / "vllm_metadata.json").write_text(
+        json.dumps(
+            {
+                "arch": "LlamaForCausalLM",
+                "main_class": "models.tt_transformers.tt.generator_vllm:LlamaForCausalLM",
+            }
+        )
+    )
     meta = load_metadata(folder).metadata
     assert meta.main_class_source == "environment"
     assert meta.module == "models.tt_transformers.tt.generator_vllm"
@@ -554,7 +629,7 @@ def test_pointer_escapes_slash_and_tilde():
 
 def test_checked_in_schema_is_generated():
     assert SCHEMA_FILE.read_text(encoding="utf-8") == render_schema(), (
-        "regenerate: python -m ttbundles.schema > schemas/vllm_metadata.schema.json"
+        "regenerate: python -m ttbundles.format.schema > schemas/vllm_metadata.schema.json"
     )
 
 
@@ -580,13 +655,23 @@ def test_schema_is_draft_2020_12():
 VALID_CORPUS = {
     "minimal": MINIMAL,
     "full": FULL,
-    "extensions": with_(**{"x-a": 1, "capabilities": {"x-b": 2},
-                           "targets": {"HOST": {"x-c": 3}}, "when": {"x-d": 4},
-                           "requires": {"x-e": 5}, "models": [{"repo": "a/b", "x-f": 6}]}),
-    "nulls": with_(description=None, license=None, models=[{"repo": "a/b", "revision": None}],
-                   targets={"P150": {"max_model_len": None}}),
-    "environment": with_(main_class="models.x.generator_vllm:Gen",
-                         main_class_source="environment"),
+    "extensions": with_(
+        **{
+            "x-a": 1,
+            "capabilities": {"x-b": 2},
+            "targets": {"HOST": {"x-c": 3}},
+            "when": {"x-d": 4},
+            "requires": {"x-e": 5},
+            "models": [{"repo": "a/b", "x-f": 6}],
+        }
+    ),
+    "nulls": with_(
+        description=None,
+        license=None,
+        models=[{"repo": "a/b", "revision": None}],
+        targets={"P150": {"max_model_len": None}},
+    ),
+    "environment": with_(main_class="models.x.generator_vllm:Gen", main_class_source="environment"),
 }
 INVALID_CORPUS = {
     "unknown key": with_(capabilites={}),

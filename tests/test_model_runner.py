@@ -7,7 +7,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("vllm")
 
-from ttbundles.platform.model_runner import TTModelRunner  # noqa: E402
+from ttbundles.serving.model_runner import TTModelRunner  # noqa: E402
 
 
 class Recorder:
@@ -48,5 +48,9 @@ def test_per_layer_allocation_is_preferred_where_offered():
     runner.allocate_kv_cache(10, 2, 8, 3, torch.bfloat16)
     assert runner.kv_cache == "per-layer"
     shape = (10, 2, 16, 8)
-    assert model.calls == [("per_layer", [(shape, torch.bfloat16, 0), (shape, torch.bfloat16, 1),
-                                          (shape, torch.bfloat16, 2)])]
+    assert model.calls == [
+        (
+            "per_layer",
+            [(shape, torch.bfloat16, 0), (shape, torch.bfloat16, 1), (shape, torch.bfloat16, 2)],
+        )
+    ]

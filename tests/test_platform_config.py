@@ -25,9 +25,13 @@ def bundle(parent, name, arch="LlamaForCausalLM", **fields):
     folder = parent / name
     folder.mkdir(parents=True)
     document = {
-        "schema_version": 1, "name": name, "version": "1.0.0", "arch": arch,
+        "schema_version": 1,
+        "name": name,
+        "version": "1.0.0",
+        "arch": arch,
         "main_class": f"tt_models.{name.replace('-', '_')}:Generator",
-        "main_class_source": "environment", **fields,
+        "main_class_source": "environment",
+        **fields,
     }
     (folder / "vllm_metadata.json").write_text(json.dumps(document))
     return folder
@@ -55,8 +59,9 @@ def error_of(excinfo) -> str:
 
 def test_capabilities_off_turn_features_off_with_reasons(models_dir, demo_checkpoint):
     bundle(models_dir, "plain")
-    config, decisions, plan = configure(demo_checkpoint, enable_prefix_caching=True,
-                                        async_scheduling=True)
+    config, decisions, plan = configure(
+        demo_checkpoint, enable_prefix_caching=True, async_scheduling=True
+    )
     assert plan["tt_arch"] == "TTLlamaForCausalLM"
     assert plan["bundle"]["name"] == "plain"
     assert config.cache_config.enable_prefix_caching is False
@@ -67,18 +72,28 @@ def test_capabilities_off_turn_features_off_with_reasons(models_dir, demo_checkp
     assert config.scheduler_config.enable_chunked_prefill is False
     # Prompts prefill whole: the step budget holds the longest prompt.
     assert config.scheduler_config.max_num_batched_tokens >= config.model_config.max_model_len
-    assert config.parallel_config.worker_cls == "ttbundles.platform.worker.TTWorker"
-    assert config.scheduler_config.scheduler_cls == "ttbundles.platform.scheduler.TTScheduler"
+    assert config.parallel_config.worker_cls == "ttbundles.serving.worker.TTWorker"
+    assert config.scheduler_config.scheduler_cls == "ttbundles.serving.scheduler.TTScheduler"
     assert decisions["sampling"]["effective"] == "host"
 
 
 def test_declared_capabilities_keep_features(models_dir, demo_checkpoint):
-    bundle(models_dir, "capable", capabilities={
-        "prefix_caching": True, "async_decode": True, "chunked_prefill": True,
-        "sample_on_device": ["decode_only"]})
+    bundle(
+        models_dir,
+        "capable",
+        capabilities={
+            "prefix_caching": True,
+            "async_decode": True,
+            "chunked_prefill": True,
+            "sample_on_device": ["decode_only"],
+        },
+    )
     config, decisions, _ = configure(
-        demo_checkpoint, enable_prefix_caching=True, async_scheduling=True,
-        additional_config={"tt": {"sample_on_device_mode": "decode_only"}})
+        demo_checkpoint,
+        enable_prefix_caching=True,
+        async_scheduling=True,
+        additional_config={"tt": {"sample_on_device_mode": "decode_only"}},
+    )
     assert config.cache_config.enable_prefix_caching is True
     assert config.scheduler_config.async_scheduling is True
     assert config.scheduler_config.enable_chunked_prefill is True
@@ -107,25 +122,44 @@ def test_unknown_device_option_suggests_the_right_one(models_dir, demo_checkpoin
 
 
 def test_target_defaults_fill_what_the_user_left_unset(models_dir, demo_checkpoint):
-    bundle(models_dir, "targeted", targets={"HOST": {
-        "max_model_len": 128, "max_num_seqs": 4,
-        "additional_config": {"trace_mode": "decode_only", "enable_model_warmup": False}}})
-    config, decisions, _ = configure(demo_checkpoint, max_model_len=256, max_num_seqs=8,
-                                     additional_config={"tt": {"trace_mode": "none"}})
+    bundle(
+        models_dir,
+        "targeted",
+        targets={
+            "HOST": {
+                "max_model_len": 128,
+                "max_num_seqs": 4,
+                "additional_config": {"trace_mode": "decode_only", "enable_model_warmup": False},
+            }
+        },
+    )
+    config, decisions, _ = configure(
+        demo_checkpoint,
+        max_model_len=256,
+        max_num_seqs=8,
+        additional_config={"tt": {"trace_mode": "none"}},
+    )
     assert config.model_config.max_model_len == 128
     assert decisions["max_model_len"]["requested"] == 256
     assert config.scheduler_config.max_num_seqs == 4
-    assert decisions["tt.trace_mode"] == {"setting": "tt.trace_mode", "requested": "none",
-                                          "effective": "none", "reason": "set by the user"}
+    assert decisions["tt.trace_mode"] == {
+        "setting": "tt.trace_mode",
+        "requested": "none",
+        "effective": "none",
+        "reason": "set by the user",
+    }
     assert decisions["tt.enable_model_warmup"]["effective"] is False
     assert "target HOST" in decisions["tt.enable_model_warmup"]["reason"]
 
 
-@pytest.mark.parametrize("option,code", [
-    ({"tensor_parallel_size": 2}, "TTB201"),
-    ({"pipeline_parallel_size": 2}, "TTB201"),
-    ({"enable_lora": True}, "TTB202"),
-])
+@pytest.mark.parametrize(
+    "option,code",
+    [
+        ({"tensor_parallel_size": 2}, "TTB201"),
+        ({"pipeline_parallel_size": 2}, "TTB201"),
+        ({"enable_lora": True}, "TTB202"),
+    ],
+)
 def test_unsupported_parallelism_and_features(models_dir, demo_checkpoint, option, code):
     bundle(models_dir, "plain")
     with pytest.raises(ConfigurationError) as excinfo:
@@ -152,8 +186,12 @@ def test_single_execute_data_parallel_becomes_lanes(models_dir, demo_checkpoint)
 
 
 def test_lanes_must_divide_the_target_batch(models_dir, demo_checkpoint):
-    bundle(models_dir, "galaxy", capabilities={"execution": "single"},
-           targets={"HOST": {"max_num_seqs": 30}})
+    bundle(
+        models_dir,
+        "galaxy",
+        capabilities={"execution": "single"},
+        targets={"HOST": {"max_num_seqs": 30}},
+    )
     with pytest.raises(ConfigurationError) as excinfo:
         configure(demo_checkpoint, data_parallel_size=4, max_num_seqs=8)
     assert error_of(excinfo) == "TTB205"
@@ -163,8 +201,14 @@ def test_moe_with_data_parallel_is_refused(models_dir, demo_checkpoint, tmp_path
     moe = tmp_path / "tiny-mixtral"
     shutil.copytree(demo_checkpoint, moe)
     config = json.loads((moe / "config.json").read_text())
-    config.update({"architectures": ["MixtralForCausalLM"], "model_type": "mixtral",
-                   "num_local_experts": 4, "num_experts_per_tok": 2})
+    config.update(
+        {
+            "architectures": ["MixtralForCausalLM"],
+            "model_type": "mixtral",
+            "num_local_experts": 4,
+            "num_experts_per_tok": 2,
+        }
+    )
     (moe / "config.json").write_text(json.dumps(config))
     bundle(models_dir, "mixtral", arch="MixtralForCausalLM")
     with pytest.raises(ConfigurationError) as excinfo:
@@ -172,9 +216,8 @@ def test_moe_with_data_parallel_is_refused(models_dir, demo_checkpoint, tmp_path
     assert error_of(excinfo) == "TTB207"
 
 
-def test_an_architecture_vllm_does_not_know_still_configures(models_dir, demo_checkpoint,
-                                                             tmp_path):
-    from ttbundles.vllm_registration import register_all
+def test_an_architecture_vllm_does_not_know_still_configures(models_dir, demo_checkpoint, tmp_path):
+    from ttbundles.serving.registration import register_all
 
     custom = tmp_path / "custom-llama"
     shutil.copytree(demo_checkpoint, custom)
@@ -189,7 +232,7 @@ def test_an_architecture_vllm_does_not_know_still_configures(models_dir, demo_ch
 
 
 def test_prompt_logprobs_are_refused_per_request():
-    from ttbundles.platform.tt_platform import TTPlatform
+    from ttbundles.serving.platform import TTPlatform
 
     with pytest.raises(ValueError, match="TTB206"):
         TTPlatform.validate_request(None, SamplingParams(prompt_logprobs=1))
@@ -197,8 +240,8 @@ def test_prompt_logprobs_are_refused_per_request():
 
 
 def test_the_hook_decides_once_per_configuration(models_dir, demo_checkpoint):
-    from ttbundles.platform.config_plan import plan_config
-    from ttbundles.vllm_registration import current_registry
+    from ttbundles.serving.configuration import plan_config
+    from ttbundles.serving.registration import current_registry
 
     bundle(models_dir, "plain")
     config, _, plan = configure(demo_checkpoint, enable_prefix_caching=True)

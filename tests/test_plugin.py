@@ -14,7 +14,7 @@ pytest.importorskip("vllm")
 
 from tests.bundle_factory import contract_adapter  # noqa: E402
 from ttbundles.errors import ConfigurationError  # noqa: E402
-from ttbundles.registry import Status, compute  # noqa: E402
+from ttbundles.registry.registry import Status, compute  # noqa: E402
 
 # Two bundles with the same module names, told apart by what helper.py says.
 ADAPTER = contract_adapter(preamble="from .helper import WHO\n", attributes="    who = WHO\n")
@@ -23,9 +23,18 @@ ADAPTER = contract_adapter(preamble="from .helper import WHO\n", attributes="   
 def write_bundle(parent, name, arch, who, **fields):
     folder = parent / name
     folder.mkdir(parents=True)
-    (folder / "vllm_metadata.json").write_text(json.dumps({
-        "schema_version": 1, "name": name, "version": "1.0.0", "arch": arch,
-        "main_class": "adapter:Generator", **fields}))
+    (folder / "vllm_metadata.json").write_text(
+        json.dumps(
+            {
+                "schema_version": 1,
+                "name": name,
+                "version": "1.0.0",
+                "arch": arch,
+                "main_class": "adapter:Generator",
+                **fields,
+            }
+        )
+    )
     (folder / "adapter.py").write_text(ADAPTER)
     (folder / "helper.py").write_text(f"WHO = {who!r}\n")
     return folder
@@ -43,7 +52,7 @@ def two_bundles(tmp_path, monkeypatch):
 
 
 def test_platform_activates_only_for_the_host_mesh_or_ttnn(monkeypatch):
-    from ttbundles.plugin import PLATFORM_QUALNAME, platform_plugin
+    from ttbundles.serving.plugin import PLATFORM_QUALNAME, platform_plugin
 
     monkeypatch.setenv("MESH_DEVICE", "HOST")
     assert platform_plugin() == PLATFORM_QUALNAME
@@ -54,20 +63,24 @@ def test_platform_activates_only_for_the_host_mesh_or_ttnn(monkeypatch):
 
 
 def test_plugin_import_is_light():
-    code = ("import sys, ttbundles.plugin; "
-            "print(sorted({m.split('.')[0] for m in sys.modules} & "
-            "{'vllm', 'torch', 'pydantic', 'ttnn', 'transformers', 'numpy'}))")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          check=True)
+    code = (
+        "import sys, ttbundles.serving.plugin; "
+        "print(sorted({m.split('.')[0] for m in sys.modules} & "
+        "{'vllm', 'torch', 'pydantic', 'ttnn', 'transformers', 'numpy'}))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
 
 
 def test_registration_imports_no_adapter(two_bundles):
-    code = ("import sys; from ttbundles.vllm_registration import register_all; "
-            "r = register_all(); print(sorted(r.registered)); "
-            "print([m for m in sys.modules if m.startswith('_ttb_')])")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          check=True, env=os.environ)
+    code = (
+        "import sys; from ttbundles.serving.registration import register_all; "
+        "r = register_all(); print(sorted(r.registered)); "
+        "print([m for m in sys.modules if m.startswith('_ttb_')])"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=os.environ
+    )
     lines = done.stdout.strip().splitlines()
     assert lines[-2] == "['TTAlphaForCausalLM', 'TTBetaForCausalLM']"
     assert lines[-1] == "[]"
@@ -86,7 +99,7 @@ def _load_both():
 def test_vllm_inspection_subprocess_imports_bundles_side_by_side(two_bundles):
     from vllm.model_executor.models.registry import _run_in_subprocess
 
-    from ttbundles.vllm_registration import register_all
+    from ttbundles.serving.registration import register_all
 
     register_all()
     loaded = _run_in_subprocess(_load_both)  # vLLM's own inspection subprocess
@@ -109,8 +122,13 @@ for arch in ("TTAlphaForCausalLM", "TTBetaForCausalLM"):
 
 
 def test_a_fresh_process_registers_and_imports_the_same_way(two_bundles):
-    done = subprocess.run([sys.executable, "-c", WORKER_LIKE], capture_output=True,
-                          text=True, env=os.environ, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", WORKER_LIKE],
+        capture_output=True,
+        text=True,
+        env=os.environ,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     lines = done.stdout.strip().splitlines()[-2:]
     assert [line.split()[1] for line in lines] == ["alpha", "beta"]
@@ -118,7 +136,7 @@ def test_a_fresh_process_registers_and_imports_the_same_way(two_bundles):
 
 
 def test_broken_bundle_is_skipped_or_fatal_under_strict(tmp_path, monkeypatch):
-    from ttbundles.vllm_registration import register_all
+    from ttbundles.serving.registration import register_all
 
     models = tmp_path / "models"
     write_bundle(models, "good", "GoodForCausalLM", "good")
@@ -139,8 +157,9 @@ def test_broken_bundle_is_skipped_or_fatal_under_strict(tmp_path, monkeypatch):
 
 def test_requirements_are_checked_against_the_environment(tmp_path):
     models = tmp_path / "models"
-    write_bundle(models, "future", "FutureForCausalLM", "x",
-                 requires={"vllm": ">=99", "python": ">=3.8"})
+    write_bundle(
+        models, "future", "FutureForCausalLM", "x", requires={"vllm": ">=99", "python": ">=3.8"}
+    )
     write_bundle(models, "needs-ttnn", "TtnnForCausalLM", "x", requires={"ttnn": ">=0.1"})
     registry = compute({"TT_VLLM_BUILTIN_MODELS": "0"}, models_dirs=[models])
     reasons = {e.path.name: e.reason for e in registry.entries}
@@ -165,36 +184,70 @@ def test_plan_cli_matches_the_server_hook(tmp_path, monkeypatch, demo_checkpoint
     models = tmp_path / "models"
     folder = models / "plain"
     folder.mkdir(parents=True)
-    (folder / "vllm_metadata.json").write_text(json.dumps({
-        "schema_version": 1, "name": "plain", "version": "2.0", "arch": "LlamaForCausalLM",
-        "main_class": "tt_models.plain:Generator", "main_class_source": "environment",
-        "capabilities": {"prefix_caching": True}}))
+    (folder / "vllm_metadata.json").write_text(
+        json.dumps(
+            {
+                "schema_version": 1,
+                "name": "plain",
+                "version": "2.0",
+                "arch": "LlamaForCausalLM",
+                "main_class": "tt_models.plain:Generator",
+                "main_class_source": "environment",
+                "capabilities": {"prefix_caching": True},
+            }
+        )
+    )
     monkeypatch.setenv("EXTRA_MODELS_DIR", str(models))
     monkeypatch.setenv("TT_VLLM_BUILTIN_MODELS", "0")
-    config = EngineArgs(model=str(demo_checkpoint), max_model_len=200,
-                        max_num_seqs=3).create_engine_config()
+    config = EngineArgs(
+        model=str(demo_checkpoint), max_model_len=200, max_num_seqs=3
+    ).create_engine_config()
     in_process = config.additional_config["ttbundles"]
     ttbundle = os.path.join(os.path.dirname(sys.executable), "ttbundle")
-    done = subprocess.run([ttbundle, "plan", "--model", str(demo_checkpoint), "--mesh",
-                           "HOST", "--format", "json", "--max-model-len", "200",
-                           "--max-num-seqs", "3"], capture_output=True, text=True,
-                          env=os.environ, timeout=300)
+    done = subprocess.run(
+        [
+            ttbundle,
+            "plan",
+            "--model",
+            str(demo_checkpoint),
+            "--mesh",
+            "HOST",
+            "--format",
+            "json",
+            "--max-model-len",
+            "200",
+            "--max-num-seqs",
+            "3",
+        ],
+        capture_output=True,
+        text=True,
+        env=os.environ,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     planned = json.loads(done.stdout)
     assert planned["decisions"] == in_process["decisions"]
     assert planned["bundle"] == in_process["bundle"]
-    failed = subprocess.run([ttbundle, "plan", "--model", str(demo_checkpoint),
-                             "--tensor-parallel-size", "2"], capture_output=True, text=True,
-                            env=os.environ, timeout=300)
+    failed = subprocess.run(
+        [ttbundle, "plan", "--model", str(demo_checkpoint), "--tensor-parallel-size", "2"],
+        capture_output=True,
+        text=True,
+        env=os.environ,
+        timeout=300,
+    )
     assert failed.returncode == 1
     assert "TTB201" in failed.stderr and "Traceback" not in failed.stderr
 
 
 def test_vllm_serve_reports_a_configuration_error_without_a_traceback(demo_checkpoint):
     vllm = os.path.join(os.path.dirname(sys.executable), "vllm")
-    done = subprocess.run([vllm, "serve", str(demo_checkpoint), "--port", "0",
-                           "--tensor-parallel-size", "2"], capture_output=True, text=True,
-                          env=os.environ, timeout=300)
+    done = subprocess.run(
+        [vllm, "serve", str(demo_checkpoint), "--port", "0", "--tensor-parallel-size", "2"],
+        capture_output=True,
+        text=True,
+        env=os.environ,
+        timeout=300,
+    )
     output = done.stdout + done.stderr
     assert done.returncode == 1
     assert "error TTB201: --tensor-parallel-size=2" in output

@@ -12,8 +12,8 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from ttbundles.contract import HostMesh, SamplingParamsBatch  # noqa: E402
-from ttbundles.demo_checkpoint import write_checkpoint  # noqa: E402
+from ttbundles.demo.checkpoint import write_checkpoint  # noqa: E402
+from ttbundles.format.contract import HostMesh, SamplingParamsBatch  # noqa: E402
 from ttbundles.reference.llama import (  # noqa: E402
     DeviceOutput,
     ReferenceLlamaGenerator,
@@ -147,8 +147,7 @@ def test_prefill_logits_match_transformers_across_padded_batch(gen, hf_model, vo
     logits = prefill(gen, kv, prompts, [0] * len(prompts), blocks)
     assert logits.shape == (len(prompts), 1, vocab) and logits.dtype == torch.float32
     for row, ids in enumerate(prompts):
-        torch.testing.assert_close(logits[row, 0], hf_last_logits(hf_model, ids), atol=ATOL,
-                                   rtol=0)
+        torch.testing.assert_close(logits[row, 0], hf_last_logits(hf_model, ids), atol=ATOL, rtol=0)
 
 
 # ---- (b) chunked prefill + greedy decode == generate() ------------------------------------
@@ -158,12 +157,16 @@ def test_chunked_prefill_then_greedy_decode_matches_generate(gen, hf_model, voca
     ids = prompt(10, 11, vocab)
     steps = 11  # one token from prefill, ten from decode
     config = transformers.GenerationConfig(
-        max_new_tokens=steps, do_sample=False, eos_token_id=None, pad_token_id=0,
-        output_logits=True, return_dict_in_generate=True,
+        max_new_tokens=steps,
+        do_sample=False,
+        eos_token_id=None,
+        pad_token_id=0,
+        output_logits=True,
+        return_dict_in_generate=True,
     )
     with torch.no_grad():
         expected = hf_model.generate(torch.tensor([ids]), generation_config=config)
-    expected_tokens = expected.sequences[0, len(ids):].tolist()
+    expected_tokens = expected.sequences[0, len(ids) :].tolist()
 
     kv = new_cache(gen)
     blocks = [[9, 3, 14, 0, 6, 21]]  # positions 0..23
@@ -245,8 +248,13 @@ def test_decode_padding_rows_are_skipped(gen, vocab):
     alone_kv = [[k.clone(), v.clone()] for k, v in kv]
 
     # Padding rows point at block 0, which row 0 owns: a write would corrupt it.
-    mixed = decode(gen, kv, [first[0], 5, first[1], 5], [6, -1, 9, -1],
-                   [blocks[0], [0, 0, 0], blocks[1], [0, 0, 0]])
+    mixed = decode(
+        gen,
+        kv,
+        [first[0], 5, first[1], 5],
+        [6, -1, 9, -1],
+        [blocks[0], [0, 0, 0], blocks[1], [0, 0, 0]],
+    )
     alone = [decode(gen, alone_kv, [first[r]], [len(prompts[r])], [blocks[r]]) for r in (0, 1)]
 
     # Batch shape changes float32 rounding (1e-6 level), nothing more; a stray write
@@ -293,16 +301,20 @@ def test_seeded_sampling_is_reproducible_and_batch_independent(gen, decode_ready
     assert decode(gen, kv, tokens, positions, blocks, hot).tolist() == first.tolist()
 
     # Row 1 alone, then at another index beside an unseeded neighbour.
-    alone = decode(gen, kv, tokens[1:2], positions[1:2], blocks[1:2],
-                   params([1.5], seed=[12]))
-    moved = decode(gen, kv, [tokens[2], tokens[1]], [positions[2], positions[1]],
-                   [blocks[2], blocks[1]], params([0.7, 1.5], seed=[None, 12]))
+    alone = decode(gen, kv, tokens[1:2], positions[1:2], blocks[1:2], params([1.5], seed=[12]))
+    moved = decode(
+        gen,
+        kv,
+        [tokens[2], tokens[1]],
+        [positions[2], positions[1]],
+        [blocks[2], blocks[1]],
+        params([0.7, 1.5], seed=[None, 12]),
+    )
     assert int(alone[0]) == int(first[1]) == int(moved[1])
 
     # It is really sampling: different seeds give different tokens at a high temperature.
     draws = {
-        int(decode(gen, kv, tokens[1:2], positions[1:2], blocks[1:2],
-                   params([5.0], seed=[s]))[0])
+        int(decode(gen, kv, tokens[1:2], positions[1:2], blocks[1:2], params([5.0], seed=[s]))[0])
         for s in range(24)
     }
     assert len(draws) > 1
@@ -312,17 +324,25 @@ def test_top_k_and_top_p_cuts(gen, decode_ready):
     kv, tokens, positions, blocks, _ = decode_ready
     logits = decode(gen, kv, tokens, positions, blocks)[:, 0]
     greedy = torch.argmax(logits, dim=-1).tolist()
-    top1 = decode(gen, kv, tokens, positions, blocks,
-                  params([1.0] * 3, top_k=[1] * 3, seed=[1, 2, 3]))
+    top1 = decode(
+        gen, kv, tokens, positions, blocks, params([1.0] * 3, top_k=[1] * 3, seed=[1, 2, 3])
+    )
     assert top1.tolist() == greedy
-    tiny_p = decode(gen, kv, tokens, positions, blocks,
-                    params([1.0] * 3, top_p=[1e-6] * 3, seed=[None, 2, None]))
+    tiny_p = decode(
+        gen,
+        kv,
+        tokens,
+        positions,
+        blocks,
+        params([1.0] * 3, top_p=[1e-6] * 3, seed=[None, 2, None]),
+    )
     assert tiny_p.tolist() == greedy
 
     allowed = set(torch.topk(logits[0], 2).indices.tolist())
     for s in range(16):
-        token = decode(gen, kv, tokens[:1], positions[:1], blocks[:1],
-                       params([3.0], top_k=[2], seed=[s]))
+        token = decode(
+            gen, kv, tokens[:1], positions[:1], blocks[:1], params([3.0], top_k=[2], seed=[s])
+        )
         assert int(token[0]) in allowed
 
 
@@ -370,11 +390,16 @@ def test_steady_decode_takes_its_input_tokens_from_the_device(gen, vocab):
         produced, tokens, handles = [first], first, []
         for step in range(4):
             handle = gen.decode_forward(
-                tokens=torch.tensor(tokens if (host_knows_tokens or step == 0) else [-1, -1]
-                                    ).reshape(-1, 1),
+                tokens=torch.tensor(
+                    tokens if (host_knows_tokens or step == 0) else [-1, -1]
+                ).reshape(-1, 1),
                 start_pos=torch.tensor([p + step for p in positions]),
-                page_table=page_table(blocks), kv_cache=kv, read_from_device=False,
-                sampling_params=greedy, reset_batch=step == 0)
+                page_table=page_table(blocks),
+                kv_cache=kv,
+                read_from_device=False,
+                sampling_params=greedy,
+                reset_batch=step == 0,
+            )
             handles.append(gen.read_decode_output(handle, async_read=True))
             if host_knows_tokens:  # read back before the next step: no overlap
                 host, events = handles[-1]
@@ -388,15 +413,21 @@ def test_steady_decode_takes_its_input_tokens_from_the_device(gen, vocab):
                     event.wait()
                 tokens_per_step.append(gen.process_decode_output_host(host, is_tokens=True))
             return produced + [t.tolist() for t in tokens_per_step]
-        return produced + [gen.process_decode_output_host(h, is_tokens=True).tolist()
-                           for h, _ in handles]
+        return produced + [
+            gen.process_decode_output_host(h, is_tokens=True).tolist() for h, _ in handles
+        ]
 
     assert run(host_knows_tokens=False) == run(host_knows_tokens=True)
     # Unknown tokens with reset_batch=True: nothing on the device may stand in for them.
     with pytest.raises(ValueError, match="reset_batch"):
-        gen.decode_forward(tokens=torch.tensor([[-1]]), start_pos=torch.tensor([3]),
-                           page_table=page_table([[0]]), kv_cache=new_cache(gen),
-                           sampling_params=params([0.0]), reset_batch=True)
+        gen.decode_forward(
+            tokens=torch.tensor([[-1]]),
+            start_pos=torch.tensor([3]),
+            page_table=page_table([[0]]),
+            kv_cache=new_cache(gen),
+            sampling_params=params([0.0]),
+            reset_batch=True,
+        )
 
 
 # ---- (h) batched paged attention ---------------------------------------------------------
@@ -448,21 +479,29 @@ def test_ragged_batched_decode_matches_transformers(gen, hf_model, vocab):
         used += count
     kv = new_cache(gen)
     logits = gen.prefill_forward(
-        tokens=padded(prompts, [0] * len(prompts)), page_table=table, kv_cache=kv,
-        prompt_lens=torch.tensor(lengths), start_pos=torch.zeros(len(prompts), dtype=torch.long),
+        tokens=padded(prompts, [0] * len(prompts)),
+        page_table=table,
+        kv_cache=kv,
+        prompt_lens=torch.tensor(lengths),
+        start_pos=torch.zeros(len(prompts), dtype=torch.long),
     )
     nxt = torch.argmax(logits[:, 0], dim=-1).tolist()
     stepped = gen.decode_forward(
-        tokens=torch.tensor(nxt).reshape(-1, 1), start_pos=torch.tensor(lengths),
-        page_table=table, kv_cache=kv,
+        tokens=torch.tensor(nxt).reshape(-1, 1),
+        start_pos=torch.tensor(lengths),
+        page_table=table,
+        kv_cache=kv,
     )
     for row, ids in enumerate(prompts):
-        torch.testing.assert_close(stepped[row, 0], hf_last_logits(hf_model, ids + [nxt[row]]),
-                                   atol=ATOL, rtol=0)
+        torch.testing.assert_close(
+            stepped[row, 0], hf_last_logits(hf_model, ids + [nxt[row]]), atol=ATOL, rtol=0
+        )
     # A prefill of one token per row (every block a prefix-cache hit) is batched the same way.
     again = gen.prefill_forward(
-        tokens=padded([p[-1:] for p in prompts], [n - 1 for n in lengths]), page_table=table,
-        kv_cache=kv, prompt_lens=torch.tensor(lengths),
+        tokens=padded([p[-1:] for p in prompts], [n - 1 for n in lengths]),
+        page_table=table,
+        kv_cache=kv,
+        prompt_lens=torch.tensor(lengths),
         start_pos=torch.tensor([n - 1 for n in lengths]),
     )
     torch.testing.assert_close(again, logits, atol=1e-5, rtol=0)
@@ -471,8 +510,13 @@ def test_ragged_batched_decode_matches_transformers(gen, hf_model, vocab):
 # ---- (i) model variants -------------------------------------------------------------------
 
 _COMMON = dict(
-    vocab_size=160, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+    vocab_size=160,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
     rms_norm_eps=1e-6,
 )
 VARIANTS = {
@@ -481,14 +525,37 @@ VARIANTS = {
     # q_norm/k_norm, head_dim != hidden / heads; saved sharded
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=32, tie_word_embeddings=False)),
     "mistral": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=None)),
-    "llama3-rope": ("LlamaConfig", "LlamaForCausalLM", dict(rope_parameters={
-        "rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
-        "high_freq_factor": 4.0, "original_max_position_embeddings": 64})),
-    "linear-rope": ("LlamaConfig", "LlamaForCausalLM", dict(rope_parameters={
-        "rope_type": "linear", "rope_theta": 500.0, "factor": 2.0})),
-    "yarn-rope": ("LlamaConfig", "LlamaForCausalLM", dict(rope_parameters={
-        "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
-        "original_max_position_embeddings": 64})),
+    "llama3-rope": (
+        "LlamaConfig",
+        "LlamaForCausalLM",
+        dict(
+            rope_parameters={
+                "rope_type": "llama3",
+                "rope_theta": 10000.0,
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64,
+            }
+        ),
+    ),
+    "linear-rope": (
+        "LlamaConfig",
+        "LlamaForCausalLM",
+        dict(rope_parameters={"rope_type": "linear", "rope_theta": 500.0, "factor": 2.0}),
+    ),
+    "yarn-rope": (
+        "LlamaConfig",
+        "LlamaForCausalLM",
+        dict(
+            rope_parameters={
+                "rope_type": "yarn",
+                "rope_theta": 10000.0,
+                "factor": 4.0,
+                "original_max_position_embeddings": 64,
+            }
+        ),
+    ),
 }
 
 
@@ -526,5 +593,6 @@ def test_variant_parity_with_transformers(name, tmp_path):
     nxt = torch.argmax(logits[:, 0], dim=-1).tolist()
     stepped = decode(gen, kv, nxt, [len(p) for p in prompts], blocks)
     for row, ids in enumerate(prompts):
-        torch.testing.assert_close(stepped[row, 0], hf_last_logits(model, ids + [nxt[row]]),
-                                   atol=ATOL, rtol=0)
+        torch.testing.assert_close(
+            stepped[row, 0], hf_last_logits(model, ids + [nxt[row]]), atol=ATOL, rtol=0
+        )

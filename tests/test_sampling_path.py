@@ -8,7 +8,7 @@ pytest.importorskip("vllm")
 
 from vllm.sampling_params import SamplingParams, StructuredOutputsParams  # noqa: E402
 
-from ttbundles.platform.sampling_path import (  # noqa: E402
+from ttbundles.serving.sampling_path import (  # noqa: E402
     batch_host_reason,
     device_params,
     host_reason,
@@ -17,28 +17,39 @@ from ttbundles.platform.sampling_path import (  # noqa: E402
 PLAIN = SamplingParams(temperature=0.7, top_k=20, top_p=0.9, seed=3)
 
 
-def reason(params, *, is_prefill=False, mode="all", always_host=False, custom=False,
-           structured=False):
-    return batch_host_reason(params, is_prefill=is_prefill, mode=mode,
-                             always_host=always_host, custom_logits_processors=custom,
-                             structured=structured)
+def reason(
+    params, *, is_prefill=False, mode="all", always_host=False, custom=False, structured=False
+):
+    return batch_host_reason(
+        params,
+        is_prefill=is_prefill,
+        mode=mode,
+        always_host=always_host,
+        custom_logits_processors=custom,
+        structured=structured,
+    )
 
 
-@pytest.mark.parametrize("params,expected", [
-    (SamplingParams(logprobs=2), "logprobs"),
-    (SamplingParams(presence_penalty=0.5), "penalties"),
-    (SamplingParams(frequency_penalty=0.5), "penalties"),
-    (SamplingParams(repetition_penalty=1.2), "penalties"),
-    (SamplingParams(temperature=1.0, min_p=0.1), "min_p"),
-    (SamplingParams(logit_bias={5: 2.0}), "logit_bias"),
-    (SamplingParams(allowed_token_ids=[1, 2]), "allowed_token_ids"),
-    (SamplingParams(bad_words=["x"]), "bad_words"),
-    (SamplingParams(min_tokens=3), "min_tokens"),
-    (SamplingParams(structured_outputs=StructuredOutputsParams(choice=["a", "b"])),
-     "structured_output"),
-    (PLAIN, None),
-    (SamplingParams(temperature=0.0), None),
-])
+@pytest.mark.parametrize(
+    "params,expected",
+    [
+        (SamplingParams(logprobs=2), "logprobs"),
+        (SamplingParams(presence_penalty=0.5), "penalties"),
+        (SamplingParams(frequency_penalty=0.5), "penalties"),
+        (SamplingParams(repetition_penalty=1.2), "penalties"),
+        (SamplingParams(temperature=1.0, min_p=0.1), "min_p"),
+        (SamplingParams(logit_bias={5: 2.0}), "logit_bias"),
+        (SamplingParams(allowed_token_ids=[1, 2]), "allowed_token_ids"),
+        (SamplingParams(bad_words=["x"]), "bad_words"),
+        (SamplingParams(min_tokens=3), "min_tokens"),
+        (
+            SamplingParams(structured_outputs=StructuredOutputsParams(choice=["a", "b"])),
+            "structured_output",
+        ),
+        (PLAIN, None),
+        (SamplingParams(temperature=0.0), None),
+    ],
+)
 def test_each_host_only_feature_is_named(params, expected):
     assert host_reason(params) == expected
 
@@ -48,22 +59,27 @@ def test_one_request_takes_its_whole_batch_to_the_host():
     assert reason([PLAIN, SamplingParams(logprobs=1), PLAIN]) == "logprobs"
 
 
-@pytest.mark.parametrize("kwargs,expected", [
-    ({"mode": None}, "host_mode"),
-    ({"always_host": True}, "always_compat_sampling"),
-    ({"mode": "decode_only", "is_prefill": True}, "prefill_in_decode_only_mode"),
-    ({"mode": "decode_only", "is_prefill": False}, None),
-    ({"mode": "all", "is_prefill": True}, None),
-    ({"custom": True}, "custom_logits_processors"),
-    ({"structured": True}, "structured_output"),
-])
+@pytest.mark.parametrize(
+    "kwargs,expected",
+    [
+        ({"mode": None}, "host_mode"),
+        ({"always_host": True}, "always_compat_sampling"),
+        ({"mode": "decode_only", "is_prefill": True}, "prefill_in_decode_only_mode"),
+        ({"mode": "decode_only", "is_prefill": False}, None),
+        ({"mode": "all", "is_prefill": True}, None),
+        ({"custom": True}, "custom_logits_processors"),
+        ({"structured": True}, "structured_output"),
+    ],
+)
 def test_batch_level_rules(kwargs, expected):
     assert reason([PLAIN], **kwargs) == expected
 
 
 def test_device_parameters_keep_greedy_seed_and_cuts():
-    params = device_params([SamplingParams(temperature=0.0), PLAIN,
-                            SamplingParams(temperature=1.0, top_k=10_000)], vocab_size=384)
+    params = device_params(
+        [SamplingParams(temperature=0.0), PLAIN, SamplingParams(temperature=1.0, top_k=10_000)],
+        vocab_size=384,
+    )
     assert params.temperature == [0.0, 0.7, 1.0]
     assert params.top_k == [0, 20, 0]  # no cut: 0 (off) or >= vocab
     assert params.top_p == [1.0, 0.9, 1.0]

@@ -43,8 +43,8 @@ from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request, RequestStatus
 from vllm.v1.structured_output import StructuredOutputManager
 
-from ttbundles.demo_checkpoint import write_checkpoint
-from ttbundles.platform.scheduler import (
+from ttbundles.demo.checkpoint import write_checkpoint
+from ttbundles.serving.scheduler import (
     TTAsyncScheduler,
     TTScheduler,
     _restore_running,
@@ -82,12 +82,15 @@ def make_scheduler(checkpoint: Path):
     ) -> Scheduler:
         env = {"VLLM_USE_V2_MODEL_RUNNER": "1" if v2_runner else "0"}
         bypass = classmethod(lambda cls_, config: None)
-        with mock.patch.dict(os.environ, env), mock.patch.object(
-            type(current_platform), "check_and_update_config", bypass
+        with (
+            mock.patch.dict(os.environ, env),
+            mock.patch.object(type(current_platform), "check_and_update_config", bypass),
         ):
             config = VllmConfig(
                 model_config=ModelConfig(
-                    model=str(checkpoint), max_model_len=max_model_len, dtype="float32",
+                    model=str(checkpoint),
+                    max_model_len=max_model_len,
+                    dtype="float32",
                     skip_tokenizer_init=True,
                 ),
                 scheduler_config=SchedulerConfig(
@@ -113,7 +116,9 @@ def make_scheduler(checkpoint: Path):
                     KVCacheGroupSpec(
                         ["layer.0"],
                         FullAttentionSpec(
-                            block_size=BLOCK_SIZE, num_kv_heads=2, head_size=16,
+                            block_size=BLOCK_SIZE,
+                            num_kv_heads=2,
+                            head_size=16,
                             dtype=torch.float32,
                         ),
                     )
@@ -243,8 +248,7 @@ class Driver:
         scheduler.update_from_output(output, model_output)
         self.finished |= scheduler.finished_req_ids
 
-    def run(self, arrivals: dict[int, list[Request]] | None = None,
-            max_steps: int = 2000) -> None:
+    def run(self, arrivals: dict[int, list[Request]] | None = None, max_steps: int = 2000) -> None:
         """Step until every request finished and was reported; fail past max_steps."""
         arrivals = dict(arrivals or {})
         for step in range(max_steps):
@@ -316,11 +320,12 @@ def test_same_schedule_as_vllm_when_phases_never_mix(make_scheduler):
 @pytest.mark.parametrize(
     ("tt", "expected"),
     [
-        ({"decode_interleave_prefill_steps": 2, "decode_interleave_decode_steps": 1},
-         "PPDPPDP"),
+        ({"decode_interleave_prefill_steps": 2, "decode_interleave_decode_steps": 1}, "PPDPPDP"),
         ({}, "PDPDPDPDP"),  # the defaults: 1 and 1
-        ({"decode_interleave_prefill_steps": 1, "decode_interleave_decode_steps": 2},
-         "PDDPDDPDDPDDP"),
+        (
+            {"decode_interleave_prefill_steps": 1, "decode_interleave_decode_steps": 2},
+            "PDDPDDPDDPDDP",
+        ),
         ({"decode_interleave_enabled": False}, "PPPPP"),
     ],
     ids=["2-1", "defaults", "1-2", "disabled"],
@@ -332,8 +337,11 @@ def test_long_prompt_is_chunked_with_decodes_interleaved(make_scheduler, tt, exp
     driver.run({0: [make_request("r0", 20, 40)], 3: [make_request("r1", 160, 3)]})
     driver.assert_all_done()
     assert kinds_string(driver.kinds[3 : 3 + len(expected)]) == expected
-    chunks = [o.num_scheduled_tokens["r1"] for o in driver.outputs
-              if o.num_scheduled_tokens.get("r1", 0) > 1]
+    chunks = [
+        o.num_scheduled_tokens["r1"]
+        for o in driver.outputs
+        if o.num_scheduled_tokens.get("r1", 0) > 1
+    ]
     assert chunks == [32] * 5
 
 
@@ -350,9 +358,7 @@ def test_a_last_chunk_of_one_token_runs_as_a_decode(make_scheduler):
 
 def test_interleave_counts_only_prefill_steps_that_kept_decodes_waiting(make_scheduler):
     """Prefill steps with no decode running do not bank a decode step for later."""
-    scheduler = make_scheduler(
-        max_num_batched_tokens=32, tt={"decode_interleave_prefill_steps": 2}
-    )
+    scheduler = make_scheduler(max_num_batched_tokens=32, tt={"decode_interleave_prefill_steps": 2})
     driver = Driver(scheduler)
     driver.run({0: [make_request("r0", 96, 20)], 4: [make_request("r1", 96, 2)]})
     driver.assert_all_done()
@@ -367,9 +373,7 @@ def test_interleave_counts_only_prefill_steps_that_kept_decodes_waiting(make_sch
 @pytest.mark.parametrize("policy", ["fcfs", "priority"])
 def test_tiny_kv_cache_preempts_and_everyone_finishes(make_scheduler, cls, policy):
     # 11 usable blocks (one is vLLM's null block): 176 tokens for up to 240 wanted.
-    scheduler = make_scheduler(
-        cls, num_blocks=12, max_num_batched_tokens=32, policy=policy
-    )
+    scheduler = make_scheduler(cls, num_blocks=12, max_num_batched_tokens=32, policy=policy)
     driver = Driver(scheduler, depth=2 if cls is TTAsyncScheduler else 1)
     arrivals = {
         0: [make_request(f"a{i}", 24, 36, priority=i % 2) for i in range(4)],
@@ -405,8 +409,11 @@ def test_random_workloads_keep_every_rule(make_scheduler, seed):
     arrivals: dict[int, list[Request]] = {}
     for i in range(14):
         request = make_request(
-            f"q{i}", rng.randint(1, 100), rng.randint(1, 40),
-            priority=rng.randint(0, 2), prefix_caching=prefix_caching,
+            f"q{i}",
+            rng.randint(1, 100),
+            rng.randint(1, 40),
+            priority=rng.randint(0, 2),
+            prefix_caching=prefix_caching,
             first_token=10 if prefix_caching else rng.randint(10, 50),
         )
         arrivals.setdefault(rng.randint(0, 60), []).append(request)
@@ -463,7 +470,8 @@ def test_finished_ids_survive_a_discarded_prefill_attempt(make_scheduler, v2_run
 
 def test_async_variant_keeps_the_phase_rule(make_scheduler):
     scheduler = make_scheduler(
-        TTAsyncScheduler, max_num_batched_tokens=32,
+        TTAsyncScheduler,
+        max_num_batched_tokens=32,
         tt={"decode_interleave_prefill_steps": 2},
     )
     driver = Driver(scheduler, depth=2)
@@ -488,10 +496,14 @@ def test_step_kind_is_logged_at_debug_level(make_scheduler, caplog):
 
 def test_interleave_options_defaults_and_validation():
     options = interleave_options(None)
-    assert (options.decode_interleave_enabled, options.decode_interleave_prefill_steps,
-            options.decode_interleave_decode_steps) == (True, 1, 1)
-    options = interleave_options({"tt": {"decode_interleave_decode_steps": 3,
-                                         "trace_mode": "none"}})
+    assert (
+        options.decode_interleave_enabled,
+        options.decode_interleave_prefill_steps,
+        options.decode_interleave_decode_steps,
+    ) == (True, 1, 1)
+    options = interleave_options(
+        {"tt": {"decode_interleave_decode_steps": 3, "trace_mode": "none"}}
+    )
     assert options.decode_interleave_decode_steps == 3
     with pytest.raises(ValidationError):
         interleave_options({"tt": {"decode_interleave_prefill_steps": 0}})

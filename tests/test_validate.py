@@ -9,35 +9,36 @@ from pathlib import Path
 
 import pytest
 
+from ttbundles.check.validate import validate_bundle, validate_path
 from ttbundles.errors import Severity
-from ttbundles.loader import PACKAGE_PREFIX, package_name, qualified_class
-from ttbundles.validate import validate_bundle, validate_path
+from ttbundles.registry.loader import PACKAGE_PREFIX, package_name, qualified_class
 
 ERROR, WARNING, INFO = Severity.ERROR, Severity.WARNING, Severity.INFO
 META = "vllm_metadata.json"
 
 # Adapters with one thing wrong each, built from the valid one in conftest.
-NO_KWARGS_DECODE = ("def decode_forward(self, tokens, start_pos, page_table, kv_cache, "
-                    "**kwargs):", "def decode_forward(self, tokens, start_pos, page_table, "
-                    "kv_cache):")
+NO_KWARGS_DECODE = (
+    "def decode_forward(self, tokens, start_pos, page_table, kv_cache, **kwargs):",
+    "def decode_forward(self, tokens, start_pos, page_table, kv_cache):",
+)
 CAPS_ON = {
     "async": ('"supports_async_decode": False', '"supports_async_decode": True'),
     "sample": ('"supports_sample_on_device": False', '"supports_sample_on_device": True'),
 }
-READBACK = '''
+READBACK = """
     def read_decode_output(self, tokens, **kwargs):
         return tokens
 
     def process_decode_output_host(self, tokens, **kwargs):
         return tokens
-'''
-BASE_OUTSIDE = '''from vendor.generators import VendorBase
+"""
+BASE_OUTSIDE = """from vendor.generators import VendorBase
 
 
 class DemoGenerator(VendorBase):
     def decode_forward(self, tokens, start_pos, page_table, kv_cache, **kwargs):
         return None
-'''
+"""
 SUBCLASS = '''from .base import Base
 
 
@@ -66,8 +67,11 @@ CASES = {
         "did you mean 'adapter'?",
     ),
     "package module missing, did you mean": (
-        {"metadata": {"main_class": "pkg.adapter:DemoGenerator"}, "adapter": None,
-         "files": {"pkg/__init__.py": "", "pkg/adapters.py": "ADAPTER"}},
+        {
+            "metadata": {"main_class": "pkg.adapter:DemoGenerator"},
+            "adapter": None,
+            "files": {"pkg/__init__.py": "", "pkg/adapters.py": "ADAPTER"},
+        },
         [("TTB050", ERROR, META, "/main_class", 6)],
         "did you mean 'pkg.adapters'?",
     ),
@@ -82,9 +86,15 @@ CASES = {
         "fix the Python syntax",
     ),
     "syntax error in a base module": (
-        {"metadata": {"main_class": "pkg.adapter:DemoGenerator"}, "adapter": None,
-         "files": {"pkg/__init__.py": "", "pkg/adapter.py": SUBCLASS,
-                   "pkg/base.py": "class Base:\n\n    def f(self) -> :\n        pass\n"}},
+        {
+            "metadata": {"main_class": "pkg.adapter:DemoGenerator"},
+            "adapter": None,
+            "files": {
+                "pkg/__init__.py": "",
+                "pkg/adapter.py": SUBCLASS,
+                "pkg/base.py": "class Base:\n\n    def f(self) -> :\n        pass\n",
+            },
+        },
         [("TTB051", ERROR, "pkg/base.py", None, 3)],
         "fix the Python syntax",
     ),
@@ -99,20 +109,23 @@ CASES = {
         "define class DemoGenerator in adapter.py",
     ),
     "contract methods missing": (
-        {"adapter": "import os\n\n\nclass DemoGenerator:\n"
-                    "    def prefill_forward(self, **kwargs):\n        pass\n"},
+        {
+            "adapter": "import os\n\n\nclass DemoGenerator:\n"
+            "    def prefill_forward(self, **kwargs):\n        pass\n"
+        },
         [("TTB053", ERROR, "adapter.py", None, 4)],
         "ttbundle init",
     ),
     "async_decode without readback": (
-        {"metadata": {"capabilities": {"async_decode": True}},
-         "edits": (CAPS_ON["async"],)},
+        {"metadata": {"capabilities": {"async_decode": True}}, "edits": (CAPS_ON["async"],)},
         [("TTB054", ERROR, "adapter.py", None, 4)],
         "declare async_decode: false",
     ),
     "sample_on_device without sampling_params": (
-        {"metadata": {"capabilities": {"sample_on_device": ["decode_only"]}},
-         "edits": (CAPS_ON["sample"], NO_KWARGS_DECODE)},
+        {
+            "metadata": {"capabilities": {"sample_on_device": ["decode_only"]}},
+            "edits": (CAPS_ON["sample"], NO_KWARGS_DECODE),
+        },
         [("TTB055", ERROR, "adapter.py", None, 22)],
         "sampling_params=None",
     ),
@@ -122,8 +135,12 @@ CASES = {
         "make them agree (adapter.py:5)",
     ),
     "model_capabilities disagrees the other way": (
-        {"edits": (CAPS_ON["async"], ("    def decode_forward",
-                                      READBACK + "\n    def decode_forward"))},
+        {
+            "edits": (
+                CAPS_ON["async"],
+                ("    def decode_forward", READBACK + "\n    def decode_forward"),
+            )
+        },
         # Not declared, so not in the file: no line to point at.
         [("TTB056", ERROR, META, "/capabilities/async_decode", None)],
         "make them agree (adapter.py:5)",
@@ -134,31 +151,47 @@ CASES = {
         "--import",
     ),
     "environment main class not importable": (
-        {"metadata": {"main_class": "models.tt_transformers.tt.generator_vllm:Llama",
-                      "main_class_source": "environment"}, "adapter": None},
+        {
+            "metadata": {
+                "main_class": "models.tt_transformers.tt.generator_vllm:Llama",
+                "main_class_source": "environment",
+            },
+            "adapter": None,
+        },
         [("TTB058", INFO, META, "/main_class", 6)],
         "TT-Metal",
     ),
     "revision missing": (
-        {"metadata": {"models": [{"repo": "org/pinned", "revision": "abc123"},
-                                 {"repo": "org/floating"}]}},
+        {
+            "metadata": {
+                "models": [{"repo": "org/pinned", "revision": "abc123"}, {"repo": "org/floating"}]
+            }
+        },
         [("TTB037", WARNING, META, "/models/1", 13)],
         '"revision"',
     ),
     "default sampling mode not declared": (
-        {"metadata": {"capabilities": {"sample_on_device": ["decode_only"]},
-                      "targets": {"N300": {"additional_config": {
-                          "sample_on_device_mode": "all"}}}},
-         "edits": (CAPS_ON["sample"],)},
-        [("TTB204", ERROR, META, "/targets/N300/additional_config/sample_on_device_mode",
-          16)],
+        {
+            "metadata": {
+                "capabilities": {"sample_on_device": ["decode_only"]},
+                "targets": {"N300": {"additional_config": {"sample_on_device_mode": "all"}}},
+            },
+            "edits": (CAPS_ON["sample"],),
+        },
+        [("TTB204", ERROR, META, "/targets/N300/additional_config/sample_on_device_mode", 16)],
         "declare 'all' in capabilities.sample_on_device",
     ),
     "two problems reported together": (
-        {"metadata": {"models": [{"repo": "org/floating"}],
-                      "capabilities": {"prefix_caching": True}}},
-        [("TTB037", WARNING, META, "/models/0", 9),
-         ("TTB056", ERROR, META, "/capabilities/prefix_caching", 14)],
+        {
+            "metadata": {
+                "models": [{"repo": "org/floating"}],
+                "capabilities": {"prefix_caching": True},
+            }
+        },
+        [
+            ("TTB037", WARNING, META, "/models/0", 9),
+            ("TTB056", ERROR, META, "/capabilities/prefix_caching", 14),
+        ],
         None,
     ),
     "metadata error stops before the adapter": (
@@ -167,37 +200,58 @@ CASES = {
         "did you mean 'capabilities'?",
     ),
     "base in a sibling module, by relative import": (
-        {"metadata": {"main_class": "pkg.adapter:DemoGenerator"}, "adapter": None,
-         "files": {"pkg/__init__.py": "", "pkg/adapter.py": SUBCLASS, "pkg/base.py": "BASE"}},
+        {
+            "metadata": {"main_class": "pkg.adapter:DemoGenerator"},
+            "adapter": None,
+            "files": {"pkg/__init__.py": "", "pkg/adapter.py": SUBCLASS, "pkg/base.py": "BASE"},
+        },
         [],
         None,
     ),
     "base two levels up, aliased": (
-        {"metadata": {"main_class": "pkg.sub.adapter:DemoGenerator"}, "adapter": None,
-         "files": {"pkg/__init__.py": "", "pkg/sub/__init__.py": "", "pkg/base.py": "BASE",
-                   "pkg/sub/adapter.py": SUBCLASS.replace(
-                       "from .base import Base", "from ..base import Base as B").replace(
-                       "(Base)", "(B)")}},
+        {
+            "metadata": {"main_class": "pkg.sub.adapter:DemoGenerator"},
+            "adapter": None,
+            "files": {
+                "pkg/__init__.py": "",
+                "pkg/sub/__init__.py": "",
+                "pkg/base.py": "BASE",
+                "pkg/sub/adapter.py": SUBCLASS.replace(
+                    "from .base import Base", "from ..base import Base as B"
+                ).replace("(Base)", "(B)"),
+            },
+        },
         [],
         None,
     ),
     "class re-exported by a package __init__": (
-        {"metadata": {"main_class": "pkg:DemoGenerator"}, "adapter": None,
-         "files": {"pkg/__init__.py": "from .impl import DemoGenerator\n",
-                   "pkg/impl.py": "ADAPTER"}},
+        {
+            "metadata": {"main_class": "pkg:DemoGenerator"},
+            "adapter": None,
+            "files": {
+                "pkg/__init__.py": "from .impl import DemoGenerator\n",
+                "pkg/impl.py": "ADAPTER",
+            },
+        },
         [],
         None,
     ),
     "sample_on_device with **kwargs": (
-        {"metadata": {"capabilities": {"sample_on_device": ["all", "decode_only"]}},
-         "edits": (CAPS_ON["sample"],)},
+        {
+            "metadata": {"capabilities": {"sample_on_device": ["all", "decode_only"]}},
+            "edits": (CAPS_ON["sample"],),
+        },
         [],
         None,
     ),
     "async_decode with readback": (
-        {"metadata": {"capabilities": {"async_decode": True}},
-         "edits": (CAPS_ON["async"], ("    def decode_forward",
-                                       READBACK + "\n    def decode_forward"))},
+        {
+            "metadata": {"capabilities": {"async_decode": True}},
+            "edits": (
+                CAPS_ON["async"],
+                ("    def decode_forward", READBACK + "\n    def decode_forward"),
+            ),
+        },
         [],
         None,
     ),
@@ -275,20 +329,29 @@ def test_environment_class_importable_here_is_checked(make_bundle, tmp_path, mon
     (site / "vendor_models").mkdir(parents=True)
     (site / "vendor_models" / "__init__.py").write_text("")
     (site / "vendor_models" / "gen.py").write_text(
-        "class Gen:\n    def decode_forward(self, **kwargs):\n        pass\n")
+        "class Gen:\n    def decode_forward(self, **kwargs):\n        pass\n"
+    )
     monkeypatch.syspath_prepend(str(site))
-    folder = make_bundle("demo", adapter=None, metadata={
-        "main_class": "vendor_models.gen:Gen", "main_class_source": "environment"})
+    folder = make_bundle(
+        "demo",
+        adapter=None,
+        metadata={"main_class": "vendor_models.gen:Gen", "main_class_source": "environment"},
+    )
     [d] = validate_path(folder).report.diagnostics
     assert (d.code, d.severity, d.file, d.line) == (
-        "TTB053", ERROR, str(site / "vendor_models" / "gen.py"), 1)
+        "TTB053",
+        ERROR,
+        str(site / "vendor_models" / "gen.py"),
+        1,
+    )
     assert "initialize_vllm_model, prefill_forward" in d.message
     assert "vendor_models" not in sys.modules, "found without importing"
 
 
 def test_legacy_bundle_validates_with_a_warning(make_bundle):
     folder = make_bundle(
-        "old", metadata='{"arch": "DemoForCausalLM", "main_class": "adapter:DemoGenerator"}')
+        "old", metadata='{"arch": "DemoForCausalLM", "main_class": "adapter:DemoGenerator"}'
+    )
     result = validate_path(folder)
     assert [(d.code, d.severity) for d in result.report.diagnostics] == [("TTB021", WARNING)]
     assert result.ok() and not result.ok(strict=True)
@@ -305,7 +368,12 @@ def test_duplicate_names(make_bundle, tmp_path):
     result = validate_path(models)
     [d] = result.report.diagnostics
     assert (d.code, d.severity, d.file, d.pointer, d.line) == (
-        "TTB070", ERROR, str(second / META), "/name", 3)
+        "TTB070",
+        ERROR,
+        str(second / META),
+        "/name",
+        3,
+    )
     assert str(first) in d.message and str(second) in d.message
 
 
@@ -323,8 +391,11 @@ def test_duplicate_names(make_bundle, tmp_path):
         ({"when": {"env": {"V": "1"}}}, {"when": {"env": {"W": "1"}}}, True),
         ({"when": {"env": {"V": "1"}}}, {}, False),  # the more specific one wins
         ({}, {"when": {"env": {"V": "1", "W": "2"}}}, False),
-        ({"when": {"env": {"V": "1"}}, "targets": {"TG": {}}},
-         {"when": {"env": {"V": "1"}}, "targets": {"N300": {}}}, False),
+        (
+            {"when": {"env": {"V": "1"}}, "targets": {"TG": {}}},
+            {"when": {"env": {"V": "1"}}, "targets": {"N300": {}}},
+            False,
+        ),
         ({}, {"arch": "OtherForCausalLM"}, False),
     ],
 )
@@ -347,8 +418,10 @@ def test_overlap_reported_per_pair(make_bundle, tmp_path):
     for name in ("a", "b", "c"):
         make_bundle(name, parent=models)
     make_bundle("d", parent=models, metadata={"arch": "OtherForCausalLM"})
-    pairs = [d.message.split(" (")[0] + "/" + d.message.split(") and ")[1].split(" ")[0]
-             for d in validate_path(models).report.diagnostics]
+    pairs = [
+        d.message.split(" (")[0] + "/" + d.message.split(") and ")[1].split(" ")[0]
+        for d in validate_path(models).report.diagnostics
+    ]
     assert pairs == ["a/b", "a/c", "b/c"]
 
 
@@ -362,11 +435,11 @@ def test_invalid_bundles_left_out_of_cross_checks(make_bundle, tmp_path):
 
 # --- never run bundle code without --import ----------------------------------------------
 
-MARKER_ADAPTER = '''import pathlib
+MARKER_ADAPTER = """import pathlib
 
 pathlib.Path(__file__).with_name("IMPORTED").write_text("imported")
 
-'''
+"""
 
 
 def test_plain_validate_never_imports(make_bundle, run_cli):
@@ -409,17 +482,26 @@ def test_import_wrong_signatures(make_bundle):
         make_bundle.adapter,
         ("    @classmethod\n", ""),
         ("def initialize_vllm_model(cls,", "def initialize_vllm_model(self,"),
-        ("def decode_forward(self, tokens, start_pos, page_table, kv_cache, **kwargs):",
-         "def decode_forward(self, tokens, pos, page_table, kv_cache):"),
+        (
+            "def decode_forward(self, tokens, start_pos, page_table, kv_cache, **kwargs):",
+            "def decode_forward(self, tokens, pos, page_table, kv_cache):",
+        ),
     )
     folder = make_bundle("demo", adapter=adapter)
     assert validate_path(folder).ok()  # the static check cannot see it
-    found = [(d.code, d.severity, d.file and Path(d.file).name, d.line, d.message)
-             for d in validate_path(folder, import_check=True, timeout=30).report.diagnostics]
+    found = [
+        (d.code, d.severity, d.file and Path(d.file).name, d.line, d.message)
+        for d in validate_path(folder, import_check=True, timeout=30).report.diagnostics
+    ]
     assert found == [
         ("TTB062", ERROR, "demo", None, "initialize_vllm_model must be a classmethod"),
-        ("TTB062", ERROR, "adapter.py", 21,
-         "DemoGenerator.decode_forward: does not accept start_pos as keyword arguments"),
+        (
+            "TTB062",
+            ERROR,
+            "adapter.py",
+            21,
+            "DemoGenerator.decode_forward: does not accept start_pos as keyword arguments",
+        ),
     ]
 
 
@@ -429,7 +511,7 @@ def test_import_is_skipped_when_static_errors(make_bundle):
     assert codes == ["TTB052"]
 
 
-TWIN = '''from .helpers import VALUE
+TWIN = """from .helpers import VALUE
 
 
 class DemoGenerator:
@@ -447,15 +529,25 @@ class DemoGenerator:
 
     def decode_forward(self, **kwargs):
         return None
-'''
+"""
 
 
 def test_bundles_with_the_same_module_names_import_apart(make_bundle, tmp_path):
     models = tmp_path / "models"
-    one = make_bundle("one", parent=models, adapter=TWIN, files={"helpers.py": "VALUE = 1\n"},
-                      metadata={"arch": "OneForCausalLM"})
-    two = make_bundle("two", parent=models, adapter=TWIN, files={"helpers.py": "VALUE = 2\n"},
-                      metadata={"arch": "TwoForCausalLM"})
+    one = make_bundle(
+        "one",
+        parent=models,
+        adapter=TWIN,
+        files={"helpers.py": "VALUE = 1\n"},
+        metadata={"arch": "OneForCausalLM"},
+    )
+    two = make_bundle(
+        "two",
+        parent=models,
+        adapter=TWIN,
+        files={"helpers.py": "VALUE = 2\n"},
+        metadata={"arch": "TwoForCausalLM"},
+    )
     result = validate_path(models, import_check=True, timeout=30)
     assert result.report.diagnostics == []
 
@@ -463,8 +555,10 @@ def test_bundles_with_the_same_module_names_import_apart(make_bundle, tmp_path):
     assert packages[0] != packages[1]
     assert all(p.startswith(PACKAGE_PREFIX) and p.isidentifier() for p in packages)
     assert package_name(one, "one") == package_name(one / ".." / "one", "one"), "stable"
-    refs = [qualified_class(one, "one", "adapter:DemoGenerator"),
-            qualified_class(two, "two", "adapter:DemoGenerator")]
+    refs = [
+        qualified_class(one, "one", "adapter:DemoGenerator"),
+        qualified_class(two, "two", "adapter:DemoGenerator"),
+    ]
     assert refs == [f"{p}.adapter:DemoGenerator" for p in packages]
     try:
         classes = []

@@ -1,0 +1,41 @@
+"""ttbundles: ship Tenstorrent model bundles to vLLM.
+
+The public API, imported lazily so that `import ttbundles` stays as cheap as the plugin
+that vLLM loads in every process:
+
+- `load_metadata(path)`: read a bundle's `vllm_metadata.json` (metadata, diagnostics);
+- `validate(path, ...)`: check a bundle, an archive or a folder of bundles;
+- `pack(bundle_dir, out_dir)`: validate, then write a deterministic `.ttbundle`;
+- `verify(path)`: recompute an archive's or an installed bundle's digests;
+- `install(archive, models_dir)` / `uninstall(name, models_dir)`;
+- `compute_registry()`: what vLLM would register, and why not the rest.
+
+Stages live in packages of their own: `format`, `check`, `archive`, `registry`,
+`serving` (the only one, with `reference`, that imports vLLM and torch), `reference`,
+`demo`.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import Any
+
+_API = {
+    "load_metadata": ("ttbundles.format.parse", "load_metadata"),
+    "validate": ("ttbundles.check.validate", "validate_path"),
+    "pack": ("ttbundles.build", "pack"),
+    "verify": ("ttbundles.archive.reader", "verify"),
+    "install": ("ttbundles.archive.install", "install"),
+    "uninstall": ("ttbundles.archive.install", "uninstall"),
+    "compute_registry": ("ttbundles.registry.registry", "compute"),
+}
+
+__all__ = sorted(_API)
+
+
+def __getattr__(name: str) -> Any:
+    try:
+        module, attribute = _API[name]
+    except KeyError:
+        raise AttributeError(f"module 'ttbundles' has no attribute {name!r}") from None
+    return getattr(import_module(module), attribute)

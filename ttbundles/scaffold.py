@@ -9,7 +9,7 @@ import tempfile
 from pathlib import Path
 
 from ttbundles.errors import TTBundleError
-from ttbundles.metadata import METADATA_FILE, SCHEMA_VERSION, slug
+from ttbundles.format.metadata import METADATA_FILE, SCHEMA_VERSION, slug
 
 ADAPTER_TEMPLATE = '''"""Generator for {arch}, served by vLLM on Tenstorrent hardware.
 
@@ -64,20 +64,27 @@ def init_bundle(
         archs = config.get("architectures") or []
         if arch is None:
             if not archs:
-                raise TTBundleError.single("TTB208", f"{from_hf}: config.json names no "
-                                           "architectures", hint="pass --arch")
+                raise TTBundleError.single(
+                    "TTB208", f"{from_hf}: config.json names no architectures", hint="pass --arch"
+                )
             arch = archs[0]
         if model_ref is not None:
             models.append(model_ref)
     if arch is None:
-        raise TTBundleError.single("TTB031", "no architecture given",
-                                   hint="pass --arch LlamaForCausalLM, or --from-hf")
+        raise TTBundleError.single(
+            "TTB031", "no architecture given", hint="pass --arch LlamaForCausalLM, or --from-hf"
+        )
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", arch):
-        raise TTBundleError.single("TTB033", f"architecture {arch!r} is not an identifier",
-                                   hint="e.g. LlamaForCausalLM")
+        raise TTBundleError.single(
+            "TTB033", f"architecture {arch!r} is not an identifier", hint="e.g. LlamaForCausalLM"
+        )
     if (folder / METADATA_FILE).exists():
-        raise TTBundleError.single("TTB033", f"{folder / METADATA_FILE} already exists",
-                                   file=folder, hint="choose an empty folder")
+        raise TTBundleError.single(
+            "TTB033",
+            f"{folder / METADATA_FILE} already exists",
+            file=folder,
+            hint="choose an empty folder",
+        )
     bare = arch[2:] if arch.startswith("TT") else arch
     class_name = f"TT{bare}Generator"
     metadata: dict = {
@@ -91,8 +98,11 @@ def init_bundle(
     }
     if models:
         metadata["models"] = models
-    metadata["capabilities"] = {"prefix_caching": False, "async_decode": False,
-                                "sample_on_device": []}
+    metadata["capabilities"] = {
+        "prefix_caching": False,
+        "async_decode": False,
+        "sample_on_device": [],
+    }
     folder.mkdir(parents=True, exist_ok=True)
     adapter = folder / "adapter.py"
     if not adapter.exists():
@@ -107,9 +117,12 @@ def _read_hf_config(source: str) -> tuple[dict, dict | None]:
     if path.is_dir():
         file = path / "config.json"
         if not file.is_file():
-            raise TTBundleError.single("TTB208", "no config.json in the checkpoint folder",
-                                       file=path, hint="pass the folder holding the "
-                                       "checkpoint's config.json, or --arch")
+            raise TTBundleError.single(
+                "TTB208",
+                "no config.json in the checkpoint folder",
+                file=path,
+                hint="pass the folder holding the checkpoint's config.json, or --arch",
+            )
         return _load_json(file), None
     from huggingface_hub import hf_hub_download
     from huggingface_hub.errors import HFValidationError
@@ -117,14 +130,17 @@ def _read_hf_config(source: str) -> tuple[dict, dict | None]:
     try:
         file = Path(hf_hub_download(source, "config.json"))
     except HFValidationError as exc:
-        raise TTBundleError.single("TTB208", f"{source!r} is neither a folder nor a "
-                                   f"repository id: {exc}", hint="pass a checkpoint folder "
-                                   "or 'org/name'") from None
+        raise TTBundleError.single(
+            "TTB208",
+            f"{source!r} is neither a folder nor a repository id: {exc}",
+            hint="pass a checkpoint folder or 'org/name'",
+        ) from None
     except Exception as exc:  # noqa: BLE001 - network, auth, offline cache miss
-        raise TTBundleError.single("TTB208", f"cannot read config.json of {source}: "
-                                   f"{type(exc).__name__}: {exc}",
-                                   hint="download the checkpoint first, or pass its folder"
-                                   ) from None
+        raise TTBundleError.single(
+            "TTB208",
+            f"cannot read config.json of {source}: {type(exc).__name__}: {exc}",
+            hint="download the checkpoint first, or pass its folder",
+        ) from None
     revision = file.parent.name if file.parent.parent.name == "snapshots" else None
     ref = {"repo": source, **({"revision": revision} if revision else {})}
     return _load_json(file), ref
@@ -134,18 +150,25 @@ def _load_json(file: Path) -> dict:
     try:
         data = json.loads(file.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
-        raise TTBundleError.single("TTB208", f"cannot read: {exc}", file=file,
-                                   hint="fix or re-download config.json, or pass --arch"
-                                   ) from None
+        raise TTBundleError.single(
+            "TTB208",
+            f"cannot read: {exc}",
+            file=file,
+            hint="fix or re-download config.json, or pass --arch",
+        ) from None
     if not isinstance(data, dict):
-        raise TTBundleError.single("TTB208", "config.json is not an object", file=file,
-                                   hint="fix or re-download config.json, or pass --arch")
+        raise TTBundleError.single(
+            "TTB208",
+            "config.json is not an object",
+            file=file,
+            hint="fix or re-download config.json, or pass --arch",
+        )
     return data
 
 
 def migrate_bundle(folder: Path) -> bool:
     """Rewrite legacy metadata as v1 in place. False when it already is v1."""
-    from ttbundles.parse import load_metadata
+    from ttbundles.format.parse import load_metadata
 
     loaded = load_metadata(folder)
     if loaded.metadata is None:

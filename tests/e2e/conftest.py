@@ -29,17 +29,20 @@ from pathlib import Path
 
 import pytest
 
-from ttbundles.demo import ServerProcess, http_get, serve_environment, start_server
+from ttbundles.demo.flow import ServerProcess, http_get, serve_environment, start_server
 from ttbundles.errors import TTBundleError
 
 READY_TIMEOUT = 600.0  # four cold starts share two cores with the test process
 STOP_TIMEOUT = 30.0
 
 DEMO_ARGS = [
-    "--max-num-batched-tokens", "64",
-    "--max-model-len", "512",
+    "--max-num-batched-tokens",
+    "64",
+    "--max-model-len",
+    "512",
     "--enable-prefix-caching",
-    "--max-num-seqs", "8",
+    "--max-num-seqs",
+    "8",
 ]
 PLAIN_ARGS = ["--enable-prefix-caching", "--max-model-len", "512", "--max-num-seqs", "8"]
 
@@ -216,9 +219,11 @@ class Server:
     def stats_delta(self, before: dict[str, int]) -> dict[str, int]:
         """Settled counters minus `before`, for every counter that changed."""
         after = self.settled_stats()
-        return {k: after.get(k, 0) - before.get(k, 0)
-                for k in sorted(after.keys() | before.keys())
-                if after.get(k, 0) != before.get(k, 0)}
+        return {
+            k: after.get(k, 0) - before.get(k, 0)
+            for k in sorted(after.keys() | before.keys())
+            if after.get(k, 0) != before.get(k, 0)
+        }
 
     def log_size(self) -> int:
         return self.log_path.stat().st_size
@@ -267,11 +272,13 @@ def servers(demo_checkpoint, tmp_path_factory) -> Iterator[dict[str, Server]]:
         for name, (args, extra) in plans.items():
             stats_path = root / f"{name}-stats.json"
             log_path = root / f"{name}-server.log"
-            env = _environment({
-                "TT_BUNDLES_STATS_FILE": str(stats_path),
-                "VLLM_LOGGING_CONFIG_PATH": str(logging_config),
-                **extra,
-            })
+            env = _environment(
+                {
+                    "TT_BUNDLES_STATS_FILE": str(stats_path),
+                    "VLLM_LOGGING_CONFIG_PATH": str(logging_config),
+                    **extra,
+                }
+            )
             process = start_server(demo_checkpoint, vllm_args=args, env=env, log_path=log_path)
             started[name] = Server(name, process, str(demo_checkpoint), log_path, stats_path)
         for server in started.values():  # all are starting meanwhile
@@ -331,9 +338,13 @@ class Reference:
         if len(cached) < max_new_tokens:
             ids = torch.tensor([prompt_ids])
             with torch.no_grad():
-                out = self.model.generate(ids, attention_mask=torch.ones_like(ids),
-                                          max_new_tokens=max_new_tokens, do_sample=False)
-            cached = out[0, len(prompt_ids):].tolist()
+                out = self.model.generate(
+                    ids,
+                    attention_mask=torch.ones_like(ids),
+                    max_new_tokens=max_new_tokens,
+                    do_sample=False,
+                )
+            cached = out[0, len(prompt_ids) :].tolist()
             assert len(cached) == max_new_tokens
             self._greedy[key] = cached
         return cached[:max_new_tokens]

@@ -55,8 +55,9 @@ def complete(server, prompt, max_tokens=N, **extra):
     kwargs = {k: v for k, v in extra.items() if k in OPENAI_KEYS}
     body = {**IDS, **{k: v for k, v in extra.items() if k not in OPENAI_KEYS}}
     with server.client() as client:
-        return client.completions.create(model=server.model, prompt=prompt,
-                                         max_tokens=max_tokens, extra_body=body, **kwargs)
+        return client.completions.create(
+            model=server.model, prompt=prompt, max_tokens=max_tokens, extra_body=body, **kwargs
+        )
 
 
 def output_ids(response) -> list[int]:
@@ -81,16 +82,22 @@ class Background:
     def __init__(self, server, prompt: list[int], max_tokens: int = LONG):
         self.tokens: list[int] = []
         self.error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, args=(server, prompt, max_tokens),
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, args=(server, prompt, max_tokens), daemon=True
+        )
         self._thread.start()
 
     def _run(self, server, prompt, max_tokens) -> None:
         try:
             with server.client() as client:
                 stream = client.completions.create(
-                    model=server.model, prompt=prompt, max_tokens=max_tokens, temperature=0,
-                    stream=True, extra_body=IDS)
+                    model=server.model,
+                    prompt=prompt,
+                    max_tokens=max_tokens,
+                    temperature=0,
+                    stream=True,
+                    extra_body=IDS,
+                )
                 for chunk in stream:
                     for choice in chunk.choices:
                         self.tokens += list(choice.model_extra.get("token_ids") or [])
@@ -191,20 +198,42 @@ HOST_CASES = {
     "penalties": ({"presence_penalty": 2.0}, _check_penalties, HOST_PROMPT_SEED),
     # vLLM drops min_p from greedy requests: this one samples.
     "min_p": ({"min_p": 0.2, "temperature": 0.8, "seed": 1}, _check_min_p, HOST_PROMPT_SEED),
-    "logit_bias": ({"logit_bias": {"42": 100}},
-                   lambda r, tokens, *_: tokens == [42] * N, HOST_PROMPT_SEED),
-    "allowed_token_ids": ({"allowed_token_ids": [40, 41, 42]},
-                          lambda r, tokens, *_: set(tokens) <= {40, 41, 42}, HOST_PROMPT_SEED),
+    "logit_bias": (
+        {"logit_bias": {"42": 100}},
+        lambda r, tokens, *_: tokens == [42] * N,
+        HOST_PROMPT_SEED,
+    ),
+    "allowed_token_ids": (
+        {"allowed_token_ids": [40, 41, 42]},
+        lambda r, tokens, *_: set(tokens) <= {40, 41, 42},
+        HOST_PROMPT_SEED,
+    ),
     "bad_words": ({"bad_words": [BAD_WORD]}, _check_bad_words, BAD_WORD_PROMPT_SEED),
-    "min_tokens": ({"min_tokens": 4}, lambda r, tokens, greedy, *_: tokens == greedy,
-                   HOST_PROMPT_SEED),
-    "structured_output": ({"structured_outputs": {"choice": ["yes", "no"]}, **STOP_AT_EOS},
-                          _check_choice, HOST_PROMPT_SEED),
+    "min_tokens": (
+        {"min_tokens": 4},
+        lambda r, tokens, greedy, *_: tokens == greedy,
+        HOST_PROMPT_SEED,
+    ),
+    "structured_output": (
+        {"structured_outputs": {"choice": ["yes", "no"]}, **STOP_AT_EOS},
+        _check_choice,
+        HOST_PROMPT_SEED,
+    ),
     "structured_output-response_format": (
-        {"response_format": {"type": "json_schema", "json_schema": {
-            "name": "answer",
-            "schema": {"type": "object", "properties": {"n": {"type": "integer"}},
-                       "required": ["n"]}}}, **STOP_AT_EOS},
+        {
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {
+                    "name": "answer",
+                    "schema": {
+                        "type": "object",
+                        "properties": {"n": {"type": "integer"}},
+                        "required": ["n"],
+                    },
+                },
+            },
+            **STOP_AT_EOS,
+        },
         lambda r, *_: r.choices[0].text.startswith("{"),
         HOST_PROMPT_SEED,
     ),
@@ -213,7 +242,8 @@ HOST_CASES = {
 
 @pytest.mark.parametrize("case", list(HOST_CASES))
 def test_a_request_needing_the_host_sampler_takes_its_batch_to_the_host_once(
-        demo_server, reference, case):
+    demo_server, reference, case
+):
     reason = case.split("-")[0]
     options, check, seed = HOST_CASES[case]
     prompt = random_ids(seed, 10, reference.vocab_size)
@@ -242,16 +272,21 @@ def test_a_request_needing_the_host_sampler_takes_its_batch_to_the_host_once(
 
 
 def test_greedy_tokens_are_the_same_on_both_paths_and_in_transformers(
-        demo_server, compat_server, reference):
+    demo_server, compat_server, reference
+):
     prompts = [random_ids(710 + i, 5 + 4 * i, reference.vocab_size) for i in range(3)]
     expected = [reference.greedy(p, 16) for p in prompts]
     runs = {}
-    for label, server, options in (("device", demo_server, {}),
-                                   ("host: logprobs", demo_server, {"logprobs": 1}),
-                                   ("host: always_compat", compat_server, {})):
+    for label, server, options in (
+        ("device", demo_server, {}),
+        ("host: logprobs", demo_server, {"logprobs": 1}),
+        ("host: always_compat", compat_server, {}),
+    ):
         before = server.settled_stats()
-        runs[label] = (concurrently(server, prompts, max_tokens=16, **GREEDY, **options),
-                       server.stats_delta(before))
+        runs[label] = (
+            concurrently(server, prompts, max_tokens=16, **GREEDY, **options),
+            server.stats_delta(before),
+        )
     for label, (tokens, _) in runs.items():
         assert tokens == expected, label
 
@@ -294,8 +329,7 @@ def test_seeded_host_sampling_does_not_depend_on_prompt_chunking(demo_server, re
     runs = []
     for _ in range(2):
         before = demo_server.settled_stats()
-        response = complete(demo_server, prompt, max_tokens=8, temperature=0.8, seed=5,
-                            logprobs=1)
+        response = complete(demo_server, prompt, max_tokens=8, temperature=0.8, seed=5, logprobs=1)
         runs.append((output_ids(response), demo_server.stats_delta(before)))
     (first, first_delta), (second, second_delta) = runs
     assert (first_delta["step.prefill"], second_delta["step.prefill"]) == (4, 1)
@@ -364,14 +398,15 @@ JOINING = {
     # reason: (request options, the drain its arrival causes)
     "logprobs": ({"logprobs": 1}, "prefill"),
     "penalties": ({"presence_penalty": 2.0}, "prefill"),
-    "structured_output": ({"structured_outputs": {"choice": ["yes", "no"]}, **STOP_AT_EOS},
-                          "structured_output"),
+    "structured_output": (
+        {"structured_outputs": {"choice": ["yes", "no"]}, **STOP_AT_EOS},
+        "structured_output",
+    ),
 }
 
 
 @pytest.mark.parametrize("reason", list(JOINING))
-def test_a_request_needing_the_host_sampler_joining_async_decode(demo_server, reference,
-                                                                 reason):
+def test_a_request_needing_the_host_sampler_joining_async_decode(demo_server, reference, reason):
     options, drain = JOINING[reason]
     vocab = reference.vocab_size
     long_prompt = random_ids(810, 10, vocab)
@@ -410,9 +445,9 @@ def test_a_request_needing_the_host_sampler_joining_async_decode(demo_server, re
 
 def test_async_and_sync_decode_give_identical_tokens(demo_server, sync_server, reference):
     assert "async_scheduling: True (as requested)" in demo_server.log_since(0)
-    assert "'ttbundles.platform.scheduler.TTAsyncScheduler'" in demo_server.log_since(0)
+    assert "'ttbundles.serving.scheduler.TTAsyncScheduler'" in demo_server.log_since(0)
     assert "async_scheduling: False (as requested)" in sync_server.log_since(0)
-    assert "'ttbundles.platform.scheduler.TTScheduler'" in sync_server.log_since(0)
+    assert "'ttbundles.serving.scheduler.TTScheduler'" in sync_server.log_since(0)
 
     prompts = [random_ids(820 + i, 6 + 3 * i, reference.vocab_size) for i in range(3)]
     requests = [(p, GREEDY) for p in prompts] + [
@@ -449,9 +484,11 @@ def test_async_and_sync_decode_give_identical_tokens(demo_server, sync_server, r
 
 def test_a_bundle_without_async_decode_runs_synchronously(plain_server, reference):
     log = plain_server.log_since(0)
-    assert ("async_scheduling: True -> False (plain-reference does not declare "
-            "capabilities.async_decode)") in log
-    assert "'ttbundles.platform.scheduler.TTScheduler'" in log
+    assert (
+        "async_scheduling: True -> False (plain-reference does not declare "
+        "capabilities.async_decode)"
+    ) in log
+    assert "'ttbundles.serving.scheduler.TTScheduler'" in log
     prompt = random_ids(830, 10, reference.vocab_size)
     before = plain_server.settled_stats()
     tokens = output_ids(complete(plain_server, prompt, **GREEDY))

@@ -43,8 +43,9 @@ def complete(server, prompt, max_tokens=16, **extra):
     kwargs = {k: v for k, v in extra.items() if k in known}
     body = {**IDS, **{k: v for k, v in extra.items() if k not in known}}
     with server.client() as client:
-        return client.completions.create(model=server.model, prompt=prompt,
-                                         max_tokens=max_tokens, extra_body=body, **kwargs)
+        return client.completions.create(
+            model=server.model, prompt=prompt, max_tokens=max_tokens, extra_body=body, **kwargs
+        )
 
 
 def output_ids(response) -> list[int]:
@@ -79,8 +80,9 @@ def test_concurrent_greedy_completions_match_transformers(demo_server, reference
 
     for prompt, response in zip(prompts, responses):
         ids = prompt_ids(response)
-        expected_prompt = prompt if isinstance(prompt, list) else (
-            reference.tokenizer(prompt).input_ids)
+        expected_prompt = (
+            prompt if isinstance(prompt, list) else (reference.tokenizer(prompt).input_ids)
+        )
         assert ids == expected_prompt
         assert output_ids(response) == reference.greedy(ids, 16), f"prompt {prompt!r}"
         assert response.usage.completion_tokens == 16
@@ -93,8 +95,8 @@ def test_chat_completion_matches_transformers(demo_server, reference):
     ]
     with demo_server.client() as client:
         response = client.chat.completions.create(
-            model=demo_server.model, messages=messages, max_tokens=16, temperature=0,
-            extra_body=IDS)
+            model=demo_server.model, messages=messages, max_tokens=16, temperature=0, extra_body=IDS
+        )
     ids = list(response.model_extra["prompt_token_ids"])
     assert ids == reference.chat_prompt_ids(messages)  # the checkpoint's chat template
     tokens = list(response.choices[0].model_extra["token_ids"])
@@ -110,8 +112,13 @@ def test_streaming_gives_the_non_streaming_answer(demo_server, reference):
     text, tokens, finish = "", [], None
     with demo_server.client() as client:
         stream = client.completions.create(
-            model=demo_server.model, prompt=prompt, max_tokens=24, temperature=0,
-            stream=True, extra_body=IDS)
+            model=demo_server.model,
+            prompt=prompt,
+            max_tokens=24,
+            temperature=0,
+            stream=True,
+            extra_body=IDS,
+        )
         chunks = 0
         for chunk in stream:
             for choice in chunk.choices:
@@ -127,12 +134,20 @@ def test_streaming_gives_the_non_streaming_answer(demo_server, reference):
     messages = [{"role": "user", "content": "Tell me about the sky."}]
     with demo_server.client() as client:
         chat_whole = client.chat.completions.create(
-            model=demo_server.model, messages=messages, max_tokens=24, temperature=0,
-            extra_body={"ignore_eos": True})
+            model=demo_server.model,
+            messages=messages,
+            max_tokens=24,
+            temperature=0,
+            extra_body={"ignore_eos": True},
+        )
         chat_text = ""
         for chunk in client.chat.completions.create(
-            model=demo_server.model, messages=messages, max_tokens=24, temperature=0,
-            stream=True, extra_body={"ignore_eos": True},
+            model=demo_server.model,
+            messages=messages,
+            max_tokens=24,
+            temperature=0,
+            stream=True,
+            extra_body={"ignore_eos": True},
         ):
             if chunk.choices and chunk.choices[0].delta.content:
                 chat_text += chunk.choices[0].delta.content
@@ -166,12 +181,18 @@ def test_decode_steps_interleave_with_the_chunks_of_a_long_prompt(demo_server, r
     def run():
         with demo_server.client() as client:
             stream = client.completions.create(
-                model=demo_server.model, prompt=running_prompt, max_tokens=running_max,
-                temperature=0, stream=True, extra_body=IDS)
+                model=demo_server.model,
+                prompt=running_prompt,
+                max_tokens=running_max,
+                temperature=0,
+                stream=True,
+                extra_body=IDS,
+            )
             for chunk in stream:
                 for choice in chunk.choices:
-                    received.append((time.monotonic(), list(choice.model_extra.get(
-                        "token_ids") or [])))
+                    received.append(
+                        (time.monotonic(), list(choice.model_extra.get("token_ids") or []))
+                    )
 
     runner = threading.Thread(target=run)
     runner.start()
@@ -192,14 +213,15 @@ def test_decode_steps_interleave_with_the_chunks_of_a_long_prompt(demo_server, r
     # chunk of the long prompt ran next to it ("2 running").
     assert decoded_when_long_finished < running_max
     steps = demo_server.steps_since(offset)
-    chunk_steps = [i for i, (kind, running) in enumerate(steps)
-                   if kind == "prefill" and running == 2]
+    chunk_steps = [
+        i for i, (kind, running) in enumerate(steps) if kind == "prefill" and running == 2
+    ]
     assert len(chunk_steps) == math.ceil(len(long_prompt) / CHUNK) == 4, steps
     # Decode interleaving (1 prefill step, then 1 decode step): a decode step between
     # any two chunks, so the running request kept receiving tokens during the prefill.
     for first, second in zip(chunk_steps, chunk_steps[1:]):
-        between = [kind for kind, _ in steps[first + 1:second]]
-        assert "decode" in between, steps[chunk_steps[0]:chunk_steps[-1] + 1]
+        between = [kind for kind, _ in steps[first + 1 : second]]
+        assert "decode" in between, steps[chunk_steps[0] : chunk_steps[-1] + 1]
 
 
 # --- sampling ---------------------------------------------------------------------------
@@ -224,8 +246,9 @@ def test_seeded_sampling_is_reproducible(demo_server):
 
 def test_logprobs_match_transformers(demo_server, reference):
     prompt = "The sky is blue. Water is"
-    response = complete(demo_server, prompt, max_tokens=8, logprobs=3,
-                        return_tokens_as_token_ids=True, **GREEDY)
+    response = complete(
+        demo_server, prompt, max_tokens=8, logprobs=3, return_tokens_as_token_ids=True, **GREEDY
+    )
     choice = response.choices[0]
     tokens = output_ids(response)
     expected = reference.logprobs(prompt_ids(response), tokens)
@@ -238,7 +261,8 @@ def test_logprobs_match_transformers(demo_server, reference):
     assert tokens == expected.argmax(dim=-1).tolist()  # greedy: the top token each time
     for i, token in enumerate(tokens):
         assert choice.logprobs.token_logprobs[i] == pytest.approx(
-            expected[i, token].item(), abs=1e-3)
+            expected[i, token].item(), abs=1e-3
+        )
         top = {token_id(name): value for name, value in choice.logprobs.top_logprobs[i].items()}
         values, ids = expected[i].topk(3)
         assert set(top) == set(ids.tolist())
@@ -306,8 +330,7 @@ def test_prefix_caching_reuses_the_blocks_of_a_repeated_prompt(demo_server, refe
         outputs.append(output_ids(complete(demo_server, prompt, max_tokens=8, **GREEDY)))
         after = demo_server.wait_for_metric(QUERIES, metrics.get(QUERIES, 0) + len(prompt))
         hits.append(after.get(HITS, 0) - metrics.get(HITS, 0))
-        prefill_steps.append(
-            demo_server.stats()["step.prefill"] - stats.get("step.prefill", 0))
+        prefill_steps.append(demo_server.stats()["step.prefill"] - stats.get("step.prefill", 0))
 
     assert hits == [0, cached]
     assert prefill_steps == [2, 1]  # 64 + 36 tokens, then only the 4 not cached
@@ -317,18 +340,20 @@ def test_prefix_caching_reuses_the_blocks_of_a_repeated_prompt(demo_server, refe
 def test_bundle_without_capabilities_serves_without_prefix_caching(plain_server, reference):
     log = plain_server.log_since(0)
     assert "serving TTLlamaForCausalLM with plain-reference@1.0.0" in log
-    for decision in ("enable_prefix_caching: True -> False",
-                     "async_scheduling: True -> False",
-                     "enable_chunked_prefill: True -> False"):
+    for decision in (
+        "enable_prefix_caching: True -> False",
+        "async_scheduling: True -> False",
+        "enable_chunked_prefill: True -> False",
+    ):
         assert decision in log
 
     prompt = random_ids(501, 200, reference.vocab_size)
     before = plain_server.metrics()
     stats = plain_server.stats()
-    outputs = [output_ids(complete(plain_server, prompt, max_tokens=8, **GREEDY))
-               for _ in range(2)]
+    outputs = [output_ids(complete(plain_server, prompt, max_tokens=8, **GREEDY)) for _ in range(2)]
     after = plain_server.wait_for_metric(
-        PROMPT_TOKENS, before.get(PROMPT_TOKENS, 0) + 2 * len(prompt))
+        PROMPT_TOKENS, before.get(PROMPT_TOKENS, 0) + 2 * len(prompt)
+    )
 
     assert after.get(PROMPT_TOKENS, 0) - before.get(PROMPT_TOKENS, 0) == 2 * len(prompt)
     assert after.get(HITS, 0) - before.get(HITS, 0) == 0
@@ -340,8 +365,9 @@ def test_bundle_without_capabilities_serves_without_prefix_caching(plain_server,
 def test_plain_bundle_answers_concurrent_requests_like_transformers(plain_server, reference):
     prompts = ["Hello world", random_ids(601, 60, reference.vocab_size), "The sky is"]
     with ThreadPoolExecutor(len(prompts)) as pool:
-        responses = list(pool.map(
-            lambda p: complete(plain_server, p, max_tokens=16, **GREEDY), prompts))
+        responses = list(
+            pool.map(lambda p: complete(plain_server, p, max_tokens=16, **GREEDY), prompts)
+        )
     for response in responses:
         assert output_ids(response) == reference.greedy(prompt_ids(response), 16)
 
@@ -351,21 +377,31 @@ def test_plain_bundle_answers_concurrent_requests_like_transformers(plain_server
 
 def test_demo_command_serves_queries_and_stops(tmp_path):
     """`ttbundle demo --query`, the README's main job: its own server, answers, exit 0."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("MESH_DEVICE", "VLLM_PLUGINS", "EXTRA_MODELS_DIR")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("MESH_DEVICE", "VLLM_PLUGINS", "EXTRA_MODELS_DIR")
+    }
     env.update({"XDG_CACHE_HOME": str(tmp_path), "COLUMNS": "250", "NO_COLOR": "1"})
-    run = subprocess.run([TTBUNDLE, "demo", "--query"], capture_output=True, text=True,
-                         env=env, timeout=600)
+    run = subprocess.run(
+        [TTBUNDLE, "demo", "--query"], capture_output=True, text=True, env=env, timeout=600
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     checkpoint = tmp_path / "ttbundles" / "demo-checkpoint"
     lines = run.stdout.splitlines()
     assert lines[0] == f"checkpoint: {checkpoint} (written)"
     pid = int(re.search(r"\(pid (\d+)", run.stdout).group(1))
     assert f"model: {checkpoint}" in lines
-    assert any(line.startswith("completion: 'The capital of France is' -> ")
-               and line.endswith("(16 tokens, length)") for line in lines), run.stdout
-    assert any(line.startswith("chat: 'Hello mesh! What is a bundle?' -> ")
-               and line.endswith("(16 tokens, length)") for line in lines), run.stdout
+    assert any(
+        line.startswith("completion: 'The capital of France is' -> ")
+        and line.endswith("(16 tokens, length)")
+        for line in lines
+    ), run.stdout
+    assert any(
+        line.startswith("chat: 'Hello mesh! What is a bundle?' -> ")
+        and line.endswith("(16 tokens, length)")
+        for line in lines
+    ), run.stdout
     assert "server stopped" in lines
     with pytest.raises(ProcessLookupError):  # the server is gone, not orphaned
         os.kill(pid, 0)

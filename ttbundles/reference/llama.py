@@ -44,7 +44,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ttbundles.contract import SamplingParamsBatch
+from ttbundles.format.contract import SamplingParamsBatch
 
 KVCache = list[list[torch.Tensor]]
 """Per layer `[k_cache, v_cache]`, each `[N, KV, Bs, D]`."""
@@ -116,9 +116,7 @@ def rope_parameters(hf_config: Any) -> dict[str, Any]:
         if original is not None:
             params["original_max_position_embeddings"] = original
         else:
-            params.setdefault(
-                "original_max_position_embeddings", hf_config.max_position_embeddings
-            )
+            params.setdefault("original_max_position_embeddings", hf_config.max_position_embeddings)
     return params
 
 
@@ -245,9 +243,11 @@ class LlamaWeights:
             )
         embed = take("model.embed_tokens.weight")
         # Tied checkpoints usually omit lm_head.weight; trust the config when both exist.
-        lm_head = embed if tie_word_embeddings or "lm_head.weight" not in state else state[
-            "lm_head.weight"
-        ]
+        lm_head = (
+            embed
+            if tie_word_embeddings or "lm_head.weight" not in state
+            else state["lm_head.weight"]
+        )
         return cls(embed, layers, take("model.norm.weight"), lm_head)
 
 
@@ -512,7 +512,10 @@ class AttentionGroup:
 
     @classmethod
     def build(
-        cls, span: slice, query_positions: torch.Tensor, block_table: torch.Tensor,
+        cls,
+        span: slice,
+        query_positions: torch.Tensor,
+        block_table: torch.Tensor,
         cache_shape: torch.Size,
     ) -> AttentionGroup:
         """query_positions `[n, L]` (ascending per row, the last one ends the row's
@@ -538,7 +541,9 @@ class AttentionGroup:
 
 
 def attention_groups(
-    segments: list[Segment], positions: torch.Tensor, page_table: torch.Tensor,
+    segments: list[Segment],
+    positions: torch.Tensor,
+    page_table: torch.Tensor,
     cache_shape: torch.Size,
 ) -> list[AttentionGroup]:
     """How the segments' attention is batched; the groups' spans tile the flattened tokens.
@@ -557,9 +562,11 @@ def attention_groups(
     groups, offset = [], 0
     for segment in segments:
         span = slice(offset, offset + len(segment.tokens))
-        groups.append(AttentionGroup.build(
-            span, positions[None, span], page_table[segment.row][None], cache_shape
-        ))
+        groups.append(
+            AttentionGroup.build(
+                span, positions[None, span], page_table[segment.row][None], cache_shape
+            )
+        )
         offset = span.stop
     return groups
 
@@ -638,8 +645,10 @@ class ReferenceLlamaGenerator:
         """
         dims = ModelDims.from_hf_config(hf_config)
         window = getattr(hf_config, "sliding_window", None)
-        if getattr(hf_config, "use_sliding_window", window is not None) and window and (
-            window < max_seq_len
+        if (
+            getattr(hf_config, "use_sliding_window", window is not None)
+            and window
+            and (window < max_seq_len)
         ):
             warnings.warn(
                 f"sliding_window={window} < max_seq_len={max_seq_len}: the reference "
@@ -819,8 +828,10 @@ class ReferenceLlamaGenerator:
         host_tokens = tokens.reshape(batch, -1)[:, 0].long().clone()
         previous = None if reset_batch else self._last_tokens
         if previous is None and bool((host_tokens < 0).any()):
-            raise ValueError("tokens has unknown (-1) entries but there is no previous decode "
-                             "on the device to take them from (pass reset_batch=True)")
+            raise ValueError(
+                "tokens has unknown (-1) entries but there is no previous decode "
+                "on the device to take them from (pass reset_batch=True)"
+            )
 
         def compute() -> torch.Tensor:
             token_ids = host_tokens
@@ -845,8 +856,11 @@ class ReferenceLlamaGenerator:
             )
 
         is_tokens = sampling_params is not None
-        out = DeviceOutput(self._device_queue.submit(compute), is_tokens=is_tokens,
-                           shape=(batch,) if is_tokens else (batch, 1, self.dims.vocab_size))
+        out = DeviceOutput(
+            self._device_queue.submit(compute),
+            is_tokens=is_tokens,
+            shape=(batch,) if is_tokens else (batch, 1, self.dims.vocab_size),
+        )
         self._last_tokens = out if sampling_params is not None else None
         if read_from_device:
             return out.tensor

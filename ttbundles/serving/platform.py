@@ -80,8 +80,8 @@ class TTPlatform(Platform):
         # (other resumed-request semantics) wherever Triton happens to be installed.
         os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
         _report_configuration_errors_cleanly()
-        from ttbundles.platform.config_plan import plan_config
-        from ttbundles.vllm_registration import current_registry
+        from ttbundles.serving.configuration import plan_config
+        from ttbundles.serving.registration import current_registry
 
         plan = plan_config(vllm_config, current_registry())
         if plan is not None:

@@ -8,16 +8,16 @@ Validation of everything beyond the document itself lives in `validate`.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
 from ttbundles.errors import Diagnostic, Severity
-from ttbundles.jsonpos import locate, pointer
-from ttbundles.meshes import MESH_NAMES
-from ttbundles.metadata import (
+from ttbundles.format.jsonpos import locate, pointer
+from ttbundles.format.meshes import MESH_NAMES
+from ttbundles.format.metadata import (
     METADATA_FILE,
     NO_EXTENSIONS,
     SCHEMA_VERSION,
@@ -30,8 +30,8 @@ from ttbundles.metadata import (
     When,
     slug,
 )
+from ttbundles.format.tt_options import TTOptions
 from ttbundles.suggest import hint_for
-from ttbundles.tt_options import TTOptions
 
 # The two keys of the reference plugin's metadata form.
 LEGACY_KEYS = ("arch", "main_class")
@@ -72,8 +72,14 @@ def load_metadata(bundle_dir: Path) -> LoadedMetadata:
         return LoadedMetadata(
             file,
             None,
-            [_diag("TTB002", f"no {METADATA_FILE} in {bundle_dir}", str(file),
-                   hint=f"create one: ttbundle init {bundle_dir} --arch <HFArch>")],
+            [
+                _diag(
+                    "TTB002",
+                    f"no {METADATA_FILE} in {bundle_dir}",
+                    str(file),
+                    hint=f"create one: ttbundle init {bundle_dir} --arch <HFArch>",
+                )
+            ],
         )
     except (OSError, UnicodeDecodeError) as exc:
         return LoadedMetadata(file, None, [_diag("TTB003", f"cannot read: {exc}", str(file))])
@@ -105,8 +111,15 @@ def parse_metadata(text: str, *, file: Path, bundle_dir: Path | None = None) -> 
         return LoadedMetadata(
             file,
             None,
-            [_diag("TTB011", "metadata must be a JSON object", fname, pointer="",
-                   hint='start the file with {"schema_version": 1, ...}')],
+            [
+                _diag(
+                    "TTB011",
+                    "metadata must be a JSON object",
+                    fname,
+                    pointer="",
+                    hint='start the file with {"schema_version": 1, ...}',
+                )
+            ],
             document,
         )
 
@@ -117,15 +130,22 @@ def parse_metadata(text: str, *, file: Path, bundle_dir: Path | None = None) -> 
             return _located(LoadedMetadata(file, None, diagnostics), text)
     else:
         version = document["schema_version"]
-        if isinstance(version, int) and not isinstance(version, bool) and (
-            version not in SUPPORTED_SCHEMA_VERSIONS
+        if (
+            isinstance(version, int)
+            and not isinstance(version, bool)
+            and (version not in SUPPORTED_SCHEMA_VERSIONS)
         ):
             supported = ", ".join(str(v) for v in SUPPORTED_SCHEMA_VERSIONS)
             diagnostics.append(
-                _diag("TTB020", f"schema_version {version} is not supported; this release "
-                      f"reads version {supported}", fname, pointer="/schema_version",
-                      hint="upgrade ttbundles, or write the bundle for schema_version "
-                      f"{SCHEMA_VERSION}")
+                _diag(
+                    "TTB020",
+                    f"schema_version {version} is not supported; this release "
+                    f"reads version {supported}",
+                    fname,
+                    pointer="/schema_version",
+                    hint="upgrade ttbundles, or write the bundle for schema_version "
+                    f"{SCHEMA_VERSION}",
+                )
             )
             return _located(LoadedMetadata(file, None, diagnostics, document), text)
 
@@ -149,37 +169,57 @@ def _from_legacy(
     v1_keys = [k for k in document if k in v1_only or k == "$schema"]
     if v1_keys:
         return None, [
-            _diag("TTB031", "schema_version is missing", fname, pointer="",
-                  hint=f'add "schema_version": {SCHEMA_VERSION} (the file uses v1 keys: '
-                  f"{', '.join(v1_keys)})")
+            _diag(
+                "TTB031",
+                "schema_version is missing",
+                fname,
+                pointer="",
+                hint=f'add "schema_version": {SCHEMA_VERSION} (the file uses v1 keys: '
+                f"{', '.join(v1_keys)})",
+            )
         ]
     diagnostics: list[Diagnostic] = []
     missing = [k for k in LEGACY_KEYS if k not in document]
     for key in missing:
         diagnostics.append(
-            _diag("TTB031", f"required field {key!r} is missing", fname, pointer="",
-                  hint=f"add {key!r}, or write schema_version {SCHEMA_VERSION} metadata "
-                  "(ttbundle init)")
+            _diag(
+                "TTB031",
+                f"required field {key!r} is missing",
+                fname,
+                pointer="",
+                hint=f"add {key!r}, or write schema_version {SCHEMA_VERSION} metadata "
+                "(ttbundle init)",
+            )
         )
     if missing:
         return None, diagnostics
     for key in document:
         if key not in LEGACY_KEYS and not key.startswith("x-"):
             diagnostics.append(
-                _diag("TTB030", f"key {key!r} is ignored in legacy metadata", fname,
-                      pointer=f"{pointer([key])}#key", severity=Severity.WARNING,
-                      hint="run ttbundle migrate to write schema_version 1 metadata")
+                _diag(
+                    "TTB030",
+                    f"key {key!r} is ignored in legacy metadata",
+                    fname,
+                    pointer=f"{pointer([key])}#key",
+                    severity=Severity.WARNING,
+                    hint="run ttbundle migrate to write schema_version 1 metadata",
+                )
             )
     diagnostics.insert(
         0,
-        _diag("TTB021", "legacy metadata (only arch and main_class, no schema_version)",
-              fname, pointer="", severity=Severity.WARNING,
-              hint="run: ttbundle migrate " + (str(bundle_dir) if bundle_dir else "<bundle>")),
+        _diag(
+            "TTB021",
+            "legacy metadata (only arch and main_class, no schema_version)",
+            fname,
+            pointer="",
+            severity=Severity.WARNING,
+            hint="run: ttbundle migrate " + (str(bundle_dir) if bundle_dir else "<bundle>"),
+        ),
     )
     main_class = document["main_class"]
     source = "environment"
     if bundle_dir is not None and isinstance(main_class, str):
-        from ttbundles.modules import module_file
+        from ttbundles.format.modules import module_file
 
         if module_file(bundle_dir, main_class.partition(":")[0]) is not None:
             source = "bundle"
@@ -208,12 +248,25 @@ def diagnostics_from_validation(exc: ValidationError, fname: str | None) -> list
             loc = loc[:-1]
             key = loc[-1]
             if loc[0] == "targets" and len(loc) == 2:
-                out.append(_diag("TTB035", f"unknown mesh {key!r}", fname,
-                                 pointer=pointer(loc) + "#key",
-                                 hint=hint_for(str(key), MESH_NAMES, what="mesh names")))
+                out.append(
+                    _diag(
+                        "TTB035",
+                        f"unknown mesh {key!r}",
+                        fname,
+                        pointer=pointer(loc) + "#key",
+                        hint=hint_for(str(key), MESH_NAMES, what="mesh names"),
+                    )
+                )
             else:
-                out.append(_diag("TTB033", f"invalid key {key!r}", fname,
-                                 pointer=pointer(loc) + "#key", hint=_PATTERN_HINTS["env"]))
+                out.append(
+                    _diag(
+                        "TTB033",
+                        f"invalid key {key!r}",
+                        fname,
+                        pointer=pointer(loc) + "#key",
+                        hint=_PATTERN_HINTS["env"],
+                    )
+                )
             continue
         where = pointer(loc)
         field_name = str(loc[-1]) if loc else ""
@@ -221,40 +274,82 @@ def diagnostics_from_validation(exc: ValidationError, fname: str | None) -> list
         if kind.startswith("TTB"):
             out.append(_diag(kind, error["msg"], fname, pointer=where, hint=ctx.get("hint")))
         elif kind == "missing":
-            out.append(_diag("TTB031", f"required field {field_name!r} is missing", fname,
-                             pointer=pointer(loc[:-1]), hint=f"add {field_name!r}"))
+            out.append(
+                _diag(
+                    "TTB031",
+                    f"required field {field_name!r} is missing",
+                    fname,
+                    pointer=pointer(loc[:-1]),
+                    hint=f"add {field_name!r}",
+                )
+            )
         elif kind == "extra_forbidden":
             model = _model_at(loc[:-1])
             allowed = [_alias(model, f) for f in model.model_fields]
             allowed = [name for name in allowed if not name.startswith("\x00")]
             # The device options mirror --additional-config.tt: no extensions there.
             note = "" if model is TTOptions else "; free extensions start with 'x-'"
-            out.append(_diag("TTB038" if in_tt else "TTB030", f"unknown key {field_name!r}",
-                             fname, pointer=where + "#key",
-                             hint=hint_for(field_name, allowed, what="known keys") + note))
+            out.append(
+                _diag(
+                    "TTB038" if in_tt else "TTB030",
+                    f"unknown key {field_name!r}",
+                    fname,
+                    pointer=where + "#key",
+                    hint=hint_for(field_name, allowed, what="known keys") + note,
+                )
+            )
         elif kind == "string_pattern_mismatch":
             if field_name == "main_class":
-                out.append(_diag("TTB036", f"main_class {value!r} is not of the form "
-                                 "'module:Class'", fname, pointer=where,
-                                 hint="write e.g. 'adapter:Generator' (adapter.py in the "
-                                 "bundle, class Generator)"))
+                out.append(
+                    _diag(
+                        "TTB036",
+                        f"main_class {value!r} is not of the form 'module:Class'",
+                        fname,
+                        pointer=where,
+                        hint="write e.g. 'adapter:Generator' (adapter.py in the "
+                        "bundle, class Generator)",
+                    )
+                )
             else:
                 hint_key = "env" if "env" in loc else field_name
-                out.append(_diag("TTB033", f"{label} {value!r} is not valid", fname,
-                                 pointer=where,
-                                 hint=_PATTERN_HINTS.get(hint_key, f"match {ctx.get('pattern')}")))
+                out.append(
+                    _diag(
+                        "TTB033",
+                        f"{label} {value!r} is not valid",
+                        fname,
+                        pointer=where,
+                        hint=_PATTERN_HINTS.get(hint_key, f"match {ctx.get('pattern')}"),
+                    )
+                )
         elif kind == "literal_error":
-            out.append(_diag("TTB038" if in_tt else "TTB033",
-                             f"{label} {value!r} is not allowed", fname, pointer=where,
-                             hint=f"use {ctx.get('expected')}"))
+            out.append(
+                _diag(
+                    "TTB038" if in_tt else "TTB033",
+                    f"{label} {value!r} is not allowed",
+                    fname,
+                    pointer=where,
+                    hint=f"use {ctx.get('expected')}",
+                )
+            )
         elif kind.endswith("_type") or kind.endswith("_parsing") or kind == "model_attributes_type":
-            out.append(_diag("TTB038" if in_tt else "TTB032",
-                             f"{label}: {error['msg'].lower()}, got "
-                             f"{_json_type(value)}", fname, pointer=where,
-                             hint=_TYPE_HINTS.get(kind.split("_")[0], "change the value's type")))
+            out.append(
+                _diag(
+                    "TTB038" if in_tt else "TTB032",
+                    f"{label}: {error['msg'].lower()}, got {_json_type(value)}",
+                    fname,
+                    pointer=where,
+                    hint=_TYPE_HINTS.get(kind.split("_")[0], "change the value's type"),
+                )
+            )
         else:
-            out.append(_diag("TTB038" if in_tt else "TTB033",
-                             f"{label}: {error['msg']}", fname, pointer=where))
+            out.append(
+                _diag(
+                    "TTB038" if in_tt else "TTB033",
+                    f"{label}: {error['msg']}",
+                    fname,
+                    pointer=where,
+                )
+            )
     return out
 
 
@@ -296,8 +391,13 @@ def _alias(model: type[BaseModel], name: str) -> str:
 
 def _json_type(value: Any) -> str:
     return {
-        bool: "a boolean", int: "a number", float: "a number", str: "a string",
-        list: "an array", dict: "an object", type(None): "null",
+        bool: "a boolean",
+        int: "a number",
+        float: "a number",
+        str: "a string",
+        list: "an array",
+        dict: "an object",
+        type(None): "null",
     }.get(type(value), type(value).__name__)
 
 
@@ -310,8 +410,9 @@ def _diag(
     hint: str | None = None,
     severity: Severity = Severity.ERROR,
 ) -> Diagnostic:
-    return Diagnostic(code=code, severity=severity, message=message, file=file,
-                      pointer=pointer, hint=hint)
+    return Diagnostic(
+        code=code, severity=severity, message=message, file=file, pointer=pointer, hint=hint
+    )
 
 
 def _located(loaded: LoadedMetadata, text: str) -> LoadedMetadata:
@@ -325,10 +426,9 @@ def _located(loaded: LoadedMetadata, text: str) -> LoadedMetadata:
             line_col = positions.get(d.pointer) or positions.get(d.pointer.split("#")[0])
             ptr = d.pointer.split("#")[0]
             if line_col:
-                d = Diagnostic(**{**d.__dict__, "pointer": ptr, "line": line_col[0],
-                                  "column": line_col[1]})
+                d = replace(d, pointer=ptr, line=line_col[0], column=line_col[1])
             else:
-                d = Diagnostic(**{**d.__dict__, "pointer": ptr})
+                d = replace(d, pointer=ptr)
         located.append(d)
     loaded.diagnostics = located
     return loaded

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ttbundles.errors import Diagnostic, Severity
-from ttbundles.metadata import METADATA_FILE, BundleMetadata
-from ttbundles.modules import bundle_modules, module_file
+from ttbundles.format.metadata import METADATA_FILE, BundleMetadata
+from ttbundles.format.modules import bundle_modules, module_file
 from ttbundles.suggest import hint_for
 
 REQUIRED_METHODS = ("initialize_vllm_model", "prefill_forward", "decode_forward")
@@ -109,39 +109,52 @@ def _contract_diagnostics(
         missing.append(" or ".join(KV_CACHE_METHODS))
     if missing and not partial:
         out.append(
-            Diagnostic("TTB053", Severity.ERROR,
-                       f"{metadata.class_name} lacks {', '.join(missing)}",
-                       hint="implement the generator contract (see ttbundle init's template)",
-                       **where)
+            Diagnostic(
+                "TTB053",
+                Severity.ERROR,
+                f"{metadata.class_name} lacks {', '.join(missing)}",
+                hint="implement the generator contract (see ttbundle init's template)",
+                **where,
+            )
         )
     caps = metadata.capabilities
     if caps.async_decode:
         lacking = [m for m in ASYNC_METHODS if m not in info.methods]
         if lacking and not partial:
             out.append(
-                Diagnostic("TTB054", severity,
-                           f"async_decode is declared but {metadata.class_name} lacks "
-                           f"{', '.join(lacking)}",
-                           hint="implement them, or declare async_decode: false", **where)
+                Diagnostic(
+                    "TTB054",
+                    severity,
+                    f"async_decode is declared but {metadata.class_name} lacks "
+                    f"{', '.join(lacking)}",
+                    hint="implement them, or declare async_decode: false",
+                    **where,
+                )
             )
     if caps.sample_on_device and "decode_forward" in info.methods:
         func = info.methods["decode_forward"]
         names = {a.arg for a in func.args.args + func.args.kwonlyargs}
         if "sampling_params" not in names and func.args.kwarg is None:
             out.append(
-                Diagnostic("TTB055", Severity.ERROR,
-                           "sample_on_device is declared but decode_forward takes no "
-                           "sampling_params", file=str(info.file), line=func.lineno,
-                           hint="add a sampling_params=None parameter, or declare "
-                           "sample_on_device: []")
+                Diagnostic(
+                    "TTB055",
+                    Severity.ERROR,
+                    "sample_on_device is declared but decode_forward takes no sampling_params",
+                    file=str(info.file),
+                    line=func.lineno,
+                    hint="add a sampling_params=None parameter, or declare sample_on_device: []",
+                )
             )
     if partial and missing:
         out.append(
-            Diagnostic("TTB057", Severity.WARNING,
-                       f"{metadata.class_name} inherits from {', '.join(info.unresolved_bases)}"
-                       f", outside the bundle; {', '.join(missing)} not checked statically",
-                       hint="run ttbundle validate --import where its dependencies are "
-                       "installed", **where)
+            Diagnostic(
+                "TTB057",
+                Severity.WARNING,
+                f"{metadata.class_name} inherits from {', '.join(info.unresolved_bases)}"
+                f", outside the bundle; {', '.join(missing)} not checked statically",
+                hint="run ttbundle validate --import where its dependencies are installed",
+                **where,
+            )
         )
     if info.capabilities is not None:
         for key, value in info.capabilities.items():
@@ -151,13 +164,16 @@ def _contract_diagnostics(
             declared = bool(getattr(caps, declared_name))
             if declared != value:
                 out.append(
-                    Diagnostic("TTB056", Severity.ERROR,
-                               f"model_capabilities[{key!r}] is {value} in the class but "
-                               f"capabilities.{declared_name} declares "
-                               f"{getattr(caps, declared_name)!r}",
-                               file=meta_file, pointer=f"/capabilities/{declared_name}",
-                               hint=f"make them agree ({info.file.name}:"
-                               f"{info.capabilities_line})")
+                    Diagnostic(
+                        "TTB056",
+                        Severity.ERROR,
+                        f"model_capabilities[{key!r}] is {value} in the class but "
+                        f"capabilities.{declared_name} declares "
+                        f"{getattr(caps, declared_name)!r}",
+                        file=meta_file,
+                        pointer=f"/capabilities/{declared_name}",
+                        hint=f"make them agree ({info.file.name}:{info.capabilities_line})",
+                    )
                 )
     return out
 
@@ -181,9 +197,15 @@ class _ClassFinder:
                 self._trees[path] = ast.parse(source, filename=str(path))
             except SyntaxError as exc:
                 raise _SourceError(
-                    Diagnostic("TTB051", Severity.ERROR, f"syntax error: {exc.msg}",
-                               file=str(path), line=exc.lineno, column=exc.offset,
-                               hint="fix the Python syntax")
+                    Diagnostic(
+                        "TTB051",
+                        Severity.ERROR,
+                        f"syntax error: {exc.msg}",
+                        file=str(path),
+                        line=exc.lineno,
+                        column=exc.offset,
+                        hint="fix the Python syntax",
+                    )
                 ) from None
             except (OSError, UnicodeDecodeError) as exc:
                 raise _SourceError(
@@ -194,9 +216,7 @@ class _ClassFinder:
     def classes_in(self, path: Path) -> list[str]:
         return [n.name for n in self.parse(path).body if isinstance(n, ast.ClassDef)]
 
-    def find(
-        self, path: Path, module: str, name: str, depth: int = 0
-    ) -> ClassInfo | None:
+    def find(self, path: Path, module: str, name: str, depth: int = 0) -> ClassInfo | None:
         """The class `name` as seen from `module` (defined there or imported into it)."""
         if depth > 16:
             return None
@@ -257,8 +277,10 @@ class _ClassFinder:
                 info.methods[item.name] = item
             elif isinstance(item, ast.Assign | ast.AnnAssign):
                 targets = item.targets if isinstance(item, ast.Assign) else [item.target]
-                if any(isinstance(t, ast.Name) and t.id == "model_capabilities"
-                       for t in targets) and item.value is not None:
+                if (
+                    any(isinstance(t, ast.Name) and t.id == "model_capabilities" for t in targets)
+                    and item.value is not None
+                ):
                     try:
                         value = ast.literal_eval(item.value)
                     except ValueError:
@@ -297,6 +319,8 @@ def _environment_root(module: str) -> Path | None:
 def _module_hint(bundle_dir: Path, module: str) -> str:
     modules = bundle_modules(bundle_dir)
     if not modules:
-        return (f"add {module.replace('.', '/')}.py to the bundle, or set "
-                "main_class_source: \"environment\" if the class comes from TT-Metal")
+        return (
+            f"add {module.replace('.', '/')}.py to the bundle, or set "
+            'main_class_source: "environment" if the class comes from TT-Metal'
+        )
     return hint_for(module, modules, what="bundle's modules")

@@ -26,9 +26,9 @@ from vllm.v1.sample.logits_processor import build_logitsprocs
 from vllm.v1.sample.sampler import Sampler
 from vllm.v1.worker.gpu_input_batch import CachedRequestState, InputBatch
 
-from ttbundles.contract import SamplingParamsBatch
-from ttbundles.platform.sampling_path import batch_host_reason, device_params
-from ttbundles.platform.stats import STATS
+from ttbundles.format.contract import SamplingParamsBatch
+from ttbundles.serving.sampling_path import batch_host_reason, device_params
+from ttbundles.serving.stats import STATS
 
 if TYPE_CHECKING:  # vLLM's config and scheduler types are only needed for annotations
     from vllm.config import VllmConfig
@@ -181,10 +181,14 @@ class TTModelRunner:
         totals = [self.requests[r].num_tokens for r in req_ids]
         # A row is decoding when it computes one token, its newest (known or in flight).
         is_decode = all(n == 1 and c >= t - 1 for n, c, t in zip(counts, computed, totals))
-        step = _StepState(scheduler_output, req_ids,
-                          np.array([c + n < t for c, n, t in zip(computed, counts, totals)]))
+        step = _StepState(
+            scheduler_output,
+            req_ids,
+            np.array([c + n < t for c, n, t in zip(computed, counts, totals)]),
+        )
         reason = batch_host_reason(
-            (self.requests[r].sampling_params for r in req_ids), is_prefill=not is_decode,
+            (self.requests[r].sampling_params for r in req_ids),
+            is_prefill=not is_decode,
             mode=self.options.get("sample_on_device_mode"),
             always_host=bool(self.options.get("always_compat_sampling")),
             custom_logits_processors=bool(self.model_config.logits_processors),
@@ -192,8 +196,9 @@ class TTModelRunner:
         )
         params = None
         if reason is None:
-            params = device_params([self.requests[r].sampling_params for r in req_ids],
-                                   batch.vocab_size)
+            params = device_params(
+                [self.requests[r].sampling_params for r in req_ids], batch.vocab_size
+            )
             STATS.count("sampling.device")
         else:
             STATS.count("sampling.host")
@@ -207,22 +212,37 @@ class TTModelRunner:
         self._step = step
         return None
 
-    def _decode(self, step: _StepState, computed: list[int], totals: list[int],
-                params: SamplingParamsBatch | None, steady: bool) -> None:
+    def _decode(
+        self,
+        step: _StepState,
+        computed: list[int],
+        totals: list[int],
+        params: SamplingParamsBatch | None,
+        steady: bool,
+    ) -> None:
         """One token per row. Sampling on the device with async decode: submit without
         blocking and start the readback; the host learns the tokens when vLLM asks."""
         STATS.count("step.decode")
         batch = self.input_batch
         # A token still in flight is unknown here (-1): the generator has it on the device.
         tokens = torch.tensor(
-            [[int(batch.token_ids_cpu[i, c]) if c < t else -1]
-             for i, (c, t) in enumerate(zip(computed, totals))], dtype=torch.int64)
+            [
+                [int(batch.token_ids_cpu[i, c]) if c < t else -1]
+                for i, (c, t) in enumerate(zip(computed, totals))
+            ],
+            dtype=torch.int64,
+        )
         use_async = self.async_decode and params is not None
         out = self.model.decode_forward(
-            tokens=tokens, start_pos=torch.tensor(computed, dtype=torch.int64),
-            page_table=self._page_table(step.req_ids), kv_cache=self.kv_cache,
-            enable_trace=False, read_from_device=not use_async, sampling_params=params,
-            reset_batch=not steady)
+            tokens=tokens,
+            start_pos=torch.tensor(computed, dtype=torch.int64),
+            page_table=self._page_table(step.req_ids),
+            kv_cache=self.kv_cache,
+            enable_trace=False,
+            read_from_device=not use_async,
+            sampling_params=params,
+            reset_batch=not steady,
+        )
         if use_async:
             step.readback = self.model.read_decode_output(out, async_read=True)
             STATS.count("decode.async")
@@ -234,17 +254,27 @@ class TTModelRunner:
         else:
             step.logits = out.reshape(len(step.req_ids), -1).float()
 
-    def _prefill(self, step: _StepState, ends: list[int], computed: list[int],
-                 params: SamplingParamsBatch | None) -> None:
+    def _prefill(
+        self,
+        step: _StepState,
+        ends: list[int],
+        computed: list[int],
+        params: SamplingParamsBatch | None,
+    ) -> None:
         """One chunk per row, rows holding their tokens from position 0 (TT-Metal's
         convention); positions below `computed` are already in the cache."""
         STATS.count("step.prefill")
         rows = len(step.req_ids)
         tokens = torch.from_numpy(self.input_batch.token_ids_cpu[:rows, : max(ends)].copy())
         out = self.model.prefill_forward(
-            tokens=tokens.long(), page_table=self._page_table(step.req_ids),
-            kv_cache=self.kv_cache, prompt_lens=torch.tensor(ends),
-            start_pos=torch.tensor(computed), enable_trace=False, sampling_params=params)
+            tokens=tokens.long(),
+            page_table=self._page_table(step.req_ids),
+            kv_cache=self.kv_cache,
+            prompt_lens=torch.tensor(ends),
+            start_pos=torch.tensor(computed),
+            enable_trace=False,
+            sampling_params=params,
+        )
         if params is not None:
             step.tokens = out.reshape(-1)
         else:
@@ -273,8 +303,11 @@ class TTModelRunner:
         # A seeded row whose prompt is not complete draws a token that is thrown away:
         # undo that draw. CPU generators have no offset to rewind (vLLM's GPU runner
         # rewinds the offset), so keep their state and put it back.
-        rewind = {int(i): generator.get_state() for i in np.nonzero(step.discard)[0]
-                  if (generator := batch.generators.get(int(i))) is not None}
+        rewind = {
+            int(i): generator.get_state()
+            for i in np.nonzero(step.discard)[0]
+            if (generator := batch.generators.get(int(i))) is not None
+        }
         sampler_output = self.sampler(logits=logits, sampling_metadata=batch.sampling_metadata)
         sampled = sampler_output.sampled_token_ids.tolist()
         for i in np.nonzero(step.discard)[0]:
@@ -314,7 +347,7 @@ class TTModelRunner:
         if cached.resumed_req_ids or so.finished_req_ids & set(previous):
             return False
         scheduled = so.num_scheduled_tokens
-        return (len(scheduled) == len(previous) and all(scheduled.get(r) == 1 for r in previous))
+        return len(scheduled) == len(previous) and all(scheduled.get(r) == 1 for r in previous)
 
     def _drain_reason(self, so: SchedulerOutput) -> str:
         if so.has_structured_output_requests:

@@ -24,8 +24,8 @@ from pydantic import (
 from pydantic.json_schema import SkipJsonSchema
 from pydantic_core import PydanticCustomError
 
-from ttbundles.meshes import HOST, MESH_NAMES
-from ttbundles.tt_options import SampleOnDeviceMode, TTOptions
+from ttbundles.format.meshes import HOST, MESH_NAMES
+from ttbundles.format.tt_options import SampleOnDeviceMode, TTOptions
 
 METADATA_FILE = "vllm_metadata.json"
 SCHEMA_VERSION = 1

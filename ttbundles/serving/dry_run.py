@@ -23,15 +23,15 @@ def make_plan(model: str, serve_args: list[str], *, mesh: str | None = None) -> 
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     import vllm.platforms
 
-    from ttbundles.platform.tt_platform import TTPlatform
+    from ttbundles.serving.platform import TTPlatform
 
     # Planning for a mesh that is not attached here: the TT platform decides regardless.
     vllm.platforms._current_platform = TTPlatform()
     from vllm.engine.arg_utils import EngineArgs
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    from ttbundles.platform.config_plan import PLAN_KEY
-    from ttbundles.vllm_registration import register_all
+    from ttbundles.serving.configuration import PLAN_KEY
+    from ttbundles.serving.registration import register_all
 
     register_all()
     parser = EngineArgs.add_cli_args(FlexibleArgumentParser(prog="ttbundle plan"))

@@ -30,6 +30,7 @@ from pathlib import Path
 from ttbundles.errors import ArchiveError, Diagnostic, InvalidBundleError, Severity
 
 MANIFEST_FILE = "MANIFEST.json"
+ARCHIVE_SUFFIX = ".ttbundle"
 IGNORE_FILE = ".ttbundleignore"
 VCS_DIRS = frozenset({".git", ".hg", ".svn", ".bzr"})
 CACHE_DIR = "__pycache__"
@@ -235,3 +236,8 @@ def list_files(bundle_dir: Path) -> list[str]:
     if problems:
         raise ArchiveError(problems)
     return files
+
+
+def archive_name(name: str, version: str) -> str:
+    """The file name a bundle packs to: `<name>-<version>.ttbundle`."""
+    return f"{name}-{version}{ARCHIVE_SUFFIX}"

@@ -1,6 +1,6 @@
 """The JSON Schema of `vllm_metadata.json`, generated from the pydantic model.
 
-`python -m ttbundles.schema > schemas/vllm_metadata.schema.json` regenerates the
+`python -m ttbundles.format.schema > schemas/vllm_metadata.schema.json` regenerates the
 checked-in file; a test fails when the two drift.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ttbundles.metadata import SCHEMA_ID, BundleMetadata
+from ttbundles.format.metadata import SCHEMA_ID, BundleMetadata
 
 
 def generate_schema() -> dict[str, Any]:

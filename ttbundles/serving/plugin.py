@@ -13,7 +13,7 @@ import os
 # A child of vLLM's logger, so messages appear wherever vLLM's own do.
 logger = logging.getLogger("vllm.ttbundles")
 
-PLATFORM_QUALNAME = "ttbundles.platform.tt_platform.TTPlatform"
+PLATFORM_QUALNAME = "ttbundles.serving.platform.TTPlatform"
 
 
 def platform_plugin() -> str | None:
@@ -36,6 +36,6 @@ def platform_plugin() -> str | None:
 
 def register_models() -> None:
     """Register every selected bundle's TT<arch> with vLLM (idempotent, lazy)."""
-    from ttbundles.vllm_registration import register_all
+    from ttbundles.serving.registration import register_all
 
     register_all()

@@ -8,16 +8,14 @@ user fixes a bundle in one round.
 from __future__ import annotations
 
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from ttbundles.adapter_check import check_adapter
+from ttbundles.check.adapter import check_adapter
 from ttbundles.errors import Diagnostic, Report, Severity
-from ttbundles.metadata import METADATA_FILE, BundleMetadata
-from ttbundles.parse import load_metadata
-from ttbundles.selection import overlaps
-
-ARCHIVE_SUFFIX = ".ttbundle"
+from ttbundles.format.metadata import METADATA_FILE, BundleMetadata
+from ttbundles.format.parse import load_metadata
+from ttbundles.registry.selection import overlaps
 
 
 @dataclass
@@ -57,11 +55,13 @@ def check_bundle(
     if metadata is None:
         return checked
     checked.diagnostics.extend(
-        _locate(semantic_checks(metadata, str(loaded.file)) + check_adapter(bundle_dir, metadata),
-                str(loaded.file))
+        _locate(
+            semantic_checks(metadata, str(loaded.file)) + check_adapter(bundle_dir, metadata),
+            str(loaded.file),
+        )
     )
     if import_check and not any(d.is_error for d in checked.diagnostics):
-        from ttbundles.importcheck import import_check as run_import_check
+        from ttbundles.check.imports import import_check as run_import_check
 
         checked.diagnostics.extend(run_import_check(bundle_dir, metadata, timeout=timeout))
     return checked
@@ -72,23 +72,32 @@ def semantic_checks(metadata: BundleMetadata, file: str) -> list[Diagnostic]:
     out: list[Diagnostic] = []
     for index, model in enumerate(metadata.models):
         if model.revision is None:
-            out.append(Diagnostic("TTB037", Severity.WARNING,
-                                  f"checkpoint {model.repo} has no pinned revision", file=file,
-                                  pointer=f"/models/{index}",
-                                  hint='add "revision": "<commit sha>" so the bundle always '
-                                  "serves the weights it was validated with"))
+            out.append(
+                Diagnostic(
+                    "TTB037",
+                    Severity.WARNING,
+                    f"checkpoint {model.repo} has no pinned revision",
+                    file=file,
+                    pointer=f"/models/{index}",
+                    hint='add "revision": "<commit sha>" so the bundle always '
+                    "serves the weights it was validated with",
+                )
+            )
     declared = metadata.capabilities.sample_on_device
     for mesh, target in metadata.targets.items():
         mode = target.additional_config.sample_on_device_mode
         if mode is not None and mode not in declared:
-            out.append(Diagnostic("TTB204", Severity.ERROR,
-                                  f"target {mesh} defaults sample_on_device_mode to {mode!r}, "
-                                  "which capabilities.sample_on_device does not declare",
-                                  file=file,
-                                  pointer=f"/targets/{mesh}/additional_config/"
-                                  "sample_on_device_mode",
-                                  hint=f"declare {mode!r} in capabilities.sample_on_device "
-                                  "or drop the default"))
+            out.append(
+                Diagnostic(
+                    "TTB204",
+                    Severity.ERROR,
+                    f"target {mesh} defaults sample_on_device_mode to {mode!r}, "
+                    "which capabilities.sample_on_device does not declare",
+                    file=file,
+                    pointer=f"/targets/{mesh}/additional_config/sample_on_device_mode",
+                    hint=f"declare {mode!r} in capabilities.sample_on_device or drop the default",
+                )
+            )
     return out
 
 
@@ -96,7 +105,7 @@ def _locate(diagnostics: list[Diagnostic], file: str) -> list[Diagnostic]:
     """Add line:column to diagnostics that point into the metadata file."""
     if not diagnostics:
         return diagnostics
-    from ttbundles.jsonpos import locate
+    from ttbundles.format.jsonpos import locate
 
     try:
         positions = locate(Path(file).read_text(encoding="utf-8"))
@@ -106,7 +115,7 @@ def _locate(diagnostics: list[Diagnostic], file: str) -> list[Diagnostic]:
     for d in diagnostics:
         line_col = positions.get(d.pointer) if d.pointer is not None else None
         if line_col and d.file == file and d.line is None:
-            d = Diagnostic(**{**d.__dict__, "line": line_col[0], "column": line_col[1]})
+            d = replace(d, line=line_col[0], column=line_col[1])
         out.append(d)
     return out
 
@@ -120,30 +129,42 @@ def cross_bundle_checks(bundles: list[CheckedBundle]) -> list[Diagnostic]:
         assert bundle.metadata is not None
         first = by_name.setdefault(bundle.metadata.name, bundle)
         if first is not bundle:
-            out.append(Diagnostic("TTB070", Severity.ERROR,
-                                  f"bundle name {bundle.metadata.name!r} is used by "
-                                  f"{first.path} and {bundle.path}",
-                                  file=str(bundle.path / METADATA_FILE), pointer="/name",
-                                  hint="give each bundle a unique name"))
+            out.append(
+                Diagnostic(
+                    "TTB070",
+                    Severity.ERROR,
+                    f"bundle name {bundle.metadata.name!r} is used by "
+                    f"{first.path} and {bundle.path}",
+                    file=str(bundle.path / METADATA_FILE),
+                    pointer="/name",
+                    hint="give each bundle a unique name",
+                )
+            )
     # Only bundles of one TT architecture can overlap: compare pairs within each group
     # (not all n^2 pairs of a large models folder), reported in folder order as before.
     by_arch: dict[str, list[int]] = {}
     for index, bundle in enumerate(valid):
         assert bundle.metadata is not None
         by_arch.setdefault(bundle.metadata.tt_arch, []).append(index)
-    pairs = sorted((i, j) for group in by_arch.values()
-                   for n, i in enumerate(group) for j in group[n + 1:])
+    pairs = sorted(
+        (i, j) for group in by_arch.values() for n, i in enumerate(group) for j in group[n + 1 :]
+    )
     for i, j in pairs:
         a, b = valid[i], valid[j]
         assert a.metadata is not None and b.metadata is not None
         if overlaps(a.metadata, b.metadata):
-            out.append(Diagnostic("TTB071", Severity.ERROR,
-                                  f"{a.metadata.name} ({a.path}) and {b.metadata.name} "
-                                  f"({b.path}) both register {a.metadata.tt_arch} for "
-                                  "overlapping targets and conditions",
-                                  file=str(b.path / METADATA_FILE), pointer="/arch",
-                                  hint="give them disjoint targets, or a 'when' condition "
-                                  "that tells them apart"))
+            out.append(
+                Diagnostic(
+                    "TTB071",
+                    Severity.ERROR,
+                    f"{a.metadata.name} ({a.path}) and {b.metadata.name} "
+                    f"({b.path}) both register {a.metadata.tt_arch} for "
+                    "overlapping targets and conditions",
+                    file=str(b.path / METADATA_FILE),
+                    pointer="/arch",
+                    hint="give them disjoint targets, or a 'when' condition that tells them apart",
+                )
+            )
     return out
 
 
@@ -156,9 +177,14 @@ def bundle_folders(folder: Path) -> tuple[list[Path], list[Diagnostic]]:
         if (child / METADATA_FILE).is_file():
             found.append(child)
         else:
-            skipped.append(Diagnostic("TTB002", Severity.WARNING,
-                                      f"{child.name} has no {METADATA_FILE}; not a bundle, "
-                                      "skipped", file=str(child)))
+            skipped.append(
+                Diagnostic(
+                    "TTB002",
+                    Severity.WARNING,
+                    f"{child.name} has no {METADATA_FILE}; not a bundle, skipped",
+                    file=str(child),
+                )
+            )
     return found, skipped
 
 
@@ -171,8 +197,15 @@ def validate_path(
     if path.is_file():
         return _validate_archive(path, import_check=import_check, timeout=timeout)
     if not path.is_dir():
-        result.report.add(Diagnostic("TTB001", Severity.ERROR, "no such file or folder",
-                                     file=str(path), hint="check the path"))
+        result.report.add(
+            Diagnostic(
+                "TTB001",
+                Severity.ERROR,
+                "no such file or folder",
+                file=str(path),
+                hint="check the path",
+            )
+        )
         return result
     if (path / METADATA_FILE).is_file():
         folders: list[Path] = [path]
@@ -180,11 +213,16 @@ def validate_path(
         folders, skipped = bundle_folders(path)
         result.report.extend(skipped)
         if not folders:
-            result.report.add(Diagnostic(
-                "TTB001", Severity.ERROR,
-                f"neither a bundle (no {METADATA_FILE}) nor a folder of bundles",
-                file=str(path), hint="point at a bundle folder, a .ttbundle archive, or a "
-                "folder whose subfolders are bundles"))
+            result.report.add(
+                Diagnostic(
+                    "TTB001",
+                    Severity.ERROR,
+                    f"neither a bundle (no {METADATA_FILE}) nor a folder of bundles",
+                    file=str(path),
+                    hint="point at a bundle folder, a .ttbundle archive, or a "
+                    "folder whose subfolders are bundles",
+                )
+            )
             return result
     for folder in folders:
         checked = check_bundle(folder, import_check=import_check, timeout=timeout)
@@ -196,8 +234,8 @@ def validate_path(
 
 
 def _validate_archive(path: Path, *, import_check: bool, timeout: float) -> ValidationResult:
+    from ttbundles.archive.reader import extract_verified
     from ttbundles.errors import TTBundleError
-    from ttbundles.install import extract_verified
 
     result = ValidationResult()
     with tempfile.TemporaryDirectory(prefix="ttbundle-validate-") as tmp:
@@ -210,8 +248,9 @@ def _validate_archive(path: Path, *, import_check: bool, timeout: float) -> Vali
     # Report paths inside the archive, not the temporary folder they were checked in.
     prefix = str(folder)
     checked.diagnostics = [
-        Diagnostic(**{**d.__dict__, "file": d.file.replace(prefix, f"{path}!", 1)})
-        if d.file and d.file.startswith(prefix) else d
+        replace(d, file=d.file.replace(prefix, f"{path}!", 1))
+        if d.file and d.file.startswith(prefix)
+        else d
         for d in checked.diagnostics
     ]
     checked.path = path

@@ -21,16 +21,15 @@ from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig
 from vllm.v1.worker.worker_base import CompilationTimes, WorkerBase
 
 from ttbundles import envs
-from ttbundles.contract import HostMesh
-from ttbundles.platform.model_runner import TTModelRunner
-from ttbundles.platform.stats import STATS
+from ttbundles.format.contract import HostMesh
+from ttbundles.serving.model_runner import TTModelRunner
+from ttbundles.serving.stats import STATS
 
 if TYPE_CHECKING:  # only for annotations
     from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
     from vllm.v1.outputs import ModelRunnerOutput
 
 logger = logging.getLogger("vllm.ttbundles")
-
 
 
 class TTWorker(WorkerBase):
@@ -197,7 +196,7 @@ def open_mesh(name: str | None) -> Any:
 
 def load_generator_class(plan: dict) -> type:
     """Import the selected bundle's generator class (bundle modules stay isolated)."""
-    from ttbundles.vllm_registration import register_all
+    from ttbundles.serving.registration import register_all
 
     register_all()  # installs the bundle finder in this process, idempotently
     target = plan["bundle"]["main_class"]

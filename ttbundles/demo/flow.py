@@ -1,6 +1,6 @@
 """`ttbundle demo`: the demo checkpoint served by vLLM on the host mesh, in one command.
 
-Writes the demo checkpoint (`ttbundles.demo_checkpoint`) once into a cache folder, starts
+Writes the demo checkpoint (`ttbundles.demo.checkpoint`) once into a cache folder, starts
 `vllm serve` on it with the environment the host mesh needs, waits until the server
 answers `/health`, then either queries it once with the OpenAI client and stops it, or
 keeps it serving in the foreground until interrupted.
@@ -72,7 +72,7 @@ def write_demo_checkpoint(folder: Path) -> Path:
     """
     from transformers.utils import logging as transformers_logging
 
-    from ttbundles.demo_checkpoint import write_checkpoint
+    from ttbundles.demo.checkpoint import write_checkpoint
 
     folder = Path(folder).expanduser().absolute()
     folder.parent.mkdir(parents=True, exist_ok=True)
@@ -240,8 +240,9 @@ class ServerProcess:
         start = time.monotonic()
         while True:
             if not self.is_running():
-                raise self._failure(f"vllm serve exited with code {self.process.returncode} "
-                                    "before it was ready")
+                raise self._failure(
+                    f"vllm serve exited with code {self.process.returncode} before it was ready"
+                )
             status, _ = http_get(f"{self.base_url}/health", timeout=2.0)
             if status == 200:
                 return time.monotonic() - start
@@ -397,20 +398,22 @@ def run_demo(
     if port is None:
         port = free_port(host) if with_query else DEFAULT_PORT
     log_path = cache_dir() / "demo-server.log" if with_query else None
-    server = start_server(
-        checkpoint, host=host, port=port, vllm_args=vllm_args, log_path=log_path
-    )
+    server = start_server(checkpoint, host=host, port=port, vllm_args=vllm_args, log_path=log_path)
     try:
-        say(f"starting vllm serve on {server.base_url} (pid {server.process.pid}"
-            + (f", log: {log_path})" if log_path else ")"))
+        say(
+            f"starting vllm serve on {server.base_url} (pid {server.process.pid}"
+            + (f", log: {log_path})" if log_path else ")")
+        )
         seconds = server.wait_ready()
         say(f"ready after {seconds:.1f} s")
         if with_query:
             return query(server.api_url)
         say(f"serving {checkpoint} at {server.api_url}; press Ctrl-C to stop")
-        say(f"try: curl {server.api_url}/completions -H 'Content-Type: application/json' "
-            f"-d '{{\"model\": \"{checkpoint}\", \"prompt\": \"{COMPLETION_PROMPT}\", "
-            "\"max_tokens\": 16, \"temperature\": 0}'")
+        say(
+            f"try: curl {server.api_url}/completions -H 'Content-Type: application/json' "
+            f'-d \'{{"model": "{checkpoint}", "prompt": "{COMPLETION_PROMPT}", '
+            '"max_tokens": 16, "temperature": 0}\''
+        )
         code = server.process.wait()
         raise TTBundleError.single("TTB209", f"vllm serve exited with code {code}")
     finally:

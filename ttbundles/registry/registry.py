@@ -16,13 +16,13 @@ from enum import Enum
 from pathlib import Path
 
 from ttbundles import envs
-from ttbundles.compat import unmet
 from ttbundles.errors import Diagnostic, Severity
-from ttbundles.metadata import METADATA_FILE, BundleMetadata
-from ttbundles.modules import module_file
-from ttbundles.parse import load_metadata
+from ttbundles.format.metadata import METADATA_FILE, BundleMetadata
+from ttbundles.format.modules import module_file
+from ttbundles.format.parse import load_metadata
 from ttbundles.paths import builtin_bundles_dir
-from ttbundles.selection import applies, rank
+from ttbundles.registry.requirements import unmet
+from ttbundles.registry.selection import applies, rank
 
 
 class Source(str, Enum):
@@ -63,7 +63,7 @@ class Entry:
         assert self.metadata is not None
         if self.metadata.main_class_source == "environment":
             return self.metadata.main_class
-        from ttbundles.loader import qualified_class
+        from ttbundles.registry.loader import qualified_class
 
         return qualified_class(self.path, self.metadata.name, self.metadata.main_class)
 
@@ -92,8 +92,7 @@ class Registry:
 
     @property
     def registered(self) -> dict[str, Entry]:
-        return {e.tt_arch: e for e in self.entries
-                if e.status is Status.REGISTERED and e.tt_arch}
+        return {e.tt_arch: e for e in self.entries if e.status is Status.REGISTERED and e.tt_arch}
 
     def fatal(self) -> list[Diagnostic]:
         """What TT_BUNDLES_STRICT=1 turns into a startup failure."""
@@ -126,25 +125,30 @@ def compute(
     problems: list[Diagnostic] = []
     for source, folder in sources(environ, models_dirs):
         if not folder.is_dir():
-            problems.append(Diagnostic("TTB001", Severity.WARNING,
-                                       "models folder does not exist; ignored",
-                                       file=str(folder)))
+            problems.append(
+                Diagnostic(
+                    "TTB001",
+                    Severity.WARNING,
+                    "models folder does not exist; ignored",
+                    file=str(folder),
+                )
+            )
             continue
-        names = sorted(e.name for e in os.scandir(folder)
-                       if not e.name.startswith(".") and e.is_dir())
+        names = sorted(
+            e.name for e in os.scandir(folder) if not e.name.startswith(".") and e.is_dir()
+        )
         for name in names:
             entry = _load(folder / name, source, mesh, environ)
             if entry is not None:
                 entries.append(entry)
     _select(entries, problems, mesh)
-    problems.extend(d for e in entries if e.status is Status.SKIPPED for d in e.diagnostics
-                    if d.is_error)
+    problems.extend(
+        d for e in entries if e.status is Status.SKIPPED for d in e.diagnostics if d.is_error
+    )
     return Registry(entries, mesh, problems)
 
 
-def _load(
-    path: Path, source: Source, mesh: str | None, environ: Mapping[str, str]
-) -> Entry | None:
+def _load(path: Path, source: Source, mesh: str | None, environ: Mapping[str, str]) -> Entry | None:
     """The entry for one folder; None when it holds no metadata (not a bundle)."""
     loaded = load_metadata(path)
     if loaded.metadata is None and loaded.diagnostics[0].code == "TTB002":
@@ -160,17 +164,29 @@ def _load(
     if meta.main_class_source == "bundle" and module_file(path, meta.module) is None:
         entry.status = Status.SKIPPED
         entry.reason = f"TTB050 module {meta.module!r} is not in the bundle"
-        entry.diagnostics.append(Diagnostic("TTB050", Severity.ERROR, entry.reason,
-                                            file=str(path / METADATA_FILE),
-                                            pointer="/main_class"))
+        entry.diagnostics.append(
+            Diagnostic(
+                "TTB050",
+                Severity.ERROR,
+                entry.reason,
+                file=str(path / METADATA_FILE),
+                pointer="/main_class",
+            )
+        )
         return entry
     missing = unmet(meta.requires)
     if missing:
         entry.status = Status.SKIPPED
         entry.reason = "TTB100 " + "; ".join(missing)
-        entry.diagnostics.append(Diagnostic("TTB100", Severity.ERROR, "; ".join(missing),
-                                            file=str(path / METADATA_FILE),
-                                            pointer="/requires"))
+        entry.diagnostics.append(
+            Diagnostic(
+                "TTB100",
+                Severity.ERROR,
+                "; ".join(missing),
+                file=str(path / METADATA_FILE),
+                pointer="/requires",
+            )
+        )
         return entry
     if not applies(meta, mesh, environ):
         entry.status = Status.INACTIVE
@@ -204,17 +220,22 @@ def _select(entries: list[Entry], problems: list[Diagnostic], mesh: str | None) 
         for loser in ranked[1:]:
             loser.status = Status.SHADOWED
             loser.reason = f"{arch} is provided by {winner.label} ({winner.source.value})"
-            same_rank = loser.source is winner.source and rank(
-                loser.metadata, mesh) == rank(winner.metadata, mesh)  # type: ignore[arg-type]
+            same_rank = loser.source is winner.source and rank(loser.metadata, mesh) == rank(
+                winner.metadata, mesh
+            )  # type: ignore[arg-type]
             if loser.source is Source.BUILTIN and winner.source is Source.EXTRA:
                 loser.reason = f"TTB102 shadowed by {winner.label} from {winner.path}"
             elif same_rank:
-                problems.append(Diagnostic(
-                    "TTB071", Severity.WARNING,
-                    f"{winner.label} ({winner.path}) and {loser.label} ({loser.path}) both "
-                    f"register {arch}; the first in EXTRA_MODELS_DIR order wins",
-                    file=str(loser.path / METADATA_FILE),
-                    hint="remove one, or tell them apart with targets or 'when'"))
+                problems.append(
+                    Diagnostic(
+                        "TTB071",
+                        Severity.WARNING,
+                        f"{winner.label} ({winner.path}) and {loser.label} ({loser.path}) both "
+                        f"register {arch}; the first in EXTRA_MODELS_DIR order wins",
+                        file=str(loser.path / METADATA_FILE),
+                        hint="remove one, or tell them apart with targets or 'when'",
+                    )
+                )
 
 
 def table(registry: Registry) -> list[dict]:

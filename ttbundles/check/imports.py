@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from ttbundles.errors import Diagnostic, Severity
-from ttbundles.metadata import BundleMetadata
+from ttbundles.format.metadata import BundleMetadata
 
 # Keyword arguments the worker passes to each contract method.
 CONTRACT_KWARGS: dict[str, tuple[str, ...]] = {
@@ -33,33 +33,57 @@ def import_check(
     bundle_dir: Path, metadata: BundleMetadata, *, timeout: float = 60.0
 ) -> list[Diagnostic]:
     """Import the main class in a subprocess and check the contract's signatures."""
-    command = [sys.executable, "-m", "ttbundles.importcheck", str(bundle_dir),
-               metadata.model_dump_json(by_alias=True)]
+    command = [
+        sys.executable,
+        "-m",
+        "ttbundles.check.imports",
+        str(bundle_dir),
+        metadata.model_dump_json(by_alias=True),
+    ]
     where = str(bundle_dir)
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
-        return [Diagnostic("TTB061", Severity.ERROR,
-                           f"importing {metadata.main_class} took longer than {timeout:g}s",
-                           file=where, hint="raise --timeout, or make the import cheaper")]
+        return [
+            Diagnostic(
+                "TTB061",
+                Severity.ERROR,
+                f"importing {metadata.main_class} took longer than {timeout:g}s",
+                file=where,
+                hint="raise --timeout, or make the import cheaper",
+            )
+        ]
     try:
         result = json.loads(done.stdout.strip().splitlines()[-1])
     except (IndexError, json.JSONDecodeError):
         tail = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
-        return [Diagnostic("TTB060", Severity.ERROR,
-                           f"importing {metadata.main_class} failed: {tail}", file=where)]
+        return [
+            Diagnostic(
+                "TTB060",
+                Severity.ERROR,
+                f"importing {metadata.main_class} failed: {tail}",
+                file=where,
+            )
+        ]
     out = []
     for problem in result.get("problems", []):
-        out.append(Diagnostic(problem["code"], Severity.ERROR, problem["message"],
-                              file=problem.get("file") or where, line=problem.get("line"),
-                              hint=problem.get("hint")))
+        out.append(
+            Diagnostic(
+                problem["code"],
+                Severity.ERROR,
+                problem["message"],
+                file=problem.get("file") or where,
+                line=problem.get("line"),
+                hint=problem.get("hint"),
+            )
+        )
     return out
 
 
 def _check_in_this_process(bundle_dir: Path, metadata: BundleMetadata) -> list[dict]:
     import importlib
 
-    from ttbundles.loader import qualified_class
+    from ttbundles.registry.loader import qualified_class
 
     if metadata.main_class_source == "bundle":
         target = qualified_class(bundle_dir, metadata.name, metadata.main_class)
@@ -70,8 +94,12 @@ def _check_in_this_process(bundle_dir: Path, metadata: BundleMetadata) -> list[d
         module = importlib.import_module(module_name)
         cls = getattr(module, class_name)
     except BaseException as exc:  # noqa: BLE001 - any failure of bundle code is reported
-        return [{"code": "TTB060", "message": f"importing {metadata.main_class} failed: "
-                 f"{type(exc).__name__}: {exc}"}]
+        return [
+            {
+                "code": "TTB060",
+                "message": f"importing {metadata.main_class} failed: {type(exc).__name__}: {exc}",
+            }
+        ]
     problems = []
     wanted = ["initialize_vllm_model", "prefill_forward", "decode_forward"]
     wanted += [m for m in ("allocate_kv_cache", "allocate_kv_cache_per_layer") if hasattr(cls, m)]
@@ -85,20 +113,35 @@ def _check_in_this_process(bundle_dir: Path, metadata: BundleMetadata) -> list[d
         if name == "initialize_vllm_model" and not isinstance(
             inspect.getattr_static(cls, name), classmethod | staticmethod
         ):
-            problems.append({"code": "TTB062", "message": "initialize_vllm_model must be a "
-                             "classmethod", "hint": "decorate it with @classmethod"})
+            problems.append(
+                {
+                    "code": "TTB062",
+                    "message": "initialize_vllm_model must be a classmethod",
+                    "hint": "decorate it with @classmethod",
+                }
+            )
         required = list(CONTRACT_KWARGS[name])
         if name == "decode_forward" and metadata.capabilities.sample_on_device:
             required.append("sampling_params")
         problem = _accepts(member, required)
         if problem:
             code_line = _line_of(member)
-            problems.append({"code": "TTB062", "message": f"{class_name}.{name}: {problem}",
-                             "file": code_line[0], "line": code_line[1],
-                             "hint": "accept these keyword arguments, or **kwargs"})
+            problems.append(
+                {
+                    "code": "TTB062",
+                    "message": f"{class_name}.{name}: {problem}",
+                    "file": code_line[0],
+                    "line": code_line[1],
+                    "hint": "accept these keyword arguments, or **kwargs",
+                }
+            )
     if not (hasattr(cls, "allocate_kv_cache") or hasattr(cls, "allocate_kv_cache_per_layer")):
-        problems.append({"code": "TTB053", "message": f"{class_name} lacks allocate_kv_cache "
-                         "or allocate_kv_cache_per_layer"})
+        problems.append(
+            {
+                "code": "TTB053",
+                "message": f"{class_name} lacks allocate_kv_cache or allocate_kv_cache_per_layer",
+            }
+        )
     return problems
 
 
@@ -110,8 +153,11 @@ def _accepts(function: object, names: list[str]) -> str | None:
     params = signature.parameters.values()
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
         return None
-    accepted = {p.name for p in params if p.kind in (
-        inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)}
+    accepted = {
+        p.name
+        for p in params
+        if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    }
     missing = [n for n in names if n not in accepted]
     return f"does not accept {', '.join(missing)} as keyword arguments" if missing else None
 

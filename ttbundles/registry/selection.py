@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ttbundles.metadata import BundleMetadata
+from ttbundles.format.metadata import BundleMetadata
 
 
 def specificity(metadata: BundleMetadata) -> int:

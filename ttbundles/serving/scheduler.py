@@ -33,8 +33,8 @@ from vllm.v1.core.sched.request_queue import RequestQueue, create_request_queue
 from vllm.v1.core.sched.scheduler import Scheduler
 
 from ttbundles.errors import ConfigurationError
-from ttbundles.platform.config_plan import TT_DEFAULTS
-from ttbundles.tt_options import TTOptions
+from ttbundles.format.tt_options import TTOptions
+from ttbundles.serving.configuration import TT_DEFAULTS
 
 if TYPE_CHECKING:  # annotations only: these modules are loaded by the base classes
     from vllm.v1.core.sched.output import SchedulerOutput
@@ -63,10 +63,7 @@ def is_in_prefill(request: Request) -> bool:
     whose last prompt chunk is in flight is already "in decode". Draft tokens are not
     counted (speculative decoding is not served on Tenstorrent).
     """
-    return (
-        request.num_tokens + request.num_output_placeholders - request.num_computed_tokens
-        > 1
-    )
+    return request.num_tokens + request.num_output_placeholders - request.num_computed_tokens > 1
 
 
 def interleave_options(additional_config: dict[str, Any] | None) -> TTOptions:
@@ -119,10 +116,11 @@ class PhaseSchedulingMixin:
             name
             for name, present in (
                 ("a KV connector (kv_transfer_config)", self.connector is not None),
-                ("an encoder-cache connector (ec_transfer_config)",
-                 self.ec_connector is not None),
-                ("auxiliary output connectors (aux_output_config)",
-                 self.aux_output_connector is not None),
+                ("an encoder-cache connector (ec_transfer_config)", self.ec_connector is not None),
+                (
+                    "auxiliary output connectors (aux_output_config)",
+                    self.aux_output_connector is not None,
+                ),
                 ("encoder-decoder models", self.is_encoder_decoder),
             )
             if present
@@ -130,8 +128,7 @@ class PhaseSchedulingMixin:
         if unsupported:
             raise ConfigurationError.single(
                 "TTB202",
-                f"the phase-based Tenstorrent scheduler does not support "
-                f"{', '.join(unsupported)}",
+                f"the phase-based Tenstorrent scheduler does not support {', '.join(unsupported)}",
                 hint="remove those options, or set scheduler_cls to vLLM's Scheduler "
                 "(steps will then mix prefill and decode, which TT generators cannot run)",
             )
@@ -155,8 +152,7 @@ class PhaseSchedulingMixin:
         # Admission is possible only with a free running slot; without that check a full
         # batch with a queue would pay for a futile prefill attempt on every step.
         can_admit = (self.waiting or self.kv_holding_waiting) and (
-            len(self.running) + self.num_waiting_for_streaming_input
-            < self.max_num_active_reqs
+            len(self.running) + self.num_waiting_for_streaming_input < self.max_num_active_reqs
         )
         if not (has_prefill or can_admit):
             phases: tuple[StepKind, ...] = (DECODE,)
@@ -178,11 +174,14 @@ class PhaseSchedulingMixin:
         num_preempted_before = len(self.reset_preempted_req_ids)
         phase = phases[0]
         output = self._schedule_phase(phase, has_prefill, throttle_prefills)
-        if output.total_num_scheduled_tokens == 0 and len(phases) > 1 and not (
-            # Like the base, admit nothing in a step that preempted: a request just
-            # preempted by the decode attempt must not be resumed in the same step.
-            phases[1] == PREFILL
-            and len(output.preempted_req_ids or ()) > num_preempted_before
+        if (
+            output.total_num_scheduled_tokens == 0
+            and len(phases) > 1
+            and not (
+                # Like the base, admit nothing in a step that preempted: a request just
+                # preempted by the decode attempt must not be resumed in the same step.
+                phases[1] == PREFILL and len(output.preempted_req_ids or ()) > num_preempted_before
+            )
         ):
             self._carry_over(output, previous_step_ids)
             phase = phases[1]
@@ -238,9 +237,7 @@ class PhaseSchedulingMixin:
                 if held:
                     self.kv_holding_waiting.prepend_requests(reversed(list(held)))
 
-    def _carry_over(
-        self, discarded: SchedulerOutput, previous_step_ids: set[str] | None
-    ) -> None:
+    def _carry_over(self, discarded: SchedulerOutput, previous_step_ids: set[str] | None) -> None:
         """Give back to the scheduler what a discarded (empty) attempt consumed.
 
         schedule() hands `finished_req_ids` and the preempted ids to its output and
@@ -258,9 +255,7 @@ class PhaseSchedulingMixin:
             self.prev_step_scheduled_req_ids.update(previous_step_ids)
 
     @staticmethod
-    def _merge_discarded(
-        discarded: SchedulerOutput, output: SchedulerOutput
-    ) -> SchedulerOutput:
+    def _merge_discarded(discarded: SchedulerOutput, output: SchedulerOutput) -> SchedulerOutput:
         """Carry the drained, step-scoped fields of a discarded attempt into `output`.
 
         Drained from managers by every schedule() call: freed encoder-cache entries,

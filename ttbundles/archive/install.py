@@ -1,10 +1,8 @@
 """Install a `.ttbundle` into a models folder, and uninstall it, safely and atomically.
 
-An archive is untrusted input. `tarfile.extractall` would follow its word on paths, links
-and sizes; here nothing is written until the whole archive has been verified against its
-manifest, and the extraction re-checks every entry as it writes (the file could change
-between the two reads). Only regular files at safe relative paths, listed in the
-manifest, with exactly the listed size and digest, are written.
+An archive is untrusted input: `ttbundles.archive.reader` verifies it whole, then
+extracts it re-checking every entry, so only files listed in its manifest with exactly
+the listed size and digest are written.
 
 Atomicity: the bundle is extracted into `.tmp-<name>-<random>` inside the models folder
 (same file system, so a rename publishes it), then renamed to `<name>`. A failure at any
@@ -17,27 +15,18 @@ registry skips them), so a leftover of a killed process is harmless.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import secrets
 import shutil
-import tarfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from ttbundles import envs
-from ttbundles.archive import (
-    MAX_MANIFEST_SIZE,
-    member_problem,
-    open_archive,
-    scan_archive,
-)
-from ttbundles.errors import ArchiveError, InstallError, TTBundleError
-from ttbundles.files import MANIFEST_FILE
-from ttbundles.manifest import CHUNK_SIZE, Manifest, parse_manifest
-from ttbundles.metadata import METADATA_FILE, NAME_PATTERN
+from ttbundles.archive.reader import extract_into, extraction_failed, verified_manifest
+from ttbundles.errors import InstallError, TTBundleError
+from ttbundles.format.metadata import METADATA_FILE, NAME_PATTERN
 from ttbundles.suggest import hint_for
 
 try:  # POSIX only; elsewhere installs are not serialised (documented limitation)
@@ -49,10 +38,8 @@ MODELS_DIR_ENV = "EXTRA_MODELS_DIR"
 LOCK_FILE = ".ttbundle.lock"
 TEMP_PREFIX = ".tmp-"
 OLD_PREFIX = ".old-"
-FILE_MODE = 0o666
-EXECUTABLE_MODE = 0o777  # both lowered by the umask, as for any new file
 
-__all__ = ["extract_verified", "install", "resolve_models_dir", "uninstall"]
+__all__ = ["install", "resolve_models_dir", "uninstall"]
 
 
 def resolve_models_dir(models_dir: Path | None) -> Path:
@@ -70,15 +57,6 @@ def resolve_models_dir(models_dir: Path | None) -> Path:
         "TTB091",
         f"no models folder given and {MODELS_DIR_ENV} is not set",
         hint=f"pass --models-dir DIR, or set {MODELS_DIR_ENV}",
-    )
-
-
-def _failed(exc: OSError, where: Path) -> TTBundleError:
-    return InstallError.single(
-        "TTB093",
-        f"install failed; nothing was changed: {exc.strerror or exc}",
-        file=exc.filename or where,
-        hint="check that the models folder is writable and has room",
     )
 
 
@@ -122,131 +100,6 @@ def _locked(models_dir: Path) -> Iterator[None]:
         os.close(fd)
 
 
-def _extract(archive: Path, manifest: Manifest, dest: Path) -> None:
-    """Write the verified archive's files under `dest`, re-checking every entry.
-
-    Pass two of two: `manifest` comes from pass one, so sizes are known before a byte
-    is written and each copy is capped at the listed size. Raises on the first problem;
-    pass one already reported them all.
-    """
-    source = str(archive)
-    expected = manifest.by_path()
-    written: set[str] = set()
-    manifest_seen = False
-    root = os.path.abspath(dest)
-
-    def refuse(code: str, message: str) -> TTBundleError:
-        return ArchiveError.single(
-            code,
-            message,
-            file=source,
-            hint="the archive changed or was crafted; get it again from its source",
-        )
-
-    with open_archive(archive) as tar:
-        for member in tar:
-            name = member.name
-            if manifest_seen:
-                raise refuse("TTB081", f"{name}: entry after {MANIFEST_FILE}")
-            if name in written:
-                raise refuse("TTB086", f"{name}: duplicate entry")
-            problem = member_problem(member)
-            if problem is not None:
-                raise refuse(*problem)
-            if member.isdir():
-                continue  # folders come from the files' paths
-            if name == MANIFEST_FILE:
-                manifest_seen = True
-                if member.size > MAX_MANIFEST_SIZE:
-                    raise refuse("TTB081", f"{name}: {member.size} bytes, too large")
-                handle = tar.extractfile(member)
-                assert handle is not None  # a plain file always has data
-                data = handle.read()
-                if parse_manifest(data, source=f"{source}:{MANIFEST_FILE}") != manifest:
-                    raise refuse("TTB081", f"{MANIFEST_FILE} changed since it was verified")
-                _write_new(dest / MANIFEST_FILE, data)
-                continue
-            entry = expected.get(name)
-            if entry is None:
-                raise refuse("TTB084", f"{name}: not listed in the manifest")
-            if member.size > entry.size:
-                raise refuse(
-                    "TTB087", f"{name}: {member.size} bytes, larger than the {entry.size} listed"
-                )
-            if member.size != entry.size:
-                raise refuse("TTB082", f"{name}: {member.size} bytes, {entry.size} listed")
-            target = os.path.abspath(os.path.join(root, *name.split("/")))
-            if os.path.commonpath([root, target]) != root:  # unreachable after member_problem
-                raise refuse("TTB085", f"{name}: resolves outside the bundle folder")
-            os.makedirs(os.path.dirname(target), exist_ok=True)
-            sha256 = _copy_capped(tar, member, target, entry.size)
-            if sha256 != entry.sha256:
-                raise refuse("TTB082", f"{name}: sha256 {sha256} differs from the manifest")
-            written.add(name)
-    missing = sorted(set(expected) - written)
-    if missing:
-        raise refuse("TTB083", f"missing from the archive: {', '.join(missing)}")
-    if not manifest_seen:
-        raise refuse("TTB081", f"no {MANIFEST_FILE} entry")
-
-
-def _write_new(path: Path, data: bytes) -> None:
-    fd = os.open(
-        path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), FILE_MODE
-    )
-    with os.fdopen(fd, "wb") as out:
-        out.write(data)
-
-
-def _copy_capped(tar: tarfile.TarFile, member: tarfile.TarInfo, target: str, cap: int) -> str:
-    """Copy an entry's data to a new file, never more than `cap` bytes; its sha256."""
-    mode = EXECUTABLE_MODE if member.mode & 0o111 else FILE_MODE
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
-    handle = tar.extractfile(member)
-    assert handle is not None
-    digest = hashlib.sha256()
-    remaining = cap
-    with os.fdopen(os.open(target, flags, mode), "wb") as out:
-        while remaining > 0:
-            chunk = handle.read(min(CHUNK_SIZE, remaining))
-            if not chunk:
-                break
-            digest.update(chunk)
-            out.write(chunk)
-            remaining -= len(chunk)
-    return digest.hexdigest()
-
-
-def _verified_manifest(archive: Path) -> Manifest:
-    manifest, report = scan_archive(archive)
-    if report.errors or manifest is None:
-        raise ArchiveError(report.errors)
-    return manifest
-
-
-def extract_verified(archive: Path, dest: Path) -> Path:
-    """Verify `archive`, then extract it into a new folder `dest/<name>`; that folder.
-
-    For looking inside an archive (validation) without installing it; `dest` must exist.
-    On failure nothing is left in `dest`.
-    """
-    archive, dest = Path(archive), Path(dest)
-    manifest = _verified_manifest(archive)
-    folder = dest / manifest.name
-    try:
-        folder.mkdir()
-    except OSError as exc:
-        raise _failed(exc, dest) from None
-    try:
-        _extract(archive, manifest, folder)
-    except BaseException as exc:
-        shutil.rmtree(folder, ignore_errors=True)
-        if isinstance(exc, OSError):
-            raise _failed(exc, dest) from None
-        raise
-    return folder
-
-
 def _already_installed(target: Path) -> TTBundleError:
     return InstallError.single(
         "TTB090",
@@ -265,7 +118,7 @@ def install(archive: Path, models_dir: Path | None, *, replace: bool = False) ->
     """
     archive = Path(archive)
     models_dir = resolve_models_dir(models_dir)
-    manifest = _verified_manifest(archive)
+    manifest = verified_manifest(archive)
     target = models_dir / manifest.name
     if not replace and os.path.lexists(target):
         raise _already_installed(target)  # early: spare the extraction
@@ -273,10 +126,10 @@ def install(archive: Path, models_dir: Path | None, *, replace: bool = False) ->
         models_dir.mkdir(parents=True, exist_ok=True)
         tmp = _new_dir(models_dir, f"{TEMP_PREFIX}{manifest.name}-")
     except OSError as exc:
-        raise _failed(exc, models_dir) from None
+        raise extraction_failed(exc, models_dir) from None
     old: Path | None = None
     try:
-        _extract(archive, manifest, tmp)
+        extract_into(archive, manifest, tmp)
         with _locked(models_dir):
             if os.path.lexists(target):
                 if not replace:
@@ -294,7 +147,7 @@ def install(archive: Path, models_dir: Path | None, *, replace: bool = False) ->
     except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(exc, OSError):
-            raise _failed(exc, models_dir) from None
+            raise extraction_failed(exc, models_dir) from None
         raise
     if old is not None:
         _remove(old)

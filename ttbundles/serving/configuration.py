@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from ttbundles.errors import ConfigurationError, Diagnostic, Severity
-from ttbundles.metadata import tt_arch_name
-from ttbundles.registry import Registry
+from ttbundles.format.metadata import tt_arch_name
+from ttbundles.format.tt_options import TT_OPTION_NAMES, TTOptions
+from ttbundles.registry.registry import Registry
 from ttbundles.suggest import hint_for
-from ttbundles.tt_options import TT_OPTION_NAMES, TTOptions
 
 if TYPE_CHECKING:  # vLLM's config imports the platform: import it only for type hints
     from vllm.config import VllmConfig
@@ -27,9 +27,9 @@ if TYPE_CHECKING:  # vLLM's config imports the platform: import it only for type
 logger = logging.getLogger("vllm.ttbundles")
 
 PLAN_KEY = "ttbundles"  # where the plan travels inside additional_config
-WORKER_CLS = "ttbundles.platform.worker.TTWorker"
-SCHEDULER_CLS = "ttbundles.platform.scheduler.TTScheduler"
-ASYNC_SCHEDULER_CLS = "ttbundles.platform.scheduler.TTAsyncScheduler"
+WORKER_CLS = "ttbundles.serving.worker.TTWorker"
+SCHEDULER_CLS = "ttbundles.serving.scheduler.TTScheduler"
+ASYNC_SCHEDULER_CLS = "ttbundles.serving.scheduler.TTAsyncScheduler"
 
 # Effective values of the device options the user and the target left unset.
 TT_DEFAULTS = TTOptions(
@@ -243,9 +243,13 @@ def plan_config(vllm_config: VllmConfig, registry: Registry) -> Plan | None:
     ):
         requested = bool(getattr(config, setting))
         if requested and not getattr(caps, capability):
-            setattr(config, setting, plan.decide(
-                setting, True, False,
-                f"{meta.name} does not declare capabilities.{capability}"))
+            setattr(
+                config,
+                setting,
+                plan.decide(
+                    setting, True, False, f"{meta.name} does not declare capabilities.{capability}"
+                ),
+            )
         else:
             plan.decide(setting, requested, requested, "as requested")
     if not sched.enable_chunked_prefill and (

@@ -29,6 +29,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from ttbundles.archive.files import MANIFEST_FILE, list_files, scan_files, unsafe_reason
 from ttbundles.errors import (
     ArchiveError,
     Diagnostic,
@@ -37,9 +38,8 @@ from ttbundles.errors import (
     Severity,
     TTBundleError,
 )
-from ttbundles.files import MANIFEST_FILE, list_files, scan_files, unsafe_reason
-from ttbundles.metadata import METADATA_FILE, NAME_PATTERN
-from ttbundles.parse import load_metadata
+from ttbundles.format.metadata import METADATA_FILE, NAME_PATTERN
+from ttbundles.format.parse import load_metadata
 
 MANIFEST_VERSION = 1
 # Every manifest version this release reads, with what it changed.

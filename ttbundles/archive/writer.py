@@ -1,6 +1,6 @@
-"""`.ttbundle` archives: deterministic packing and streaming verification.
+"""Writing `.ttbundle` archives: deterministic, streaming, atomic.
 
-An archive is a gzip'd tar of a bundle's files (`ttbundles.files` decides which) with
+An archive is a gzip'd tar of a bundle's files (`ttbundles.archive.files` decides which) with
 `MANIFEST.json` as its last entry. Packing reads each file exactly once, hashing it while
 it is compressed, so a multi-GB weight file costs one read and constant memory; the
 manifest can only be written once every digest is known, hence last.
@@ -25,13 +25,11 @@ compare, and makes pack -> install -> pack a fixed point:
 Identical bytes assume the same zlib (a different zlib build may compress differently);
 the root digest in the manifest is the identity that never depends on compression.
 
-Reading trusts nothing: `verify_archive` streams through every entry, recomputes every
-digest and names each problem; `ttbundles.install` re-checks while extracting.
+Reading is `ttbundles.archive.reader`'s job; it trusts nothing written here.
 """
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import io
 import os
@@ -41,73 +39,40 @@ import struct
 import tarfile
 import zlib
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager, suppress
+from contextlib import suppress
 from pathlib import Path
 from typing import BinaryIO
 
 from ttbundles import envs
-from ttbundles.errors import (
-    ArchiveError,
-    Diagnostic,
-    InvalidBundleError,
-    Report,
-    Severity,
-    TTBundleError,
-)
-from ttbundles.files import MANIFEST_FILE, list_files, unsafe_reason
-from ttbundles.manifest import (
+from ttbundles.archive.files import MANIFEST_FILE, archive_name, list_files
+from ttbundles.archive.manifest import (
     CHUNK_SIZE,
     FileEntry,
     Manifest,
     bundle_identity,
-    check_identity,
-    compare_files,
-    parse_manifest,
-    verify_dir,
 )
-from ttbundles.metadata import METADATA_FILE
+from ttbundles.errors import (
+    ArchiveError,
+    InvalidBundleError,
+    TTBundleError,
+)
+from ttbundles.format.metadata import METADATA_FILE
 
-ARCHIVE_SUFFIX = ".ttbundle"
 # 1980-01-01T00:00:00Z: the earliest date zip can store, the usual reproducible default.
 DEFAULT_MTIME = 315532800
 COMPRESS_LEVEL = 1
 # Compression runs in fixed blocks of the uncompressed stream, on up to this many threads.
 GZIP_BLOCK_SIZE = 1 << 20
 MAX_COMPRESS_THREADS = 8
-FILE_MODE = 0o644
-EXECUTABLE_MODE = 0o755
-# Upper bounds on what is read into memory from an untrusted archive: the manifest, and
-# any single header read (a PAX header or GNU long name claiming gigabytes).
-MAX_MANIFEST_SIZE = 64 << 20
-MAX_HEADER_READ = 16 << 20
-# The metadata file is kept in memory while verifying to check the manifest's name.
-MAX_METADATA_SIZE = 1 << 20
+# The modes stored in the archive (normalised: only "executable or not" survives).
+ARCHIVE_FILE_MODE = 0o644
+ARCHIVE_EXECUTABLE_MODE = 0o755
 
 ProgressCallback = Callable[[int, int], None]
 
-# What a damaged or foreign file raises from inside gzip (BadGzipFile is an OSError).
-_READ_ERRORS = (OSError, EOFError, zlib.error)
-
-__all__ = [
-    "ARCHIVE_SUFFIX",
-    "archive_name",
-    "is_plain_file",
-    "member_problem",
-    "open_archive",
-    "pack",
-    "read_archive",
-    "scan_archive",
-    "source_date_epoch",
-    "verify",
-    "verify_archive",
-]
-
-
-def archive_name(name: str, version: str) -> str:
-    """`<name>-<version>.ttbundle`."""
-    return f"{name}-{version}{ARCHIVE_SUFFIX}"
+__all__ = ["archive_name", "source_date_epoch", "write_archive"]
 
 
 def source_date_epoch() -> int:
@@ -139,7 +104,7 @@ def _entry_info(name: str, size: int, mode: int, mtime: int) -> tarfile.TarInfo:
     info.type = tarfile.REGTYPE
     info.size = size
     info.mtime = mtime
-    info.mode = EXECUTABLE_MODE if mode & 0o111 else FILE_MODE
+    info.mode = ARCHIVE_EXECUTABLE_MODE if mode & 0o111 else ARCHIVE_FILE_MODE
     info.uid = info.gid = 0
     info.uname = info.gname = ""
     return info
@@ -366,32 +331,28 @@ def _write_archive(
             entries.append(FileEntry(path=rel, size=st.st_size, sha256=sha256))
         manifest = Manifest.create(name, version, entries)
         data = manifest.to_bytes()
-        tar.addfile(_entry_info(MANIFEST_FILE, len(data), FILE_MODE, mtime), io.BytesIO(data))
+        tar.addfile(
+            _entry_info(MANIFEST_FILE, len(data), ARCHIVE_FILE_MODE, mtime), io.BytesIO(data)
+        )
     return manifest
 
 
-def pack(
+def write_archive(
     bundle_dir: Path,
     out_dir: Path,
     *,
     progress: ProgressCallback | None = None,
 ) -> Path:
-    """Pack a valid bundle folder into `out_dir/<name>-<version>.ttbundle`.
+    """Write a bundle folder as `out_dir/<name>-<version>.ttbundle`, unchecked.
 
-    An invalid bundle is refused before anything is written, so every archive in
-    circulation passed validation once. The archive appears atomically: readers see the
-    previous file or the complete new one, never a partial one. `progress` is called
-    with (bytes done, bytes total) as file data goes through; the library never prints.
+    Callers validate first (`ttbundles.build.pack` does: every archive in circulation
+    passed validation once); this step only writes. The archive appears atomically:
+    readers see the previous file or the complete new one, never a partial one.
+    `progress` is called with (bytes done, bytes total) as file data goes through; the
+    library never prints.
     """
     bundle_dir = Path(bundle_dir)
     out_dir = Path(out_dir)
-    # Imported here: validation is a sibling module that imports much more than packing
-    # needs (and must never import this one).
-    from ttbundles.validate import validate_bundle
-
-    report = validate_bundle(bundle_dir)
-    if report.errors:
-        raise InvalidBundleError(report.errors)
     name, version = bundle_identity(bundle_dir)
     mtime = source_date_epoch()
     out = out_dir / archive_name(name, version)
@@ -446,249 +407,3 @@ def _write_error(out: Path, exc: OSError) -> TTBundleError:
         file=out,
         hint="check that the output folder is writable and has room",
     )
-
-
-def _unreadable(source: str, exc: BaseException) -> TTBundleError:
-    return ArchiveError.single(
-        "TTB080",
-        f"not a readable .ttbundle (gzip'd tar): {_describe(exc)}",
-        file=source,
-        hint="get the archive again; a download may have been cut short",
-    )
-
-
-class _ArchiveReader:
-    """The decompressed stream as tarfile sees it: read errors become TTB080 here.
-
-    Converting at the source keeps a damaged archive apart from a failure of whoever
-    consumes it (a full disk while extracting is not a corrupt archive). Also refuses any
-    single read over a limit: tarfile reads a PAX header or GNU long name whole,
-    trusting the size its header claims; member data is read in CHUNK_SIZE pieces, well
-    under the limit, so only such headers are refused.
-    """
-
-    def __init__(self, fileobj: BinaryIO, limit: int, source: str):
-        self._fileobj = fileobj
-        self._limit = limit
-        self._source = source
-
-    def read(self, size: int = -1) -> bytes:
-        if size is None or size < 0 or size > self._limit:
-            raise ArchiveError.single(
-                "TTB080",
-                f"an entry header claims {size} bytes, over the {self._limit} allowed",
-                file=self._source,
-                hint="the archive was not written by 'ttbundle pack'",
-            )
-        try:
-            return self._fileobj.read(size)
-        except _READ_ERRORS as exc:
-            raise _unreadable(self._source, exc) from None
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        try:
-            return self._fileobj.seek(offset, whence)
-        except _READ_ERRORS as exc:
-            raise _unreadable(self._source, exc) from None
-
-    def tell(self) -> int:
-        return self._fileobj.tell()
-
-    def seekable(self) -> bool:
-        return True
-
-    def drain(self) -> None:
-        """Read to the end: checks gzip's CRC and length, and that nothing hides there."""
-        while chunk := self.read(CHUNK_SIZE):
-            if chunk.strip(b"\0"):
-                raise ArchiveError.single(
-                    "TTB080",
-                    "data after the end of the tar archive (damaged entry header?)",
-                    file=self._source,
-                    hint="get the archive again from its source",
-                )
-
-
-@contextmanager
-def open_archive(path: Path) -> Iterator[tarfile.TarFile]:
-    """The archive as a tarfile to iterate once, front to back.
-
-    Damage anywhere (not gzip, not tar, truncated, bad CRC, data after the end of the
-    tar) raises `ArchiveError` TTB080; errors of the caller's own (writing files) pass
-    through unchanged. On leaving normally, the rest of the stream is read and checked.
-    """
-    source = str(path)
-    try:
-        raw = open(path, "rb")  # noqa: SIM115 - closed by the with below
-    except OSError as exc:
-        raise _unreadable(source, exc) from None
-    with raw, gzip.GzipFile(fileobj=raw, mode="rb") as gz:
-        reader = _ArchiveReader(gz, MAX_HEADER_READ, source)  # type: ignore[arg-type]
-        try:
-            tar = tarfile.TarFile(fileobj=reader, mode="r", encoding="utf-8")  # type: ignore[arg-type]
-            yield tar
-        # What tarfile itself raises on bad headers, also while the caller iterates.
-        except (tarfile.TarError, EOFError, zlib.error, UnicodeDecodeError) as exc:
-            raise _unreadable(source, exc) from None
-        reader.drain()
-
-
-def _describe(exc: BaseException) -> str:
-    if isinstance(exc, EOFError):
-        return "truncated"
-    if isinstance(exc, OSError) and exc.strerror:
-        return exc.strerror
-    return str(exc) or type(exc).__name__
-
-
-def _member_kind(member: tarfile.TarInfo) -> str:
-    if member.issym():
-        return f"symbolic link to {member.linkname!r}"
-    if member.islnk():
-        return f"hard link to {member.linkname!r}"
-    if member.ischr():
-        return "character device"
-    if member.isblk():
-        return "block device"
-    if member.isfifo():
-        return "fifo"
-    if member.issparse():
-        return "sparse file"
-    return f"entry of type {member.type!r}"
-
-
-def is_plain_file(member: tarfile.TarInfo) -> bool:
-    """Only these are extracted: no links, devices, sparse or vendor-specific entries."""
-    return member.type in (tarfile.REGTYPE, tarfile.AREGTYPE) and not member.issparse()
-
-
-def member_problem(member: tarfile.TarInfo) -> tuple[str, str] | None:
-    """(code, message) when an entry is unsafe to extract; directories are harmless."""
-    reason = unsafe_reason(member.name)
-    if reason is not None:
-        return "TTB085", f"{member.name}: unsafe entry: {reason}"
-    if member.isdir() or is_plain_file(member):
-        return None
-    return "TTB085", f"{member.name}: unsafe entry: {_member_kind(member)}"
-
-
-def _hash_member(tar: tarfile.TarFile, member: tarfile.TarInfo, keep: bool) -> tuple[str, bytes]:
-    handle = tar.extractfile(member)
-    assert handle is not None  # a plain file always has data
-    digest = hashlib.sha256()
-    kept = []
-    while chunk := handle.read(CHUNK_SIZE):
-        digest.update(chunk)
-        if keep:
-            kept.append(chunk)
-    return digest.hexdigest(), b"".join(kept)
-
-
-def scan_archive(path: Path) -> tuple[Manifest | None, Report]:
-    """Read the whole archive once: its manifest (None when unusable) and every problem.
-
-    The manifest comes last, so entries are hashed first and compared at the end; only
-    (path, size, digest) per entry is kept, never file data.
-    """
-    path = Path(path)
-    source = str(path)
-    report = Report()
-
-    def add(code: str, message: str, hint: str | None = None) -> None:
-        report.add(Diagnostic(code, Severity.ERROR, message, file=source, hint=hint))
-
-    found: dict[str, tuple[int, str]] = {}
-    skip: set[str] = set()
-    seen: set[str] = set()
-    manifest_seen = False
-    manifest_data: bytes | None = None
-    metadata: bytes | None = None
-    try:
-        with open_archive(path) as tar:
-            for member in tar:
-                name = member.name
-                if manifest_seen:
-                    add("TTB081", f"{name}: entry after {MANIFEST_FILE}, which must be last")
-                if name in seen:
-                    add("TTB086", f"{name}: duplicate entry", "each path may appear once")
-                    skip.add(name)
-                    continue
-                seen.add(name)
-                problem = member_problem(member)
-                if problem is not None:
-                    add(*problem, hint="bundles hold regular files at relative paths only")
-                    skip.add(name)
-                    continue
-                if member.isdir():
-                    continue
-                if name == MANIFEST_FILE:
-                    manifest_seen = True
-                    if member.size > MAX_MANIFEST_SIZE:
-                        add("TTB081", f"{MANIFEST_FILE} is {member.size} bytes, too large")
-                        continue
-                    _, manifest_data = _hash_member(tar, member, keep=True)
-                    continue
-                keep = name == METADATA_FILE and member.size <= MAX_METADATA_SIZE
-                sha256, data = _hash_member(tar, member, keep=keep)
-                found[name] = (member.size, sha256)
-                if keep:
-                    metadata = data
-    except TTBundleError as exc:
-        report.extend(exc.diagnostics)
-        return None, report
-    if not manifest_seen:
-        add(
-            "TTB081",
-            f"no {MANIFEST_FILE} entry",
-            "archives written by 'ttbundle pack' end with one; pack the bundle again",
-        )
-    if manifest_data is None:
-        return None, report
-    try:
-        manifest = parse_manifest(manifest_data, source=f"{source}:{MANIFEST_FILE}")
-    except TTBundleError as exc:
-        report.extend(exc.diagnostics)
-        return None, report
-    report.extend(
-        compare_files(
-            manifest, found, locate=lambda _rel: source, oversize_code="TTB087", skip=skip
-        )
-    )
-    report.extend(check_identity(manifest, metadata, file=source))
-    return manifest, report
-
-
-def verify_archive(path: Path) -> Report:
-    """Every problem with an archive, each naming its entry; an empty report means intact."""
-    return scan_archive(path)[1]
-
-
-def read_archive(path: Path) -> Manifest:
-    """The manifest of an archive whose content checks out; raises `ArchiveError` if not.
-
-    Hashes the whole archive: a manifest is only worth reading if the files match it.
-    """
-    manifest, report = scan_archive(path)
-    if report.errors or manifest is None:
-        raise ArchiveError(report.errors)
-    return manifest
-
-
-def verify(path: Path) -> Report:
-    """Verify an archive file or an installed bundle folder, whichever `path` is."""
-    path = Path(path)
-    if path.is_dir():
-        return verify_dir(path)
-    if path.is_file():
-        return verify_archive(path)
-    report = Report()
-    report.add(
-        Diagnostic(
-            "TTB001",
-            Severity.ERROR,
-            "no such archive or folder",
-            file=str(path),
-            hint="give a .ttbundle file or an installed bundle folder",
-        )
-    )
-    return report

@@ -14,7 +14,7 @@ from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from ttbundles.metadata import Requires
+from ttbundles.format.metadata import Requires
 
 
 @lru_cache(maxsize=64)

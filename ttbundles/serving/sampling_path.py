@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from ttbundles.contract import SamplingParamsBatch
+from ttbundles.format.contract import SamplingParamsBatch
 
 
 def host_reason(params: Any) -> str | None:
@@ -20,8 +20,11 @@ def host_reason(params: Any) -> str | None:
         return None
     if params.logprobs is not None:
         return "logprobs"
-    if (params.presence_penalty != 0.0 or params.frequency_penalty != 0.0
-            or params.repetition_penalty != 1.0):
+    if (
+        params.presence_penalty != 0.0
+        or params.frequency_penalty != 0.0
+        or params.repetition_penalty != 1.0
+    ):
         return "penalties"
     if params.min_p > 0.0:
         return "min_p"
@@ -39,8 +42,13 @@ def host_reason(params: Any) -> str | None:
 
 
 def batch_host_reason(
-    params: Iterable[Any], *, is_prefill: bool, mode: str | None, always_host: bool,
-    custom_logits_processors: bool, structured: bool,
+    params: Iterable[Any],
+    *,
+    is_prefill: bool,
+    mode: str | None,
+    always_host: bool,
+    custom_logits_processors: bool,
+    structured: bool,
 ) -> str | None:
     """Why the whole batch samples on the host, or None for the device path."""
     if mode is None:

@@ -14,12 +14,12 @@ import os
 
 from ttbundles import envs
 from ttbundles.errors import ConfigurationError
-from ttbundles.registry import Registry, compute, table
+from ttbundles.registry.registry import Registry, compute, table
 
 # A child of vLLM's logger, so messages appear wherever vLLM's own do.
 logger = logging.getLogger("vllm.ttbundles")
 
-PLACEHOLDER = "ttbundles.platform.placeholder:TTPlaceholderForCausalLM"
+PLACEHOLDER = "ttbundles.serving.placeholder:TTPlaceholderForCausalLM"
 
 # What this process registered last, keyed by the environment it was computed from.
 _state: dict[str, object] = {}

@@ -1,1 +1,0 @@
-"""The vLLM side of ttbundles: platform, configuration plan, worker. Imports vLLM."""
