@@ -1,6 +1,6 @@
 """Decode throughput on the host mesh: asynchronous decode on/off, device/host sampling.
 
-Serves the demo checkpoint with the built-in demo bundle (`ttbundles.demo.flow.start_server`,
+Serves the demo checkpoint with the built-in demo bundle (`ttbundles.demo.server.start_server`,
 as the end-to-end tests do), one server at a time, in three configurations:
 
 - async+device: `sample_on_device_mode: "all"`, async scheduling on (vLLM's default): steady
@@ -35,7 +35,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from ttbundles.demo.flow import serve_environment, start_server, write_demo_checkpoint
+from ttbundles.demo.checkpoint import write_demo_checkpoint
+from ttbundles.demo.server import serve_environment, start_server
 
 SPECIAL_TOKENS = 7  # the demo tokenizer's first ids are its special tokens
 

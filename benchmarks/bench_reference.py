@@ -38,7 +38,7 @@ import transformers
 
 from ttbundles.demo.checkpoint import write_checkpoint
 from ttbundles.format.contract import HostMesh, SamplingParamsBatch
-from ttbundles.reference.llama import ReferenceLlamaGenerator
+from ttbundles.reference.generator import ReferenceLlamaGenerator
 
 
 def interleaved_step_times(

@@ -29,7 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from ttbundles.demo.flow import serve_environment, start_server, vllm_command, write_demo_checkpoint
+from ttbundles.demo.checkpoint import write_demo_checkpoint
+from ttbundles.demo.server import serve_environment, start_server, vllm_command
 
 SPECIAL_TOKENS = 7  # the demo tokenizer's first ids are its special tokens
 

@@ -62,7 +62,8 @@ def demo(
 
     Example: ttbundle demo --port 8000 -- --max-model-len 256 --enable-prefix-caching
     """
-    from ttbundles.demo.flow import run_demo, write_demo_checkpoint
+    from ttbundles.demo.checkpoint import write_demo_checkpoint
+    from ttbundles.demo.flow import run_demo
 
     out = Output()
     if write_checkpoint is not None:

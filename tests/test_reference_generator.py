@@ -14,15 +14,15 @@ transformers = pytest.importorskip("transformers")
 
 from ttbundles.demo.checkpoint import write_checkpoint  # noqa: E402
 from ttbundles.format.contract import HostMesh, SamplingParamsBatch  # noqa: E402
-from ttbundles.reference.llama import (  # noqa: E402
-    DeviceOutput,
-    ReferenceLlamaGenerator,
+from ttbundles.reference.attention import (  # noqa: E402
     causal_attention,
     causal_mask,
     context_blocks,
-    filtered_probs,
     gather_context,
 )
+from ttbundles.reference.generator import ReferenceLlamaGenerator  # noqa: E402
+from ttbundles.reference.readback import DeviceOutput  # noqa: E402
+from ttbundles.reference.sampling import filtered_probs  # noqa: E402
 
 ATOL = 1e-4
 BLOCK = 4  # small blocks, so prompts span several and block boundaries are exercised

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ttbundles.reference.llama import ReferenceLlamaGenerator
+from ttbundles.reference.generator import ReferenceLlamaGenerator
 
 
 class DemoGenerator(ReferenceLlamaGenerator):

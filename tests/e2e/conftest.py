@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from ttbundles.demo.flow import ServerProcess, http_get, serve_environment, start_server
+from ttbundles.demo.server import ServerProcess, http_get, serve_environment, start_server
 from ttbundles.errors import TTBundleError
 
 READY_TIMEOUT = 600.0  # four cold starts share two cores with the test process
@@ -63,7 +63,7 @@ SERVER_PLANS: dict[str, tuple[list[str], dict[str, str]]] = {
 
 PLAIN_ADAPTER = '''"""The reference generator declaring no capabilities at all."""
 
-from ttbundles.reference.llama import ReferenceLlamaGenerator
+from ttbundles.reference.generator import ReferenceLlamaGenerator
 
 
 class PlainGenerator(ReferenceLlamaGenerator):

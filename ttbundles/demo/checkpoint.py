@@ -8,6 +8,9 @@ the embedded default that `ttbundle demo` serves and that the tests run against.
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 SEED = 1234
@@ -109,3 +112,61 @@ if __name__ == "__main__":
     import sys
 
     print(write_checkpoint(Path(sys.argv[1])))
+
+
+# --- the cached copy `ttbundle demo` serves ---------------------------------------------
+
+# What a complete demo checkpoint holds; a folder missing any of them is (re)written.
+CHECKPOINT_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
+
+
+def cache_dir() -> Path:
+    """`$XDG_CACHE_HOME/ttbundles`, else `~/.cache/ttbundles`."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "ttbundles"
+
+
+def default_checkpoint_dir() -> Path:
+    return cache_dir() / "demo-checkpoint"
+
+
+def checkpoint_is_complete(folder: Path) -> bool:
+    return all((folder / name).is_file() for name in CHECKPOINT_FILES)
+
+
+def write_demo_checkpoint(folder: Path) -> Path:
+    """Write the demo checkpoint into `folder`, whole or not at all.
+
+    The files are written into a sibling temporary folder first and moved in at the end,
+    so an interrupted write never leaves a folder that looks complete.
+    """
+    from transformers.utils import logging as transformers_logging
+
+    folder = Path(folder).expanduser().absolute()
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
+    bars = transformers_logging.is_progress_bar_enabled()
+    transformers_logging.disable_progress_bar()  # a bar for one small file is noise
+    try:
+        write_checkpoint(staging)
+        if not folder.exists():
+            staging.rename(folder)
+        else:
+            for item in staging.iterdir():
+                os.replace(item, folder / item.name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+        if bars:
+            transformers_logging.enable_progress_bar()
+    return folder
+
+
+def ensure_checkpoint(folder: Path | None = None) -> tuple[Path, bool]:
+    """The demo checkpoint in `folder` (default: the cache), written only when missing.
+
+    Returns the folder and whether it was written now.
+    """
+    folder = Path(folder or default_checkpoint_dir()).expanduser().absolute()
+    if checkpoint_is_complete(folder):
+        return folder, False
+    return write_demo_checkpoint(folder), True

@@ -1,0 +1,136 @@
+"""The checkpoint's weights, float32, named after their role; and where the checkpoint is."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from ttbundles.reference.config import ModelDims
+
+
+@dataclass
+class Linear:
+    """`y = x @ weight.T + bias`; weight `[out, in]`, bias `[out]` or None."""
+
+    weight: torch.Tensor
+    bias: torch.Tensor | None = None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+@dataclass
+class LayerWeights:
+    """One decoder layer. Optional parts: q/k/v biases (Qwen2), q/k norms (Qwen3)."""
+
+    input_norm: torch.Tensor  # [hidden]
+    q_proj: Linear  # [H * D, hidden]
+    k_proj: Linear  # [KV * D, hidden]
+    v_proj: Linear  # [KV * D, hidden]
+    o_proj: Linear  # [hidden, H * D]
+    post_attention_norm: torch.Tensor  # [hidden]
+    gate_proj: Linear  # [intermediate, hidden]
+    up_proj: Linear  # [intermediate, hidden]
+    down_proj: Linear  # [hidden, intermediate]
+    q_norm: torch.Tensor | None = None  # [D], applied per head before RoPE
+    k_norm: torch.Tensor | None = None  # [D]
+
+
+@dataclass
+class LlamaWeights:
+    """All weights, float32, named after their role rather than the checkpoint keys."""
+
+    embed_tokens: torch.Tensor  # [V, hidden]
+    layers: list[LayerWeights]
+    final_norm: torch.Tensor  # [hidden]
+    lm_head: torch.Tensor  # [V, hidden]; the embedding itself when tied
+
+    @classmethod
+    def from_state_dict(
+        cls, state: dict[str, torch.Tensor], dims: ModelDims, tie_word_embeddings: bool
+    ) -> LlamaWeights:
+        """Map Hugging Face `LlamaForCausalLM`-style keys (also Mistral/Qwen2/Qwen3)."""
+        state = {name: tensor.float() for name, tensor in state.items()}
+
+        def take(name: str) -> torch.Tensor:
+            if name not in state:
+                raise KeyError(f"checkpoint lacks {name}")
+            return state[name]
+
+        def linear(name: str) -> Linear:
+            return Linear(take(f"{name}.weight"), state.get(f"{name}.bias"))
+
+        layers = []
+        for i in range(dims.num_layers):
+            prefix = f"model.layers.{i}"
+            layers.append(
+                LayerWeights(
+                    input_norm=take(f"{prefix}.input_layernorm.weight"),
+                    q_proj=linear(f"{prefix}.self_attn.q_proj"),
+                    k_proj=linear(f"{prefix}.self_attn.k_proj"),
+                    v_proj=linear(f"{prefix}.self_attn.v_proj"),
+                    o_proj=linear(f"{prefix}.self_attn.o_proj"),
+                    post_attention_norm=take(f"{prefix}.post_attention_layernorm.weight"),
+                    gate_proj=linear(f"{prefix}.mlp.gate_proj"),
+                    up_proj=linear(f"{prefix}.mlp.up_proj"),
+                    down_proj=linear(f"{prefix}.mlp.down_proj"),
+                    q_norm=state.get(f"{prefix}.self_attn.q_norm.weight"),
+                    k_norm=state.get(f"{prefix}.self_attn.k_norm.weight"),
+                )
+            )
+        embed = take("model.embed_tokens.weight")
+        # Tied checkpoints usually omit lm_head.weight; trust the config when both exist.
+        lm_head = (
+            embed
+            if tie_word_embeddings or "lm_head.weight" not in state
+            else state["lm_head.weight"]
+        )
+        return cls(embed, layers, take("model.norm.weight"), lm_head)
+
+
+def checkpoint_dir(hf_config: Any) -> Path:
+    """The local folder of the checkpoint the config was loaded from.
+
+    vLLM passes the config it loaded, whose `_name_or_path` is the model argument: a
+    folder, or a hub id that vLLM has already downloaded (found in the local hub cache).
+    """
+    name = getattr(hf_config, "_name_or_path", None) or getattr(hf_config, "name_or_path", None)
+    if not name:
+        raise ValueError("hf_config has no _name_or_path: cannot find the checkpoint")
+    path = Path(str(name)).expanduser()
+    if path.is_dir():
+        return path
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(str(name), local_files_only=True))
+    except Exception as exc:  # any hub failure means the same thing here
+        raise FileNotFoundError(
+            f"checkpoint {name!r} is neither a folder nor in the local Hugging Face cache"
+        ) from exc
+
+
+def load_safetensors(folder: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of the checkpoint: `model.safetensors`, sharded via its index, or any
+    `*.safetensors` files in the folder."""
+    from safetensors.torch import load_file
+
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        files = [folder / name for name in sorted(set(weight_map.values()))]
+    elif (folder / "model.safetensors").is_file():
+        files = [folder / "model.safetensors"]
+    else:
+        files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no safetensors weights in {folder}")
+    state: dict[str, torch.Tensor] = {}
+    for file in files:
+        state.update(load_file(str(file)))
+    return state
