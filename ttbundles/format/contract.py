@@ -1,12 +1,234 @@
-"""The generator contract's data types, shared by the worker and generators.
+"""The generator contract, as TT-Metal ships it: one description, in code.
 
-Pure Python (no torch, no vLLM): generators written in TT-NN import these without
-pulling in the serving stack.
+A bundle's main class is a TT-Metal *generator* (`models/tt_transformers/tt/generator.py`
+and the `generator_vllm.py` adapters), not a vLLM `nn.Module`. This module says, once,
+what the worker calls on it, with which keywords, and what each call returns; the model
+runner binds its calls from it, the static adapter check and `validate --import` check
+bundles against it, `ttbundle init` writes its template from it, and the tests' contract
+twins follow it. Pure Python (no torch, no vLLM), so generators can import the data types
+without pulling in the serving stack.
+
+Two forms of the decode call exist (TT-Metal `models/common/decode_contract.py`):
+
+- **legacy** (no `decode_input_update_contract`, or 0): `decode_forward(...,
+  reset_batch=...)`; the generator decides itself what to restage.
+- **decode input-update contract v1** (`decode_input_update_contract = 1`): four
+  keyword commands on every decode (`reload_inputs`, `reload_page_table`,
+  `reload_sampling_params`, `reset_sampling_state`) plus `slot_remap`; `reset_batch` is
+  rejected by such classes.
+
+Return forms the worker accepts (tuples are TT-Metal's current forms; bare tensors are
+what older generators return):
+
+- `prefill_forward`: logits `[B, 1, V]`; `(tokens [B, 1], log_probs)` when it sampled on
+  the device; `(logits, rope_deltas)` for the Qwen vision-language classes.
+- `decode_forward(read_from_device=True)` and `process_decode_output_host`:
+  `(tokens_or_logits, log_probs)`, where `log_probs` is None, a flat `[B]` tensor (the
+  sampled token's), or `(top_logprobs [B, K], top_token_ids [B, K])`.
+- `read_decode_output(out, async_read=True)`: `(host_out, events)`; each event is waited
+  on (`ttnn.event_synchronize`) before `process_decode_output_host`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
+
+# --- versions of the decode call -----------------------------------------------------
+
+CONTRACT_MARKER = "decode_input_update_contract"
+"""Class attribute a v1 generator declares (`= 1`)."""
+CONTRACT_V1 = 1
+LEGACY_RESET_KEYWORD = "reset_batch"
+DECODE_COMMANDS = (
+    "reload_inputs",
+    "reload_page_table",
+    "reload_sampling_params",
+    "reset_sampling_state",
+)
+"""The v1 commands, sent explicitly on every decode of a v1 generator."""
+SLOT_REMAP_KEYWORD = "slot_remap"
+
+
+def contract_version(generator_cls: type) -> int:
+    """0 (legacy `reset_batch`) or 1 (the decode input-update contract)."""
+    value = getattr(generator_cls, CONTRACT_MARKER, 0)
+    return CONTRACT_V1 if isinstance(value, int) and value >= CONTRACT_V1 else 0
+
+
+# --- capabilities --------------------------------------------------------------------
+
+CAPABILITIES_ATTRIBUTE = "model_capabilities"
+CAPABILITY_KEYS: dict[str, str] = {
+    "supports_prefix_caching": "prefix_caching",
+    "supports_async_decode": "async_decode",
+    "supports_sample_on_device": "sample_on_device",
+    "supports_chunked_prefill": "chunked_prefill",
+}
+"""TT-Metal `model_capabilities` keys that a bundle's `capabilities` mirror. TT-Metal's rule:
+a subclass dict replaces the inherited one, so an absent key means "not supported"."""
+DEVICE_PENALTIES_KEY = "supports_device_penalties"
+"""The generator applies presence/frequency/repetition penalties on the device, from the
+`prompt_tokens` / `output_tokens` history the worker passes."""
+MAX_DEVICE_TOP_K_KEY = "max_device_top_k"
+"""How many top log-probabilities the device returns per row (0 or absent: none)."""
+FALLBACK_MAX_TOKENS_ALL_USERS = 131_072
+"""TT-Metal's KV budget when a generator has no model-specific one."""
+
+
+# --- the methods ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Method:
+    """One method of the contract and the keywords the worker may pass to it.
+
+    `passes`: every keyword the worker can supply (it passes those the signature accepts,
+    all of them to a `**kwargs` method); `aliases`: other names TT-Metal classes use for
+    the same value (the legacy Llama-2-70B generator names the mesh `t3k_mesh_device`).
+    `group`: methods of one group are alternatives (one of them is required).
+    `needs`: the declared capability that makes the method required.
+    """
+
+    name: str
+    kind: Literal["classmethod", "method"]
+    passes: tuple[str, ...]
+    returns: str
+    required: bool = True
+    group: str | None = None
+    needs: str | None = None
+    aliases: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+
+INITIALIZE = Method(
+    "initialize_vllm_model",
+    "classmethod",
+    (
+        "hf_config",
+        "mesh_device",
+        "max_batch_size",
+        "max_seq_len",
+        "tt_data_parallel",
+        "optimizations",
+    ),
+    "the generator instance",
+    aliases={"mesh_device": ("t3k_mesh_device",)},
+)
+MAX_TOKENS = Method(
+    "get_max_tokens_all_users",
+    "classmethod",
+    ("model_name", "num_devices", "tt_data_parallel", "max_model_len", "max_num_seqs"),
+    "the KV cache capacity in tokens, over all users",
+    required=False,
+)
+ALLOCATE_KV_CACHE = Method(
+    "allocate_kv_cache",
+    "method",
+    ("kv_cache_shape", "dtype", "num_layers"),
+    "the KV cache; kv_cache_shape = (num_blocks, num_kv_heads, block_size, head_size)",
+    group="kv_cache",
+)
+ALLOCATE_KV_CACHE_PER_LAYER = Method(
+    "allocate_kv_cache_per_layer",
+    "method",
+    ("per_layer_specs",),
+    "the KV cache; per_layer_specs = [(kv_cache_shape, dtype, layer_index), ...]",
+    group="kv_cache",
+)
+PREFILL = Method(
+    "prefill_forward",
+    "method",
+    (
+        "tokens",
+        "page_table",
+        "kv_cache",
+        "prompt_lens",
+        "empty_slots",
+        "enable_trace",
+        "sampling_params",
+        "start_pos",
+        "page_tables_per_layer",
+    ),
+    "logits [B, 1, V]; (tokens, log_probs) when sampling on the device; "
+    "(logits, rope_deltas) for vision-language classes",
+)
+DECODE = Method(
+    "decode_forward",
+    "method",
+    (
+        "tokens",
+        "start_pos",
+        "page_table",
+        "kv_cache",
+        "enable_trace",
+        "read_from_device",
+        "sampling_params",
+        "prompt_tokens",
+        "output_tokens",
+        SLOT_REMAP_KEYWORD,
+        "rope_deltas_all_users",
+        "page_tables_per_layer",
+        LEGACY_RESET_KEYWORD,
+        *DECODE_COMMANDS,
+    ),
+    "(tokens_or_logits, log_probs) with read_from_device=True, else a device output",
+)
+READ_DECODE_OUTPUT = Method(
+    "read_decode_output",
+    "method",
+    ("async_read",),
+    "(host_out, events) with async_read=True",
+    needs="async_decode",
+)
+PROCESS_DECODE_OUTPUT = Method(
+    "process_decode_output_host",
+    "method",
+    ("is_tokens",),
+    "(tokens_or_logits, log_probs)",
+    needs="async_decode",
+)
+
+METHODS: tuple[Method, ...] = (
+    INITIALIZE,
+    MAX_TOKENS,
+    ALLOCATE_KV_CACHE,
+    ALLOCATE_KV_CACHE_PER_LAYER,
+    PREFILL,
+    DECODE,
+    READ_DECODE_OUTPUT,
+    PROCESS_DECODE_OUTPUT,
+)
+METHODS_BY_NAME = {m.name: m for m in METHODS}
+REQUIRED_METHODS = tuple(m.name for m in METHODS if m.required and not m.group and not m.needs)
+KV_CACHE_METHODS = tuple(m.name for m in METHODS if m.group == "kv_cache")
+ASYNC_METHODS = tuple(m.name for m in METHODS if m.needs == "async_decode")
+
+
+def decode_keywords(version: int) -> frozenset[str]:
+    """The keywords the worker may pass to `decode_forward` of a class of that version:
+    v1 gets the four commands and never `reset_batch`; legacy the reverse."""
+    base = set(DECODE.passes) - set(DECODE_COMMANDS) - {LEGACY_RESET_KEYWORD}
+    base |= set(DECODE_COMMANDS) if version >= CONTRACT_V1 else {LEGACY_RESET_KEYWORD}
+    return frozenset(base)
+
+
+MULTIMODAL_PARAMETERS = frozenset(
+    {
+        "images",
+        "cross_page_table",
+        "pixel_values",
+        "image_grid_thw",
+        "image_sizes",
+        "prefill_cross_attention_masks",
+        "prefill_full_text_row_masked_out_mask",
+        "decode_cross_attention_masks",
+        "decode_full_text_row_masked_out_mask",
+    }
+)
+"""Inputs only multimodal requests have: a class that requires one cannot be served yet."""
+
+
+# --- data the worker hands to generators ---------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -24,18 +246,49 @@ class HostMesh:
 
 
 @dataclass(frozen=True)
-class SamplingParamsBatch:
-    """Per-request sampling parameters for sampling on the device, one entry per row.
+class SamplingParams:
+    """TT-Metal's sampling parameters (`models/common/sampling/sampling_params.py`): each
+    field a scalar for every row or a list with one entry per row.
 
-    temperature 0 means greedy. top_k 0 (or >= vocab) means no top-k cut; top_p 1.0 no
-    nucleus cut. A seed makes a row reproducible: the token drawn at a position depends
-    only on (seed, position), whatever else is in the batch.
+    The worker always sends lists, one entry per row of the call (per batch row in
+    prefill, per slot in decode; padding rows are greedy). temperature 0 means greedy;
+    top_k < 1 or >= the vocabulary means no top-k cut; top_p 1.0 no nucleus cut. A seed
+    makes a row reproducible; None draws from the device's own stream.
+    `enable_log_probs` asks the device for the row's log-probabilities.
     """
 
-    temperature: list[float]
-    top_k: list[int]
-    top_p: list[float]
-    seed: list[int | None] = field(default_factory=list)
+    temperature: float | list[float]
+    top_k: int | list[int]
+    top_p: float | list[float]
+    presence_penalty: float | list[float] = 0.0
+    frequency_penalty: float | list[float] = 0.0
+    repetition_penalty: float | list[float] = 1.0
+    seed: int | list[int | None] | None = None
+    enable_log_probs: bool | list[bool] = False
 
-    def __len__(self) -> int:
-        return len(self.temperature)
+    def row(self, index: int) -> SamplingParams:
+        """The parameters of one row, as scalars (a scalar field applies to every row)."""
+
+        def pick(value):  # noqa: ANN001, ANN202 - scalars and lists of any field type
+            if isinstance(value, list):
+                return value[index] if index < len(value) else value[0] if value else None
+            return value
+
+        return SamplingParams(
+            **{name: pick(getattr(self, name)) for name in SAMPLING_PARAM_FIELDS}
+        )
+
+
+SAMPLING_PARAM_FIELDS = (
+    "temperature",
+    "top_k",
+    "top_p",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "seed",
+    "enable_log_probs",
+)
+
+
+SamplingParamsBatch = SamplingParams  # transitional name, removed with the runner rewrite
