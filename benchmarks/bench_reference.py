@@ -37,7 +37,7 @@ import torch
 import transformers
 
 from ttbundles.demo.checkpoint import write_checkpoint
-from ttbundles.format.contract import HostMesh, SamplingParamsBatch
+from ttbundles.format.contract import HostMesh, SamplingParams
 from ttbundles.reference.generator import ReferenceLlamaGenerator
 
 
@@ -94,7 +94,7 @@ def reference_decode(
     tokens = logits[:, 0].argmax(-1)  # [B]
     sampling = None
     if greedy_on_device:
-        sampling = SamplingParamsBatch(
+        sampling = SamplingParams(
             temperature=[0.0] * batch, top_k=[0] * batch, top_p=[1.0] * batch, seed=[None] * batch
         )
     first_logits = gen.decode_forward(
@@ -102,8 +102,7 @@ def reference_decode(
         start_pos=torch.full((batch,), context),
         page_table=page_table,
         kv_cache=kv,
-        reset_batch=True,
-    )[:, 0]
+    )[0][:, 0]
     state = {"tokens": first_logits.argmax(-1), "position": context + 1}
 
     def step() -> None:
@@ -113,8 +112,10 @@ def reference_decode(
             page_table=page_table,
             kv_cache=kv,
             sampling_params=sampling,
-            reset_batch=True,
-        )
+            reload_inputs=True,
+            reload_sampling_params=greedy_on_device,
+            reset_sampling_state=greedy_on_device,
+        )[0]
         state["tokens"] = out if greedy_on_device else out[:, 0].argmax(-1)
         state["position"] += 1
 

@@ -13,7 +13,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from ttbundles.demo.checkpoint import write_checkpoint  # noqa: E402
-from ttbundles.format.contract import HostMesh, SamplingParamsBatch  # noqa: E402
+from ttbundles.format.contract import HostMesh, SamplingParams  # noqa: E402
 from ttbundles.reference.attention import (  # noqa: E402
     causal_attention,
     causal_mask,
@@ -82,7 +82,10 @@ def prefill(gen, kv, chunks, starts, blocks, sampling_params=None):
 
 
 def decode(gen, kv, tokens, positions, blocks, sampling_params=None, read_from_device=True):
-    return gen.decode_forward(
+    """A full-reload decode (every command a transition, as after a batch change); the
+    logits `[B, 1, V]` or sampled tokens `[B]`, or the device output when not read."""
+    device = sampling_params is not None
+    out = gen.decode_forward(
         tokens=torch.tensor(tokens, dtype=torch.int64).reshape(-1, 1),
         start_pos=torch.tensor(positions, dtype=torch.int32),
         page_table=page_table(blocks),
@@ -90,8 +93,11 @@ def decode(gen, kv, tokens, positions, blocks, sampling_params=None, read_from_d
         enable_trace=False,
         read_from_device=read_from_device,
         sampling_params=sampling_params,
-        reset_batch=False,
+        reload_inputs=True,
+        reload_sampling_params=device,
+        reset_sampling_state=device,
     )
+    return out[0] if read_from_device else out
 
 
 @torch.no_grad()
@@ -104,9 +110,9 @@ def prompt(seed: int, length: int, vocab: int) -> list[int]:
     return [1] + torch.randint(3, vocab, (length - 1,), generator=generator).tolist()
 
 
-def params(temperature, top_k=None, top_p=None, seed=None) -> SamplingParamsBatch:
+def params(temperature, top_k=None, top_p=None, seed=None) -> SamplingParams:
     n = len(temperature)
-    return SamplingParamsBatch(
+    return SamplingParams(
         temperature=list(temperature),
         top_k=list(top_k or [0] * n),
         top_p=list(top_p or [1.0] * n),
@@ -290,8 +296,9 @@ def test_greedy_sampling_is_argmax(gen, vocab, decode_ready):
     assert sampled.tolist() == torch.argmax(logits[:, 0], dim=-1).tolist()
     # And in prefill, with the same meaning.
     prompts = [prompt(50 + r, n, vocab) for r, n in enumerate((5, 12, 7))]
-    again = prefill(gen, new_cache(gen), prompts, [0, 0, 0], blocks, params([0.0] * 3))
-    assert again.tolist() == torch.argmax(prefill_logits[:, 0], dim=-1).tolist()
+    again, logprobs = prefill(gen, new_cache(gen), prompts, [0, 0, 0], blocks, params([0.0] * 3))
+    assert again.shape == (3, 1) and logprobs is None
+    assert again.reshape(-1).tolist() == torch.argmax(prefill_logits[:, 0], dim=-1).tolist()
 
 
 def test_seeded_sampling_is_reproducible_and_batch_independent(gen, decode_ready):
@@ -368,16 +375,16 @@ def test_async_readback_matches_synchronous_path(gen, decode_ready, sample):
     assert events and all(hasattr(e, "wait") for e in events)
     for event in events:
         event.wait()
-    result = gen.process_decode_output_host(host, is_tokens=sample)
+    result, _ = gen.process_decode_output_host(host, is_tokens=sample)
     assert torch.equal(result, expected)
 
     handle = decode(gen, kv, tokens, positions, blocks, sampling, read_from_device=False)
     direct = gen.read_decode_output(handle, async_read=False)
-    assert torch.equal(gen.process_decode_output_host(direct, is_tokens=sample), expected)
+    assert torch.equal(gen.process_decode_output_host(direct, is_tokens=sample)[0], expected)
 
 
 def test_steady_decode_takes_its_input_tokens_from_the_device(gen, vocab):
-    """With reset_batch=False the host may not know the last tokens yet (-1): the
+    """With reload_inputs=False the host may not know the last tokens yet (-1): the
     generator feeds its own on-device samples, so two steps can be in flight."""
     prompts = [prompt(70 + r, n, vocab) for r, n in enumerate((6, 9))]
     blocks = [[0, 1, 2, 3], [4, 5, 6, 7]]
@@ -385,48 +392,45 @@ def test_steady_decode_takes_its_input_tokens_from_the_device(gen, vocab):
 
     def run(host_knows_tokens: bool) -> list[list[int]]:
         kv = new_cache(gen)
-        first = prefill(gen, kv, prompts, [0, 0], blocks, greedy).tolist()
+        first = prefill(gen, kv, prompts, [0, 0], blocks, greedy)[0].reshape(-1).tolist()
         positions = [len(p) for p in prompts]
         produced, tokens, handles = [first], first, []
         for step in range(4):
+            reload = host_knows_tokens or step == 0
             handle = gen.decode_forward(
-                tokens=torch.tensor(
-                    tokens if (host_knows_tokens or step == 0) else [-1, -1]
-                ).reshape(-1, 1),
+                tokens=torch.tensor(tokens if reload else [-1, -1]).reshape(-1, 1),
                 start_pos=torch.tensor([p + step for p in positions]),
                 page_table=page_table(blocks),
                 kv_cache=kv,
                 read_from_device=False,
                 sampling_params=greedy,
-                reset_batch=step == 0,
+                reload_inputs=reload,
+                reload_sampling_params=step == 0,
+                reset_sampling_state=step == 0,
             )
             handles.append(gen.read_decode_output(handle, async_read=True))
             if host_knows_tokens:  # read back before the next step: no overlap
                 host, events = handles[-1]
                 for event in events:
                     event.wait()
-                tokens = gen.process_decode_output_host(host, is_tokens=True).tolist()
-        if not host_knows_tokens:
-            tokens_per_step = []
-            for host, events in handles:
-                for event in events:
-                    event.wait()
-                tokens_per_step.append(gen.process_decode_output_host(host, is_tokens=True))
-            return produced + [t.tolist() for t in tokens_per_step]
-        return produced + [
-            gen.process_decode_output_host(h, is_tokens=True).tolist() for h, _ in handles
-        ]
+                tokens = gen.process_decode_output_host(host, is_tokens=True)[0].tolist()
+        tokens_per_step = []
+        for host, events in handles:
+            for event in events:
+                event.wait()
+            tokens_per_step.append(gen.process_decode_output_host(host, is_tokens=True)[0])
+        return produced + [t.tolist() for t in tokens_per_step]
 
     assert run(host_knows_tokens=False) == run(host_knows_tokens=True)
-    # Unknown tokens with reset_batch=True: nothing on the device may stand in for them.
-    with pytest.raises(ValueError, match="reset_batch"):
+    # Unknown tokens with reload_inputs=True: nothing on the device may stand in for them.
+    with pytest.raises(ValueError, match="unknown"):
         gen.decode_forward(
             tokens=torch.tensor([[-1]]),
             start_pos=torch.tensor([3]),
             page_table=page_table([[0]]),
             kv_cache=new_cache(gen),
             sampling_params=params([0.0]),
-            reset_batch=True,
+            reload_inputs=True,
         )
 
 
@@ -486,7 +490,7 @@ def test_ragged_batched_decode_matches_transformers(gen, hf_model, vocab):
         start_pos=torch.zeros(len(prompts), dtype=torch.long),
     )
     nxt = torch.argmax(logits[:, 0], dim=-1).tolist()
-    stepped = gen.decode_forward(
+    stepped, _ = gen.decode_forward(
         tokens=torch.tensor(nxt).reshape(-1, 1),
         start_pos=torch.tensor(lengths),
         page_table=table,

@@ -30,7 +30,6 @@ from unittest import mock
 
 import pytest
 import torch
-from pydantic import ValidationError
 from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig
 from vllm.platforms import current_platform
 from vllm.sampling_params import SamplingParams
@@ -44,11 +43,12 @@ from vllm.v1.request import Request, RequestStatus
 from vllm.v1.structured_output import StructuredOutputManager
 
 from ttbundles.demo.checkpoint import write_checkpoint
+from ttbundles.errors import ConfigurationError
+from ttbundles.serving.configuration import effective_options
 from ttbundles.serving.scheduler import (
     TTAsyncScheduler,
     TTScheduler,
     _restore_running,
-    interleave_options,
 )
 
 pytestmark = pytest.mark.vllm
@@ -495,18 +495,18 @@ def test_step_kind_is_logged_at_debug_level(make_scheduler, caplog):
 
 
 def test_interleave_options_defaults_and_validation():
-    options = interleave_options(None)
+    def options(tt):
+        return effective_options(SimpleNamespace(additional_config={"tt": tt} if tt else None))
+
+    got = options(None)
     assert (
-        options.decode_interleave_enabled,
-        options.decode_interleave_prefill_steps,
-        options.decode_interleave_decode_steps,
+        got.decode_interleave_enabled,
+        got.decode_interleave_prefill_steps,
+        got.decode_interleave_decode_steps,
     ) == (True, 1, 1)
-    options = interleave_options(
-        {"tt": {"decode_interleave_decode_steps": 3, "trace_mode": "none"}}
-    )
-    assert options.decode_interleave_decode_steps == 3
-    with pytest.raises(ValidationError):
-        interleave_options({"tt": {"decode_interleave_prefill_steps": 0}})
+    assert options({"decode_interleave_decode_steps": 3}).decode_interleave_decode_steps == 3
+    with pytest.raises(ConfigurationError):
+        options({"decode_interleave_prefill_steps": 0})
 
 
 def test_restore_running_keeps_order_and_the_base_changes():

@@ -1,8 +1,10 @@
 """The demo bundle's generator: ttbundles' torch reference Llama generator, on the host mesh.
 
-The methods below only forward to the reference implementation. They are spelled out so
-that `ttbundle validate`, which reads this file without importing it (and so cannot see
-into ttbundles), finds the whole contract and the capabilities here.
+It speaks TT-Metal's current generator contract (decode input-update contract v1, tuple
+returns, on-device penalties and top log-probabilities). The methods below only forward
+to the reference implementation. They are spelled out so that `ttbundle validate`, which
+reads this file without importing it (and so cannot see into ttbundles), finds the whole
+contract and the capabilities here.
 """
 
 from __future__ import annotations
@@ -20,7 +22,10 @@ class DemoGenerator(ReferenceLlamaGenerator):
         "supports_async_decode": True,
         "supports_sample_on_device": True,
         "supports_chunked_prefill": True,
+        "supports_device_penalties": True,
+        "max_device_top_k": 20,
     }
+    decode_input_update_contract = 1
 
     @classmethod
     def initialize_vllm_model(
@@ -29,6 +34,7 @@ class DemoGenerator(ReferenceLlamaGenerator):
         mesh_device: Any,
         max_batch_size: int,
         max_seq_len: int,
+        n_layers: int | None = None,
         tt_data_parallel: int = 1,
         optimizations: str | None = None,
     ) -> DemoGenerator:
@@ -37,6 +43,7 @@ class DemoGenerator(ReferenceLlamaGenerator):
             mesh_device=mesh_device,
             max_batch_size=max_batch_size,
             max_seq_len=max_seq_len,
+            n_layers=n_layers,
             tt_data_parallel=tt_data_parallel,
             optimizations=optimizations,
         )
@@ -52,10 +59,10 @@ class DemoGenerator(ReferenceLlamaGenerator):
         page_table: Any,
         kv_cache: Any,
         prompt_lens: Any,
-        start_pos: Any = None,
-        enable_trace: bool = False,
-        sampling_params: Any = None,
         empty_slots: Any = None,
+        enable_trace: bool = True,
+        sampling_params: Any = None,
+        start_pos: Any = None,
         **kwargs: Any,
     ) -> Any:
         return super().prefill_forward(
@@ -63,10 +70,10 @@ class DemoGenerator(ReferenceLlamaGenerator):
             page_table=page_table,
             kv_cache=kv_cache,
             prompt_lens=prompt_lens,
-            start_pos=start_pos,
+            empty_slots=empty_slots,
             enable_trace=enable_trace,
             sampling_params=sampling_params,
-            empty_slots=empty_slots,
+            start_pos=start_pos,
             **kwargs,
         )
 
@@ -74,27 +81,36 @@ class DemoGenerator(ReferenceLlamaGenerator):
         self,
         tokens: Any,
         start_pos: Any,
-        page_table: Any,
-        kv_cache: Any,
-        enable_trace: bool = False,
+        page_table: Any = None,
+        kv_cache: Any = None,
+        enable_trace: bool = True,
         read_from_device: bool = True,
         sampling_params: Any = None,
         prompt_tokens: Any = None,
         output_tokens: Any = None,
-        reset_batch: bool = False,
+        slot_remap: Any = None,
+        *,
+        reload_inputs: bool = True,
+        reload_page_table: bool = False,
+        reload_sampling_params: bool = False,
+        reset_sampling_state: bool = False,
         **kwargs: Any,
     ) -> Any:
         return super().decode_forward(
-            tokens=tokens,
-            start_pos=start_pos,
-            page_table=page_table,
-            kv_cache=kv_cache,
+            tokens,
+            start_pos,
+            page_table,
+            kv_cache,
             enable_trace=enable_trace,
             read_from_device=read_from_device,
             sampling_params=sampling_params,
             prompt_tokens=prompt_tokens,
             output_tokens=output_tokens,
-            reset_batch=reset_batch,
+            slot_remap=slot_remap,
+            reload_inputs=reload_inputs,
+            reload_page_table=reload_page_table,
+            reload_sampling_params=reload_sampling_params,
+            reset_sampling_state=reset_sampling_state,
             **kwargs,
         )
 

@@ -59,6 +59,8 @@ SERVER_PLANS: dict[str, tuple[list[str], dict[str, str]]] = {
     "demo-sync": ([*DEMO_ARGS, "--no-async-scheduling", *tt_options(**DEVICE_SAMPLING)], {}),
     "compat": ([*DEMO_ARGS, *tt_options(**DEVICE_SAMPLING, always_compat_sampling=True)], {}),
     "plain": (PLAIN_ARGS, {}),  # EXTRA_MODELS_DIR: set by the fixture
+    # The reference generator in the legacy decode form (reset_batch, no commands).
+    "legacy": ([*DEMO_ARGS, *tt_options(**DEVICE_SAMPLING)], {}),  # EXTRA_MODELS_DIR too
 }
 
 PLAIN_ADAPTER = '''"""The reference generator declaring no capabilities at all."""
@@ -95,6 +97,65 @@ class PlainGenerator(ReferenceLlamaGenerator):
         return super().decode_forward(tokens=tokens, start_pos=start_pos,
                                       page_table=page_table, kv_cache=kv_cache, **kwargs)
 '''
+
+LEGACY_ADAPTER = '''"""The reference generator in the pre-contract decode form (reset_batch)."""
+
+from ttbundles.reference.generator import ReferenceLlamaGeneratorLegacy
+
+
+class LegacyGenerator(ReferenceLlamaGeneratorLegacy):
+    model_capabilities = {
+        "supports_prefix_caching": True,
+        "supports_async_decode": True,
+        "supports_sample_on_device": True,
+        "supports_chunked_prefill": True,
+    }
+
+    # Spelled out for the static validator, which cannot see into ttbundles.
+    @classmethod
+    def initialize_vllm_model(cls, hf_config, mesh_device, max_batch_size, max_seq_len,
+                              n_layers=None, tt_data_parallel=1, optimizations=None):
+        return super().initialize_vllm_model(
+            hf_config, mesh_device, max_batch_size, max_seq_len, n_layers, tt_data_parallel,
+            optimizations)
+
+    def allocate_kv_cache(self, kv_cache_shape, dtype, num_layers):
+        return super().allocate_kv_cache(kv_cache_shape, dtype, num_layers)
+
+    def prefill_forward(self, tokens, page_table, kv_cache, prompt_lens, **kwargs):
+        return super().prefill_forward(tokens, page_table, kv_cache, prompt_lens, **kwargs)
+
+    def decode_forward(self, tokens, start_pos, page_table=None, kv_cache=None,
+                       enable_trace=True, read_from_device=True, sampling_params=None,
+                       reset_batch=False, prompt_tokens=None, output_tokens=None,
+                       slot_remap=None):
+        return super().decode_forward(
+            tokens, start_pos, page_table, kv_cache, enable_trace, read_from_device,
+            sampling_params, reset_batch, prompt_tokens, output_tokens, slot_remap)
+
+    def read_decode_output(self, out, async_read=False):
+        return super().read_decode_output(out, async_read=async_read)
+
+    def process_decode_output_host(self, host_out, is_tokens=False):
+        return super().process_decode_output_host(host_out, is_tokens=is_tokens)
+'''
+
+LEGACY_METADATA = {
+    "schema_version": 1,
+    "name": "legacy-reference",
+    "version": "1.0.0",
+    "description": "The reference generator in the legacy decode form (e2e tests).",
+    "arch": "LlamaForCausalLM",
+    "main_class": "adapter:LegacyGenerator",
+    "main_class_source": "bundle",
+    "capabilities": {
+        "prefix_caching": True,
+        "async_decode": True,
+        "chunked_prefill": True,
+        "sample_on_device": ["decode_only", "all"],
+    },
+    "targets": {"HOST": {"max_model_len": 512, "max_num_seqs": 32}},
+}
 
 PLAIN_METADATA = {
     "schema_version": 1,
@@ -248,11 +309,11 @@ def _environment(extra: dict[str, str]) -> dict[str, str]:
     return env
 
 
-def write_plain_bundle(models_dir: Path) -> Path:
-    folder = models_dir / "plain-reference"
+def write_test_bundle(models_dir: Path, metadata: dict, adapter: str) -> Path:
+    folder = models_dir / metadata["name"]
     folder.mkdir(parents=True)
-    (folder / "vllm_metadata.json").write_text(json.dumps(PLAIN_METADATA, indent=2) + "\n")
-    (folder / "adapter.py").write_text(PLAIN_ADAPTER)
+    (folder / "vllm_metadata.json").write_text(json.dumps(metadata, indent=2) + "\n")
+    (folder / "adapter.py").write_text(adapter)
     return folder
 
 
@@ -264,9 +325,12 @@ def servers(demo_checkpoint, tmp_path_factory) -> Iterator[dict[str, Server]]:
     logging_config = root / "logging.json"
     logging_config.write_text(json.dumps(LOGGING_CONFIG))
     models_dir = root / "models"
-    write_plain_bundle(models_dir)
+    write_test_bundle(models_dir, PLAIN_METADATA, PLAIN_ADAPTER)
+    legacy_dir = root / "legacy-models"
+    write_test_bundle(legacy_dir, LEGACY_METADATA, LEGACY_ADAPTER)
     plans = dict(SERVER_PLANS)
     plans["plain"] = (PLAIN_ARGS, {"EXTRA_MODELS_DIR": str(models_dir)})
+    plans["legacy"] = (plans["legacy"][0], {"EXTRA_MODELS_DIR": str(legacy_dir)})
     started: dict[str, Server] = {}
     try:
         for name, (args, extra) in plans.items():
@@ -300,6 +364,11 @@ def demo_server(servers) -> Server:
 @pytest.fixture(scope="session")
 def plain_server(servers) -> Server:
     return servers["plain"]
+
+
+@pytest.fixture(scope="session")
+def legacy_server(servers) -> Server:
+    return servers["legacy"]
 
 
 @pytest.fixture(scope="session")

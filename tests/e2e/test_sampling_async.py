@@ -30,6 +30,8 @@ pytestmark = pytest.mark.server
 GREEDY = {"temperature": 0.0}
 # Generate exactly max_tokens, through EOS, and return the token ids of prompt and output.
 IDS = {"ignore_eos": True, "return_token_ids": True}
+# Log-prob keys as token ids: the tiny tokenizer decodes many ids to the same text.
+TOKEN_IDS = {"return_tokens_as_token_ids": True}
 N = 8  # max_tokens of a short request: 1 prefill step + 7 decode steps
 LONG = 300  # max_tokens of the request decoding in the background (about 1 s alone)
 OPENAI_KEYS = {"temperature", "seed", "logprobs", "top_p", "presence_penalty", "logit_bias"}
@@ -164,8 +166,18 @@ def test_a_batch_of_plain_requests_samples_on_the_device(demo_server, reference)
 
 
 def _check_logprobs(response, tokens, greedy, reference, prompt):
-    assert tokens == greedy
-    assert len(response.choices[0].logprobs.token_logprobs) == N
+    """Each token's log-prob, and each of the top ones returned, is transformers'
+    log-softmax of the raw logits at that position, to float32 rounding (1e-3: logits
+    differ by ~1e-5). Requests set return_tokens_as_token_ids, so keys are token ids."""
+    logprobs = response.choices[0].logprobs
+    assert len(logprobs.token_logprobs) == len(tokens) == N
+    expected = reference.logprobs(prompt, tokens)
+    for i, token in enumerate(tokens):
+        assert abs(logprobs.token_logprobs[i] - expected[i, token].item()) < 1e-3, i
+        top = {int(k.removeprefix("token_id:")): v for k, v in logprobs.top_logprobs[i].items()}
+        assert int(expected[i].argmax()) in top, (i, top)
+        for token_id, value in top.items():
+            assert abs(value - expected[i, token_id].item()) < 1e-3, (i, token_id)
 
 
 def _check_penalties(response, tokens, greedy, reference, prompt):
@@ -194,8 +206,13 @@ def _check_choice(response, tokens, greedy, reference, prompt):
 HOST_CASES = {
     # case: (request options, check(response, tokens, transformers' greedy, reference,
     #        prompt), prompt seed); the case names the reason, up to a "-"
-    "logprobs": ({"logprobs": 2}, _check_logprobs, HOST_PROMPT_SEED),
-    "penalties": ({"presence_penalty": 2.0}, _check_penalties, HOST_PROMPT_SEED),
+    # Sampled at a temperature with no top-k: the token may lie outside the device's top
+    # log-probs, so the host computes them.
+    "logprobs": (
+        {"logprobs": 2, "temperature": 0.8, "seed": 4, **TOKEN_IDS},
+        _check_logprobs,
+        HOST_PROMPT_SEED,
+    ),
     # vLLM drops min_p from greedy requests: this one samples.
     "min_p": ({"min_p": 0.2, "temperature": 0.8, "seed": 1}, _check_min_p, HOST_PROMPT_SEED),
     "logit_bias": (
@@ -271,6 +288,38 @@ def test_a_request_needing_the_host_sampler_takes_its_batch_to_the_host_once(
     assert device["decode.async"] == N - 1
 
 
+# What the demo generator does on the device (it declares supports_device_penalties and
+# max_device_top_k): these stay there, asynchronous like any plain batch.
+DEVICE_CASES = {
+    "logprobs": ({"logprobs": 5, **TOKEN_IDS}, _check_logprobs),
+    "logprobs-top_k": (
+        {"logprobs": 3, "temperature": 1.2, "top_k": 4, "seed": 9, **TOKEN_IDS},
+        _check_logprobs,
+    ),
+    "penalties": ({"presence_penalty": 2.0}, _check_penalties),
+}
+
+
+@pytest.mark.parametrize("case", list(DEVICE_CASES))
+def test_penalties_and_logprobs_stay_on_the_device_where_the_generator_declares_them(
+    demo_server, compat_server, reference, case
+):
+    options, check = DEVICE_CASES[case]
+    prompt = random_ids(HOST_PROMPT_SEED, 10, reference.vocab_size)
+    greedy = reference.greedy(prompt, N)
+    before = demo_server.settled_stats()
+    response = complete(demo_server, prompt, **{**GREEDY, **options})
+    delta = demo_server.stats_delta(before)
+    tokens = output_ids(response)
+    assert check(response, tokens, greedy, reference, prompt) is not False, tokens
+    assert delta["sampling.device"] == sampling_steps(response), delta
+    assert "sampling.host" not in delta
+    assert delta["decode.async"] == N - 1
+    # The host path (vLLM's sampler) gives the same tokens for the deterministic cases.
+    if "seed" not in options:
+        assert output_ids(complete(compat_server, prompt, **{**GREEDY, **options})) == tokens
+
+
 def test_greedy_tokens_are_the_same_on_both_paths_and_in_transformers(
     demo_server, compat_server, reference
 ):
@@ -279,7 +328,7 @@ def test_greedy_tokens_are_the_same_on_both_paths_and_in_transformers(
     runs = {}
     for label, server, options in (
         ("device", demo_server, {}),
-        ("host: logprobs", demo_server, {"logprobs": 1}),
+        ("host: min_tokens", demo_server, {"min_tokens": 2}),
         ("host: always_compat", compat_server, {}),
     ):
         before = server.settled_stats()
@@ -291,10 +340,10 @@ def test_greedy_tokens_are_the_same_on_both_paths_and_in_transformers(
         assert tokens == expected, label
 
     steps = 3 * 16  # at most; prompts arriving together share steps
-    device, logprobs, compat = (delta for _, delta in runs.values())
+    device, host, compat = (delta for _, delta in runs.values())
     assert "sampling.host" not in device and 0 < device["sampling.device"] <= steps
-    assert "sampling.device" not in logprobs
-    assert 0 < logprobs["sampling.host"] == logprobs["sampling.host.logprobs"] <= steps
+    assert "sampling.device" not in host
+    assert 0 < host["sampling.host"] == host["sampling.host.min_tokens"] <= steps
     assert "sampling.device" not in compat
     assert 0 < compat["sampling.host"] == compat["sampling.host.always_compat_sampling"] <= steps
 
@@ -396,8 +445,7 @@ def test_a_request_arriving_and_leaving_drains_the_steps_in_flight(demo_server, 
 
 JOINING = {
     # reason: (request options, the drain its arrival causes)
-    "logprobs": ({"logprobs": 1}, "prefill"),
-    "penalties": ({"presence_penalty": 2.0}, "prefill"),
+    "min_tokens": ({"min_tokens": 4}, "prefill"),
     "structured_output": (
         {"structured_outputs": {"choice": ["yes", "no"]}, **STOP_AT_EOS},
         "structured_output",
@@ -422,9 +470,7 @@ def test_a_request_needing_the_host_sampler_joining_async_decode(demo_server, re
     assert decoded_meanwhile < LONG
     assert long == reference.greedy(long_prompt, LONG)
     short = output_ids(response)
-    if reason == "penalties":
-        assert_penalised_greedy(reference, short_prompt, short, 2.0)
-    elif reason == "structured_output":
+    if reason == "structured_output":
         _check_choice(response, short, None, reference, short_prompt)
     else:
         assert short == reference.greedy(short_prompt, N)
@@ -441,6 +487,33 @@ def test_a_request_needing_the_host_sampler_joining_async_decode(demo_server, re
     assert delta["sampling.host"] == delta[f"sampling.host.{reason}"] == short_steps
     assert delta["sampling.device"] == 2 + LONG - 1 - short_steps
     assert delta["decode.async"] == LONG - 1 - (short_steps - 1)
+
+
+@pytest.mark.parametrize("case", ["penalties", "logprobs"])
+def test_a_device_penalty_or_logprobs_request_joining_async_decode(demo_server, reference, case):
+    """Penalties and log-probs on the device apply to their own request only: the long
+    greedy request decoding beside them is unchanged, and every step stays on the device
+    (the batch change resets the slots' sampling state from the history the worker sends)."""
+    options, check = DEVICE_CASES[case]
+    vocab = reference.vocab_size
+    long_prompt = random_ids(812, 10, vocab)
+    short_prompt = random_ids(HOST_PROMPT_SEED, 10, vocab)
+    before = demo_server.settled_stats()
+    background = Background(demo_server, long_prompt)
+    background.wait_for(5)
+    response = complete(demo_server, short_prompt, **GREEDY, **options)
+    long = background.result()
+    delta = demo_server.stats_delta(before)
+
+    assert long == reference.greedy(long_prompt, LONG)
+    short = output_ids(response)
+    assert (
+        check(response, short, reference.greedy(short_prompt, N), reference, short_prompt)
+        is not False
+    )
+    assert "sampling.host" not in delta
+    assert delta["commands.reset_sampling_state"] >= 2  # the short one's arrival and exit
+    assert delta["commands.resident"] > 0
 
 
 def test_async_and_sync_decode_give_identical_tokens(demo_server, sync_server, reference):
@@ -480,6 +553,9 @@ def test_async_and_sync_decode_give_identical_tokens(demo_server, sync_server, r
     sync_stats = sync_server.settled_stats()
     assert sync_delta["step.decode"] >= 31
     assert not [k for k in sync_stats if k.startswith("decode.")], sync_stats
+    # Without async scheduling the generator still keeps its inputs resident in a steady
+    # batch (it declares async decode): only a change of layout reloads them.
+    assert sync_delta["commands.resident"] > sync_delta["commands.reload_inputs"] > 0
 
 
 def test_a_bundle_without_async_decode_runs_synchronously(plain_server, reference):
@@ -500,3 +576,5 @@ def test_a_bundle_without_async_decode_runs_synchronously(plain_server, referenc
     assert delta["sampling.host"] == delta["sampling.host.host_mode"] == N
     stats = plain_server.settled_stats()
     assert not [k for k in stats if k.startswith("decode.")], stats
+    # Host sampling: host inputs are authoritative on every decode.
+    assert delta["commands.reload_inputs"] == N - 1 and "commands.resident" not in delta

@@ -88,6 +88,8 @@ class Method:
     the same value (the legacy Llama-2-70B generator names the mesh `t3k_mesh_device`).
     `group`: methods of one group are alternatives (one of them is required).
     `needs`: the declared capability that makes the method required.
+    `leading`: how many leading arguments the worker passes by position (the device
+    output handed back to the readback methods, whatever the class calls it).
     """
 
     name: str
@@ -98,6 +100,7 @@ class Method:
     group: str | None = None
     needs: str | None = None
     aliases: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    leading: int = 0
 
 
 INITIALIZE = Method(
@@ -179,6 +182,7 @@ READ_DECODE_OUTPUT = Method(
     ("async_read",),
     "(host_out, events) with async_read=True",
     needs="async_decode",
+    leading=1,
 )
 PROCESS_DECODE_OUTPUT = Method(
     "process_decode_output_host",
@@ -186,6 +190,7 @@ PROCESS_DECODE_OUTPUT = Method(
     ("is_tokens",),
     "(tokens_or_logits, log_probs)",
     needs="async_decode",
+    leading=1,
 )
 
 METHODS: tuple[Method, ...] = (
@@ -274,9 +279,7 @@ class SamplingParams:
                 return value[index] if index < len(value) else value[0] if value else None
             return value
 
-        return SamplingParams(
-            **{name: pick(getattr(self, name)) for name in SAMPLING_PARAM_FIELDS}
-        )
+        return SamplingParams(**{name: pick(getattr(self, name)) for name in SAMPLING_PARAM_FIELDS})
 
 
 SAMPLING_PARAM_FIELDS = (
@@ -289,6 +292,3 @@ SAMPLING_PARAM_FIELDS = (
     "seed",
     "enable_log_probs",
 )
-
-
-SamplingParamsBatch = SamplingParams  # transitional name, removed with the runner rewrite

@@ -34,14 +34,16 @@ Shape conventions used throughout (all batch tensors are row-major in the batch)
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from ttbundles.format.contract import SamplingParamsBatch
+from ttbundles.format.contract import LEGACY_RESET_KEYWORD, SamplingParams
 from ttbundles.reference.attention import (
     Segment,
     apply_rope,
@@ -50,8 +52,8 @@ from ttbundles.reference.attention import (
     rope_cos_sin,
 )
 from ttbundles.reference.config import ModelDims, rope_frequencies
-from ttbundles.reference.readback import DeviceOutput, ReadEvent
-from ttbundles.reference.sampling import sample_tokens
+from ttbundles.reference.readback import DeviceOutput, HostOutput, ReadEvent
+from ttbundles.reference.sampling import MAX_DEVICE_TOP_K, DeviceSampler
 from ttbundles.reference.weights import LlamaWeights, checkpoint_dir, load_safetensors
 
 KVCache = list[list[torch.Tensor]]
@@ -68,13 +70,33 @@ def _int_list(values: Any, count: int, name: str) -> list[int]:
     return values[:count]
 
 
+@dataclass(frozen=True)
+class ResidentInputs:
+    """The decode inputs kept "on the device" between steps, per slot (on a card: the
+    decode trace's input tensors): tokens `[B]`, positions, page table `[B, W]`."""
+
+    tokens: torch.Tensor
+    positions: list[int]
+    page_table: torch.Tensor | None
+
+    def remapped(self, remap: list[int]) -> ResidentInputs:
+        """Slot i takes slot remap[i]'s inputs (slots past the remap stay)."""
+        order = list(remap) + list(range(len(remap), len(self.positions)))
+        index = torch.tensor(order)
+        table = None if self.page_table is None else self.page_table[index]
+        return ResidentInputs(self.tokens[index], [self.positions[j] for j in order], table)
+
+
 class ReferenceLlamaGenerator:
     """The generator contract for Llama-family checkpoints, in torch, on the host.
 
-    Stateless between calls apart from the KV cache the worker owns: every position's
-    K/V lives in the paged cache, so chunked prefill, prefix caching and preemption need
-    no bookkeeping here (`empty_slots`, `reset_batch`, `enable_trace` are accepted and
-    ignored for that reason).
+    It speaks TT-Metal's current contract (`format.contract`): decode input-update
+    contract v1, tuple returns, TT's `SamplingParams`, device penalties from the prompt
+    and output history, top log-probabilities from the device. Like a card it keeps state
+    between calls where TT-Metal's generators do: the resident decode inputs (what the
+    decode trace reads: tokens, positions, page table) and the sampler's per-slot state.
+    Every position's K/V lives in the paged cache the worker allocates through it, so
+    chunked prefill, prefix caching and preemption need nothing more.
     """
 
     model_capabilities = {
@@ -82,7 +104,10 @@ class ReferenceLlamaGenerator:
         "supports_async_decode": True,
         "supports_sample_on_device": True,
         "supports_chunked_prefill": True,
+        "supports_device_penalties": True,
+        "max_device_top_k": MAX_DEVICE_TOP_K,
     }
+    decode_input_update_contract = 1
 
     def __init__(
         self,
@@ -100,18 +125,15 @@ class ReferenceLlamaGenerator:
         self.max_batch_size = max_batch_size
         self.max_seq_len = max_seq_len
         self.scale = dims.head_dim**-0.5
-        # Rows without a seed draw from one stream per generator, seeded unpredictably.
-        self.unseeded_generator = torch.Generator()
-        self.unseeded_generator.seed()
+        self.sampler = DeviceSampler(max_batch_size, dims.vocab_size)
         # One worker thread stands in for the device's command queue: every forward and
         # readback runs there in submission order, so the host can schedule the next step
         # while a decode computes, as it would with a card.
         self._device_queue = ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="reference-device"
         )
-        # The last decode's on-device sampled tokens: the next step's input when the batch
-        # is unchanged (`reset_batch=False`), so the host need not read them back first.
-        self._last_tokens: DeviceOutput | None = None
+        # The decode inputs "on the device"; only the device queue touches them.
+        self._resident: ResidentInputs | None = None
 
     # ---- construction ----------------------------------------------------------------
 
@@ -122,6 +144,7 @@ class ReferenceLlamaGenerator:
         mesh_device: Any,
         max_batch_size: int,
         max_seq_len: int,
+        n_layers: int | None = None,
         tt_data_parallel: int = 1,
         optimizations: str | None = None,
     ) -> ReferenceLlamaGenerator:
@@ -129,6 +152,7 @@ class ReferenceLlamaGenerator:
 
         `mesh_device` (a HostMesh), `tt_data_parallel` and `optimizations` change nothing
         here: rows are independent, and float32 torch has no accuracy/speed trade-off.
+        `n_layers` keeps only the first layers (as TT-Metal's generators do, for tests).
         """
         dims = ModelDims.from_hf_config(hf_config)
         window = getattr(hf_config, "sliding_window", None)
@@ -148,6 +172,9 @@ class ReferenceLlamaGenerator:
         weights = LlamaWeights.from_state_dict(
             state, dims, bool(getattr(hf_config, "tie_word_embeddings", False))
         )
+        if n_layers is not None:
+            weights.layers = weights.layers[:n_layers]
+            dims = dataclasses.replace(dims, num_layers=len(weights.layers))
         return cls(weights, dims, inv_freq, attention_scaling, max_batch_size, max_seq_len)
 
     def allocate_kv_cache(
@@ -243,27 +270,35 @@ class ReferenceLlamaGenerator:
         page_table: torch.Tensor,
         kv_cache: KVCache,
         prompt_lens: Any,
-        start_pos: Any = None,
-        enable_trace: bool = False,
-        sampling_params: SamplingParamsBatch | None = None,
         empty_slots: Any = None,
+        enable_trace: bool = True,
+        sampling_params: SamplingParams | None = None,
+        start_pos: Any = None,
         **kwargs: Any,
-    ) -> torch.Tensor:
-        """Prefill one chunk per row; last-token logits `[B, 1, V]`, or tokens `[B]`.
+    ) -> torch.Tensor | tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
+        """Prefill one chunk per row; logits `[B, 1, V]`, or `(tokens [B, 1], log_probs)`
+        when sampling on the device (TT-Metal's `prefill_forward_text` forms).
 
         Row i computes positions `start_pos[i] .. prompt_lens[i] - 1` (start_pos None: 0).
         As in TT-Metal's generators, `tokens[i]` holds the row's tokens from position 0:
         the chunk is `tokens[i, start_pos[i]:prompt_lens[i]]`, and what lies before it is
-        not read (the rest of the row is padding). Positions below start_pos[i] must
-        already be in the cache: an earlier chunk, or blocks shared through prefix
-        caching. Rows with nothing
-        to compute (prompt_lens <= start_pos) are padding: logits 0, cache untouched.
-        With `sampling_params`, the token drawn for row i is the one at position
-        prompt_lens[i] (seeded rows are keyed on that position).
+        not read. Positions below start_pos[i] must already be in the cache: an earlier
+        chunk, or blocks shared through prefix caching. Rows with nothing to compute
+        (prompt_lens <= start_pos) are padding. `empty_slots[i]` is the batch slot row i
+        is being placed in (default: row i): with `sampling_params`, the row's sampling
+        state (parameters, seed, prompt history) is registered there, and the token drawn
+        is the one at position prompt_lens[i]. `page_table` rows follow the request rows.
         """
+        if kwargs:
+            raise TypeError(f"prefill_forward got unexpected keywords: {', '.join(sorted(kwargs))}")
         batch = tokens.shape[0]
         ends = _int_list(prompt_lens, batch, "prompt_lens")
         starts = [0] * batch if start_pos is None else _int_list(start_pos, batch, "start_pos")
+        slots = (
+            list(range(batch))
+            if empty_slots is None
+            else _int_list(empty_slots, batch, "empty_slots")
+        )
         segments = []
         for row in range(batch):
             length = ends[row] - starts[row]
@@ -276,14 +311,20 @@ class ReferenceLlamaGenerator:
                     f"{tokens.shape[1]} (tokens hold the row from position 0)"
                 )
             segments.append(Segment(row, tokens[row, starts[row] : ends[row]].long(), starts[row]))
-        self._last_tokens = None  # a prefill changes the batch: the next decode resets it
+        live = [slot if ends[row] > starts[row] else -1 for row, slot in enumerate(slots)]
+        history = tokens.long().clone()
+        for row, end in enumerate(ends):
+            history[row, end:] = -1
 
-        def compute() -> torch.Tensor:
+        def compute() -> Any:
             logits = self._run(segments, batch, page_table, kv_cache)
             if sampling_params is None:
                 return logits.unsqueeze(1)
-            active = [ends[row] > starts[row] for row in range(batch)]
-            return sample_tokens(logits, sampling_params, ends, active, self.unseeded_generator)
+            self.sampler.ensure_capacity(max(slots) + 1)
+            self.sampler.reload_params(live, sampling_params, ends)
+            self.sampler.reset_state(live, sampling_params, ends, history, None)
+            sampled, logprobs = self.sampler.sample(logits, live)
+            return sampled.view(batch, 1), logprobs
 
         return self._device_queue.submit(compute).result()
 
@@ -291,102 +332,204 @@ class ReferenceLlamaGenerator:
         self,
         tokens: torch.Tensor,
         start_pos: Any,
-        page_table: torch.Tensor,
-        kv_cache: KVCache,
-        enable_trace: bool = False,
+        page_table: torch.Tensor | None = None,
+        kv_cache: KVCache | None = None,
+        enable_trace: bool = True,
         read_from_device: bool = True,
-        sampling_params: SamplingParamsBatch | None = None,
-        prompt_tokens: Any = None,
-        output_tokens: Any = None,
-        reset_batch: bool = False,
+        sampling_params: SamplingParams | None = None,
+        prompt_tokens: torch.Tensor | None = None,
+        output_tokens: torch.Tensor | None = None,
+        slot_remap: Any = None,
+        *,
+        reload_inputs: bool = True,
+        reload_page_table: bool = False,
+        reload_sampling_params: bool = False,
+        reset_sampling_state: bool = False,
         **kwargs: Any,
-    ) -> torch.Tensor | DeviceOutput:
-        """One token per row: `tokens[i, 0]` at position `start_pos[i]`.
+    ) -> Any:
+        """One token per slot: row i is batch slot i, its token at position `start_pos[i]`
+        (-1: an empty slot, skipped). Decode input-update contract v1.
 
-        Writes its K/V and attends over positions <= start_pos[i]. Rows with start_pos -1
-        are padding: skipped, cache untouched, logits 0 / token 0. Returns logits
-        `[B, 1, V]`, or with `sampling_params` tokens `[B]` (drawn for position
-        start_pos[i] + 1). With `read_from_device=False` the result is a DeviceOutput for
-        `read_decode_output`. prompt_tokens/output_tokens (penalties on device) are not
-        used: SamplingParamsBatch carries no penalties.
+        The commands say what the host inputs are worth (TT-Metal
+        `models/common/decode_contract.py`): `reload_inputs` restages tokens, positions and
+        the page table from the host; `reload_page_table` only the page table; neither:
+        the resident inputs are used, which the last device-sampling decode left (its
+        sampled tokens, positions advanced by one), so `tokens` and `start_pos` are
+        deliberately stale and not read. `reload_sampling_params` uploads the parameters
+        and registers changed seeds; `reset_sampling_state` rebuilds seeds, counters and
+        the penalty history (`prompt_tokens`, `output_tokens`: `[B, L]`, -1 padded).
+        `slot_remap[i] = j` moves slot j's state to slot i first.
+
+        Returns `(logits [B, 1, V], None)`, or with `sampling_params` `(tokens [B],
+        log_probs)` where log_probs is None or `(top_logprobs [B, K], top_ids [B, K])`
+        (rows asking for them); with `read_from_device=False`, a DeviceOutput for
+        `read_decode_output`.
         """
-        batch = tokens.shape[0]
-        positions = _int_list(start_pos, batch, "start_pos")
-        host_tokens = tokens.reshape(batch, -1)[:, 0].long().clone()
-        previous = None if reset_batch else self._last_tokens
-        if previous is None and bool((host_tokens < 0).any()):
+        if LEGACY_RESET_KEYWORD in kwargs:
             raise ValueError(
-                "tokens has unknown (-1) entries but there is no previous decode "
-                "on the device to take them from (pass reset_batch=True)"
+                f"{LEGACY_RESET_KEYWORD} is not part of the decode input-update contract; "
+                "the worker driving this generator predates it (send reload_inputs / "
+                "reload_page_table / reload_sampling_params / reset_sampling_state)"
+            )
+        if kwargs:
+            raise TypeError(f"decode_forward got unexpected keywords: {', '.join(sorted(kwargs))}")
+        if reload_inputs and reload_page_table:
+            raise ValueError("reload_page_table is meaningless with reload_inputs=True")
+        if not reload_inputs and not enable_trace:
+            raise ValueError(
+                "Non-traced decode rebuilds its inputs every step: send reload_inputs=True"
+            )
+        if reset_sampling_state and not reload_inputs:
+            raise ValueError(
+                "reset_sampling_state needs reload_inputs=True (positions must be authoritative)"
+            )
+        batch = tokens.shape[0]
+        host_tokens = tokens.reshape(batch, -1)[:, 0].long().clone()
+        host_positions = _int_list(start_pos, batch, "start_pos")
+        host_table = None if page_table is None else torch.as_tensor(page_table).long().clone()
+        remap = None if slot_remap is None else _int_list(slot_remap, len(slot_remap), "slot_remap")
+        if reload_inputs and bool((host_tokens[torch.tensor(host_positions) >= 0] < 0).any()):
+            raise ValueError(
+                "reload_inputs=True but tokens has unknown (-1) entries for live slots"
             )
 
-        def compute() -> torch.Tensor:
-            token_ids = host_tokens
-            if previous is not None:
-                # Same batch as the last decode: its sampled tokens, still on the device,
-                # are this step's input wherever the host did not know them yet.
-                on_device = previous.tensor.reshape(-1)
-                if on_device.shape == token_ids.shape:
-                    token_ids = torch.where(token_ids < 0, on_device, token_ids)
+        def compute() -> tuple[torch.Tensor, Any]:
+            resident = self._resident
+            if remap is not None:
+                self.sampler.ensure_capacity(len(remap))
+                self.sampler.remap(remap)
+                if resident is not None:
+                    resident = resident.remapped(remap)
+            if reload_inputs:
+                resident = ResidentInputs(host_tokens, host_positions, host_table)
+            elif resident is None:
+                raise ValueError("no resident decode inputs: the first decode must reload_inputs")
+            elif reload_page_table:
+                resident = ResidentInputs(resident.tokens, resident.positions, host_table)
+            if resident.page_table is None:
+                raise ValueError("the reference generator needs a page_table (paged KV cache only)")
+            positions = resident.positions
             segments = [
-                Segment(row, token_ids[row : row + 1], positions[row])
+                Segment(row, resident.tokens[row : row + 1], positions[row])
                 for row in range(batch)
                 if positions[row] >= 0
             ]
-            logits = self._run(segments, batch, page_table, kv_cache)
+            logits = self._run(segments, batch, resident.page_table, kv_cache)
             if sampling_params is None:
-                return logits.unsqueeze(1)
-            active = [p >= 0 for p in positions]
-            next_positions = [p + 1 for p in positions]
-            return sample_tokens(
-                logits, sampling_params, next_positions, active, self.unseeded_generator
-            )
+                # Host sampling: the host knows the next tokens; it reloads every step.
+                self._resident = None
+                return logits.unsqueeze(1), None
+            slots = [row if positions[row] >= 0 else -1 for row in range(batch)]
+            following = [p + 1 for p in positions]
+            self.sampler.ensure_capacity(batch)
+            if reload_sampling_params:
+                self.sampler.reload_params(slots, sampling_params, following)
+            if reset_sampling_state:
+                self.sampler.reset_state(
+                    slots, sampling_params, following, prompt_tokens, output_tokens
+                )
+            sampled, logprobs = self.sampler.sample(logits, slots)
+            # Token feedback: this step's tokens and positions are the next step's inputs.
+            advanced = [p + 1 if p >= 0 else p for p in positions]
+            self._resident = ResidentInputs(sampled, advanced, resident.page_table)
+            return sampled, logprobs
 
-        is_tokens = sampling_params is not None
         out = DeviceOutput(
-            self._device_queue.submit(compute),
-            is_tokens=is_tokens,
-            shape=(batch,) if is_tokens else (batch, 1, self.dims.vocab_size),
+            self._device_queue.submit(compute), is_tokens=sampling_params is not None
         )
-        self._last_tokens = out if sampling_params is not None else None
         if read_from_device:
-            return out.tensor
+            return self.process_decode_output_host(
+                self.read_decode_output(out), is_tokens=sampling_params is not None
+            )
         return out
 
-    def read_decode_output(
-        self, out: DeviceOutput | torch.Tensor, async_read: bool = False
-    ) -> torch.Tensor | tuple[torch.Tensor, list[ReadEvent]]:
+    def read_decode_output(self, out: DeviceOutput, async_read: bool = False) -> Any:
         """Copy a decode result to the host.
 
-        `async_read=False`: the host tensor. `async_read=True`: `(host_out, events)`; the
-        copy runs on the readback thread, and host_out is valid once every event's
-        `wait()` has returned. A tensor already on the host passes through (no events).
+        `async_read=False`: the host copy. `async_read=True`: `(host_out, events)`; the
+        copy runs on the device queue, and host_out is valid once every event was waited
+        on (on a card: `ttnn.event_synchronize`; here `event.wait()`).
         """
-        if isinstance(out, torch.Tensor):
-            return (out, []) if async_read else out
         if not async_read:
-            return out.tensor.clone()
-        host = torch.empty(out.shape, dtype=out.dtype)
-        future = self._device_queue.submit(lambda: host.copy_(out.tensor))
+            return HostOutput.copy_of(out)
+        host = HostOutput()
+        future = self._device_queue.submit(lambda: host.fill(out))
         return host, [ReadEvent(future)]
 
-    def process_decode_output_host(
-        self, host_out: torch.Tensor | DeviceOutput, is_tokens: bool = False
-    ) -> torch.Tensor:
-        """The final host result: tokens `[B]` int64 when `is_tokens`, else logits
-        `[B, 1, V]` float32. Call it only after the read's events were waited on."""
-        if isinstance(host_out, DeviceOutput):  # tolerate a skipped read: read it now
-            host_out = self.read_decode_output(host_out, async_read=False)
+    def process_decode_output_host(self, host_out: HostOutput, is_tokens: bool = False) -> Any:
+        """`(tokens [B] int64, log_probs)` when `is_tokens`, else `(logits [B, 1, V], None)`.
+        Call it only after the read's events were waited on."""
+        if not isinstance(host_out, HostOutput) or host_out.value is None:
+            raise ValueError("process_decode_output_host needs a completed read_decode_output")
+        primary, logprobs = host_out.value
+        if is_tokens != (not primary.is_floating_point()):
+            kind = "sampled tokens" if is_tokens else "logits"
+            raise ValueError(f"is_tokens={is_tokens} but the decode output is not {kind}")
         if is_tokens:
-            if host_out.is_floating_point():
-                raise ValueError("is_tokens=True but the decode output is logits")
-            return host_out.reshape(-1).long()
-        if not host_out.is_floating_point():
-            raise ValueError("is_tokens=False but the decode output is sampled tokens")
-        return host_out.reshape(host_out.shape[0], 1, -1)
+            return primary.reshape(-1).long(), logprobs
+        return primary.reshape(primary.shape[0], 1, -1), logprobs
 
     def warmup_model_prefill(self, *args: Any, **kwargs: Any) -> None:
         """Nothing to warm up: no traces or kernels to compile on the host."""
 
     def warmup_model_decode(self, *args: Any, **kwargs: Any) -> None:
         """Nothing to warm up: no traces or kernels to compile on the host."""
+
+
+class ReferenceLlamaGeneratorLegacy(ReferenceLlamaGenerator):
+    """The same generator in the pre-contract decode form (`reset_batch`), as TT-Metal's
+    generators were before `decode_input_update_contract`: the generator decides itself
+    what to restage. A reset, host sampling, no trace or a first call restage everything;
+    otherwise the resident tokens are used and the page table is copied (TT-Metal compared
+    it with the previous one; copying always is the same result). No `**kwargs`: a
+    worker that sends the v1 commands to it fails with a TypeError.
+    """
+
+    decode_input_update_contract = 0
+    _follows_device_decode = False
+    model_capabilities = {
+        "supports_prefix_caching": True,
+        "supports_async_decode": True,
+        "supports_sample_on_device": True,
+        "supports_chunked_prefill": True,
+    }
+
+    def prefill_forward(self, *args: Any, **kwargs: Any) -> Any:
+        self._follows_device_decode = False  # TT-Metal restaged after a mode switch
+        return super().prefill_forward(*args, **kwargs)
+
+    def decode_forward(  # type: ignore[override]
+        self,
+        tokens: torch.Tensor,
+        start_pos: Any,
+        page_table: torch.Tensor | None = None,
+        kv_cache: KVCache | None = None,
+        enable_trace: bool = True,
+        read_from_device: bool = True,
+        sampling_params: SamplingParams | None = None,
+        reset_batch: bool = False,
+        prompt_tokens: torch.Tensor | None = None,
+        output_tokens: torch.Tensor | None = None,
+        slot_remap: Any = None,
+    ) -> Any:
+        device = sampling_params is not None
+        # Decided on the host at submission, as TT-Metal did: a device-sampling decode
+        # follows the last one unless a reset, a prefill or a host-sampled step came between.
+        full = reset_batch or not device or not enable_trace or not self._follows_device_decode
+        self._follows_device_decode = device and enable_trace
+        return super().decode_forward(
+            tokens,
+            start_pos,
+            page_table,
+            kv_cache,
+            enable_trace=enable_trace,
+            read_from_device=read_from_device,
+            sampling_params=sampling_params,
+            prompt_tokens=prompt_tokens,
+            output_tokens=output_tokens,
+            slot_remap=slot_remap,
+            reload_inputs=full,
+            reload_page_table=not full,
+            reload_sampling_params=full and device,
+            reset_sampling_state=full and device,
+        )

@@ -76,6 +76,17 @@ class Plan:
         data["decisions"] = [asdict(d) for d in self.decisions]
         return data
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Plan:
+        values = dict(data)
+        values["decisions"] = [Decision(**d) for d in values.get("decisions", ())]
+        return cls(**values)
+
+    @property
+    def tt_options(self) -> TTOptions:
+        """The effective device options (user over target defaults over ours), typed."""
+        return TTOptions.model_validate(self.options)
+
     def log(self) -> None:
         lines = [
             f"ttbundles: serving {self.tt_arch} with {self.bundle['name']}@"
@@ -271,9 +282,30 @@ def plan_config(vllm_config: VllmConfig, registry: Registry) -> Plan | None:
     )
 
     plan.options = options.model_dump(exclude_none=True)
-    additional["tt"] = dict(plan.options)
     additional[PLAN_KEY] = plan.to_dict()
     return plan
+
+
+def served_plan(vllm_config: VllmConfig) -> Plan | None:
+    """The plan the platform stored in the configuration (None: no TT plan was made).
+
+    The one hand-off from the configuration hook to the worker, runner and scheduler: it
+    travels inside `additional_config` (the only part of the configuration that reaches
+    every process unchanged) and is read back typed here, never by string keys.
+    """
+    data = (vllm_config.additional_config or {}).get(PLAN_KEY)
+    return Plan.from_dict(data) if data else None
+
+
+def effective_options(vllm_config: VllmConfig) -> TTOptions:
+    """The device options in force: the plan's, or (a scheduler or runner built without
+    the platform's hook, as in unit tests) the user's over the defaults, checked the same
+    way the plan checks them."""
+    plan = served_plan(vllm_config)
+    if plan is not None:
+        return plan.tt_options
+    raw = (vllm_config.additional_config or {}).get("tt")
+    return parse_tt_options(raw).merged_over(TT_DEFAULTS)
 
 
 def _plan_lengths(vllm_config: VllmConfig, plan: Plan, target: Any) -> None:

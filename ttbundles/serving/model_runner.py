@@ -1,11 +1,22 @@
-"""Drive a TT generator from vLLM's scheduler output, step by step.
+"""Drive a TT generator from vLLM's scheduler output, step by step, through the real
+generator contract (`ttbundles.format.contract`).
 
 The runner keeps vLLM's request bookkeeping (`InputBatch`: tokens, sampling parameters,
-seeded generators, logits processors) so that host sampling is vLLM's own `Sampler`,
-bit for bit; the generator owns the model and attention over the paged KV cache that the
-runner allocates through it. Each step is prefill-only or decode-only (the phase-based
-scheduler guarantees it), which maps onto the contract's `prefill_forward` and
-`decode_forward`.
+seeded generators, logits processors) so that host sampling is vLLM's own `Sampler`, bit
+for bit; the generator owns the model and attention over the paged KV cache the runner
+allocates through it. Each step is prefill-only or decode-only (the phase-based scheduler
+guarantees it), which maps onto `prefill_forward` and `decode_forward`.
+
+Device rows are *slots*: a request holds one slot from its first prefill until it
+finishes or is preempted, so the generator's per-slot state (resident decode inputs,
+sampler seeds, penalty history, RoPE deltas) stays attached to it. Decode calls carry
+every slot (empty ones at position -1, as TT-Metal's traces need a fixed batch); prefill
+calls carry the requests being filled and their slots in `empty_slots`. Rows never move,
+so the `slot_remap` sent with every decode is the identity.
+
+What each decode tells the generator follows TT-Metal's decode input-update contract v1
+(`models/common/decode_contract.py`) for classes that declare it, and `reset_batch` for
+the others: see `DecodeCommands`.
 """
 
 from __future__ import annotations
@@ -20,14 +31,24 @@ from vllm.sampling_params import SamplingType
 from vllm.v1.outputs import (
     EMPTY_MODEL_RUNNER_OUTPUT,
     AsyncModelRunnerOutput,
+    LogprobsTensors,
     ModelRunnerOutput,
 )
 from vllm.v1.sample.logits_processor import build_logitsprocs
 from vllm.v1.sample.sampler import Sampler
 from vllm.v1.worker.gpu_input_batch import CachedRequestState, InputBatch
 
-from ttbundles.format.contract import SamplingParamsBatch
-from ttbundles.serving.sampling_path import batch_host_reason, device_params
+from ttbundles.format import contract
+from ttbundles.format.contract import SamplingParams
+from ttbundles.serving.binding import (
+    BoundMethod,
+    GeneratorContractError,
+    bind,
+    decode_offer,
+    split_output,
+)
+from ttbundles.serving.configuration import effective_options, served_plan
+from ttbundles.serving.sampling_path import DeviceSupport, batch_host_reason, device_params
 from ttbundles.serving.stats import STATS
 
 if TYPE_CHECKING:  # vLLM's config and scheduler types are only needed for annotations
@@ -35,6 +56,8 @@ if TYPE_CHECKING:  # vLLM's config and scheduler types are only needed for annot
     from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
 
 logger = logging.getLogger("vllm.ttbundles")
+
+EMPTY_POSITION = -1  # start_pos of an empty decode slot, as TT-Metal's generators expect
 
 
 @dataclass
@@ -45,8 +68,35 @@ class _StepState:
     req_ids: list[str]
     discard: np.ndarray  # rows whose prompt is not complete: no token this step
     logits: torch.Tensor | None = None  # [num_reqs, vocab], host path
-    tokens: torch.Tensor | None = None  # [num_reqs], device path, already on the host
+    tokens: torch.Tensor | None = None  # [num_reqs], device path, on the host
+    logprobs: Any = None  # the device's log-probs for those rows (see _device_logprobs)
     readback: tuple[Any, list[Any]] | None = None  # device path, asynchronous readback
+    rows: list[int] | None = None  # decode: each request's slot in the device output
+
+
+@dataclass(frozen=True)
+class DecodeCommands:
+    """What one decode tells the generator about its inputs (decode contract v1).
+
+    - `reload_inputs`: host tokens, positions and page table are authoritative: every
+      step that is not a steady device-sampling decode of a generator that keeps its
+      inputs resident (declares async decode, traces on).
+    - `reload_page_table`: a steady step whose page table changed (new KV blocks).
+    - `reload_sampling_params` and `reset_sampling_state`: the first device-sampling
+      decode of a layout (after a prefill, a host-sampled step, or any change of which
+      request holds which slot): parameters and seeds are registered, per-slot history
+      rebuilt.
+    A legacy class gets `reset_batch` on device-sampling calls in place of all this.
+    """
+
+    reload_inputs: bool
+    reload_page_table: bool
+    reload_sampling_params: bool
+    reset_sampling_state: bool
+
+    @property
+    def transition(self) -> bool:
+        return self.reset_sampling_state
 
 
 class TTAsyncOutput(AsyncModelRunnerOutput):
@@ -68,12 +118,16 @@ class TTAsyncOutput(AsyncModelRunnerOutput):
 
     def get_output(self) -> ModelRunnerOutput:
         if self._output is None:
+            runner = self._runner
             host_out, events = self._step.readback  # type: ignore[misc]
             for event in events:
-                event.wait()
-            tokens = self._runner.model.process_decode_output_host(host_out, is_tokens=True)
-            self._output = self._runner._finish_with_tokens(self._step, tokens)
-            self._runner._inflight.remove(self)
+                runner.synchronize(event)
+            tokens, logprobs = split_output(
+                runner.process_output(host_out=host_out, is_tokens=True)
+            )
+            self._step.logprobs = logprobs
+            self._output = runner._finish_with_tokens(self._step, tokens)
+            runner._inflight.remove(self)
         return self._output
 
     def get_kv_connector_output(self) -> None:
@@ -85,15 +139,30 @@ class TTModelRunner:
         self.vllm_config = vllm_config
         self.model_config = vllm_config.model_config
         self.generator_cls = generator_cls
+        self.class_name = f"{generator_cls.__module__}.{generator_cls.__qualname__}"
         self.mesh_device = mesh_device
         self.device = torch.device("cpu")
         sched = vllm_config.scheduler_config
         self.max_num_reqs = sched.max_num_seqs
         self.max_model_len = self.model_config.max_model_len
         self.block_size = vllm_config.cache_config.block_size
-        self.plan = (vllm_config.additional_config or {}).get("ttbundles", {})
-        self.options = (vllm_config.additional_config or {}).get("tt", {})
-        self.model: Any = None
+        plan = served_plan(vllm_config)
+        self.lanes = plan.lanes if plan is not None else 1
+        self.options = effective_options(vllm_config)
+        self.version = contract.contract_version(generator_cls)
+        self.capabilities: dict[str, Any] = dict(
+            getattr(generator_cls, contract.CAPABILITIES_ATTRIBUTE, None) or {}
+        )
+        trace_mode = self.options.trace_mode or "all"
+        self.prefill_trace = trace_mode == "all"
+        self.decode_trace = trace_mode in ("all", "decode_only")
+        # A generator keeps its decode inputs resident (token feedback, one position
+        # advance per step) only where it declares async decode and traces decode.
+        self.resident_inputs = bool(self.capabilities.get("supports_async_decode")) and (
+            self.decode_trace
+        )
+        self._bind_class_methods()
+        self.generator: Any = None
         self.kv_cache: Any = None
         self.requests: dict[str, CachedRequestState] = {}
         custom = self.model_config.logits_processors or ()
@@ -111,34 +180,93 @@ class TTModelRunner:
         self.sampler = Sampler(logprobs_mode=self.model_config.logprobs_mode)
         self._step: _StepState | None = None
         # Asynchronous decode: the bundle declares it and async scheduling stayed on.
-        self.async_decode = bool(vllm_config.scheduler_config.async_scheduling)
+        self.async_decode = bool(sched.async_scheduling)
         self._inflight: list[TTAsyncOutput] = []
         self._async_req_ids: list[str] | None = None
+        # Slots: which request holds which device row, for its whole life.
+        self.slot_of: dict[str, int] = {}
+        self._free_slots = list(range(self.max_num_reqs))
+        # The slot layout and page table of the last device-sampling decode: a decode
+        # with the same layout right after it is "steady" (nothing to reload).
+        self._device_layout: tuple[str | None, ...] | None = None
+        self._device_page_table: torch.Tensor | None = None
+        self.rope_deltas: dict[str, Any] = {}
 
     # --- set-up -----------------------------------------------------------------------
 
+    def _bind_class_methods(self) -> None:
+        """Bind initialize_vllm_model and get_max_tokens_all_users; refuse at load what
+        the class requires and the worker cannot supply."""
+        cls, name = self.generator_cls, self.class_name
+        offered = [k for k in contract.INITIALIZE.passes if k != "optimizations"]
+        if self.options.optimizations is not None:  # passed only when set
+            offered.append("optimizations")
+        self._initialize = bind(cls, contract.INITIALIZE, offered, class_name=name)
+        self._max_tokens = bind(
+            cls, contract.MAX_TOKENS, contract.MAX_TOKENS.passes, class_name=name
+        )
+
+    def _bind_instance_methods(self) -> None:
+        model, name = self.generator, self.class_name
+        self._prefill = bind(model, contract.PREFILL, contract.PREFILL.passes, class_name=name)
+        self._decode = bind(model, contract.DECODE, decode_offer(self.version), class_name=name)
+        per_layer = bind(
+            model,
+            contract.ALLOCATE_KV_CACHE_PER_LAYER,
+            contract.ALLOCATE_KV_CACHE_PER_LAYER.passes,
+            class_name=name,
+            optional=True,
+        )
+        whole = bind(
+            model,
+            contract.ALLOCATE_KV_CACHE,
+            contract.ALLOCATE_KV_CACHE.passes,
+            class_name=name,
+            optional=True,
+        )
+        if per_layer is None and whole is None:
+            raise GeneratorContractError.single(
+                "TTB053",
+                f"{name} has neither allocate_kv_cache nor allocate_kv_cache_per_layer",
+                hint="implement one of them",
+            )
+        self._allocate_per_layer, self._allocate = per_layer, whole
+        self._read: BoundMethod | None = None
+        self._process: BoundMethod | None = None
+        if self.async_decode:
+            read, process = contract.READ_DECODE_OUTPUT, contract.PROCESS_DECODE_OUTPUT
+            self._read = bind(model, read, read.passes, class_name=name)
+            self._process = bind(model, process, process.passes, class_name=name)
+        self.device_support = DeviceSupport(
+            penalties=bool(self.capabilities.get(contract.DEVICE_PENALTIES_KEY))
+            and self._decode.accepts("prompt_tokens")
+            and self._decode.accepts("output_tokens"),
+            top_logprobs=int(self.capabilities.get(contract.MAX_DEVICE_TOP_K_KEY) or 0),
+        )
+
     def load_model(self) -> None:
-        hf_config = self.model_config.hf_config
-        self.model = self.generator_cls.initialize_vllm_model(
-            hf_config=hf_config,
+        self.generator = self._initialize(
+            hf_config=self.model_config.hf_config,
             mesh_device=self.mesh_device,
             max_batch_size=self.max_num_reqs,
             max_seq_len=self.max_model_len,
-            tt_data_parallel=int(self.plan.get("lanes", 1)),
-            optimizations=self.options.get("optimizations"),
+            tt_data_parallel=tt_data_parallel(self.generator_cls, self.lanes, self.mesh_device),
+            optimizations=self.options.optimizations,
         )
+        self._bind_instance_methods()
 
     def max_tokens_all_users(self) -> int | None:
         """The generator's own KV capacity in tokens, when it declares one."""
-        method = getattr(self.generator_cls, "get_max_tokens_all_users", None)
-        if method is None:
+        if self._max_tokens is None:
             return None
+        num_devices = getattr(self.mesh_device, "get_num_devices", lambda: 1)()
         return int(
-            method(
-                hf_config=self.model_config.hf_config,
-                mesh_device=self.mesh_device,
-                max_batch_size=self.max_num_reqs,
-                max_seq_len=self.max_model_len,
+            self._max_tokens(
+                model_name=str(self.model_config.model),
+                num_devices=num_devices,
+                tt_data_parallel=tt_data_parallel(self.generator_cls, self.lanes, self.mesh_device),
+                max_model_len=self.max_model_len,
+                max_num_seqs=self.max_num_reqs,
             )
         )
 
@@ -151,16 +279,30 @@ class TTModelRunner:
         dtype: torch.dtype,
     ) -> None:
         shape = (num_blocks, num_kv_heads, self.block_size, head_size)
-        per_layer = getattr(self.model, "allocate_kv_cache_per_layer", None)
-        if per_layer is not None:
+        if self._allocate_per_layer is not None:
             # Newer generators (hybrid attention) take one (shape, dtype, index) per layer,
             # and are preferred through it where they offer it.
             specs = [(shape, dtype, layer) for layer in range(num_layers)]
-            self.kv_cache = per_layer(per_layer_specs=specs)
+            self.kv_cache = self._allocate_per_layer(per_layer_specs=specs)
         else:
-            self.kv_cache = self.model.allocate_kv_cache(
-                kv_cache_shape=shape, dtype=dtype, num_layers=num_layers
-            )
+            assert self._allocate is not None
+            self.kv_cache = self._allocate(kv_cache_shape=shape, dtype=dtype, num_layers=num_layers)
+
+    # --- device helpers -----------------------------------------------------------------
+
+    def synchronize(self, event: Any) -> None:
+        """Wait for a readback event: `ttnn.event_synchronize` on a card; the host mesh's
+        events wait for themselves."""
+        if getattr(self.mesh_device, "is_host", False):
+            event.wait()
+            return
+        import ttnn  # only on machines with the TT-Metal stack
+
+        ttnn.event_synchronize(event)
+
+    def process_output(self, *, host_out: Any, is_tokens: bool) -> Any:
+        assert self._process is not None
+        return self._process(host_out, is_tokens=is_tokens)
 
     # --- a step -------------------------------------------------------------------------
 
@@ -186,99 +328,164 @@ class TTModelRunner:
             req_ids,
             np.array([c + n < t for c, n, t in zip(computed, counts, totals)]),
         )
+        params_list = [self.requests[r].sampling_params for r in req_ids]
         reason = batch_host_reason(
-            (self.requests[r].sampling_params for r in req_ids),
+            params_list,
             is_prefill=not is_decode,
-            mode=self.options.get("sample_on_device_mode"),
-            always_host=bool(self.options.get("always_compat_sampling")),
+            mode=self.options.sample_on_device_mode,
+            always_host=bool(self.options.always_compat_sampling),
             custom_logits_processors=bool(self.model_config.logits_processors),
             structured=scheduler_output.has_structured_output_requests,
+            support=self.device_support,
         )
-        params = None
         if reason is None:
-            params = device_params(
-                [self.requests[r].sampling_params for r in req_ids], batch.vocab_size
-            )
             STATS.count("sampling.device")
         else:
             STATS.count("sampling.host")
             STATS.count(f"sampling.host.{reason}")
         if is_decode:
-            self._decode(step, computed, totals, params, steady)
+            self._run_decode(step, computed, totals, device=reason is None, steady=steady)
         else:
-            self._prefill(step, [c + n for c, n in zip(computed, counts)], computed, params)
+            ends = [c + n for c, n in zip(computed, counts)]
+            self._run_prefill(step, ends, computed, device=reason is None)
         if step.readback is None:
             self._async_req_ids = None
         self._step = step
         return None
 
-    def _decode(
+    def _run_decode(
         self,
         step: _StepState,
         computed: list[int],
         totals: list[int],
-        params: SamplingParamsBatch | None,
+        *,
+        device: bool,
         steady: bool,
     ) -> None:
-        """One token per row. Sampling on the device with async decode: submit without
-        blocking and start the readback; the host learns the tokens when vLLM asks."""
+        """One token per slot, every slot in the call (empty ones at position -1).
+        Sampling on the device with async decode: submit without blocking and start the
+        readback; the host learns the tokens when vLLM asks."""
         STATS.count("step.decode")
         batch = self.input_batch
-        # A token still in flight is unknown here (-1): the generator has it on the device.
-        tokens = torch.tensor(
-            [
-                [int(batch.token_ids_cpu[i, c]) if c < t else -1]
-                for i, (c, t) in enumerate(zip(computed, totals))
-            ],
-            dtype=torch.int64,
-        )
-        use_async = self.async_decode and params is not None
-        out = self.model.decode_forward(
+        capacity = self.max_num_reqs
+        slots = [self.slot_of[r] for r in step.req_ids]
+        step.rows = slots
+        tokens = torch.zeros((capacity, 1), dtype=torch.int64)
+        positions = torch.full((capacity,), EMPTY_POSITION, dtype=torch.int64)
+        for i, (slot, c, t) in enumerate(zip(slots, computed, totals)):
+            # A token still in flight is unknown here (-1): the generator has it resident.
+            tokens[slot, 0] = int(batch.token_ids_cpu[i, c]) if c < t else -1
+            positions[slot] = c
+        page_table = self._page_table(step.req_ids, slots, capacity)
+        layout = tuple(self._slot_owner(slot) for slot in range(capacity))
+        commands = self._decode_commands(layout, page_table, device)
+        use_async = self.async_decode and device and self.resident_inputs and self._read is not None
+        values: dict[str, Any] = dict(
             tokens=tokens,
-            start_pos=torch.tensor(computed, dtype=torch.int64),
-            page_table=self._page_table(step.req_ids),
+            start_pos=positions,
+            page_table=page_table,
             kv_cache=self.kv_cache,
-            enable_trace=False,
+            enable_trace=self.decode_trace,
             read_from_device=not use_async,
-            sampling_params=params,
-            reset_batch=not steady,
+            sampling_params=None,
+            slot_remap=list(range(capacity)),
         )
+        if device:
+            values["sampling_params"] = self._slot_params(step.req_ids, slots, capacity)
+            if self.device_support.penalties and values["sampling_params"] is not None:
+                values.update(self._penalty_history(step.req_ids, slots, capacity))
+        if self.rope_deltas and self._decode.accepts("rope_deltas_all_users"):
+            values["rope_deltas_all_users"] = [
+                self.rope_deltas.get(owner, 0) if owner is not None else 0 for owner in layout
+            ]
+        if self.version >= contract.CONTRACT_V1:
+            values.update(
+                reload_inputs=commands.reload_inputs,
+                reload_page_table=commands.reload_page_table,
+                reload_sampling_params=commands.reload_sampling_params,
+                reset_sampling_state=commands.reset_sampling_state,
+            )
+        elif device:
+            values["reset_batch"] = commands.transition
+        STATS.count("commands.reload_inputs" if commands.reload_inputs else "commands.resident")
+        if commands.reload_page_table:
+            STATS.count("commands.reload_page_table")
+        if commands.reset_sampling_state:
+            STATS.count("commands.reset_sampling_state")
+        out = self._decode(**values)
+        # The generator accepted the submission: only now does the layout count as staged.
+        if device:
+            self._device_layout = layout
+            self._device_page_table = page_table
+        else:
+            self._device_layout = None
         if use_async:
-            step.readback = self.model.read_decode_output(out, async_read=True)
+            step.readback = self._read(out, async_read=True)
             STATS.count("decode.async")
             if self._inflight:
                 STATS.count("decode.overlapped")  # submitted while a step is in flight
             self._async_req_ids = step.req_ids
-        elif params is not None:
-            step.tokens = out.reshape(-1)
+            return
+        primary, logprobs = split_output(out)
+        if device and not primary.is_floating_point():
+            step.tokens = primary.reshape(-1)[slots]
+            step.logprobs = _rows_of(logprobs, slots)
         else:
-            step.logits = out.reshape(len(step.req_ids), -1).float()
+            step.logits = primary.reshape(capacity, -1)[slots].float()
 
-    def _prefill(
-        self,
-        step: _StepState,
-        ends: list[int],
-        computed: list[int],
-        params: SamplingParamsBatch | None,
+    def _decode_commands(
+        self, layout: tuple[str | None, ...], page_table: torch.Tensor, device: bool
+    ) -> DecodeCommands:
+        transition = device and layout != self._device_layout
+        steady = device and self.resident_inputs and not transition
+        table_changed = (
+            self._device_page_table is None
+            or self._device_page_table.shape != page_table.shape
+            or not torch.equal(self._device_page_table, page_table)
+        )
+        return DecodeCommands(
+            reload_inputs=not steady,
+            reload_page_table=steady and table_changed,
+            reload_sampling_params=transition,
+            reset_sampling_state=transition,
+        )
+
+    def _run_prefill(
+        self, step: _StepState, ends: list[int], computed: list[int], *, device: bool
     ) -> None:
-        """One chunk per row, rows holding their tokens from position 0 (TT-Metal's
-        convention); positions below `computed` are already in the cache."""
+        """One chunk per request row, each row holding its tokens from position 0
+        (TT-Metal's convention); positions below `computed` are already in the cache.
+        `empty_slots` says which slot each row fills."""
         STATS.count("step.prefill")
         rows = len(step.req_ids)
         tokens = torch.from_numpy(self.input_batch.token_ids_cpu[:rows, : max(ends)].copy())
-        out = self.model.prefill_forward(
+        slots = [self.slot_of[r] for r in step.req_ids]
+        params = self._row_params(step.req_ids) if device else None
+        out = self._prefill(
             tokens=tokens.long(),
-            page_table=self._page_table(step.req_ids),
+            page_table=self._page_table(step.req_ids, None, rows),
             kv_cache=self.kv_cache,
             prompt_lens=torch.tensor(ends),
-            start_pos=torch.tensor(computed),
-            enable_trace=False,
+            empty_slots=slots,
+            enable_trace=self.prefill_trace,
             sampling_params=params,
+            start_pos=torch.tensor(computed),
         )
-        if params is not None:
-            step.tokens = out.reshape(-1)
+        self._device_layout = None  # the next decode reloads everything
+        primary, extra = split_output(out)
+        if primary.is_floating_point():
+            if extra is not None and not isinstance(extra, tuple):
+                # Vision-language classes: (logits, rope_deltas), one delta per row.
+                deltas = torch.as_tensor(extra).reshape(-1).tolist()
+                for req_id, delta in zip(step.req_ids, deltas):
+                    self.rope_deltas[req_id] = int(delta)
+            logits = primary.reshape(rows, -1, primary.shape[-1])[:, -1, :]
+            step.logits = logits.float()
+            if device:
+                STATS.count("sampling.device_returned_logits")  # e.g. Mistral3's prefill
         else:
-            step.logits = out.reshape(rows, -1).float()
+            step.tokens = primary.reshape(-1)[:rows]
+            step.logprobs = _rows_of(extra, list(range(rows)))
 
     def sample_tokens(
         self, grammar_output: GrammarOutput | None
@@ -325,16 +532,110 @@ class TTModelRunner:
         )
 
     def _finish_with_tokens(self, step: _StepState, tokens: torch.Tensor) -> ModelRunnerOutput:
-        sampled = [[int(t)] for t in tokens.reshape(-1).tolist()[: len(step.req_ids)]]
+        flat = tokens.reshape(-1)
+        if step.rows is not None and flat.numel() == self.max_num_reqs and step.readback:
+            flat = flat[step.rows]  # an asynchronous decode read back every slot
+        values = flat.tolist()[: len(step.req_ids)]
+        sampled = [[int(t)] for t in values]
         for i in np.nonzero(step.discard)[0]:
             sampled[int(i)] = []
         self._append_sampled(step.req_ids, sampled)
+        logprobs = self._device_logprobs(step, values)
         return ModelRunnerOutput(
             req_ids=list(step.req_ids),
             req_id_to_index={r: i for i, r in enumerate(step.req_ids)},
             sampled_token_ids=sampled,
+            logprobs=logprobs.tolists() if logprobs is not None else None,
             prompt_logprobs_dict={},
         )
+
+    def _device_logprobs(self, step: _StepState, tokens: list[int]) -> LogprobsTensors | None:
+        """vLLM's logprobs for the rows that asked, from the device's top log-probs.
+
+        The device returns `(top_logprobs [B, K], top_ids [B, K])`; the sampling path
+        sends a request here only when its token is sure to be among them (greedy, or
+        top_k <= K), so the sampled token's log-prob and rank are read off that list.
+        """
+        wanted = [self.requests[r].sampling_params.logprobs for r in step.req_ids]
+        if all(w is None for w in wanted):
+            return None
+        raw = step.logprobs
+        if step.readback is not None and step.rows is not None and isinstance(raw, tuple):
+            raw = _rows_of(raw, step.rows)
+        if not isinstance(raw, tuple):
+            raise GeneratorContractError.single(
+                "TTB062",
+                f"{self.class_name} returned no top log-probabilities for a request that "
+                "asked for them (enable_log_probs)",
+                hint="declare max_device_top_k in model_capabilities only where the device "
+                "returns (top_logprobs, top_token_ids)",
+            )
+        top_values, top_ids = (torch.as_tensor(t) for t in raw)
+        count = max(w or 0 for w in wanted)
+        n = len(step.req_ids)
+        ids = torch.zeros((n, count + 1), dtype=torch.int64)
+        values = torch.zeros((n, count + 1), dtype=torch.float32)
+        ranks = torch.ones(n, dtype=torch.int64)
+        for i, token in enumerate(tokens):
+            if wanted[i] is None:
+                continue
+            row_ids = top_ids[i].long()
+            row_values = top_values[i].float()
+            where = (row_ids == token).nonzero()
+            if len(where) == 0:
+                raise GeneratorContractError.single(
+                    "TTB062",
+                    f"{self.class_name}: the sampled token {token} is not among the device's "
+                    f"top {len(row_ids)} log-probabilities",
+                    hint="return the top log-probabilities of the raw logits",
+                )
+            own = float(row_values[int(where[0])])
+            ids[i, 0] = token
+            values[i, 0] = own
+            ids[i, 1:] = row_ids[:count]
+            values[i, 1:] = row_values[:count]
+            ranks[i] = int((row_values >= own).sum())
+        return LogprobsTensors(ids, values, ranks)
+
+    # --- what the generator is told -----------------------------------------------------
+
+    def _slot_owner(self, slot: int) -> str | None:
+        for req_id, owned in self.slot_of.items():
+            if owned == slot and req_id in self.input_batch.req_id_to_index:
+                return req_id
+        return None
+
+    def _row_params(self, req_ids: list[str]) -> SamplingParams:
+        """TT's SamplingParams, one entry per request row (prefill)."""
+        return device_params(
+            [self.requests[r].sampling_params for r in req_ids], self.input_batch.vocab_size
+        )
+
+    def _slot_params(self, req_ids: list[str], slots: list[int], capacity: int) -> SamplingParams:
+        """TT's SamplingParams, one entry per slot (decode); empty slots are greedy."""
+        per_slot: list[Any] = [None] * capacity
+        for req_id, slot in zip(req_ids, slots):
+            per_slot[slot] = self.requests[req_id].sampling_params
+        return device_params(per_slot, self.input_batch.vocab_size)
+
+    def _penalty_history(
+        self, req_ids: list[str], slots: list[int], capacity: int
+    ) -> dict[str, torch.Tensor]:
+        """`prompt_tokens` / `output_tokens` `[capacity, L]` by slot, -1 padded: what a
+        device applying penalties rebuilds its per-slot history from."""
+        states = {slot: self.requests[r] for r, slot in zip(req_ids, slots)}
+        prompt_width = max((len(s.prompt_token_ids or ()) for s in states.values()), default=0)
+        output_width = max((len(s.output_token_ids) for s in states.values()), default=0)
+        prompt = torch.full((capacity, max(prompt_width, 1)), -1, dtype=torch.int64)
+        output = torch.full((capacity, max(output_width, 1)), -1, dtype=torch.int64)
+        for slot, state in states.items():
+            ids = state.prompt_token_ids or []
+            if ids:
+                prompt[slot, : len(ids)] = torch.tensor(ids, dtype=torch.int64)
+            if state.output_token_ids:
+                out = state.output_token_ids
+                output[slot, : len(out)] = torch.tensor(out, dtype=torch.int64)
+        return {"prompt_tokens": prompt, "output_tokens": output}
 
     # --- asynchronous decode ------------------------------------------------------------
 
@@ -383,26 +684,50 @@ class TTModelRunner:
             batch.is_token_ids[index, start:end] = True
             batch.num_tokens_no_spec[index] = end
 
-    def _page_table(self, req_ids: list[str]) -> torch.Tensor:
-        rows = [self.requests[r].block_ids[0] for r in req_ids]
-        width = max(len(r) for r in rows)
-        table = torch.zeros((len(rows), width), dtype=torch.int32)
-        for i, row in enumerate(rows):
-            table[i, : len(row)] = torch.tensor(row, dtype=torch.int32)
+    def _page_table(self, req_ids: list[str], slots: list[int] | None, rows: int) -> torch.Tensor:
+        """`[rows, W]` int32 block ids; row r is request r (prefill) or slot r (decode)."""
+        blocks = [self.requests[r].block_ids[0] for r in req_ids]
+        width = max(len(b) for b in blocks)
+        table = torch.zeros((rows, width), dtype=torch.int32)
+        for i, row in enumerate(blocks):
+            table[slots[i] if slots is not None else i, : len(row)] = torch.tensor(
+                row, dtype=torch.int32
+            )
         return table
+
+    def _take_slot(self, req_id: str) -> None:
+        if req_id in self.slot_of:
+            return
+        if not self._free_slots:
+            raise RuntimeError(f"no free decode slot for {req_id} (max_num_seqs reached)")
+        self._free_slots.sort()
+        self.slot_of[req_id] = self._free_slots.pop(0)
+
+    def _release_slot(self, req_id: str) -> None:
+        slot = self.slot_of.pop(req_id, None)
+        if slot is not None:
+            self._free_slots.append(slot)
+        self.rope_deltas.pop(req_id, None)
 
     def _update_states(self, scheduler_output: SchedulerOutput) -> None:
         """Mirror the scheduler's view: finished, new, resumed and continuing requests.
 
         Requests not scheduled this step leave the persistent batch (the phase-based
-        scheduler leaves decodes out of prefill steps) and rejoin when scheduled again.
+        scheduler leaves decodes out of prefill steps) and rejoin when scheduled again;
+        their slot stays theirs. A finished or preempted request gives its slot back; a
+        resumed one takes a slot again (it prefills into it).
         """
         batch = self.input_batch
         for req_id in scheduler_output.finished_req_ids:
             self.requests.pop(req_id, None)
             batch.remove_request(req_id)
+            self._release_slot(req_id)
+        for req_id in scheduler_output.preempted_req_ids or ():
+            self._release_slot(req_id)
         scheduled = scheduler_output.num_scheduled_tokens.keys()
         cached = scheduler_output.scheduled_cached_reqs
+        for req_id in cached.resumed_req_ids:
+            self._release_slot(req_id)  # preempted earlier: its old slot is gone
         for req_id in list(batch.req_id_to_index.keys() - (scheduled - cached.resumed_req_ids)):
             batch.remove_request(req_id)
 
@@ -449,5 +774,41 @@ class TTModelRunner:
                 batch.block_table.append_row(new_blocks, index)
         for state in to_add:
             batch.add_request(state)
+        for req_id in scheduled:
+            self._take_slot(req_id)
         batch.condense()
         batch.refresh_metadata()
+
+
+def tt_data_parallel(generator_cls: type, lanes: int, mesh_device: Any) -> int:
+    """The `tt_data_parallel` a TT-Metal generator family needs.
+
+    DeepSeek-V3 (`models/demos/deepseek_v3`) runs one replica per chip: it requires the
+    chip count. Galaxy generators (`llama3_70b_galaxy`, `qwen3_32b_galaxy`, ...) split the
+    mesh by columns and assert `tt_data_parallel % mesh.shape[1] == 0`: refused here with
+    the numbers. Everything else gets the plan's lanes.
+    """
+    module = generator_cls.__module__
+    num_devices = int(getattr(mesh_device, "get_num_devices", lambda: 1)())
+    if "deepseek_v3" in module:
+        return num_devices
+    if "galaxy" in module:
+        shape = tuple(getattr(mesh_device, "shape", (1, 1)))
+        columns = int(shape[1]) if len(shape) > 1 else 1
+        if lanes % columns:
+            raise GeneratorContractError.single(
+                "TTB205",
+                f"{generator_cls.__qualname__} needs tt_data_parallel to be a multiple of the "
+                f"mesh's {columns} columns; --data-parallel-size {lanes} is not",
+                hint=f"use --data-parallel-size {columns} (or a multiple of it)",
+            )
+    return lanes
+
+
+def _rows_of(logprobs: Any, rows: list[int]) -> Any:
+    """The device's log-probs for `rows`: a (values, ids) pair or a flat tensor, indexed."""
+    if logprobs is None:
+        return None
+    if isinstance(logprobs, tuple):
+        return tuple(torch.as_tensor(t)[rows] for t in logprobs)
+    return torch.as_tensor(logprobs).reshape(-1)[rows]

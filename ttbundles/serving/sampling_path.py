@@ -1,6 +1,9 @@
 """Which sampler serves a batch: the generator's on-device sampler, or vLLM's on the host.
 
-On-device sampling covers temperature, top-k, top-p and seeds. Any request that needs
+On-device sampling covers temperature, top-k, top-p and seeds; penalties too where the
+generator declares `supports_device_penalties` (and takes the prompt/output history), and
+log-probabilities where it declares `max_device_top_k` and the sampled token is sure to
+be among the top ones it returns (greedy, or top_k no larger). Any request that needs
 more falls back to vLLM's `Sampler` on host logits, for that batch only; the next batch
 that can go back to the device does. Users never pick a mode per request and no request
 is refused because the fast path cannot express it.
@@ -9,22 +12,38 @@ is refused because the fast path cannot express it.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
-from ttbundles.format.contract import SamplingParamsBatch
+from ttbundles.format.contract import SamplingParams
 
 
-def host_reason(params: Any) -> str | None:
+@dataclass(frozen=True)
+class DeviceSupport:
+    """What the generator's device sampler can do beyond temperature/top-k/top-p/seed."""
+
+    penalties: bool = False
+    top_logprobs: int = 0  # how many top log-probs the device returns per row
+
+
+def _has_penalties(params: Any) -> bool:
+    return (
+        params.presence_penalty != 0.0
+        or params.frequency_penalty != 0.0
+        or params.repetition_penalty != 1.0
+    )
+
+
+def host_reason(params: Any, support: DeviceSupport = DeviceSupport()) -> str | None:
     """Why this request needs vLLM's host sampler, or None when the device can sample it."""
     if params is None:
         return None
     if params.logprobs is not None:
-        return "logprobs"
-    if (
-        params.presence_penalty != 0.0
-        or params.frequency_penalty != 0.0
-        or params.repetition_penalty != 1.0
-    ):
+        greedy = params.temperature < 1e-5 or params.top_k == 1
+        bounded = 0 < params.top_k <= support.top_logprobs
+        if not (params.logprobs <= support.top_logprobs and (greedy or bounded)):
+            return "logprobs"
+    if _has_penalties(params) and not support.penalties:
         return "penalties"
     if params.min_p > 0.0:
         return "min_p"
@@ -49,6 +68,7 @@ def batch_host_reason(
     always_host: bool,
     custom_logits_processors: bool,
     structured: bool,
+    support: DeviceSupport = DeviceSupport(),
 ) -> str | None:
     """Why the whole batch samples on the host, or None for the device path."""
     if mode is None:
@@ -62,20 +82,44 @@ def batch_host_reason(
     if structured:
         return "structured_output"
     for item in params:
-        reason = host_reason(item)
+        reason = host_reason(item, support)
         if reason is not None:
             return reason
     return None
 
 
-def device_params(params: list[Any], vocab_size: int) -> SamplingParamsBatch:
-    """The per-row parameters the generator's sampler takes."""
-    temperature, top_k, top_p, seed = [], [], [], []
+def device_params(params: list[Any], vocab_size: int) -> SamplingParams:
+    """TT-Metal's SamplingParams for these rows, every field a per-row list.
+
+    A None row (an empty decode slot) is greedy with no penalties. temperature 0 is
+    greedy; top_k 0 or >= the vocabulary is "no cut" (sent as 0).
+    """
+    fields: dict[str, list[Any]] = {
+        "temperature": [],
+        "top_k": [],
+        "top_p": [],
+        "presence_penalty": [],
+        "frequency_penalty": [],
+        "repetition_penalty": [],
+        "seed": [],
+        "enable_log_probs": [],
+    }
     for item in params:
-        greedy = item.temperature < 1e-5
-        temperature.append(0.0 if greedy else float(item.temperature))
-        k = int(item.top_k)
-        top_k.append(0 if k <= 0 or k >= vocab_size else k)
-        top_p.append(float(item.top_p))
-        seed.append(item.seed)
-    return SamplingParamsBatch(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+        if item is None:
+            values = (0.0, 0, 1.0, 0.0, 0.0, 1.0, None, False)
+        else:
+            greedy = item.temperature < 1e-5
+            k = int(item.top_k)
+            values = (
+                0.0 if greedy else float(item.temperature),
+                0 if k <= 0 or k >= vocab_size else k,
+                float(item.top_p),
+                float(item.presence_penalty),
+                float(item.frequency_penalty),
+                float(item.repetition_penalty),
+                item.seed,
+                item.logprobs is not None,
+            )
+        for name, value in zip(fields, values):
+            fields[name].append(value)
+    return SamplingParams(**fields)

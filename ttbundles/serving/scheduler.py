@@ -33,8 +33,7 @@ from vllm.v1.core.sched.request_queue import RequestQueue, create_request_queue
 from vllm.v1.core.sched.scheduler import Scheduler
 
 from ttbundles.errors import ConfigurationError
-from ttbundles.format.tt_options import TTOptions
-from ttbundles.serving.configuration import TT_DEFAULTS
+from ttbundles.serving.configuration import effective_options
 
 if TYPE_CHECKING:  # annotations only: these modules are loaded by the base classes
     from vllm.v1.core.sched.output import SchedulerOutput
@@ -47,12 +46,6 @@ PREFILL: StepKind = "prefill"
 DECODE: StepKind = "decode"
 EMPTY: StepKind = "empty"
 
-INTERLEAVE_OPTIONS = (
-    "decode_interleave_enabled",
-    "decode_interleave_prefill_steps",
-    "decode_interleave_decode_steps",
-)
-
 
 def is_in_prefill(request: Request) -> bool:
     """True while more than the newest token is left to compute.
@@ -64,17 +57,6 @@ def is_in_prefill(request: Request) -> bool:
     counted (speculative decoding is not served on Tenstorrent).
     """
     return request.num_tokens + request.num_output_placeholders - request.num_computed_tokens > 1
-
-
-def interleave_options(additional_config: dict[str, Any] | None) -> TTOptions:
-    """The effective decode-interleave options: `additional_config["tt"]` over defaults.
-
-    Validated with the same model as the configuration plan, so a value the plan would
-    reject fails here too, and the defaults are the plan's, never a copy of them.
-    """
-    tt = (additional_config or {}).get("tt") or {}
-    given = {key: tt[key] for key in INTERLEAVE_OPTIONS if key in tt}
-    return TTOptions.model_validate(given).merged_over(TT_DEFAULTS)
 
 
 class PhaseSchedulingMixin:
@@ -92,7 +74,7 @@ class PhaseSchedulingMixin:
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._reject_unsupported()
-        options = interleave_options(self.vllm_config.additional_config)
+        options = effective_options(self.vllm_config)
         self.decode_interleave_enabled: bool = bool(options.decode_interleave_enabled)
         self.decode_interleave_prefill_steps: int = options.decode_interleave_prefill_steps
         self.decode_interleave_decode_steps: int = options.decode_interleave_decode_steps

@@ -14,6 +14,7 @@ import importlib
 import json
 import logging
 import os
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -21,7 +22,10 @@ from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig
 from vllm.v1.worker.worker_base import CompilationTimes, WorkerBase
 
 from ttbundles import envs
+from ttbundles.errors import ConfigurationError
 from ttbundles.format.contract import HostMesh
+from ttbundles.registry.loader import PACKAGE_PREFIX, finder, package_name
+from ttbundles.serving.configuration import Plan, served_plan
 from ttbundles.serving.model_runner import TTModelRunner
 from ttbundles.serving.stats import STATS
 
@@ -37,7 +41,14 @@ class TTWorker(WorkerBase):
         self, vllm_config, local_rank, rank, distributed_init_method, is_driver_worker=False
     ):
         super().__init__(vllm_config, local_rank, rank, distributed_init_method, is_driver_worker)
-        self.plan = (vllm_config.additional_config or {}).get("ttbundles") or {}
+        plan = served_plan(vllm_config)
+        if plan is None:
+            raise ConfigurationError.single(
+                "TTB209",
+                "the TT worker started without a ttbundles plan in the configuration",
+                hint="start the server with the tt platform plugin active (MESH_DEVICE set)",
+            )
+        self.plan = plan
         self.mesh_device: Any = None
         self.model_runner: TTModelRunner | None = None  # type: ignore[assignment]
         self._stats_file = envs.TT_BUNDLES_STATS_FILE
@@ -53,14 +64,15 @@ class TTWorker(WorkerBase):
         self.model_runner = TTModelRunner(self.vllm_config, generator_cls, self.mesh_device)
         self.model_runner.load_model()
         logger.info(
-            "ttbundles: loaded %s (%s) on %s",
-            self.plan.get("tt_arch"),
-            self.plan.get("bundle", {}).get("main_class"),
+            "ttbundles: loaded %s (%s, decode contract %s) on %s",
+            self.plan.tt_arch,
+            self.plan.bundle["main_class"],
+            "v1" if self.model_runner.version else "legacy (reset_batch)",
             self.mesh_device,
         )
 
     def get_model(self) -> Any:
-        return self.model_runner.model if self.model_runner else None
+        return self.model_runner.generator if self.model_runner else None
 
     # --- KV cache -----------------------------------------------------------------------
 
@@ -194,12 +206,23 @@ def open_mesh(name: str | None) -> Any:
     return ttnn.open_mesh_device(ttnn.MeshShape(*shape))
 
 
-def load_generator_class(plan: dict) -> type:
-    """Import the selected bundle's generator class (bundle modules stay isolated)."""
-    from ttbundles.serving.registration import register_all
-
-    register_all()  # installs the bundle finder in this process, idempotently
-    target = plan["bundle"]["main_class"]
+def load_generator_class(plan: Plan) -> type:
+    """Import the class the plan chose: bundle modules under their isolated package (the
+    plan names it), environment classes as they are. No registration is re-run."""
+    bundle = plan.bundle
+    target = bundle["main_class"]
     module_name, _, class_name = target.partition(":")
-    module = importlib.import_module(module_name)
-    return getattr(module, class_name)
+    if module_name.startswith(PACKAGE_PREFIX):
+        folder = Path(bundle["path"])
+        finder().add(package_name(folder, bundle["name"]), folder)
+    try:
+        module = importlib.import_module(module_name)
+        return getattr(module, class_name)
+    except Exception as exc:  # any failure of bundle code is the bundle's, said as such
+        raise ConfigurationError.single(
+            "TTB060",
+            f"{bundle['name']}@{bundle['version']}: importing {target} failed: "
+            f"{type(exc).__name__}: {exc}",
+            file=bundle["path"],
+            hint=f"reproduce with: ttbundle validate --import {bundle['path']}",
+        ) from exc

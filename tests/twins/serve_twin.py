@@ -1,0 +1,55 @@
+"""Serve one contract twin with vLLM's own engine, in this process, and report.
+
+Run as a script by tests/test_contract_twins.py (a process per twin: each registers its
+own bundle, as a server would): `python serve_twin.py SPEC.json`. vLLM's `LLM` with
+`VLLM_ENABLE_V1_MULTIPROCESSING=0` keeps the engine core in this process, so the twin's
+`RECORD` of calls is readable here; the platform, scheduler, worker and model runner are
+the real ones. Prints one JSON line: the outputs and the calls, or the load error.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+
+def main(spec_path: str) -> int:
+    spec = json.loads(Path(spec_path).read_text(encoding="utf-8"))
+    os.environ.update(
+        MESH_DEVICE="HOST",
+        HF_HUB_OFFLINE="1",
+        VLLM_ENABLE_V1_MULTIPROCESSING="0",
+        EXTRA_MODELS_DIR=spec["models_dir"],
+        TT_VLLM_BUILTIN_MODELS="0",
+    )
+    from vllm import LLM, SamplingParams
+
+    result: dict = {}
+    try:
+        llm = LLM(model=spec["checkpoint"], enforce_eager=True, **spec["engine"])
+    except Exception as exc:  # the load error is the result for a refused twin
+        result["error"] = f"{type(exc).__name__}: {exc}"
+        print(json.dumps(result))
+        return 0
+    greedy = SamplingParams(max_tokens=spec["max_tokens"], temperature=0.0, ignore_eos=True)
+    prompts = [{"prompt_token_ids": ids} for ids in spec["prompts"]]
+    result["greedy"] = [o.outputs[0].token_ids for o in llm.generate(prompts, greedy)]
+    seeded = SamplingParams(max_tokens=spec["max_tokens"], temperature=0.9, seed=3, ignore_eos=True)
+    alone = llm.generate(prompts[:1], seeded)[0].outputs[0].token_ids
+    mixed = llm.generate(prompts[:1] + prompts[1:], [seeded] + [greedy] * (len(prompts) - 1))
+    result["seeded_alone"] = alone
+    result["seeded_in_batch"] = mixed[0].outputs[0].token_ids
+    result["greedy_again"] = [o.outputs[0].token_ids for o in mixed[1:]]
+    adapter = next(
+        m for n, m in sys.modules.items() if n.startswith("_ttb_") and n.endswith(".adapter")
+    )
+    result["calls"] = adapter.RECORD
+    print(json.dumps(result, default=str))
+    sys.stdout.flush()
+    os._exit(0)  # skip vLLM's interpreter-exit cleanup, which expects an accelerator
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))
