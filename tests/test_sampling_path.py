@@ -9,6 +9,7 @@ pytest.importorskip("vllm")
 from vllm.sampling_params import SamplingParams, StructuredOutputsParams  # noqa: E402
 
 from ttbundles.serving.sampling_path import (  # noqa: E402
+    DeviceSupport,
     batch_host_reason,
     device_params,
     host_reason,
@@ -84,3 +85,40 @@ def test_device_parameters_keep_greedy_seed_and_cuts():
     assert params.top_k == [0, 20, 0]  # no cut: 0 (off) or >= vocab
     assert params.top_p == [1.0, 0.9, 1.0]
     assert params.seed == [None, 3, None]
+    # TT's eight fields, every one a per-row list.
+    assert params.presence_penalty == [0.0, 0.0, 0.0]
+    assert params.repetition_penalty == [1.0, 1.0, 1.0]
+    assert params.enable_log_probs == [False, False, False]
+
+
+def test_an_empty_decode_slot_is_greedy_and_plain():
+    params = device_params([None, SamplingParams(presence_penalty=0.5, logprobs=1)], 384)
+    assert params.temperature == [0.0, 1.0] and params.presence_penalty == [0.0, 0.5]
+    assert params.enable_log_probs == [False, True]
+
+
+DEVICE = DeviceSupport(penalties=True, top_logprobs=20)
+
+
+@pytest.mark.parametrize(
+    "params,expected",
+    [
+        (SamplingParams(presence_penalty=0.5), None),
+        (SamplingParams(repetition_penalty=1.2, temperature=0.0), None),
+        # Greedy, or a top-k no larger than what the device returns: the sampled token is
+        # among the device's top log-probs.
+        (SamplingParams(temperature=0.0, logprobs=5), None),
+        (SamplingParams(temperature=0.9, top_k=8, logprobs=5), None),
+        (SamplingParams(temperature=0.9, top_k=1, logprobs=0), None),
+        # Otherwise the host: the sampled token may lie outside them, or more are asked.
+        (SamplingParams(temperature=0.9, logprobs=2), "logprobs"),
+        (SamplingParams(temperature=0.9, top_k=50, logprobs=2), "logprobs"),
+        (SamplingParams(temperature=0.0, logprobs=21), "logprobs"),
+        (SamplingParams(min_p=0.1, temperature=1.0), "min_p"),
+    ],
+)
+def test_what_a_generator_declares_keeps_on_the_device(params, expected):
+    assert host_reason(params, DEVICE) == expected
+    # A generator declaring nothing: penalties and logprobs go to the host.
+    if params.logprobs is not None or params.presence_penalty or params.repetition_penalty != 1.0:
+        assert host_reason(params) in ("logprobs", "penalties")

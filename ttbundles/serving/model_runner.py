@@ -98,6 +98,35 @@ class DecodeCommands:
     def transition(self) -> bool:
         return self.reset_sampling_state
 
+    @classmethod
+    def decide(
+        cls,
+        *,
+        device: bool,
+        resident: bool,
+        layout: tuple[str | None, ...],
+        previous_layout: tuple[str | None, ...] | None,
+        page_table: torch.Tensor,
+        previous_page_table: torch.Tensor | None,
+    ) -> DecodeCommands:
+        """The commands for a decode: `device` (it samples on the device), `resident`
+        (the generator keeps its inputs resident), the slot layout (request id per slot)
+        and page table of this decode and of the last device-sampling decode (None: none
+        since the last prefill or host-sampled step)."""
+        transition = device and layout != previous_layout
+        steady = device and resident and not transition
+        table_changed = (
+            previous_page_table is None
+            or previous_page_table.shape != page_table.shape
+            or not torch.equal(previous_page_table, page_table)
+        )
+        return cls(
+            reload_inputs=not steady,
+            reload_page_table=steady and table_changed,
+            reload_sampling_params=transition,
+            reset_sampling_state=transition,
+        )
+
 
 class TTAsyncOutput(AsyncModelRunnerOutput):
     """A decode step whose sampled tokens are still being read back from the device.
@@ -436,18 +465,13 @@ class TTModelRunner:
     def _decode_commands(
         self, layout: tuple[str | None, ...], page_table: torch.Tensor, device: bool
     ) -> DecodeCommands:
-        transition = device and layout != self._device_layout
-        steady = device and self.resident_inputs and not transition
-        table_changed = (
-            self._device_page_table is None
-            or self._device_page_table.shape != page_table.shape
-            or not torch.equal(self._device_page_table, page_table)
-        )
-        return DecodeCommands(
-            reload_inputs=not steady,
-            reload_page_table=steady and table_changed,
-            reload_sampling_params=transition,
-            reset_sampling_state=transition,
+        return DecodeCommands.decide(
+            device=device,
+            resident=self.resident_inputs,
+            layout=layout,
+            previous_layout=self._device_layout,
+            page_table=page_table,
+            previous_page_table=self._device_page_table,
         )
 
     def _run_prefill(
