@@ -82,28 +82,28 @@ BUILTINS: dict[str, tuple[str, str, dict[str, str]]] = {
 }
 
 SOD_ALL = ["decode_only", "all"]
+TEXT = {"prefix_caching": True, "async_decode": True, "sample_on_device": SOD_ALL}
 # name -> capabilities that differ from the defaults (the generators' model_capabilities).
 CAPABILITIES: dict[str, dict] = {
-    "tt-llama": {"prefix_caching": True, "async_decode": True, "sample_on_device": SOD_ALL},
-    "tt-llama-galaxy": {
-        "prefix_caching": True,
-        "async_decode": True,
-        "sample_on_device": SOD_ALL,
-        "execution": "single",
-    },
+    "tt-llama": {**TEXT, "chunked_prefill": True},
+    "tt-llama-galaxy": {"execution": "single"},
     "tt-llama2-70b": {},
-    "tt-mllama": {"async_decode": True},
-    "tt-qwen2": {"prefix_caching": True, "async_decode": True, "sample_on_device": SOD_ALL},
-    "tt-qwen3": {"prefix_caching": True, "async_decode": True, "sample_on_device": SOD_ALL},
-    "tt-qwen3-galaxy": {"sample_on_device": SOD_ALL, "execution": "single"},
-    "tt-qwen3.5": {"multimodal": True},
-    "tt-qwen2.5-vl": {"multimodal": True},
-    "tt-qwen3-vl": {"async_decode": True, "multimodal": True},
-    "tt-mistral": {"prefix_caching": True, "async_decode": True, "sample_on_device": SOD_ALL},
-    "tt-mistral3": {"sample_on_device": SOD_ALL, "multimodal": True},
+    "tt-mllama": {},
+    "tt-qwen2": {**TEXT, "chunked_prefill": True},
+    "tt-qwen3": {**TEXT, "chunked_prefill": True},
+    "tt-qwen3-galaxy": {"execution": "single"},
+    "tt-qwen3.5": {"sample_on_device": ["decode_only"], "multimodal": True},
+    "tt-qwen2.5-vl": {
+        "async_decode": True,
+        "sample_on_device": ["decode_only"],
+        "multimodal": True,
+    },
+    "tt-qwen3-vl": {"multimodal": True},
+    "tt-mistral": {**TEXT, "chunked_prefill": True},
+    "tt-mistral3": {"sample_on_device": ["decode_only"], "multimodal": True},
     "tt-gemma3": {"async_decode": True, "sample_on_device": SOD_ALL, "multimodal": True},
-    "tt-deepseek-v3": {},
-    "tt-gpt-oss": {"async_decode": True, "sample_on_device": SOD_ALL},
+    "tt-deepseek-v3": {"sample_on_device": SOD_ALL},
+    "tt-gpt-oss": {"async_decode": True, "sample_on_device": SOD_ALL, "execution": "single"},
 }
 
 
@@ -200,8 +200,8 @@ def test_env_selected_families_have_a_default(builtins: dict[str, BundleMetadata
     for arch in selected:
         defaults = [m.name for m in builtins.values() if m.arch == arch and not m.when.env]
         assert len(defaults) == 1, (arch, defaults)
-    assert not builtins["tt-llama"].when.env
-    assert not builtins["tt-qwen3"].when.env
+    for name in ("tt-llama", "tt-qwen3"):
+        assert not builtins[name].when.env
 
 
 @pytest.mark.parametrize(
@@ -250,6 +250,16 @@ def test_no_user_specific_paths(builtins: dict[str, BundleMetadata]) -> None:
             assert "DEEPSEEK_V3_CACHE" not in target.env
     notes = " ".join(builtins["tt-deepseek-v3"].extensions["x-notes"])
     assert "DEEPSEEK_V3_HF_MODEL" in notes and "DEEPSEEK_V3_CACHE" in notes
+
+
+def test_required_env_is_documented_not_set(builtins: dict[str, BundleMetadata]) -> None:
+    """`x-required-env` names variables the user sets; the notes say what each is for."""
+    for meta in builtins.values():
+        required = meta.extensions.get("x-required-env", [])
+        notes = " ".join([*meta.extensions.get("x-notes", []), meta.extensions.get("x-note", "")])
+        for var in required:
+            assert var in notes, (meta.name, var)
+            assert all(var not in t.env for t in meta.targets.values()), (meta.name, var)
 
 
 @pytest.mark.parametrize("folder", _builtin_dirs(), ids=lambda p: p.name)
