@@ -1,9 +1,11 @@
-"""The built-in bundles under `bundles/`: the reference plugin's model map as declarative bundles.
+"""The built-in bundles under `bundles/`: TT-Metal's vLLM generators as declarative bundles.
 
 Each folder holds one `vllm_metadata.json` whose generator comes from TT-Metal
 (`main_class_source: environment`). The table below is the reference Tenstorrent vLLM
 plugin's built-in map (vllm-tt-plugin `platform.py`, `register_tt_models`), including the
-variants it selects with `TT_LLAMA_TEXT_VER` and `TT_QWEN3_TEXT_VER`.
+variants it selects with `TT_LLAMA_TEXT_VER` and `TT_QWEN3_TEXT_VER`, plus the Gemma 4 demo
+and the autoport generators (TT-Metal `models/autoports`), whose variants ttbundles selects
+with `TT_QWEN35_TEXT_VER` and `TT_GEMMA4_TEXT_VER`.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ BUNDLES = Path(__file__).parents[1] / "bundles"
 
 TTT = "models.tt_transformers.tt.generator_vllm"
 GALAXY = "models.demos.llama3_70b_galaxy.tt.generator_vllm"
+AUTOPORTS = "models.autoports"
 
 # name -> (TT arch, main_class, when.env)
 BUILTINS: dict[str, tuple[str, str, dict[str, str]]] = {
@@ -79,7 +82,42 @@ BUILTINS: dict[str, tuple[str, str, dict[str, str]]] = {
         {},
     ),
     "tt-gpt-oss": ("TTGptOssForCausalLM", f"{TTT}:GptOssForCausalLM", {}),
+    # Generators the reference plugin's map lacks, or registers only through bundles.
+    "tt-gemma4": (
+        "TTGemma4ForConditionalGeneration",
+        "models.demos.gemma4.tt.generator_vllm:Gemma4ForCausalLM",
+        {},
+    ),
+    "tt-gemma-4-31b": (
+        "TTGemma4ForConditionalGeneration",
+        f"{AUTOPORTS}.google_gemma_4_31b.tt.generator_vllm:Gemma4ForCausalLM",
+        {"TT_GEMMA4_TEXT_VER": "gemma4_31b_autoport"},
+    ),
+    "tt-gemma-4-26b-a4b": (
+        "TTAutoportGemma4ForCausalLM",
+        f"{AUTOPORTS}.google_gemma_4_26b_a4b_it.tt.generator_vllm:AutoportGemma4ForCausalLM",
+        {},
+    ),
+    "tt-qwen3.6-27b": (
+        "TTQwen3_5ForConditionalGeneration",
+        f"{AUTOPORTS}.qwen_qwen3_6_27b.tt.generator_vllm:Qwen36ForCausalLM",
+        {"TT_QWEN35_TEXT_VER": "qwen36_autoport"},
+    ),
+    "tt-qwen3.8-27b": (
+        "TTQwen38ForCausalLM",
+        f"{AUTOPORTS}.qwen_qwen3_8_27b.tt.generator_vllm:Qwen38ForCausalLM",
+        {},
+    ),
 }
+NEW_BUILTINS = (
+    "tt-gemma4",
+    "tt-gemma-4-31b",
+    "tt-gemma-4-26b-a4b",
+    "tt-qwen3.6-27b",
+    "tt-qwen3.8-27b",
+)
+# Bundles whose arch is already TT-prefixed, as in the TT-Metal bundle they mirror.
+TT_PREFIXED_ARCH = {"tt-qwen3.8-27b"}
 
 SOD_ALL = ["decode_only", "all"]
 TEXT = {"prefix_caching": True, "async_decode": True, "sample_on_device": SOD_ALL}
@@ -104,6 +142,11 @@ CAPABILITIES: dict[str, dict] = {
     "tt-gemma3": {"async_decode": True, "sample_on_device": SOD_ALL, "multimodal": True},
     "tt-deepseek-v3": {"sample_on_device": SOD_ALL},
     "tt-gpt-oss": {"async_decode": True, "sample_on_device": SOD_ALL, "execution": "single"},
+    "tt-gemma4": {"sample_on_device": SOD_ALL, "chunked_prefill": True},
+    "tt-gemma-4-31b": {"async_decode": True},
+    "tt-gemma-4-26b-a4b": {"async_decode": True, "sample_on_device": ["all"]},
+    "tt-qwen3.6-27b": {"sample_on_device": SOD_ALL},
+    "tt-qwen3.8-27b": {"async_decode": True, "sample_on_device": ["all"]},
 }
 
 
@@ -181,7 +224,8 @@ def test_arch_to_main_class(
     when_env: dict[str, str],
 ) -> None:
     meta = builtins[name]
-    assert not meta.arch.startswith("TT"), "arch is the bare Hugging Face architecture"
+    if name not in TT_PREFIXED_ARCH:
+        assert not meta.arch.startswith("TT"), "arch is the bare Hugging Face architecture"
     assert meta.tt_arch == tt_arch
     assert meta.main_class == main_class
     assert meta.when.env == when_env
@@ -196,11 +240,16 @@ def test_capabilities(builtins: dict[str, BundleMetadata], name: str) -> None:
 def test_env_selected_families_have_a_default(builtins: dict[str, BundleMetadata]) -> None:
     """Each arch selected by an env variable also has exactly one bundle with no `when`."""
     selected = {m.arch for m in builtins.values() if m.when.env}
-    assert selected == {"LlamaForCausalLM", "Qwen3ForCausalLM"}
+    assert selected == {
+        "LlamaForCausalLM",
+        "Qwen3ForCausalLM",
+        "Qwen3_5ForConditionalGeneration",
+        "Gemma4ForConditionalGeneration",
+    }
     for arch in selected:
         defaults = [m.name for m in builtins.values() if m.arch == arch and not m.when.env]
         assert len(defaults) == 1, (arch, defaults)
-    for name in ("tt-llama", "tt-qwen3"):
+    for name in ("tt-llama", "tt-qwen3", "tt-qwen3.5", "tt-gemma4"):
         assert not builtins[name].when.env
 
 
@@ -212,6 +261,25 @@ def test_env_selected_families_have_a_default(builtins: dict[str, BundleMetadata
         ({"TT_LLAMA_TEXT_VER": "llama2_70b"}, {"LlamaForCausalLM": "tt-llama2-70b"}),
         ({"TT_QWEN3_TEXT_VER": "qwen3_32b_galaxy"}, {"Qwen3ForCausalLM": "tt-qwen3-galaxy"}),
         ({"TT_QWEN3_TEXT_VER": "tt_transformers"}, {"Qwen3ForCausalLM": "tt-qwen3"}),
+        (
+            {},
+            {
+                "Qwen3_5ForConditionalGeneration": "tt-qwen3.5",
+                "Gemma4ForConditionalGeneration": "tt-gemma4",
+            },
+        ),
+        (
+            {"TT_QWEN35_TEXT_VER": "qwen36_autoport"},
+            {"Qwen3_5ForConditionalGeneration": "tt-qwen3.6-27b"},
+        ),
+        (
+            {"TT_QWEN35_TEXT_VER": "qwen36_blackhole"},
+            {"Qwen3_5ForConditionalGeneration": "tt-qwen3.5"},
+        ),
+        (
+            {"TT_GEMMA4_TEXT_VER": "gemma4_31b_autoport"},
+            {"Gemma4ForConditionalGeneration": "tt-gemma-4-31b"},
+        ),
     ],
 )
 def test_most_specific_match(
@@ -269,3 +337,10 @@ def test_validates(folder: Path) -> None:
     report = validate.validate_bundle(folder)
     assert not report.errors, report.errors
     assert report.ok()
+
+
+def test_new_generators_have_bundles(builtins: dict[str, BundleMetadata]) -> None:
+    """The Gemma 4 demo and the autoport generators ship as built-ins."""
+    for name in NEW_BUILTINS:
+        assert name in builtins, name
+        assert (BUNDLES / name / METADATA_FILE).is_file()
