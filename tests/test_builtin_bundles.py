@@ -6,18 +6,27 @@ plugin's built-in map (vllm-tt-plugin `platform.py`, `register_tt_models`), incl
 variants it selects with `TT_LLAMA_TEXT_VER` and `TT_QWEN3_TEXT_VER`, plus the Gemma 4 demo
 and the autoport generators (TT-Metal `models/autoports`), whose variants ttbundles selects
 with `TT_QWEN35_TEXT_VER` and `TT_GEMMA4_TEXT_VER`.
+
+Every built-in records the TT-Metal source it was checked against (`x-tt-metal`: file,
+commit, and the class's `model_capabilities` verbatim), and declares no capability that
+dict lacks: TT-Metal's rule is that an absent key means "not supported".
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
+from itertools import combinations
 from pathlib import Path
 
 import pytest
 
+from ttbundles.format.contract import CAPABILITY_KEYS
 from ttbundles.format.metadata import METADATA_FILE, BundleMetadata, Capabilities, Target, When
 from ttbundles.format.tt_options import TTOptions
+from ttbundles.registry.registry import compute
+from ttbundles.registry.selection import overlaps
 
 BUNDLES = Path(__file__).parents[1] / "bundles"
 
@@ -121,7 +130,7 @@ TT_PREFIXED_ARCH = {"tt-qwen3.8-27b"}
 
 SOD_ALL = ["decode_only", "all"]
 TEXT = {"prefix_caching": True, "async_decode": True, "sample_on_device": SOD_ALL}
-# name -> capabilities that differ from the defaults (the generators' model_capabilities).
+# name -> capabilities that differ from the defaults (checked against x-tt-metal below).
 CAPABILITIES: dict[str, dict] = {
     "tt-llama": {**TEXT, "chunked_prefill": True},
     "tt-llama-galaxy": {"execution": "single"},
@@ -148,6 +157,32 @@ CAPABILITIES: dict[str, dict] = {
     "tt-qwen3.6-27b": {"sample_on_device": SOD_ALL},
     "tt-qwen3.8-27b": {"async_decode": True, "sample_on_device": ["all"]},
 }
+
+TT_METAL = "x-tt-metal"
+COMMIT = re.compile(r"^[0-9a-f]{40}$")
+
+
+def excess_capabilities(caps: Capabilities, class_capabilities: dict) -> list[str]:
+    """The capabilities `caps` declares that the TT-Metal class dict does not.
+
+    TT-Metal's rule: a subclass dict replaces the inherited one, so an absent key means
+    "not supported". Only the JSON literal `true` counts as supported; a value recorded as
+    Python source (an environment-dependent expression) does not.
+    """
+    return [
+        name
+        for key, name in CAPABILITY_KEYS.items()
+        if getattr(caps, name) and class_capabilities.get(key) is not True
+    ]
+
+
+def lowered_capabilities(caps: Capabilities, class_capabilities: dict) -> list[str]:
+    """The capabilities the class dict declares `true` that `caps` leaves off."""
+    return [
+        name
+        for key, name in CAPABILITY_KEYS.items()
+        if class_capabilities.get(key) is True and not getattr(caps, name)
+    ]
 
 
 def _builtin_dirs() -> list[Path]:
@@ -344,3 +379,84 @@ def test_new_generators_have_bundles(builtins: dict[str, BundleMetadata]) -> Non
     for name in NEW_BUILTINS:
         assert name in builtins, name
         assert (BUNDLES / name / METADATA_FILE).is_file()
+
+
+@pytest.mark.parametrize("name", list(BUILTINS))
+def test_records_tt_metal_source(builtins: dict[str, BundleMetadata], name: str) -> None:
+    """Each built-in names the TT-Metal file and commit its capabilities were checked at."""
+    source = builtins[name].extensions.get(TT_METAL)
+    assert isinstance(source, dict), f"{name} has no {TT_METAL}"
+    assert source["repo"] == "tenstorrent/tt-metal"
+    module = builtins[name].main_class.split(":")[0]
+    assert source["file"] == module.replace(".", "/") + ".py", "file is the main_class module"
+    assert COMMIT.match(source["commit"]), f"{name}: commit is not 40 hex digits"
+    assert isinstance(source["class_capabilities"], dict)
+    contract = source.get("decode_input_update_contract")
+    assert contract in (None, 1)
+
+
+@pytest.mark.parametrize("name", list(BUILTINS))
+def test_declares_no_more_than_the_class(builtins: dict[str, BundleMetadata], name: str) -> None:
+    meta = builtins[name]
+    class_capabilities = meta.extensions[TT_METAL]["class_capabilities"]
+    assert excess_capabilities(meta.capabilities, class_capabilities) == []
+
+
+@pytest.mark.parametrize("name", list(BUILTINS))
+def test_lowered_capabilities_are_explained(builtins: dict[str, BundleMetadata], name: str) -> None:
+    """A capability the class declares but the bundle leaves off is explained in x-note."""
+    meta = builtins[name]
+    lowered = lowered_capabilities(
+        meta.capabilities, meta.extensions[TT_METAL]["class_capabilities"]
+    )
+    if lowered:
+        note = meta.extensions.get("x-note", "")
+        assert note, f"{name} leaves {lowered} off without an x-note"
+        for capability in lowered:
+            assert capability in note, (name, capability)
+
+
+def test_capability_check_catches_excess() -> None:
+    """The check above fails for a bundle that declares more than its class."""
+    caps = Capabilities.model_validate(
+        {"prefix_caching": True, "async_decode": True, "sample_on_device": ["decode_only"]}
+    )
+    assert excess_capabilities(caps, {"supports_prefix_caching": True}) == [
+        "async_decode",
+        "sample_on_device",
+    ]
+    # An environment-dependent value, recorded as its Python source, does not count.
+    expression = {"supports_async_decode": 'os.environ.get("X", "1") == "1"'}
+    assert excess_capabilities(caps, expression) == [
+        "prefix_caching",
+        "async_decode",
+        "sample_on_device",
+    ]
+    assert excess_capabilities(Capabilities(), {}) == []
+    assert lowered_capabilities(Capabilities(), {"supports_chunked_prefill": True}) == [
+        "chunked_prefill"
+    ]
+
+
+def test_no_pair_overlaps(builtins: dict[str, BundleMetadata]) -> None:
+    """No two built-ins could both be selected for one TT architecture (TTB071)."""
+    pairs = [(a.name, b.name) for a, b in combinations(builtins.values(), 2) if overlaps(a, b)]
+    assert pairs == []
+
+
+SELECTORS = [
+    {},
+    {"TT_LLAMA_TEXT_VER": "llama3_70b_galaxy"},
+    {"TT_LLAMA_TEXT_VER": "llama2_70b"},
+    {"TT_QWEN3_TEXT_VER": "qwen3_32b_galaxy"},
+    {"TT_QWEN35_TEXT_VER": "qwen36_autoport"},
+    {"TT_GEMMA4_TEXT_VER": "gemma4_31b_autoport"},
+]
+
+
+@pytest.mark.parametrize("mesh", [None, "N150", "N300", "T3K", "TG", "P150x4", "HOST"])
+@pytest.mark.parametrize("environ", SELECTORS, ids=lambda e: ",".join(e) or "default")
+def test_registry_selects_without_ambiguity(mesh: str | None, environ: dict[str, str]) -> None:
+    """The registry over the bundles folder reports no TTB071 on any mesh or selector."""
+    registry = compute({"TT_VLLM_BUILTIN_MODELS": "0", **environ}, mesh=mesh, models_dirs=[BUNDLES])
+    assert [d for d in registry.problems if d.code == "TTB071"] == []
