@@ -85,6 +85,8 @@ _TTBUNDLE_ENV = (
     "TTBUNDLE_DEBUG",
     "TT_LLAMA_TEXT_VER",
     "TT_QWEN3_TEXT_VER",
+    "TT_QWEN35_TEXT_VER",
+    "TT_GEMMA4_TEXT_VER",
 )
 # The console script next to this interpreter: it imports the installed package, never the
 # source tree (which `python -m` from the repo root would put first on sys.path).

@@ -1,26 +1,38 @@
-"""The built-in bundles under `bundles/`: the reference plugin's model map as declarative bundles.
+"""The built-in bundles under `bundles/`: TT-Metal's vLLM generators as declarative bundles.
 
 Each folder holds one `vllm_metadata.json` whose generator comes from TT-Metal
 (`main_class_source: environment`). The table below is the reference Tenstorrent vLLM
 plugin's built-in map (vllm-tt-plugin `platform.py`, `register_tt_models`), including the
-variants it selects with `TT_LLAMA_TEXT_VER` and `TT_QWEN3_TEXT_VER`.
+variants it selects with `TT_LLAMA_TEXT_VER` and `TT_QWEN3_TEXT_VER`, plus the Gemma 4 demo
+and the autoport generators (TT-Metal `models/autoports`), whose variants ttbundles selects
+with `TT_QWEN35_TEXT_VER` and `TT_GEMMA4_TEXT_VER`.
+
+Every built-in records the TT-Metal source it was checked against (`x-tt-metal`: file,
+commit, and the class's `model_capabilities` verbatim), and declares no capability that
+dict lacks: TT-Metal's rule is that an absent key means "not supported".
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
+from itertools import combinations
 from pathlib import Path
 
 import pytest
 
+from ttbundles.format.contract import CAPABILITY_KEYS
 from ttbundles.format.metadata import METADATA_FILE, BundleMetadata, Capabilities, Target, When
 from ttbundles.format.tt_options import TTOptions
+from ttbundles.registry.registry import compute
+from ttbundles.registry.selection import overlaps
 
 BUNDLES = Path(__file__).parents[1] / "bundles"
 
 TTT = "models.tt_transformers.tt.generator_vllm"
 GALAXY = "models.demos.llama3_70b_galaxy.tt.generator_vllm"
+AUTOPORTS = "models.autoports"
 
 # name -> (TT arch, main_class, when.env)
 BUILTINS: dict[str, tuple[str, str, dict[str, str]]] = {
@@ -79,32 +91,98 @@ BUILTINS: dict[str, tuple[str, str, dict[str, str]]] = {
         {},
     ),
     "tt-gpt-oss": ("TTGptOssForCausalLM", f"{TTT}:GptOssForCausalLM", {}),
+    # Generators the reference plugin's map lacks, or registers only through bundles.
+    "tt-gemma4": (
+        "TTGemma4ForConditionalGeneration",
+        "models.demos.gemma4.tt.generator_vllm:Gemma4ForCausalLM",
+        {},
+    ),
+    "tt-gemma-4-31b": (
+        "TTGemma4ForConditionalGeneration",
+        f"{AUTOPORTS}.google_gemma_4_31b.tt.generator_vllm:Gemma4ForCausalLM",
+        {"TT_GEMMA4_TEXT_VER": "gemma4_31b_autoport"},
+    ),
+    "tt-gemma-4-26b-a4b": (
+        "TTAutoportGemma4ForCausalLM",
+        f"{AUTOPORTS}.google_gemma_4_26b_a4b_it.tt.generator_vllm:AutoportGemma4ForCausalLM",
+        {},
+    ),
+    "tt-qwen3.6-27b": (
+        "TTQwen3_5ForConditionalGeneration",
+        f"{AUTOPORTS}.qwen_qwen3_6_27b.tt.generator_vllm:Qwen36ForCausalLM",
+        {"TT_QWEN35_TEXT_VER": "qwen36_autoport"},
+    ),
+    "tt-qwen3.8-27b": (
+        "TTQwen38ForCausalLM",
+        f"{AUTOPORTS}.qwen_qwen3_8_27b.tt.generator_vllm:Qwen38ForCausalLM",
+        {},
+    ),
 }
+NEW_BUILTINS = (
+    "tt-gemma4",
+    "tt-gemma-4-31b",
+    "tt-gemma-4-26b-a4b",
+    "tt-qwen3.6-27b",
+    "tt-qwen3.8-27b",
+)
+# Bundles whose arch is already TT-prefixed, as in the TT-Metal bundle they mirror.
+TT_PREFIXED_ARCH = {"tt-qwen3.8-27b"}
 
 SOD_ALL = ["decode_only", "all"]
-# name -> capabilities that differ from the defaults (the generators' model_capabilities).
+TEXT = {"prefix_caching": True, "async_decode": True, "sample_on_device": SOD_ALL}
+# name -> capabilities that differ from the defaults (checked against x-tt-metal below).
 CAPABILITIES: dict[str, dict] = {
-    "tt-llama": {"prefix_caching": True, "async_decode": True, "sample_on_device": SOD_ALL},
-    "tt-llama-galaxy": {
-        "prefix_caching": True,
-        "async_decode": True,
-        "sample_on_device": SOD_ALL,
-        "execution": "single",
-    },
+    "tt-llama": {**TEXT, "chunked_prefill": True},
+    "tt-llama-galaxy": {"execution": "single"},
     "tt-llama2-70b": {},
-    "tt-mllama": {"async_decode": True},
-    "tt-qwen2": {"prefix_caching": True, "async_decode": True, "sample_on_device": SOD_ALL},
-    "tt-qwen3": {"prefix_caching": True, "async_decode": True, "sample_on_device": SOD_ALL},
-    "tt-qwen3-galaxy": {"sample_on_device": SOD_ALL, "execution": "single"},
-    "tt-qwen3.5": {"multimodal": True},
-    "tt-qwen2.5-vl": {"multimodal": True},
-    "tt-qwen3-vl": {"async_decode": True, "multimodal": True},
-    "tt-mistral": {"prefix_caching": True, "async_decode": True, "sample_on_device": SOD_ALL},
-    "tt-mistral3": {"sample_on_device": SOD_ALL, "multimodal": True},
+    "tt-mllama": {},
+    "tt-qwen2": {**TEXT, "chunked_prefill": True},
+    "tt-qwen3": {**TEXT, "chunked_prefill": True},
+    "tt-qwen3-galaxy": {"execution": "single"},
+    "tt-qwen3.5": {"sample_on_device": ["decode_only"], "multimodal": True},
+    "tt-qwen2.5-vl": {
+        "async_decode": True,
+        "sample_on_device": ["decode_only"],
+        "multimodal": True,
+    },
+    "tt-qwen3-vl": {"multimodal": True},
+    "tt-mistral": {**TEXT, "chunked_prefill": True},
+    "tt-mistral3": {"sample_on_device": ["decode_only"], "multimodal": True},
     "tt-gemma3": {"async_decode": True, "sample_on_device": SOD_ALL, "multimodal": True},
-    "tt-deepseek-v3": {},
-    "tt-gpt-oss": {"async_decode": True, "sample_on_device": SOD_ALL},
+    "tt-deepseek-v3": {"sample_on_device": SOD_ALL},
+    "tt-gpt-oss": {"async_decode": True, "sample_on_device": SOD_ALL, "execution": "single"},
+    "tt-gemma4": {"sample_on_device": SOD_ALL, "chunked_prefill": True},
+    "tt-gemma-4-31b": {"async_decode": True},
+    "tt-gemma-4-26b-a4b": {"async_decode": True, "sample_on_device": ["all"]},
+    "tt-qwen3.6-27b": {"sample_on_device": SOD_ALL},
+    "tt-qwen3.8-27b": {"async_decode": True, "sample_on_device": ["all"]},
 }
+
+TT_METAL = "x-tt-metal"
+COMMIT = re.compile(r"^[0-9a-f]{40}$")
+
+
+def excess_capabilities(caps: Capabilities, class_capabilities: dict) -> list[str]:
+    """The capabilities `caps` declares that the TT-Metal class dict does not.
+
+    TT-Metal's rule: a subclass dict replaces the inherited one, so an absent key means
+    "not supported". Only the JSON literal `true` counts as supported; a value recorded as
+    Python source (an environment-dependent expression) does not.
+    """
+    return [
+        name
+        for key, name in CAPABILITY_KEYS.items()
+        if getattr(caps, name) and class_capabilities.get(key) is not True
+    ]
+
+
+def lowered_capabilities(caps: Capabilities, class_capabilities: dict) -> list[str]:
+    """The capabilities the class dict declares `true` that `caps` leaves off."""
+    return [
+        name
+        for key, name in CAPABILITY_KEYS.items()
+        if class_capabilities.get(key) is True and not getattr(caps, name)
+    ]
 
 
 def _builtin_dirs() -> list[Path]:
@@ -181,7 +259,8 @@ def test_arch_to_main_class(
     when_env: dict[str, str],
 ) -> None:
     meta = builtins[name]
-    assert not meta.arch.startswith("TT"), "arch is the bare Hugging Face architecture"
+    if name not in TT_PREFIXED_ARCH:
+        assert not meta.arch.startswith("TT"), "arch is the bare Hugging Face architecture"
     assert meta.tt_arch == tt_arch
     assert meta.main_class == main_class
     assert meta.when.env == when_env
@@ -196,12 +275,17 @@ def test_capabilities(builtins: dict[str, BundleMetadata], name: str) -> None:
 def test_env_selected_families_have_a_default(builtins: dict[str, BundleMetadata]) -> None:
     """Each arch selected by an env variable also has exactly one bundle with no `when`."""
     selected = {m.arch for m in builtins.values() if m.when.env}
-    assert selected == {"LlamaForCausalLM", "Qwen3ForCausalLM"}
+    assert selected == {
+        "LlamaForCausalLM",
+        "Qwen3ForCausalLM",
+        "Qwen3_5ForConditionalGeneration",
+        "Gemma4ForConditionalGeneration",
+    }
     for arch in selected:
         defaults = [m.name for m in builtins.values() if m.arch == arch and not m.when.env]
         assert len(defaults) == 1, (arch, defaults)
-    assert not builtins["tt-llama"].when.env
-    assert not builtins["tt-qwen3"].when.env
+    for name in ("tt-llama", "tt-qwen3", "tt-qwen3.5", "tt-gemma4"):
+        assert not builtins[name].when.env
 
 
 @pytest.mark.parametrize(
@@ -212,6 +296,25 @@ def test_env_selected_families_have_a_default(builtins: dict[str, BundleMetadata
         ({"TT_LLAMA_TEXT_VER": "llama2_70b"}, {"LlamaForCausalLM": "tt-llama2-70b"}),
         ({"TT_QWEN3_TEXT_VER": "qwen3_32b_galaxy"}, {"Qwen3ForCausalLM": "tt-qwen3-galaxy"}),
         ({"TT_QWEN3_TEXT_VER": "tt_transformers"}, {"Qwen3ForCausalLM": "tt-qwen3"}),
+        (
+            {},
+            {
+                "Qwen3_5ForConditionalGeneration": "tt-qwen3.5",
+                "Gemma4ForConditionalGeneration": "tt-gemma4",
+            },
+        ),
+        (
+            {"TT_QWEN35_TEXT_VER": "qwen36_autoport"},
+            {"Qwen3_5ForConditionalGeneration": "tt-qwen3.6-27b"},
+        ),
+        (
+            {"TT_QWEN35_TEXT_VER": "qwen36_blackhole"},
+            {"Qwen3_5ForConditionalGeneration": "tt-qwen3.5"},
+        ),
+        (
+            {"TT_GEMMA4_TEXT_VER": "gemma4_31b_autoport"},
+            {"Gemma4ForConditionalGeneration": "tt-gemma-4-31b"},
+        ),
     ],
 )
 def test_most_specific_match(
@@ -252,6 +355,16 @@ def test_no_user_specific_paths(builtins: dict[str, BundleMetadata]) -> None:
     assert "DEEPSEEK_V3_HF_MODEL" in notes and "DEEPSEEK_V3_CACHE" in notes
 
 
+def test_required_env_is_documented_not_set(builtins: dict[str, BundleMetadata]) -> None:
+    """`x-required-env` names variables the user sets; the notes say what each is for."""
+    for meta in builtins.values():
+        required = meta.extensions.get("x-required-env", [])
+        notes = " ".join([*meta.extensions.get("x-notes", []), meta.extensions.get("x-note", "")])
+        for var in required:
+            assert var in notes, (meta.name, var)
+            assert all(var not in t.env for t in meta.targets.values()), (meta.name, var)
+
+
 @pytest.mark.parametrize("folder", _builtin_dirs(), ids=lambda p: p.name)
 def test_validates(folder: Path) -> None:
     """Each built-in passes the full validator with no errors (warnings allowed)."""
@@ -259,3 +372,91 @@ def test_validates(folder: Path) -> None:
     report = validate.validate_bundle(folder)
     assert not report.errors, report.errors
     assert report.ok()
+
+
+def test_new_generators_have_bundles(builtins: dict[str, BundleMetadata]) -> None:
+    """The Gemma 4 demo and the autoport generators ship as built-ins."""
+    for name in NEW_BUILTINS:
+        assert name in builtins, name
+        assert (BUNDLES / name / METADATA_FILE).is_file()
+
+
+@pytest.mark.parametrize("name", list(BUILTINS))
+def test_records_tt_metal_source(builtins: dict[str, BundleMetadata], name: str) -> None:
+    """Each built-in names the TT-Metal file and commit its capabilities were checked at."""
+    source = builtins[name].extensions.get(TT_METAL)
+    assert isinstance(source, dict), f"{name} has no {TT_METAL}"
+    assert source["repo"] == "tenstorrent/tt-metal"
+    module = builtins[name].main_class.split(":")[0]
+    assert source["file"] == module.replace(".", "/") + ".py", "file is the main_class module"
+    assert COMMIT.match(source["commit"]), f"{name}: commit is not 40 hex digits"
+    assert isinstance(source["class_capabilities"], dict)
+    contract = source.get("decode_input_update_contract")
+    assert contract in (None, 1)
+
+
+@pytest.mark.parametrize("name", list(BUILTINS))
+def test_declares_no_more_than_the_class(builtins: dict[str, BundleMetadata], name: str) -> None:
+    meta = builtins[name]
+    class_capabilities = meta.extensions[TT_METAL]["class_capabilities"]
+    assert excess_capabilities(meta.capabilities, class_capabilities) == []
+
+
+@pytest.mark.parametrize("name", list(BUILTINS))
+def test_lowered_capabilities_are_explained(builtins: dict[str, BundleMetadata], name: str) -> None:
+    """A capability the class declares but the bundle leaves off is explained in x-note."""
+    meta = builtins[name]
+    lowered = lowered_capabilities(
+        meta.capabilities, meta.extensions[TT_METAL]["class_capabilities"]
+    )
+    if lowered:
+        note = meta.extensions.get("x-note", "")
+        assert note, f"{name} leaves {lowered} off without an x-note"
+        for capability in lowered:
+            assert capability in note, (name, capability)
+
+
+def test_capability_check_catches_excess() -> None:
+    """The check above fails for a bundle that declares more than its class."""
+    caps = Capabilities.model_validate(
+        {"prefix_caching": True, "async_decode": True, "sample_on_device": ["decode_only"]}
+    )
+    assert excess_capabilities(caps, {"supports_prefix_caching": True}) == [
+        "async_decode",
+        "sample_on_device",
+    ]
+    # An environment-dependent value, recorded as its Python source, does not count.
+    expression = {"supports_async_decode": 'os.environ.get("X", "1") == "1"'}
+    assert excess_capabilities(caps, expression) == [
+        "prefix_caching",
+        "async_decode",
+        "sample_on_device",
+    ]
+    assert excess_capabilities(Capabilities(), {}) == []
+    assert lowered_capabilities(Capabilities(), {"supports_chunked_prefill": True}) == [
+        "chunked_prefill"
+    ]
+
+
+def test_no_pair_overlaps(builtins: dict[str, BundleMetadata]) -> None:
+    """No two built-ins could both be selected for one TT architecture (TTB071)."""
+    pairs = [(a.name, b.name) for a, b in combinations(builtins.values(), 2) if overlaps(a, b)]
+    assert pairs == []
+
+
+SELECTORS = [
+    {},
+    {"TT_LLAMA_TEXT_VER": "llama3_70b_galaxy"},
+    {"TT_LLAMA_TEXT_VER": "llama2_70b"},
+    {"TT_QWEN3_TEXT_VER": "qwen3_32b_galaxy"},
+    {"TT_QWEN35_TEXT_VER": "qwen36_autoport"},
+    {"TT_GEMMA4_TEXT_VER": "gemma4_31b_autoport"},
+]
+
+
+@pytest.mark.parametrize("mesh", [None, "N150", "N300", "T3K", "TG", "P150x4", "HOST"])
+@pytest.mark.parametrize("environ", SELECTORS, ids=lambda e: ",".join(e) or "default")
+def test_registry_selects_without_ambiguity(mesh: str | None, environ: dict[str, str]) -> None:
+    """The registry over the bundles folder reports no TTB071 on any mesh or selector."""
+    registry = compute({"TT_VLLM_BUILTIN_MODELS": "0", **environ}, mesh=mesh, models_dirs=[BUNDLES])
+    assert [d for d in registry.problems if d.code == "TTB071"] == []
