@@ -485,7 +485,6 @@ def test_schema(run_cli):
 
 
 def test_inspect_json(make_bundle, run_cli):
-    pytest.importorskip("ttbundles.archive.manifest")
     folder = make_bundle("demo", files={"weights/README.md": "no weights\n"})
     done = run_cli("inspect", folder, "--format", "json")
     assert done.returncode == 0, done.stderr

@@ -72,6 +72,7 @@ def test_plugin_import_is_light():
     assert done.stdout.strip() == "[]"
 
 
+@pytest.mark.server  # starts vLLM processes: the slow tier
 def test_registration_imports_no_adapter(two_bundles):
     code = (
         "import sys; from ttbundles.serving.registration import register_all; "
@@ -96,6 +97,7 @@ def _load_both():
     return out
 
 
+@pytest.mark.server  # starts vLLM processes: the slow tier
 def test_vllm_inspection_subprocess_imports_bundles_side_by_side(two_bundles):
     from vllm.model_executor.models.registry import _run_in_subprocess
 
@@ -121,6 +123,7 @@ for arch in ("TTAlphaForCausalLM", "TTBetaForCausalLM"):
 """
 
 
+@pytest.mark.server  # starts vLLM processes: the slow tier
 def test_a_fresh_process_registers_and_imports_the_same_way(two_bundles):
     done = subprocess.run(
         [sys.executable, "-c", WORKER_LIKE],
@@ -178,6 +181,7 @@ def test_conflicting_extras_first_wins_with_a_warning(tmp_path):
     assert "one@1.0.0" in warning.message and "two@1.0.0" in warning.message
 
 
+@pytest.mark.server  # starts vLLM processes: the slow tier
 def test_plan_cli_matches_the_server_hook(tmp_path, monkeypatch, demo_checkpoint):
     from vllm.engine.arg_utils import EngineArgs
 
@@ -239,6 +243,7 @@ def test_plan_cli_matches_the_server_hook(tmp_path, monkeypatch, demo_checkpoint
     assert "TTB201" in failed.stderr and "Traceback" not in failed.stderr
 
 
+@pytest.mark.server  # starts vLLM processes: the slow tier
 def test_vllm_serve_reports_a_configuration_error_without_a_traceback(demo_checkpoint):
     vllm = os.path.join(os.path.dirname(sys.executable), "vllm")
     done = subprocess.run(

@@ -18,7 +18,15 @@ Stages live in packages of their own: `format`, `check`, `archive`, `registry`,
 from __future__ import annotations
 
 from importlib import import_module
+from pathlib import Path
 from typing import Any
+
+# In a source checkout (an editable install, or PYTHONPATH at the repository), the typer
+# app lives in the repository's top-level `cli/` rather than in `ttbundles/cli/`, where
+# the wheel puts it: map it, so `ttbundles.cli` is the same module either way.
+_CHECKOUT_CLI = Path(__file__).resolve().parent.parent / "cli"
+if (_CHECKOUT_CLI / "app.py").is_file() and not (Path(__file__).parent / "cli").exists():
+    __path__.append(str(_CHECKOUT_CLI.parent))  # noqa: F821 - a package's own __path__
 
 _API = {
     "load_metadata": ("ttbundles.format.parse", "load_metadata"),
