@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from ttbundles.errors import TTBundleError
+from ttbundles.format.meshes import HOST
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000  # vllm serve's own default, for the foreground server
@@ -42,7 +43,7 @@ def serve_environment(base: Mapping[str, str] | None = None) -> dict[str, str]:
     """
     env = dict(os.environ if base is None else base)
     if not env.get("MESH_DEVICE"):
-        env["MESH_DEVICE"] = "HOST"
+        env["MESH_DEVICE"] = HOST
     plugins = env.get("VLLM_PLUGINS")
     if plugins is not None:
         names = [p.strip() for p in plugins.split(",") if p.strip()]

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from ttbundles import envs
 from ttbundles.errors import Diagnostic, Severity
+from ttbundles.format.meshes import HOST
 from ttbundles.format.metadata import METADATA_FILE, BundleMetadata
 from ttbundles.format.modules import module_file
 from ttbundles.format.parse import load_metadata
@@ -197,7 +198,7 @@ def _load(path: Path, source: Source, mesh: str | None, environ: Mapping[str, st
 def _why_inactive(meta: BundleMetadata, mesh: str | None, environ: Mapping[str, str]) -> str:
     if mesh is not None and meta.targets and mesh not in meta.targets:
         return f"TTB101 targets {', '.join(meta.targets)}, not {mesh}"
-    if mesh is None and set(meta.targets) == {"HOST"}:
+    if mesh is None and set(meta.targets) == {HOST}:
         return "TTB101 targets only the host mesh; set MESH_DEVICE=HOST to use it"
     unmatched = [f"{k}={v}" for k, v in meta.when.env.items() if environ.get(k) != v]
     return f"TTB101 applies only when {', '.join(unmatched)}"

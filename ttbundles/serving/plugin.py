@@ -22,7 +22,9 @@ def platform_plugin() -> str | None:
     Returning None keeps ttbundles inert in any other environment (a CUDA box with
     ttbundles installed must never select it).
     """
-    if (os.environ.get("MESH_DEVICE") or "").upper() == "HOST":
+    from ttbundles.format.meshes import is_host  # plain constants: cheap
+
+    if is_host(os.environ.get("MESH_DEVICE")):
         logger.debug("ttbundles: MESH_DEVICE=HOST, activating the TT platform on the host mesh")
         return PLATFORM_QUALNAME
     import importlib.util

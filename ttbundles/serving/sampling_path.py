@@ -41,7 +41,7 @@ def host_reason(params: Any, support: DeviceSupport = DeviceSupport()) -> str | 
     if params.logprobs is not None:
         greedy = params.temperature < 1e-5 or params.top_k == 1
         bounded = 0 < params.top_k <= support.top_logprobs
-        returned = 0 < support.top_logprobs and params.logprobs <= support.top_logprobs
+        returned = support.top_logprobs > 0 and params.logprobs <= support.top_logprobs
         if not (returned and (greedy or bounded)):
             return "logprobs"
     if _has_penalties(params) and not support.penalties:

@@ -24,6 +24,7 @@ from vllm.v1.worker.worker_base import CompilationTimes, WorkerBase
 from ttbundles import envs
 from ttbundles.errors import ConfigurationError
 from ttbundles.format.contract import HostMesh
+from ttbundles.format.meshes import is_host, mesh_shape
 from ttbundles.registry.loader import PACKAGE_PREFIX, finder, package_name
 from ttbundles.serving.configuration import Plan, served_plan
 from ttbundles.serving.model_runner import TTModelRunner
@@ -180,30 +181,11 @@ def open_mesh(name: str | None) -> Any:
     The ttnn path follows TT-Metal's mesh presets; it is written but untested here (no
     Tenstorrent hardware on this project's machines).
     """
-    if (name or "").upper() == "HOST":
+    if is_host(name):
         return HostMesh()
     import ttnn  # noqa: F401 - only on machines with the TT-Metal stack
 
-    shapes = {
-        "N150": (1, 1),
-        "N300": (1, 2),
-        "N150x4": (1, 4),
-        "T3K": (1, 8),
-        "TG": (8, 4),
-        "P100": (1, 1),
-        "P150": (1, 1),
-        "P150x2": (1, 2),
-        "P150x4": (1, 4),
-        "P150x8": (1, 8),
-        "P300": (1, 2),
-        "P300x2": (1, 4),
-        "BH-Galaxy": (8, 4),
-    }
-    if name in shapes:
-        shape = shapes[name]
-    else:
-        shape = tuple(int(x) for x in (name or "1,1").strip("()").split(","))
-    return ttnn.open_mesh_device(ttnn.MeshShape(*shape))
+    return ttnn.open_mesh_device(ttnn.MeshShape(*mesh_shape(name or "N150")))
 
 
 def load_generator_class(plan: Plan) -> type:

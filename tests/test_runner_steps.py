@@ -1,0 +1,201 @@
+"""The model runner driven step by step, in this process: vLLM's configuration (with the
+platform's plan), the phase scheduler, the runner and a recording reference generator,
+looped as the engine core loops them. A failure here points at a step, not a server log.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("vllm")
+
+from vllm.engine.arg_utils import EngineArgs  # noqa: E402
+from vllm.sampling_params import SamplingParams  # noqa: E402
+from vllm.v1.core.sched.output import SchedulerOutput  # noqa: E402
+from vllm.v1.kv_cache_interface import (  # noqa: E402
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+)
+from vllm.v1.outputs import AsyncModelRunnerOutput  # noqa: E402
+from vllm.v1.request import Request  # noqa: E402
+from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
+
+from ttbundles.format.contract import HostMesh  # noqa: E402
+from ttbundles.reference.generator import ReferenceLlamaGenerator  # noqa: E402
+from ttbundles.serving.model_runner import TTModelRunner  # noqa: E402
+from ttbundles.serving.scheduler import TTScheduler  # noqa: E402
+
+BLOCK = 16
+NUM_BLOCKS = 64
+
+
+class Recording(ReferenceLlamaGenerator):
+    """The reference generator, keeping what each decode was told."""
+
+    decodes: list[dict]
+
+    def decode_forward(self, *args, **kwargs):
+        self.decodes.append(
+            {
+                "device": kwargs.get("sampling_params") is not None,
+                "read": kwargs.get("read_from_device"),
+                "live": int((kwargs["start_pos"] >= 0).sum()),
+                **{k: kwargs[k] for k in kwargs if k.startswith(("reload", "reset"))},
+            }
+        )
+        return super().decode_forward(*args, **kwargs)
+
+
+def build(checkpoint, *, async_decode: bool, tt: dict | None = None):
+    config = EngineArgs(
+        model=str(checkpoint),
+        max_model_len=128,
+        max_num_seqs=4,
+        block_size=BLOCK,
+        async_scheduling=async_decode,
+        additional_config={"tt": {"sample_on_device_mode": "all", **(tt or {})}},
+    ).create_engine_config()
+    config.cache_config.num_gpu_blocks = NUM_BLOCKS  # what the engine sets after profiling
+    hf = config.model_config.hf_config
+    spec = FullAttentionSpec(
+        block_size=BLOCK,
+        num_kv_heads=hf.num_key_value_heads,
+        head_size=hf.hidden_size // hf.num_attention_heads,
+        dtype=torch.float32,
+    )
+    kv_config = KVCacheConfig(
+        num_blocks=NUM_BLOCKS,
+        kv_cache_tensors=[],
+        kv_cache_groups=[KVCacheGroupSpec(["model.layers.0.self_attn"], spec)],
+    )
+    scheduler = TTScheduler(
+        vllm_config=config,
+        kv_cache_config=kv_config,
+        structured_output_manager=StructuredOutputManager(config),
+        block_size=BLOCK,
+    )
+    runner = TTModelRunner(config, Recording, HostMesh())
+    runner.load_model()
+    runner.generator.decodes = []
+    runner.allocate_kv_cache(
+        NUM_BLOCKS, spec.num_kv_heads, spec.head_size, hf.num_hidden_layers, torch.float32
+    )
+    return scheduler, runner
+
+
+def run(scheduler, runner, requests: dict[int, list[Request]]) -> dict[str, list[int]]:
+    """The engine core's loop (one batch in flight); requests arrive at their step."""
+    everything = [r for batch in requests.values() for r in batch]
+    step = 0
+    while step < 500:
+        for request in requests.pop(step, []):
+            scheduler.add_request(request)
+        if not requests and not scheduler.has_requests():
+            break
+        output: SchedulerOutput = scheduler.schedule()
+        runner.execute_model(output)
+        result = runner.sample_tokens(None)
+        if isinstance(result, AsyncModelRunnerOutput):
+            result = result.get_output()
+        scheduler.update_from_output(output, result)
+        step += 1
+    return {r.request_id: list(r.output_token_ids) for r in everything}
+
+
+def request(name: str, prompt: list[int], max_tokens: int, **params) -> Request:
+    return Request(
+        request_id=name,
+        prompt_token_ids=prompt,
+        sampling_params=SamplingParams(max_tokens=max_tokens, ignore_eos=True, **params),
+        pooling_params=None,
+    )
+
+
+@pytest.fixture(scope="module")
+def greedy(demo_checkpoint):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(demo_checkpoint, dtype=torch.float32)
+
+    def continuation(prompt: list[int], count: int) -> list[int]:
+        out = model.generate(
+            torch.tensor([prompt]), max_new_tokens=count, min_new_tokens=count, do_sample=False
+        )
+        return out[0, len(prompt) :].tolist()
+
+    return continuation
+
+
+PROMPT_A = list(range(20, 34))  # 14 tokens: the third decode crosses into a second block
+PROMPT_B = [50, 51, 52, 53, 54, 55]
+
+
+@pytest.mark.parametrize("async_decode", [False, True])
+def test_steps_follow_the_decode_contract(demo_checkpoint, greedy, async_decode):
+    scheduler, runner = build(demo_checkpoint, async_decode=async_decode)
+    out = run(
+        scheduler,
+        runner,
+        {
+            0: [request("a", PROMPT_A, 8, temperature=0.0)],
+            5: [request("b", PROMPT_B, 3, temperature=0.0)],
+        },
+    )
+    assert out["a"] == greedy(PROMPT_A, 8)
+    assert out["b"] == greedy(PROMPT_B, 3)
+    decodes = runner.generator.decodes
+    assert all(d["device"] for d in decodes)
+    # The first decode of each layout reloads and resets; steady ones stay resident.
+    transitions = [i for i, d in enumerate(decodes) if d["reset_sampling_state"]]
+    assert transitions[0] == 0 and len(transitions) >= 3  # a alone, a+b, a alone again
+    for i in transitions:
+        assert decodes[i]["reload_inputs"] and decodes[i]["reload_sampling_params"]
+    steady = [d for d in decodes if not d["reload_inputs"]]
+    assert steady and not any(d["reset_sampling_state"] for d in steady)
+    # a's context reaches 16 tokens during a steady run: only the page table is reloaded.
+    assert any(d["reload_page_table"] for d in steady)
+    assert all(d["read"] is (not async_decode) for d in decodes)
+
+
+def test_a_host_only_request_takes_its_batches_to_the_host(demo_checkpoint, greedy):
+    scheduler, runner = build(demo_checkpoint, async_decode=False)
+    out = run(scheduler, runner, {0: [request("a", PROMPT_A, 4, temperature=0.0, min_tokens=2)]})
+    assert out["a"] == greedy(PROMPT_A, 4)
+    decodes = runner.generator.decodes
+    assert decodes and not any(d["device"] for d in decodes)
+    assert all(d["reload_inputs"] and not d["reset_sampling_state"] for d in decodes)
+
+
+def test_penalties_stay_on_the_device_and_only_change_their_request(demo_checkpoint, greedy):
+    scheduler, runner = build(demo_checkpoint, async_decode=True)
+    out = run(
+        scheduler,
+        runner,
+        {
+            0: [
+                request("plain", PROMPT_A, 6, temperature=0.0),
+                request("penalised", PROMPT_A, 6, temperature=0.0, repetition_penalty=3.0),
+            ]
+        },
+    )
+    assert out["plain"] == greedy(PROMPT_A, 6)
+    assert out["penalised"] != out["plain"]
+    assert all(d["device"] for d in runner.generator.decodes)
+
+
+def test_a_seed_gives_the_same_tokens_alone_and_in_a_changing_batch(demo_checkpoint):
+    seeded = {"temperature": 1.1, "top_k": 30, "seed": 42}
+    scheduler, runner = build(demo_checkpoint, async_decode=True)
+    alone = run(scheduler, runner, {0: [request("s", PROMPT_B, 10, **seeded)]})["s"]
+    scheduler, runner = build(demo_checkpoint, async_decode=True)
+    crowd = run(
+        scheduler,
+        runner,
+        {
+            0: [request("x", PROMPT_A, 3, temperature=0.7), request("s", PROMPT_B, 10, **seeded)],
+            4: [request("y", PROMPT_A[::-1], 2, temperature=0.9)],
+        },
+    )
+    assert crowd["s"] == alone
