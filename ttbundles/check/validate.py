@@ -35,8 +35,16 @@ class ValidationResult:
     bundles: list[CheckedBundle] = field(default_factory=list)
     report: Report = field(default_factory=Report)
 
-    def ok(self, strict: bool = False) -> bool:
-        return self.report.ok(strict)
+    def ok(self, strict: bool = False, strict_unverifiable: bool = False) -> bool:
+        """No errors; `strict`: no warnings either, except those that say something could
+        not be checked here; `strict_unverifiable`: none of those either (`Report.ok`)."""
+        return self.report.ok(strict, strict_unverifiable)
+
+    def diagnostics(
+        self, strict: bool = False, strict_unverifiable: bool = False
+    ) -> list[Diagnostic]:
+        """Every diagnostic, with the severity the strictness gives it."""
+        return self.report.effective(strict, strict_unverifiable)
 
 
 def validate_bundle(
