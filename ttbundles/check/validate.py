@@ -71,7 +71,11 @@ def check_bundle(
     if import_check and not any(d.is_error for d in checked.diagnostics):
         from ttbundles.check.imports import import_check as run_import_check
 
-        checked.diagnostics.extend(run_import_check(bundle_dir, metadata, timeout=timeout))
+        imported = run_import_check(bundle_dir, metadata, timeout=timeout)
+        # The capability agreement runs in both checks; say each finding once.
+        seen = {(d.code, d.pointer) for d in checked.diagnostics if d.pointer is not None}
+        imported = [d for d in imported if d.pointer is None or (d.code, d.pointer) not in seen]
+        checked.diagnostics.extend(_locate(imported, str(loaded.file)))
     return checked
 
 
