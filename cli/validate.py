@@ -8,10 +8,13 @@ from typing import Annotated
 import typer
 
 from ttbundles.check.validate import validate_path
+from ttbundles.codes import UNVERIFIABLE
 from ttbundles.errors import Severity
 
 from .options import FormatOption
 from .output import Format, Output, summary
+
+_UNVERIFIABLE = ", ".join(sorted(UNVERIFIABLE))
 
 
 def validate(
@@ -19,7 +22,24 @@ def validate(
         list[Path],
         typer.Argument(help="Bundle folders, .ttbundle archives, or folders of bundles."),
     ],
-    strict: Annotated[bool, typer.Option("--strict", help="Treat warnings as errors.")] = False,
+    strict: Annotated[
+        bool,
+        typer.Option(
+            "--strict",
+            help="Treat warnings as errors, except those saying something could not be "
+            f"checked here ({_UNVERIFIABLE}: a computed value, code outside the bundle, a "
+            "class from an environment this machine lacks).",
+        ),
+    ] = False,
+    strict_unverifiable: Annotated[
+        bool,
+        typer.Option(
+            "--strict-unverifiable",
+            help=f"Make what could not be checked here ({_UNVERIFIABLE}) errors, notes "
+            "included; independent of --strict. For machines where TT-Metal and the "
+            "bundle's dependencies are installed, with --import.",
+        ),
+    ] = False,
     import_: Annotated[
         bool,
         typer.Option(
@@ -39,21 +59,23 @@ def validate(
     """Check bundles against the format and the generator contract, without running them.
 
     Exit 0 when valid (warnings allowed unless --strict), 1 when invalid.
+    --strict and --strict-unverifiable are independent; use both for the strictest check.
 
     Example: ttbundle validate bundles/ my-bundle/ dist/my-bundle-1.0.0.ttbundle
     """
     out = Output(fmt)
     results = [(path, validate_path(path, import_check=import_, timeout=timeout)) for path in paths]
-    ok = all(result.ok(strict) for _, result in results)
+    ok = all(result.ok(strict, strict_unverifiable) for _, result in results)
     if out.is_json:
         out.json(
             {
                 "valid": ok,
                 "strict": strict,
+                "strict_unverifiable": strict_unverifiable,
                 "paths": [
                     {
                         "path": str(path),
-                        "valid": result.ok(strict),
+                        "valid": result.ok(strict, strict_unverifiable),
                         "bundles": [
                             {
                                 "path": str(b.path),
@@ -71,17 +93,10 @@ def validate(
         )
     else:
         for path, result in results:
-            diagnostics = result.report.diagnostics
-            if strict:
-                diagnostics = [
-                    d
-                    if d.severity is not Severity.WARNING
-                    else d.__class__(**{**d.__dict__, "severity": Severity.ERROR})
-                    for d in diagnostics
-                ]
+            diagnostics = result.diagnostics(strict, strict_unverifiable)
             out.diagnostics([d for d in diagnostics if verbose or d.severity is not Severity.INFO])
             names = ", ".join(b.metadata.name for b in result.bundles if b.metadata) or "-"
-            verdict = "valid" if result.ok(strict) else "INVALID"
-            style = "green" if result.ok(strict) else "bold red"
+            valid = result.ok(strict, strict_unverifiable)
+            verdict, style = ("valid", "green") if valid else ("INVALID", "bold red")
             out.line(f"{path}: {verdict} ({summary(diagnostics)}; bundles: {names})", style=style)
     raise typer.Exit(0 if ok else 1)

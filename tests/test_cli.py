@@ -84,7 +84,7 @@ def test_validate_json(make_bundle, run_cli):
     done = run_cli("validate", folder, "--format", "json")
     assert done.returncode == 1
     data = as_json(done)
-    assert (data["valid"], data["strict"]) == (False, False)
+    assert (data["valid"], data["strict"], data["strict_unverifiable"]) == (False, False, False)
     [path] = data["paths"]
     assert (path["path"], path["valid"]) == (str(folder), False)
     assert path["bundles"] == [{"path": str(folder), "name": None, "version": None, "legacy": None}]
@@ -137,6 +137,69 @@ def test_strict_turns_warnings_into_errors(make_bundle, run_cli):
     data = as_json(run_cli("validate", "--strict", "--format", "json", folder))
     assert (data["valid"], data["strict"]) == (False, True)
     assert [d["code"] for d in data["paths"][0]["diagnostics"]] == ["TTB037"]
+
+
+# A bundle adapter as TT-Metal writes them (generator_vllm.py's LlamaForCausalLM): every
+# method forwards to Generator, which lies outside the bundle.
+TT_METAL_LIKE = """from models.tt_transformers.tt.generator import Generator
+
+
+class DemoGenerator(Generator):
+    model_capabilities = {
+        "supports_prefix_caching": True,
+        "supports_async_decode": True,
+        "supports_sample_on_device": True,
+        "supports_device_grammar": True,
+        "supports_chunked_prefill": True,
+    }
+
+    @classmethod
+    def initialize_vllm_model(cls, hf_config, mesh_device, max_batch_size, max_seq_len,
+                              n_layers=None, tt_data_parallel=1, optimizations="performance"):
+        return cls(None, None, mesh_device)
+
+    def prefill_forward(self, *args, **kwargs):
+        return super().prefill_forward_text(*args, **kwargs)
+
+    def decode_forward(self, *args, **kwargs):
+        return super().decode_forward(*args, **kwargs)
+
+    def allocate_kv_cache(self, *args, **kwargs):
+        return None
+"""
+
+
+def test_strict_passes_a_base_outside_the_bundle_strict_unverifiable_fails_it(make_bundle, run_cli):
+    folder = make_bundle(
+        "demo",
+        adapter=TT_METAL_LIKE,
+        metadata={
+            "capabilities": {
+                "prefix_caching": True,
+                "async_decode": True,
+                "sample_on_device": ["decode_only", "all"],
+                "chunked_prefill": True,
+            }
+        },
+    )
+    done = no_traceback(run_cli("validate", "--strict", folder))
+    assert done.returncode == 0, done.stdout
+    assert f"{folder}/adapter.py:4: warning TTB057 async_decode is declared" in done.stdout
+    assert done.stdout.splitlines()[-1] == f"{folder}: valid (0 errors, 1 warning; bundles: demo)"
+
+    done = no_traceback(run_cli("validate", "--strict-unverifiable", folder))
+    assert done.returncode == 1
+    assert f"{folder}/adapter.py:4: error TTB057 " in done.stdout
+    assert done.stdout.splitlines()[-1] == (
+        f"{folder}: INVALID (1 error, 0 warnings; bundles: demo)"
+    )
+
+    data = as_json(run_cli("validate", "--strict", "--strict-unverifiable", "-f", "json", folder))
+    assert (data["valid"], data["strict"], data["strict_unverifiable"]) == (False, True, True)
+    # JSON keeps each diagnostic's own severity; the verdict applies the strictness.
+    assert [(d["code"], d["severity"]) for d in data["paths"][0]["diagnostics"]] == [
+        ("TTB057", "warning")
+    ]
 
 
 def test_notes_only_with_verbose(make_bundle, run_cli):
@@ -211,6 +274,7 @@ def test_help_exits_0(run_cli):
     done = no_traceback(run_cli("validate", "--help"))
     assert done.returncode == 0
     assert "--strict" in done.stdout and "Example: ttbundle validate" in done.stdout
+    assert "--strict-unverifiable" in done.stdout and "TTB057" in done.stdout
 
 
 # --- list --------------------------------------------------------------------------------
@@ -390,6 +454,55 @@ def test_init_then_validate(run_cli, tmp_path):
     done = no_traceback(run_cli("validate", "--strict", folder))
     assert done.returncode == 0, done.stdout
     assert done.stdout.strip() == f"{folder}: valid (0 errors, 0 warnings; bundles: my-model)"
+    # Nothing left unchecked, and the signatures pass --import (the template imports
+    # nothing, so it imports anywhere).
+    args = ("validate", "--strict", "--strict-unverifiable", "--import", "-v", folder)
+    done = no_traceback(run_cli(*args))
+    assert done.stdout.strip() == f"{folder}: valid (0 errors, 0 warnings; bundles: my-model)"
+
+
+def test_init_template_follows_the_contract(run_cli, tmp_path):
+    """The template's signatures are the worker's calls (format.contract): decode contract
+    v1 with the four keyword-only commands, every capability listed and False."""
+    import ast
+
+    from ttbundles.format import contract
+
+    folder = tmp_path / "my-model"
+    assert no_traceback(run_cli("init", folder, "--arch", "MyForCausalLM")).returncode == 0
+    [cls] = [
+        n
+        for n in ast.parse((folder / "adapter.py").read_text()).body
+        if isinstance(n, ast.ClassDef)
+    ]
+    attributes = {
+        t.id: ast.literal_eval(n.value)
+        for n in cls.body
+        if isinstance(n, ast.Assign)
+        for t in n.targets
+    }
+    assert attributes[contract.CONTRACT_MARKER] == contract.CONTRACT_V1
+    capabilities = attributes[contract.CAPABILITIES_ATTRIBUTE]
+    assert set(contract.CAPABILITY_KEYS) <= set(capabilities)
+    assert not any(capabilities.values())
+    meta = json.loads((folder / META).read_text())
+    assert set(contract.CAPABILITY_KEYS.values()) <= set(meta["capabilities"])
+    assert not any(meta["capabilities"].values())
+
+    methods = {n.name: n for n in cls.body if isinstance(n, ast.FunctionDef)}
+    assert set(contract.REQUIRED_METHODS) | set(contract.ASYNC_METHODS) <= set(methods)
+    assert contract.KV_CACHE_METHODS[0] in methods
+    assert [d.id for d in methods[contract.INITIALIZE.name].decorator_list] == ["classmethod"]
+    decode = methods[contract.DECODE.name].args
+    assert [a.arg for a in decode.kwonlyargs] == list(contract.DECODE_COMMANDS)
+    assert [ast.literal_eval(d) for d in decode.kw_defaults] == list(
+        contract.SAFE_COMMAND_DEFAULTS.values()
+    )
+    named = [a.arg for a in decode.args[1:] + decode.kwonlyargs]
+    assert set(named) == contract.decode_keywords(contract.CONTRACT_V1)
+    for method in (contract.INITIALIZE, contract.PREFILL):
+        args = methods[method.name].args.args[1:]
+        assert [a.arg for a in args] == list(method.passes)
 
 
 def test_init_from_local_checkpoint(run_cli, tmp_path):

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.bundle_factory import contract_adapter
 from ttbundles.check.validate import validate_bundle, validate_path
 from ttbundles.errors import Severity
 from ttbundles.registry.loader import PACKAGE_PREFIX, package_name, qualified_class
@@ -45,6 +46,74 @@ SUBCLASS = '''from .base import Base
 class DemoGenerator(Base):
     """All methods inherited from a module of the bundle."""
 '''
+
+# TT-Metal's LlamaForCausalLM (generator_vllm.py @21a4db48): five capabilities, all True.
+LLAMA_CAPABILITIES = """\
+    model_capabilities = {
+        "supports_prefix_caching": True,
+        "supports_async_decode": True,
+        "supports_sample_on_device": True,
+        "supports_device_grammar": True,
+        "supports_chunked_prefill": True,
+    }
+"""
+LLAMA_LIKE = contract_adapter("DemoGenerator", attributes=LLAMA_CAPABILITIES + READBACK)
+# TT-Metal's Mistral3ForConditionalGeneration: no supports_async_decode, so not supported.
+MISTRAL3_LIKE = contract_adapter(
+    "DemoGenerator",
+    attributes="    model_capabilities = "
+    '{"supports_prefix_caching": False, "supports_sample_on_device": True}\n' + READBACK,
+)
+COMPUTED_CAPABILITY = contract_adapter(
+    "DemoGenerator",
+    preamble="\ndef _compute():\n    return True\n",
+    attributes="""\
+    model_capabilities = {
+        "supports_prefix_caching": False,
+        "supports_async_decode": _compute(),
+        "supports_sample_on_device": False,
+    }
+"""
+    + READBACK,
+)
+# A subclass in the bundle of a Llama-like base in the bundle.
+NARROWING_SUBCLASS = SUBCLASS + '    model_capabilities = {"supports_prefix_caching": True}\n'
+SPREADING_SUBCLASS = (
+    SUBCLASS
+    + '    model_capabilities = {**Base.model_capabilities, "supports_chunked_prefill": False}\n'
+)
+ONLY_CAPABILITIES_OUTSIDE = """from vendor.generators import VendorBase
+
+
+class DemoGenerator(VendorBase):
+    model_capabilities = {"supports_sample_on_device": True}
+"""
+# Contract methods bound by assignment, not `def`.
+ALIASES = '''"""Contract methods bound by assignment."""
+from vendor.generators import VendorBase
+
+
+def _decode(self, tokens, start_pos, page_table, kv_cache, sampling_params=None):
+    return None
+
+
+class Helpers:
+    def prefill(self, tokens, page_table, kv_cache, prompt_lens, **kwargs):
+        return None
+
+
+class DemoGenerator:
+    model_capabilities = {"supports_sample_on_device": True}
+
+    def _initialize(cls, **kwargs):
+        return cls()
+
+    initialize_vllm_model = classmethod(_initialize)
+    prefill_forward = Helpers.prefill
+    decode_forward = _decode
+    allocate_kv_cache = VendorBase.allocate_kv_cache
+'''
+SAMPLE_ON = {"capabilities": {"sample_on_device": ["all"]}}
 
 
 def edit(source, *replacements):
@@ -129,12 +198,13 @@ CASES = {
         [("TTB055", ERROR, "adapter.py", None, 22)],
         "sampling_params=None",
     ),
-    "model_capabilities disagrees": (
+    "declared, but False in model_capabilities": (
         {"metadata": {"capabilities": {"prefix_caching": True}}},
         [("TTB056", ERROR, META, "/capabilities/prefix_caching", 9)],
-        "make them agree (adapter.py:5)",
+        "declare prefix_caching: False, or implement it and set "
+        "'supports_prefix_caching': True in the class (adapter.py:5)",
     ),
-    "model_capabilities disagrees the other way": (
+    "True in model_capabilities, not declared: safe, a warning": (
         {
             "edits": (
                 CAPS_ON["async"],
@@ -142,8 +212,123 @@ CASES = {
             )
         },
         # Not declared, so not in the file: no line to point at.
-        [("TTB056", ERROR, META, "/capabilities/async_decode", None)],
-        "make them agree (adapter.py:5)",
+        [("TTB059", WARNING, META, "/capabilities/async_decode", None)],
+        "declare it in capabilities.async_decode to use it",
+    ),
+    "Llama-like class, the bundle declares less: warnings": (
+        {"adapter": LLAMA_LIKE, "metadata": {"capabilities": {"prefix_caching": True}}},
+        [
+            ("TTB059", WARNING, META, "/capabilities/async_decode", None),
+            ("TTB059", WARNING, META, "/capabilities/sample_on_device", None),
+            ("TTB059", WARNING, META, "/capabilities/chunked_prefill", None),
+        ],
+        "(adapter.py:5)",
+    ),
+    "Llama-like class, the bundle declares all of it": (
+        {
+            "adapter": LLAMA_LIKE,
+            "metadata": {
+                "capabilities": {
+                    "prefix_caching": True,
+                    "async_decode": True,
+                    "sample_on_device": ["decode_only", "all"],
+                    "chunked_prefill": True,
+                }
+            },
+        },
+        [],
+        None,
+    ),
+    "Mistral3-like class, async_decode declared but absent from its dict": (
+        {
+            "adapter": MISTRAL3_LIKE,
+            "metadata": {"capabilities": {"async_decode": True, "sample_on_device": ["all"]}},
+        },
+        [("TTB056", ERROR, META, "/capabilities/async_decode", 9)],
+        "declare async_decode: False",
+    ),
+    "a computed value hides only its own key": (
+        {
+            "adapter": COMPUTED_CAPABILITY,
+            "metadata": {"capabilities": {"prefix_caching": True, "async_decode": True}},
+        },
+        [
+            ("TTB056", ERROR, META, "/capabilities/prefix_caching", 9),
+            ("TTB040", WARNING, META, "/capabilities/async_decode", 10),
+        ],
+        "--import",
+    ),
+    "a computed value, capability off: a note": (
+        {"adapter": COMPUTED_CAPABILITY},
+        [("TTB040", INFO, META, "/capabilities/async_decode", None)],
+        "--import",
+    ),
+    "a subclass's dict replaces its base's": (
+        {
+            "metadata": {
+                "main_class": "pkg.adapter:DemoGenerator",
+                "capabilities": {"prefix_caching": True, "async_decode": True},
+            },
+            "adapter": None,
+            "files": {
+                "pkg/__init__.py": "",
+                "pkg/adapter.py": NARROWING_SUBCLASS,
+                "pkg/base.py": LLAMA_LIKE.replace("DemoGenerator", "Base"),
+            },
+        },
+        [("TTB056", ERROR, META, "/capabilities/async_decode", 10)],
+        "(adapter.py:6)",
+    ),
+    "a ** entry merges its base's dict explicitly": (
+        {
+            "metadata": {
+                "main_class": "pkg.adapter:DemoGenerator",
+                "capabilities": {
+                    "prefix_caching": True,
+                    "async_decode": True,
+                    "sample_on_device": ["all"],
+                },
+            },
+            "adapter": None,
+            "files": {
+                "pkg/__init__.py": "",
+                "pkg/adapter.py": SPREADING_SUBCLASS,
+                "pkg/base.py": LLAMA_LIKE.replace("DemoGenerator", "Base"),
+            },
+        },
+        [],
+        None,
+    ),
+    "async_decode and readback outside the bundle: not checkable here": (
+        {"adapter": BASE_OUTSIDE, "metadata": {"capabilities": {"async_decode": True}}},
+        [
+            ("TTB057", WARNING, "adapter.py", None, 4),  # the readback methods
+            ("TTB057", WARNING, "adapter.py", None, 4),  # the contract methods
+            ("TTB057", WARNING, META, "/capabilities/async_decode", 9),  # model_capabilities
+        ],
+        "--import",
+    ),
+    "sample_on_device and decode_forward outside the bundle: not checkable here": (
+        {"adapter": ONLY_CAPABILITIES_OUTSIDE, "metadata": SAMPLE_ON},
+        [("TTB057", WARNING, "adapter.py", None, 4), ("TTB057", WARNING, "adapter.py", None, 4)],
+        "--import",
+    ),
+    "aliases define contract methods": ({"adapter": ALIASES, "metadata": SAMPLE_ON}, [], None),
+    "an alias to a function without sampling_params": (
+        {
+            "adapter": ALIASES.replace(", sampling_params=None", ""),
+            "metadata": SAMPLE_ON,
+        },
+        [("TTB055", ERROR, "adapter.py", None, 5)],
+        "sampling_params=None",
+    ),
+    "an alias to a method outside the bundle: not checkable here": (
+        {
+            "adapter": ALIASES.replace("= _decode", "= VendorBase.decode_forward"),
+            "metadata": SAMPLE_ON,
+        },
+        [("TTB057", WARNING, "adapter.py", None, 22)],
+        "--import",
     ),
     "base class outside the bundle": (
         {"adapter": BASE_OUTSIDE},
@@ -348,6 +533,113 @@ def test_environment_class_importable_here_is_checked(make_bundle, tmp_path, mon
     assert "vendor_models" not in sys.modules, "found without importing"
 
 
+def test_environment_namespace_package_is_searched_in_every_portion(
+    make_bundle, tmp_path, monkeypatch
+):
+    """TT-Metal's `models` may be a namespace package split over several folders: the
+    class in one portion, its base in another."""
+    first, second = tmp_path / "site-a", tmp_path / "site-b"
+    (first / "vendor_ns" / "common").mkdir(parents=True)
+    (first / "vendor_ns" / "common" / "base.py").write_text(
+        contract_adapter("Base", attributes=LLAMA_CAPABILITIES + READBACK)
+    )
+    (second / "vendor_ns" / "llm").mkdir(parents=True)
+    (second / "vendor_ns" / "llm" / "gen.py").write_text(
+        "from vendor_ns.common.base import Base\n\n\nclass Gen(Base):\n"
+        '    model_capabilities = {"supports_prefix_caching": True}\n'
+    )
+    for site in (first, second):
+        monkeypatch.syspath_prepend(str(site))
+    folder = make_bundle(
+        "demo",
+        adapter=None,
+        metadata={
+            "main_class": "vendor_ns.llm.gen:Gen",
+            "main_class_source": "environment",
+            "capabilities": {"prefix_caching": True, "async_decode": True},
+        },
+    )
+    # Both portions seen: the class and all of its contract were found, and its own dict
+    # (which lacks supports_async_decode) was compared.
+    found = [(d.code, d.severity, d.pointer) for d in validate_path(folder).report.diagnostics]
+    assert found == [("TTB056", ERROR, "/capabilities/async_decode")]
+    assert "vendor_ns" not in sys.modules, "found without importing"
+
+
+def test_environment_module_missing_from_every_portion(make_bundle, tmp_path, monkeypatch):
+    for site in ("site-a", "site-b"):
+        (tmp_path / site / "vendor_ns" / site.replace("-", "_")).mkdir(parents=True)
+        monkeypatch.syspath_prepend(str(tmp_path / site))
+    folder = make_bundle(
+        "demo",
+        adapter=None,
+        metadata={"main_class": "vendor_ns.gone:Gen", "main_class_source": "environment"},
+    )
+    [d] = validate_path(folder).report.diagnostics
+    assert (d.code, d.severity, d.pointer) == ("TTB050", ERROR, "/main_class")
+    assert str(tmp_path / "site-a" / "vendor_ns") in d.message
+    assert str(tmp_path / "site-b" / "vendor_ns") in d.message
+
+
+# --- strictness --------------------------------------------------------------------------
+
+
+def test_strict_leaves_what_is_not_checkable_here_alone(make_bundle):
+    """A class whose base is outside the bundle (a TT-Metal Generator on a machine without
+    TT-Metal) passes --strict; --strict-unverifiable fails it."""
+    folder = make_bundle("demo", adapter=BASE_OUTSIDE)
+    result = validate_path(folder)
+    assert [(d.code, d.severity) for d in result.report.diagnostics] == [("TTB057", WARNING)]
+    assert result.ok(strict=True)
+    assert not result.ok(strict_unverifiable=True)
+    assert [d.severity for d in result.diagnostics(strict=True)] == [WARNING]
+    assert [d.severity for d in result.diagnostics(strict_unverifiable=True)] == [ERROR]
+    assert [d.severity for d in result.report.diagnostics] == [WARNING], "not mutated"
+    # An ordinary warning is still an error under --strict.
+    pinned = make_bundle("pinless", adapter=BASE_OUTSIDE, metadata={"models": [{"repo": "o/m"}]})
+    result = validate_path(pinned)
+    assert not result.ok(strict=True)
+    assert [(d.code, d.severity) for d in result.diagnostics(strict=True)] == [
+        ("TTB037", ERROR),
+        ("TTB057", WARNING),
+    ]
+
+
+def test_strict_unverifiable_fails_an_environment_class_not_importable_here(make_bundle):
+    folder = make_bundle(
+        "demo",
+        adapter=None,
+        metadata={"main_class": "models.x.generator_vllm:Gen", "main_class_source": "environment"},
+    )
+    result = validate_path(folder)
+    assert [(d.code, d.severity) for d in result.report.diagnostics] == [("TTB058", INFO)]
+    assert result.ok(strict=True) and not result.ok(strict_unverifiable=True)
+    assert validate_bundle(folder).ok(strict=True), "the same rule for validate_bundle"
+
+
+# --- the contract is described once ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "module", ["ttbundles.check.adapter", "ttbundles.check.imports", "ttbundles.scaffold"]
+)
+def test_contract_names_come_from_format_contract(module):
+    """No module repeats the contract's method names, capability keys or commands: they
+    import them from ttbundles.format.contract."""
+    import ast
+    import inspect
+
+    from ttbundles.format import contract
+
+    names = {m.name for m in contract.METHODS} | set(contract.CAPABILITY_KEYS)
+    names |= {*contract.DECODE_COMMANDS, contract.CONTRACT_MARKER, contract.CAPABILITIES_ATTRIBUTE}
+    tree = ast.parse(inspect.getsource(importlib.import_module(module)))
+    literals = {
+        n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+    }
+    assert sorted(literals & names) == []
+
+
 def test_legacy_bundle_validates_with_a_warning(make_bundle):
     folder = make_bundle(
         "old", metadata='{"arch": "DemoForCausalLM", "main_class": "adapter:DemoGenerator"}'
@@ -494,7 +786,13 @@ def test_import_wrong_signatures(make_bundle):
         for d in validate_path(folder, import_check=True, timeout=30).report.diagnostics
     ]
     assert found == [
-        ("TTB062", ERROR, "demo", None, "initialize_vllm_model must be a classmethod"),
+        (
+            "TTB062",
+            ERROR,
+            "adapter.py",
+            11,
+            "DemoGenerator.initialize_vllm_model must be a classmethod",
+        ),
         (
             "TTB062",
             ERROR,
@@ -502,6 +800,128 @@ def test_import_wrong_signatures(make_bundle):
             21,
             "DemoGenerator.decode_forward: does not accept start_pos as keyword arguments",
         ),
+        (
+            "TTB062",
+            ERROR,
+            "adapter.py",
+            21,
+            "DemoGenerator.decode_forward requires pos, which the worker does not pass",
+        ),
+    ]
+
+
+def test_import_required_parameters_the_worker_does_not_pass(make_bundle):
+    adapter = edit(
+        make_bundle.adapter,
+        (
+            "def prefill_forward(self, tokens, page_table, kv_cache, prompt_lens, **kwargs):",
+            "def prefill_forward(self, tokens, page_table, kv_cache, prompt_lens, images,\n"
+            "                        cross_page_table, start_pos=None, *, chunk_size):",
+        ),
+        (
+            # A legacy class (no decode_input_update_contract) never gets the commands.
+            "def decode_forward(self, tokens, start_pos, page_table, kv_cache, **kwargs):",
+            "def decode_forward(self, tokens, start_pos, page_table, kv_cache, *, reload_inputs):",
+        ),
+    )
+    folder = make_bundle("demo", adapter=adapter)
+    assert validate_path(folder).ok()  # the static check does not read signatures
+    found = [
+        (d.code, d.line, d.message)
+        for d in validate_path(folder, import_check=True, timeout=30).report.diagnostics
+    ]
+    assert found == [
+        (
+            "TTB062",
+            19,
+            "DemoGenerator.prefill_forward requires images, cross_page_table, which the "
+            "worker does not pass: multimodal inputs are not supported yet",
+        ),
+        (
+            "TTB062",
+            19,
+            "DemoGenerator.prefill_forward requires chunk_size, which the worker does not pass",
+        ),
+        (
+            "TTB062",
+            23,
+            "DemoGenerator.decode_forward requires reload_inputs, which the worker passes only "
+            "to a class declaring decode_input_update_contract = 1",
+        ),
+    ]
+
+
+V1_DECODE = "    decode_input_update_contract = 1\n"
+
+
+def test_import_v1_decode_must_take_the_four_commands(make_bundle, tmp_path):
+    models = tmp_path / "models"
+    lacking = make_bundle(
+        "lacking",
+        parent=models,
+        metadata={"arch": "LackingForCausalLM"},
+        adapter=edit(
+            make_bundle.adapter,
+            ("    model_capabilities = {", V1_DECODE + "    model_capabilities = {"),
+            (
+                "def decode_forward(self, tokens, start_pos, page_table, kv_cache, **kwargs):",
+                "def decode_forward(self, tokens, start_pos, page_table, kv_cache, *,\n"
+                "                       reload_inputs=True, reset_batch):",
+            ),
+        ),
+    )
+    # Explicitly, or through **kwargs (forwarded to a base): both accept the commands.
+    explicit = make_bundle(
+        "explicit",
+        parent=models,
+        metadata={"arch": "ExplicitForCausalLM"},
+        adapter=edit(
+            make_bundle.adapter,
+            ("    model_capabilities = {", V1_DECODE + "    model_capabilities = {"),
+            (
+                "def decode_forward(self, tokens, start_pos, page_table, kv_cache, **kwargs):",
+                "def decode_forward(self, tokens, start_pos, page_table, kv_cache, *,\n"
+                "                       reload_inputs=True, reload_page_table=False,\n"
+                "                       reload_sampling_params=False, reset_sampling_state=False):",
+            ),
+        ),
+    )
+    make_bundle(
+        "forwarded",
+        parent=models,
+        metadata={"arch": "ForwardedForCausalLM"},
+        adapter=edit(
+            make_bundle.adapter,
+            ("    model_capabilities = {", V1_DECODE + "    model_capabilities = {"),
+        ),
+    )
+    diagnostics = validate_path(models, import_check=True, timeout=30).report.diagnostics
+    assert {Path(d.file).parent for d in diagnostics} == {lacking}, explicit
+    assert [d.message for d in diagnostics] == [
+        "DemoGenerator.decode_forward requires reset_batch, which a class declaring "
+        "decode_input_update_contract = 1 never receives",
+        "DemoGenerator declares decode_input_update_contract = 1, but decode_forward does not "
+        "accept reload_page_table, reload_sampling_params, reset_sampling_state: the worker "
+        "sends all four commands on every decode",
+    ]
+    assert "reload_inputs=True, reload_page_table=False" in diagnostics[-1].hint
+
+
+def test_import_compares_the_real_capabilities(make_bundle):
+    """What the static check cannot read (a computed dict), --import compares."""
+    adapter = contract_adapter(
+        "DemoGenerator",
+        preamble="\ndef _capabilities():\n    return {'supports_async_decode': False}\n",
+        attributes="    model_capabilities = _capabilities()\n" + READBACK,
+    )
+    folder = make_bundle("demo", adapter=adapter, metadata={"capabilities": {"async_decode": True}})
+    found = [
+        (d.code, d.severity, d.pointer, d.line)
+        for d in validate_path(folder, import_check=True, timeout=30).report.diagnostics
+    ]
+    assert found == [
+        ("TTB040", WARNING, "/capabilities/async_decode", 9),  # static: not known here
+        ("TTB056", ERROR, "/capabilities/async_decode", 9),  # --import: declared, unsupported
     ]
 
 

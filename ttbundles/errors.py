@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 
@@ -86,9 +86,32 @@ class Report:
     def warnings(self) -> list[Diagnostic]:
         return [d for d in self.diagnostics if d.severity is Severity.WARNING]
 
-    def ok(self, strict: bool = False) -> bool:
-        """Valid: no errors, and with `strict` no warnings either."""
-        return not self.errors and not (strict and self.warnings)
+    def effective(
+        self, strict: bool = False, strict_unverifiable: bool = False
+    ) -> list[Diagnostic]:
+        """The diagnostics with the severities a strict run gives them.
+
+        `strict` makes warnings errors, except the unverifiable ones (`codes.UNVERIFIABLE`:
+        "could not be checked here", not "wrong"); `strict_unverifiable` makes those
+        errors, notes included.
+        """
+        from ttbundles.codes import UNVERIFIABLE
+
+        def severity(d: Diagnostic) -> Severity:
+            if d.code in UNVERIFIABLE:
+                return Severity.ERROR if strict_unverifiable else d.severity
+            if strict and d.severity is Severity.WARNING:
+                return Severity.ERROR
+            return d.severity
+
+        return [
+            d if severity(d) is d.severity else replace(d, severity=severity(d))
+            for d in self.diagnostics
+        ]
+
+    def ok(self, strict: bool = False, strict_unverifiable: bool = False) -> bool:
+        """Valid: no errors once `effective` has applied the strictness asked for."""
+        return not any(d.is_error for d in self.effective(strict, strict_unverifiable))
 
 
 class TTBundleError(Exception):

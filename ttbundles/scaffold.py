@@ -6,52 +6,111 @@ import json
 import os
 import re
 import tempfile
+import textwrap
 from pathlib import Path
 
 from ttbundles.errors import TTBundleError
-from ttbundles.format.metadata import METADATA_FILE, SCHEMA_VERSION, slug
+from ttbundles.format.contract import (
+    CAPABILITIES_ATTRIBUTE,
+    CAPABILITY_KEYS,
+    CONTRACT_MARKER,
+    CONTRACT_V1,
+    DECODE,
+    DECODE_COMMANDS,
+    DEVICE_PENALTIES_KEY,
+    ESSENTIAL_KEYWORDS,
+    KEYWORD_DEFAULTS,
+    LEGACY_RESET_KEYWORD,
+    METHODS,
+    Method,
+    decode_keywords,
+)
+from ttbundles.format.metadata import METADATA_FILE, SCHEMA_VERSION, Capabilities, slug
 
-ADAPTER_TEMPLATE = '''"""Generator for {arch}, served by vLLM on Tenstorrent hardware.
+_ADAPTER_HEADER = '''"""Generator for {arch}, served by vLLM on Tenstorrent hardware.
 
-The worker calls these methods with keyword arguments; see the generator contract in
-the ttbundles README. Replace each body with your TT-NN implementation.
+The worker calls each method below with keyword arguments, passing those the signature
+accepts (the generator contract: ttbundles.format.contract, and the README). Replace each
+body with your TT-NN implementation.
 """
 
 
 class {class_name}:
-    # Keep in step with "capabilities" in vllm_metadata.json (ttbundle validate checks).
-    model_capabilities = {{
-        "supports_prefix_caching": False,
-        "supports_async_decode": False,
-        "supports_sample_on_device": False,
-    }}
+    # TT-Metal reads this dict from the class, and a class's dict replaces the one it
+    # inherits: a key it does not list means "not supported". So every key is listed,
+    # False until the generator implements it. Turn one on here and in "capabilities" of
+    # vllm_metadata.json together: ttbundle validate reports a capability the bundle
+    # declares but the class does not support as an error.
+    {capabilities_attribute} = {{
+{capabilities}    }}
+
+    # The decode input-update contract v1 (TT-Metal models/common/decode_contract.py):
+    # every decode_forward call carries the four keyword-only commands, saying what to
+    # restage, and never the legacy {legacy}.
+    {marker} = {version}
 
     def __init__(self, model, mesh_device):
         self.model = model
         self.mesh_device = mesh_device
-
-    @classmethod
-    def initialize_vllm_model(
-        cls, hf_config, mesh_device, max_batch_size, max_seq_len, tt_data_parallel=1,
-        optimizations=None,
-    ):
-        raise NotImplementedError("build the TT-NN model from hf_config here")
-
-    def allocate_kv_cache(self, kv_cache_shape, dtype, num_layers):
-        raise NotImplementedError("allocate the paged KV cache on the mesh here")
-
-    def prefill_forward(
-        self, tokens, page_table, kv_cache, prompt_lens, start_pos=None, enable_trace=False,
-        sampling_params=None, empty_slots=None, **kwargs,
-    ):
-        raise NotImplementedError("return last-token logits [batch, 1, vocab]")
-
-    def decode_forward(
-        self, tokens, start_pos, page_table, kv_cache, enable_trace=False,
-        read_from_device=True, sampling_params=None, **kwargs,
-    ):
-        raise NotImplementedError("return logits [batch, 1, vocab] for one step")
 '''
+
+
+def adapter_source(arch: str, class_name: str) -> str:
+    """The adapter template: the contract's methods, with the signatures the worker
+    calls (`ttbundles.format.contract`), every capability off, decode contract v1."""
+    keys = [*CAPABILITY_KEYS, DEVICE_PENALTIES_KEY]
+    text = _ADAPTER_HEADER.format(
+        arch=arch,
+        class_name=class_name,
+        capabilities_attribute=CAPABILITIES_ATTRIBUTE,
+        capabilities="".join(f"        {json.dumps(key)}: False,\n" for key in keys),
+        legacy=LEGACY_RESET_KEYWORD,
+        marker=CONTRACT_MARKER,
+        version=CONTRACT_V1,
+    )
+    seen_groups: set[str] = set()
+    for method in METHODS:
+        if not method.required or method.group in seen_groups:
+            continue  # optional methods, and the alternatives of a group's first
+        if method.group:
+            seen_groups.add(method.group)
+        text += "\n" + _method_source(method)
+    return text
+
+
+def _method_source(method: Method) -> str:
+    if method is DECODE:
+        keywords = [k for k in DECODE.passes if k in decode_keywords(CONTRACT_V1)]
+        keyword_only = [k for k in keywords if k in DECODE_COMMANDS]
+        keywords = [k for k in keywords if k not in DECODE_COMMANDS]
+    else:
+        keywords, keyword_only = list(method.passes), []
+    essential = ESSENTIAL_KEYWORDS.get(method.name, ())
+    first = "cls" if method.kind == "classmethod" else "self"
+    # The readback methods' leading argument, named as TT-Metal's Generator names it.
+    params = [
+        first,
+        *(["tt_out"] if method.leading == 1 else [f"arg{i}" for i in range(method.leading)]),
+    ]
+    params += [k if k in essential else f"{k}={KEYWORD_DEFAULTS.get(k)!r}" for k in keywords]
+    if keyword_only:
+        params += ["*", *(f"{k}={KEYWORD_DEFAULTS.get(k)!r}" for k in keyword_only)]
+    lines = []
+    if method.needs:
+        lines.append(f"    # Called only with capabilities.{method.needs} declared.")
+    if method.kind == "classmethod":
+        lines.append("    @classmethod")
+    one_line = f"    def {method.name}({', '.join(params)}):"
+    if len(one_line) <= 88:
+        lines.append(one_line)
+    else:
+        lines += [f"    def {method.name}(", *(f"        {p}," for p in params), "    ):"]
+    doc = textwrap.wrap(f"Return {method.returns}.", width=80)
+    doc[0] = '"""' + doc[0]
+    doc[-1] += '"""'
+    lines += [f"        {line}" for line in doc]
+    lines.append("        raise NotImplementedError")
+    return "\n".join(lines) + "\n"
 
 
 def init_bundle(
@@ -98,15 +157,12 @@ def init_bundle(
     }
     if models:
         metadata["models"] = models
-    metadata["capabilities"] = {
-        "prefix_caching": False,
-        "async_decode": False,
-        "sample_on_device": [],
-    }
+    # Every capability the class's model_capabilities mirrors, off, as in the template.
+    metadata["capabilities"] = Capabilities().model_dump(include=set(CAPABILITY_KEYS.values()))
     folder.mkdir(parents=True, exist_ok=True)
     adapter = folder / "adapter.py"
     if not adapter.exists():
-        adapter.write_text(ADAPTER_TEMPLATE.format(arch=arch, class_name=class_name))
+        adapter.write_text(adapter_source(arch, class_name))
     write_json_atomic(folder / METADATA_FILE, metadata)
     return folder
 
@@ -202,4 +258,4 @@ def write_json_atomic(path: Path, document: dict) -> None:
         raise
 
 
-__all__ = ["init_bundle", "migrate_bundle", "write_json_atomic"]
+__all__ = ["adapter_source", "init_bundle", "migrate_bundle", "write_json_atomic"]

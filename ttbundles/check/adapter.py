@@ -2,8 +2,9 @@
 
 Bundle code must not run during validation (it usually imports ttnn, which is absent
 where bundles are validated), so the adapter is parsed with `ast`, never imported. What
-cannot be seen statically (a base class from outside the bundle) is reported as such
-rather than guessed.
+cannot be seen statically (a base class from outside the bundle, a computed value) is
+reported as such rather than guessed. The contract itself (method names, capability keys)
+comes from `ttbundles.format.contract`.
 """
 
 from __future__ import annotations
@@ -13,21 +14,32 @@ import importlib.util
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ttbundles.check.capabilities import ClassCapabilities, agreement
 from ttbundles.errors import Diagnostic, Severity
+from ttbundles.format.contract import (
+    ASYNC_METHODS,
+    CAPABILITIES_ATTRIBUTE,
+    DECODE,
+    KV_CACHE_METHODS,
+    METHODS_BY_NAME,
+    REQUIRED_METHODS,
+)
 from ttbundles.format.metadata import METADATA_FILE, BundleMetadata
 from ttbundles.format.modules import bundle_modules, module_file
 from ttbundles.suggest import hint_for
 
-REQUIRED_METHODS = ("initialize_vllm_model", "prefill_forward", "decode_forward")
-KV_CACHE_METHODS = ("allocate_kv_cache", "allocate_kv_cache_per_layer")
-ASYNC_METHODS = ("read_decode_output", "process_decode_output_host")
-# TT-Metal's class-level `model_capabilities` keys, and the declared capability each mirrors.
-CAPABILITY_KEYS = {
-    "supports_prefix_caching": "prefix_caching",
-    "supports_async_decode": "async_decode",
-    "supports_sample_on_device": "sample_on_device",
-    "supports_chunked_prefill": "chunked_prefill",
-}
+Function = ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda
+
+
+@dataclass(frozen=True)
+class Definition:
+    """Where a class attribute is defined; `node` is the function when its signature can
+    be read (a `def`, a lambda, or an alias of one), None when it cannot
+    (`decode_forward = OutsideBase.decode_forward`)."""
+
+    file: Path
+    line: int
+    node: Function | None = None
 
 
 @dataclass
@@ -36,18 +48,44 @@ class ClassInfo:
 
     file: Path
     line: int
-    methods: dict[str, ast.FunctionDef | ast.AsyncFunctionDef] = field(default_factory=dict)
-    capabilities: dict[str, object] | None = None
-    capabilities_line: int | None = None
+    methods: dict[str, Definition] = field(default_factory=dict)
+    capabilities: ClassCapabilities | None = None
     unresolved_bases: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class SourceRoots:
+    """Where module files are looked up, without importing: folders (a bundle), and the
+    directories of one top-level package of the environment (`package`), every portion of
+    it when it is a namespace package."""
+
+    folders: tuple[Path, ...] = ()
+    package: str | None = None
+    portions: tuple[Path, ...] = ()
+
+    def module_file(self, module: str) -> Path | None:
+        for folder in self.folders:
+            found = module_file(folder, module)
+            if found is not None:
+                return found
+        top, _, rest = module.partition(".")
+        if top == self.package:
+            for portion in self.portions:
+                found = module_file(portion, rest) if rest else portion / "__init__.py"
+                if found is not None and found.is_file():
+                    return found
+        return None
+
+    def describe(self) -> str:
+        return ", ".join(str(p) for p in (*self.folders, *self.portions))
 
 
 def check_adapter(bundle_dir: Path, metadata: BundleMetadata) -> list[Diagnostic]:
     """Every contract problem of the bundle's main class that shows in its source."""
     meta_file = str(bundle_dir / METADATA_FILE)
-    root = bundle_dir
+    roots = SourceRoots(folders=(bundle_dir,))
     if metadata.main_class_source == "environment":
-        located = _environment_root(metadata.module)
+        located = environment_roots(metadata.module)
         if located is None:
             return [
                 Diagnostic(
@@ -60,22 +98,28 @@ def check_adapter(bundle_dir: Path, metadata: BundleMetadata) -> list[Diagnostic
                     hint="validate where TT-Metal is installed to check it",
                 )
             ]
-        root = located
-    path = module_file(root, metadata.module)
+        roots = located
+    path = roots.module_file(metadata.module)
     if path is None:
+        looked_for = (
+            f"{metadata.module.replace('.', '/')}.py and "
+            f"{metadata.module.replace('.', '/')}/__init__.py"
+        )
+        if metadata.main_class_source == "environment":
+            message = (
+                f"module {metadata.module!r} is not in the environment's "
+                f"{roots.package} (looked for {looked_for} in {roots.describe()})"
+            )
+            hint = "check main_class against the TT-Metal release installed here"
+        else:
+            message = f"module {metadata.module!r} is not in the bundle (looked for {looked_for})"
+            hint = _module_hint(bundle_dir, metadata.module)
         return [
             Diagnostic(
-                "TTB050",
-                Severity.ERROR,
-                f"module {metadata.module!r} is not in the bundle "
-                f"(looked for {metadata.module.replace('.', '/')}.py and "
-                f"{metadata.module.replace('.', '/')}/__init__.py)",
-                file=meta_file,
-                pointer="/main_class",
-                hint=_module_hint(bundle_dir, metadata.module),
+                "TTB050", Severity.ERROR, message, file=meta_file, pointer="/main_class", hint=hint
             )
         ]
-    finder = _ClassFinder(root)
+    finder = _ClassFinder(roots)
     try:
         info = finder.find(path, metadata.module, metadata.class_name)
     except _SourceError as exc:
@@ -99,11 +143,13 @@ def _contract_diagnostics(
     info: ClassInfo, metadata: BundleMetadata, meta_file: str
 ) -> list[Diagnostic]:
     out: list[Diagnostic] = []
-    # Missing methods are errors only when every base was seen; otherwise they may be
-    # inherited from code outside the bundle.
+    # What is not found is an error only when every base was seen; otherwise it may be
+    # inherited from code outside the bundle, which is said (TTB057), not guessed.
     partial = bool(info.unresolved_bases)
-    severity = Severity.WARNING if partial else Severity.ERROR
+    outside = ", ".join(info.unresolved_bases)
+    name = metadata.class_name
     where = {"file": str(info.file), "line": info.line}
+    not_here = "run ttbundle validate --import where its dependencies are installed"
     missing = [m for m in REQUIRED_METHODS if m not in info.methods]
     if not any(m in info.methods for m in KV_CACHE_METHODS):
         missing.append(" or ".join(KV_CACHE_METHODS))
@@ -112,7 +158,7 @@ def _contract_diagnostics(
             Diagnostic(
                 "TTB053",
                 Severity.ERROR,
-                f"{metadata.class_name} lacks {', '.join(missing)}",
+                f"{name} lacks {', '.join(missing)}",
                 hint="implement the generator contract (see ttbundle init's template)",
                 **where,
             )
@@ -124,25 +170,53 @@ def _contract_diagnostics(
             out.append(
                 Diagnostic(
                     "TTB054",
-                    severity,
-                    f"async_decode is declared but {metadata.class_name} lacks "
-                    f"{', '.join(lacking)}",
+                    Severity.ERROR,
+                    f"async_decode is declared but {name} lacks {', '.join(lacking)}",
                     hint="implement them, or declare async_decode: false",
                     **where,
                 )
             )
-    if caps.sample_on_device and "decode_forward" in info.methods:
-        func = info.methods["decode_forward"]
-        names = {a.arg for a in func.args.args + func.args.kwonlyargs}
-        if "sampling_params" not in names and func.args.kwarg is None:
+        elif lacking:
             out.append(
                 Diagnostic(
-                    "TTB055",
-                    Severity.ERROR,
-                    "sample_on_device is declared but decode_forward takes no sampling_params",
-                    file=str(info.file),
-                    line=func.lineno,
-                    hint="add a sampling_params=None parameter, or declare sample_on_device: []",
+                    "TTB057",
+                    Severity.WARNING,
+                    f"async_decode is declared; {', '.join(lacking)} not in the bundle, may "
+                    f"come from {outside}, outside it: not checkable here",
+                    hint=not_here,
+                    **where,
+                )
+            )
+    if caps.sample_on_device:
+        decode = info.methods.get(DECODE.name)
+        if decode is not None and decode.node is not None:
+            if not _takes_keyword(decode.node, "sampling_params"):
+                out.append(
+                    Diagnostic(
+                        "TTB055",
+                        Severity.ERROR,
+                        "sample_on_device is declared but decode_forward takes no sampling_params",
+                        file=str(decode.file),
+                        line=decode.line,
+                        hint="add a sampling_params=None parameter, or declare "
+                        "sample_on_device: []",
+                    )
+                )
+        elif decode is not None or partial:
+            source = (
+                "is an alias whose signature is not visible here"
+                if decode is not None
+                else f"is not in the bundle, may come from {outside}, outside it"
+            )
+            out.append(
+                Diagnostic(
+                    "TTB057",
+                    Severity.WARNING,
+                    f"sample_on_device is declared; decode_forward {source}: whether it "
+                    "takes sampling_params is not checkable here",
+                    file=str(decode.file) if decode else str(info.file),
+                    line=decode.line if decode else info.line,
+                    hint=not_here,
                 )
             )
     if partial and missing:
@@ -150,32 +224,36 @@ def _contract_diagnostics(
             Diagnostic(
                 "TTB057",
                 Severity.WARNING,
-                f"{metadata.class_name} inherits from {', '.join(info.unresolved_bases)}"
-                f", outside the bundle; {', '.join(missing)} not checked statically",
-                hint="run ttbundle validate --import where its dependencies are installed",
+                f"{name} inherits from {outside}, outside the bundle; "
+                f"{', '.join(missing)} not checked statically",
+                hint=not_here,
                 **where,
             )
         )
     if info.capabilities is not None:
-        for key, value in info.capabilities.items():
-            declared_name = CAPABILITY_KEYS.get(key)
-            if declared_name is None or not isinstance(value, bool):
-                continue
-            declared = bool(getattr(caps, declared_name))
-            if declared != value:
-                out.append(
-                    Diagnostic(
-                        "TTB056",
-                        Severity.ERROR,
-                        f"model_capabilities[{key!r}] is {value} in the class but "
-                        f"capabilities.{declared_name} declares "
-                        f"{getattr(caps, declared_name)!r}",
-                        file=meta_file,
-                        pointer=f"/capabilities/{declared_name}",
-                        hint=f"make them agree ({info.file.name}:{info.capabilities_line})",
+        out.extend(agreement(info.capabilities, caps, name, meta_file))
+    elif partial:
+        # The dict may come from a base outside the bundle; say so where it matters.
+        out.extend(
+            agreement(
+                ClassCapabilities(
+                    open=(
+                        "TTB057",
+                        f"is not known here: the dict is not in the bundle and may come from "
+                        f"{outside}",
                     )
-                )
+                ),
+                caps,
+                name,
+                meta_file,
+            )
+        )
     return out
+
+
+def _takes_keyword(function: Function, keyword: str) -> bool:
+    args = function.args
+    return args.kwarg is not None or keyword in {a.arg for a in args.args + args.kwonlyargs}
 
 
 class _SourceError(Exception):
@@ -184,10 +262,10 @@ class _SourceError(Exception):
 
 
 class _ClassFinder:
-    """Follows class definitions and imports inside one source root."""
+    """Follows class definitions and imports inside the source roots."""
 
-    def __init__(self, root: Path):
-        self.root = root
+    def __init__(self, roots: SourceRoots):
+        self.roots = roots
         self._trees: dict[Path, ast.Module] = {}
 
     def parse(self, path: Path) -> ast.Module:
@@ -223,11 +301,11 @@ class _ClassFinder:
         tree = self.parse(path)
         for node in tree.body:
             if isinstance(node, ast.ClassDef) and node.name == name:
-                return self._class_info(path, module, node, tree, depth)
+                return self._class_info(path, module, node, depth)
         target = self._imported(tree, module, path, name)
         if target is not None:
             target_module, target_name = target
-            target_path = module_file(self.root, target_module)
+            target_path = self.roots.module_file(target_module)
             if target_path is not None:
                 return self.find(target_path, target_module, target_name, depth + 1)
         return None
@@ -252,12 +330,12 @@ class _ClassFinder:
         package = package[: len(package) - (node.level - 1)] if node.level > 1 else package
         return ".".join([*package, *([node.module] if node.module else [])])
 
-    def _class_info(
-        self, path: Path, module: str, node: ast.ClassDef, tree: ast.Module, depth: int
-    ) -> ClassInfo:
+    def _class_info(self, path: Path, module: str, node: ast.ClassDef, depth: int) -> ClassInfo:
         info = ClassInfo(file=path, line=node.lineno)
-        # Bases first, so the class's own definitions override inherited ones.
-        for base in node.bases:
+        # Bases last to first, so that the first base wins, as in the MRO (a
+        # simplification: a name from a later base is not known to be shadowed by an
+        # earlier base outside the bundle); then the class's own body over all of them.
+        for base in reversed(node.bases):
             base_name = _dotted(base)
             if base_name in (None, "object"):
                 continue
@@ -265,30 +343,126 @@ class _ClassFinder:
             if "." not in base_name:
                 resolved = self.find(path, module, base_name, depth + 1)
             if resolved is None:
-                info.unresolved_bases.append(base_name)
+                info.unresolved_bases.insert(0, base_name)
             else:
                 info.methods.update(resolved.methods)
-                info.unresolved_bases.extend(resolved.unresolved_bases)
+                info.unresolved_bases[:0] = resolved.unresolved_bases
                 if resolved.capabilities is not None:
                     info.capabilities = resolved.capabilities
-                    info.capabilities_line = resolved.capabilities_line
         for item in node.body:
             if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef):
-                info.methods[item.name] = item
-            elif isinstance(item, ast.Assign | ast.AnnAssign):
+                info.methods[item.name] = Definition(path, item.lineno, item)
+            elif isinstance(item, ast.Assign | ast.AnnAssign) and item.value is not None:
                 targets = item.targets if isinstance(item, ast.Assign) else [item.target]
-                if (
-                    any(isinstance(t, ast.Name) and t.id == "model_capabilities" for t in targets)
-                    and item.value is not None
-                ):
-                    try:
-                        value = ast.literal_eval(item.value)
-                    except ValueError:
+                for target in targets:
+                    if not isinstance(target, ast.Name):
                         continue
-                    if isinstance(value, dict):
-                        info.capabilities = value
-                        info.capabilities_line = item.lineno
+                    if target.id == CAPABILITIES_ATTRIBUTE:
+                        # A class's dict replaces the inherited one (TT-Metal's rule).
+                        info.capabilities = self._capabilities(item.value, path, module, depth)
+                        info.capabilities.where = f"{path.name}:{item.lineno}"
+                    elif target.id in METHODS_BY_NAME:
+                        # `decode_forward = _decode`: an alias defines the method too.
+                        info.methods[target.id] = self._alias(
+                            item.value, info.methods, path, module, depth
+                        )
         return info
+
+    def _alias(
+        self,
+        value: ast.expr,
+        scope: dict[str, Definition],
+        path: Path,
+        module: str,
+        depth: int,
+    ) -> Definition:
+        """The definition an assignment in a class body refers to, as far as visible."""
+        here = Definition(path, value.lineno)
+        if isinstance(value, ast.Lambda):
+            return Definition(path, value.lineno, value)
+        if (
+            isinstance(value, ast.Call)
+            and isinstance(value.func, ast.Name)
+            and value.func.id in ("classmethod", "staticmethod")
+            and len(value.args) == 1
+        ):
+            return self._alias(value.args[0], scope, path, module, depth)
+        if isinstance(value, ast.Name):
+            if value.id in scope:
+                return scope[value.id]
+            for node in self.parse(path).body:
+                if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and (
+                    node.name == value.id
+                ):
+                    return Definition(path, node.lineno, node)
+            return here
+        if isinstance(value, ast.Attribute) and isinstance(value.value, ast.Name):
+            owner = self.find(path, module, value.value.id, depth + 1)
+            if owner is not None and value.attr in owner.methods:
+                return owner.methods[value.attr]
+        return here
+
+    def _capabilities(
+        self, value: ast.expr, path: Path, module: str, depth: int
+    ) -> ClassCapabilities:
+        """A `model_capabilities` value, key by key: a computed value hides only its key."""
+        if not isinstance(value, ast.Dict):
+            return self._referenced(value, path, module, depth, whole=True)
+        caps = ClassCapabilities()
+        for key_node, value_node in zip(value.keys, value.values):
+            if key_node is None:  # {**Base.model_capabilities, ...}: merged explicitly
+                caps.update(self._referenced(value_node, path, module, depth, whole=False))
+                continue
+            try:
+                key = ast.literal_eval(key_node)
+            except (ValueError, TypeError, SyntaxError, RecursionError):
+                reason = f"has a computed key ({_source(key_node)})"
+                caps.update(ClassCapabilities(open=("TTB040", reason)))
+                continue
+            if not isinstance(key, str):
+                continue
+            try:
+                known = bool(ast.literal_eval(value_node))
+            except (ValueError, TypeError, SyntaxError, RecursionError):
+                reason = f"is computed ({_source(value_node)}), not a literal"
+                caps.update(ClassCapabilities(unknown={key: ("TTB040", reason)}))
+            else:
+                caps.update(ClassCapabilities(values={key: known}))
+        return caps
+
+    def _referenced(
+        self, value: ast.expr, path: Path, module: str, depth: int, *, whole: bool
+    ) -> ClassCapabilities:
+        """The capabilities an expression stands for (the whole dict, or a `**` entry of
+        one): `Base.model_capabilities` of a class the bundle defines is followed;
+        anything else is not known here."""
+        prefix = (
+            f"is not known here: the dict is {_source(value)}"
+            if whole
+            else (f"may come from {_source(value)}")
+        )
+        if (
+            isinstance(value, ast.Attribute)
+            and value.attr == CAPABILITIES_ATTRIBUTE
+            and isinstance(value.value, ast.Name)
+        ):
+            owner = self.find(path, module, value.value.id, depth + 1)
+            if owner is not None and owner.capabilities is not None:
+                copy = ClassCapabilities(where=owner.capabilities.where)
+                copy.update(owner.capabilities)
+                return copy
+            if owner is None:
+                return ClassCapabilities(open=("TTB057", f"{prefix} (outside the bundle)"))
+            if owner.unresolved_bases:
+                outside = ", ".join(owner.unresolved_bases)
+                reason = f"{prefix} (inherited from {outside}, outside the bundle)"
+                return ClassCapabilities(open=("TTB057", reason))
+        return ClassCapabilities(open=("TTB040", f"{prefix} (computed)"))
+
+
+def _source(node: ast.AST, limit: int = 60) -> str:
+    text = ast.unparse(node)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _dotted(node: ast.expr) -> str | None:
@@ -300,8 +474,10 @@ def _dotted(node: ast.expr) -> str | None:
     return None
 
 
-def _environment_root(module: str) -> Path | None:
-    """The folder holding `module`'s top-level package, found without importing it."""
+def environment_roots(module: str) -> SourceRoots | None:
+    """Where `module`'s top-level package lives, found without importing it: every
+    portion of a namespace package (TT-Metal's `models` can be split over several
+    folders), the folder of a plain module."""
     top = module.split(".")[0]
     try:
         spec = importlib.util.find_spec(top)
@@ -310,9 +486,10 @@ def _environment_root(module: str) -> Path | None:
     if spec is None:
         return None
     if spec.submodule_search_locations:
-        return Path(next(iter(spec.submodule_search_locations))).parent
-    if spec.origin:
-        return Path(spec.origin).parent
+        portions = tuple(Path(p) for p in spec.submodule_search_locations)
+        return SourceRoots(package=top, portions=portions)
+    if spec.origin and spec.origin not in ("built-in", "frozen"):
+        return SourceRoots(folders=(Path(spec.origin).parent,), package=top)
     return None
 
 

@@ -4,6 +4,12 @@ A subprocess, because bundle code may hang, crash, or pollute the interpreter; a
 timeout, because importing TT-Metal code without a card can block. The adapter is
 imported under the same synthetic package the loader uses when vLLM serves it, so what
 passes here imports the same way in the server.
+
+The signatures are checked against `ttbundles.format.contract`: each contract method must
+accept the inputs it cannot work without, must not require a parameter the worker never
+passes, and a v1 class's `decode_forward` must take the four commands. The class's real
+`model_capabilities` is compared with the declared capabilities by the same rule as the
+static check (`check.capabilities`).
 """
 
 from __future__ import annotations
@@ -12,21 +18,34 @@ import inspect
 import json
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
+from ttbundles.check.capabilities import agreement, from_mapping
 from ttbundles.errors import Diagnostic, Severity
-from ttbundles.format.metadata import BundleMetadata
+from ttbundles.format.contract import (
+    CAPABILITIES_ATTRIBUTE,
+    CAPABILITY_KEYS,
+    CONTRACT_MARKER,
+    CONTRACT_V1,
+    DECODE,
+    DECODE_COMMANDS,
+    ESSENTIAL_KEYWORDS,
+    KV_CACHE_METHODS,
+    LEGACY_RESET_KEYWORD,
+    METHODS,
+    MULTIMODAL_PARAMETERS,
+    REQUIRED_METHODS,
+    SAFE_COMMAND_DEFAULTS,
+    Method,
+    contract_version,
+    decode_keywords,
+)
+from ttbundles.format.metadata import METADATA_FILE, BundleMetadata
 
-# Keyword arguments the worker passes to each contract method.
-CONTRACT_KWARGS: dict[str, tuple[str, ...]] = {
-    "initialize_vllm_model": ("hf_config", "mesh_device", "max_batch_size", "max_seq_len"),
-    "prefill_forward": ("tokens", "page_table", "kv_cache", "prompt_lens"),
-    "decode_forward": ("tokens", "start_pos", "page_table", "kv_cache"),
-    "allocate_kv_cache": ("kv_cache_shape", "dtype", "num_layers"),
-    "allocate_kv_cache_per_layer": ("per_layer_specs",),
-    "read_decode_output": (),
-    "process_decode_output_host": (),
-}
+_POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+_BY_NAME = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+_VARIADIC = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
 
 
 def import_check(
@@ -65,22 +84,31 @@ def import_check(
                 file=where,
             )
         ]
-    out = []
-    for problem in result.get("problems", []):
-        out.append(
-            Diagnostic(
-                problem["code"],
-                Severity.ERROR,
-                problem["message"],
-                file=problem.get("file") or where,
-                line=problem.get("line"),
-                hint=problem.get("hint"),
+    out = [
+        Diagnostic(
+            problem["code"],
+            Severity(problem.get("severity", "error")),
+            problem["message"],
+            file=problem.get("file") or where,
+            line=problem.get("line"),
+            hint=problem.get("hint"),
+        )
+        for problem in result.get("problems", [])
+    ]
+    capabilities = result.get("capabilities")
+    if capabilities is not None:
+        out.extend(
+            agreement(
+                from_mapping(capabilities),
+                metadata.capabilities,
+                metadata.class_name,
+                str(bundle_dir / METADATA_FILE),
             )
         )
     return out
 
 
-def _check_in_this_process(bundle_dir: Path, metadata: BundleMetadata) -> list[dict]:
+def _check_in_this_process(bundle_dir: Path, metadata: BundleMetadata) -> dict:
     import importlib
 
     from ttbundles.registry.loader import qualified_class
@@ -94,72 +122,145 @@ def _check_in_this_process(bundle_dir: Path, metadata: BundleMetadata) -> list[d
         module = importlib.import_module(module_name)
         cls = getattr(module, class_name)
     except BaseException as exc:  # noqa: BLE001 - any failure of bundle code is reported
-        return [
-            {
-                "code": "TTB060",
-                "message": f"importing {metadata.main_class} failed: {type(exc).__name__}: {exc}",
-            }
-        ]
-    problems = []
-    wanted = ["initialize_vllm_model", "prefill_forward", "decode_forward"]
-    wanted += [m for m in ("allocate_kv_cache", "allocate_kv_cache_per_layer") if hasattr(cls, m)]
-    if metadata.capabilities.async_decode:
-        wanted += ["read_decode_output", "process_decode_output_host"]
-    for name in wanted:
-        member = getattr(cls, name, None)
-        if member is None:
-            problems.append({"code": "TTB053", "message": f"{class_name} lacks {name}"})
+        message = f"importing {metadata.main_class} failed: {type(exc).__name__}: {exc}"
+        return {"problems": [{"code": "TTB060", "message": message}]}
+    caps = getattr(cls, CAPABILITIES_ATTRIBUTE, None)
+    return {
+        "problems": check_class(cls, metadata),
+        "capabilities": {k: bool(caps[k]) for k in CAPABILITY_KEYS if k in caps}
+        if isinstance(caps, Mapping)
+        else None,
+    }
+
+
+def check_class(cls: type, metadata: BundleMetadata) -> list[dict]:
+    """Contract problems of an imported class, as JSON-ready dicts (code, message, ...)."""
+    name = metadata.class_name
+    declared = metadata.capabilities
+    problems: list[dict] = []
+    for method in METHODS:
+        if not hasattr(cls, method.name):
+            if method.name in REQUIRED_METHODS:
+                problems.append({"code": "TTB053", "message": f"{name} lacks {method.name}"})
+            elif method.needs and getattr(declared, method.needs):
+                problems.append(
+                    {
+                        "code": "TTB054",
+                        "message": f"{method.needs} is declared but {name} lacks {method.name}",
+                        "hint": f"implement it, or declare {method.needs}: false",
+                    }
+                )
             continue
-        if name == "initialize_vllm_model" and not isinstance(
-            inspect.getattr_static(cls, name), classmethod | staticmethod
-        ):
-            problems.append(
-                {
-                    "code": "TTB062",
-                    "message": "initialize_vllm_model must be a classmethod",
-                    "hint": "decorate it with @classmethod",
-                }
-            )
-        required = list(CONTRACT_KWARGS[name])
-        if name == "decode_forward" and metadata.capabilities.sample_on_device:
-            required.append("sampling_params")
-        problem = _accepts(member, required)
-        if problem:
-            code_line = _line_of(member)
-            problems.append(
-                {
-                    "code": "TTB062",
-                    "message": f"{class_name}.{name}: {problem}",
-                    "file": code_line[0],
-                    "line": code_line[1],
-                    "hint": "accept these keyword arguments, or **kwargs",
-                }
-            )
-    if not (hasattr(cls, "allocate_kv_cache") or hasattr(cls, "allocate_kv_cache_per_layer")):
+        if method.needs and not getattr(declared, method.needs):
+            continue  # the worker never calls it
+        problems.extend(_check_method(cls, name, method, bool(declared.sample_on_device)))
+    if not any(hasattr(cls, m) for m in KV_CACHE_METHODS):
         problems.append(
-            {
-                "code": "TTB053",
-                "message": f"{class_name} lacks allocate_kv_cache or allocate_kv_cache_per_layer",
-            }
+            {"code": "TTB053", "message": f"{name} lacks {' or '.join(KV_CACHE_METHODS)}"}
         )
     return problems
 
 
-def _accepts(function: object, names: list[str]) -> str | None:
+def _check_method(cls: type, class_name: str, method: Method, sample_on_device: bool) -> list[dict]:
+    static = inspect.getattr_static(cls, method.name)
+    member = getattr(cls, method.name)
+    file, line = _line_of(member)
+    title = f"{class_name}.{method.name}"
+
+    def problem(message: str, hint: str) -> dict:
+        return {"code": "TTB062", "message": message, "file": file, "line": line, "hint": hint}
+
+    out = []
+    if method.kind == "classmethod" and not isinstance(static, classmethod):
+        out.append(problem(f"{title} must be a classmethod", "decorate it with @classmethod"))
+    params = _parameters(member, static)
+    if params is None:
+        return out  # a builtin or an object whose signature Python cannot tell
+    version = contract_version(cls)
+    keywords = decode_keywords(version) if method is DECODE else frozenset(method.passes)
+    supplied = set(keywords)
+    for keyword in keywords:
+        supplied.update(method.aliases.get(keyword, ()))
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+    named = {p.name for p in params if p.kind in _BY_NAME}
+
+    def accepts(keyword: str) -> bool:
+        return takes_any or bool(named & {keyword, *method.aliases.get(keyword, ())})
+
+    essential = list(ESSENTIAL_KEYWORDS.get(method.name, ()))
+    if method is DECODE and sample_on_device:
+        essential.append("sampling_params")
+    refused = [k for k in essential if not accepts(k)]
+    if refused:
+        out.append(
+            problem(
+                f"{title}: does not accept {', '.join(refused)} as keyword arguments",
+                "accept these keyword arguments, or **kwargs",
+            )
+        )
+    # Required parameters the worker cannot fill, grouped by why.
+    unfilled: dict[str, list[str]] = {}
+    positional = method.leading
+    for param in params:
+        if param.kind in _VARIADIC:
+            continue
+        if param.kind in _POSITIONAL and positional > 0:
+            positional -= 1  # filled by position (the readback methods' device output)
+            continue
+        if param.default is not inspect.Parameter.empty:
+            continue
+        if param.kind in _BY_NAME and param.name in supplied:
+            continue
+        unfilled.setdefault(_why_unfilled(param.name, version), []).append(param.name)
+    passed = ", ".join(k for k in method.passes if k in keywords)
+    for why, names in unfilled.items():
+        out.append(
+            problem(
+                f"{title} requires {', '.join(names)}, {why}",
+                f"give {'it' if len(names) == 1 else 'them'} a default; the worker passes "
+                f"{passed or 'no keywords'}",
+            )
+        )
+    if method is DECODE and version >= CONTRACT_V1 and not takes_any:
+        lacking = [c for c in DECODE_COMMANDS if c not in named]
+        if lacking:
+            out.append(
+                problem(
+                    f"{class_name} declares {CONTRACT_MARKER} = {CONTRACT_V1}, but "
+                    f"decode_forward does not accept {', '.join(lacking)}: the worker sends "
+                    "all four commands on every decode",
+                    "take them as keyword-only parameters ("
+                    + ", ".join(f"{k}={v}" for k, v in SAFE_COMMAND_DEFAULTS.items())
+                    + f"), or set {CONTRACT_MARKER} = 0 to get {LEGACY_RESET_KEYWORD} instead",
+                )
+            )
+    return out
+
+
+def _why_unfilled(parameter: str, version: int) -> str:
+    if parameter in MULTIMODAL_PARAMETERS:
+        return "which the worker does not pass: multimodal inputs are not supported yet"
+    if parameter in DECODE_COMMANDS and version < CONTRACT_V1:
+        return (
+            f"which the worker passes only to a class declaring {CONTRACT_MARKER} = {CONTRACT_V1}"
+        )
+    if parameter == LEGACY_RESET_KEYWORD and version >= CONTRACT_V1:
+        return f"which a class declaring {CONTRACT_MARKER} = {CONTRACT_V1} never receives"
+    return "which the worker does not pass"
+
+
+def _parameters(member: object, static: object) -> list[inspect.Parameter] | None:
+    """The parameters a caller fills: without `self` (or a misplaced `cls`)."""
     try:
-        signature = inspect.signature(function)  # type: ignore[arg-type]
+        params = list(inspect.signature(member).parameters.values())  # type: ignore[arg-type]
     except (TypeError, ValueError):
         return None
-    params = signature.parameters.values()
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
-        return None
-    accepted = {
-        p.name
-        for p in params
-        if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    }
-    missing = [n for n in names if n not in accepted]
-    return f"does not accept {', '.join(missing)} as keyword arguments" if missing else None
+    # A plain function read from the class still has its first parameter (`self`, or
+    # `cls` when @classmethod is missing); a classmethod comes bound, a staticmethod has
+    # none.
+    if inspect.isfunction(static) and params and params[0].kind in _POSITIONAL:
+        params = params[1:]
+    return params
 
 
 def _line_of(member: object) -> tuple[str | None, int | None]:
@@ -171,5 +272,4 @@ def _line_of(member: object) -> tuple[str | None, int | None]:
 
 if __name__ == "__main__":
     _dir, _metadata = Path(sys.argv[1]), BundleMetadata.model_validate_json(sys.argv[2])
-    _problems = _check_in_this_process(_dir, _metadata)
-    sys.stdout.write("\n" + json.dumps({"problems": _problems}) + "\n")
+    sys.stdout.write("\n" + json.dumps(_check_in_this_process(_dir, _metadata)) + "\n")

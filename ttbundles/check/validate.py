@@ -35,8 +35,16 @@ class ValidationResult:
     bundles: list[CheckedBundle] = field(default_factory=list)
     report: Report = field(default_factory=Report)
 
-    def ok(self, strict: bool = False) -> bool:
-        return self.report.ok(strict)
+    def ok(self, strict: bool = False, strict_unverifiable: bool = False) -> bool:
+        """No errors; `strict`: no warnings either, except those that say something could
+        not be checked here; `strict_unverifiable`: none of those either (`Report.ok`)."""
+        return self.report.ok(strict, strict_unverifiable)
+
+    def diagnostics(
+        self, strict: bool = False, strict_unverifiable: bool = False
+    ) -> list[Diagnostic]:
+        """Every diagnostic, with the severity the strictness gives it."""
+        return self.report.effective(strict, strict_unverifiable)
 
 
 def validate_bundle(
@@ -63,7 +71,11 @@ def check_bundle(
     if import_check and not any(d.is_error for d in checked.diagnostics):
         from ttbundles.check.imports import import_check as run_import_check
 
-        checked.diagnostics.extend(run_import_check(bundle_dir, metadata, timeout=timeout))
+        imported = run_import_check(bundle_dir, metadata, timeout=timeout)
+        # The capability agreement runs in both checks; say each finding once.
+        seen = {(d.code, d.pointer) for d in checked.diagnostics if d.pointer is not None}
+        imported = [d for d in imported if d.pointer is None or (d.code, d.pointer) not in seen]
+        checked.diagnostics.extend(_locate(imported, str(loaded.file)))
     return checked
 
 

@@ -292,3 +292,36 @@ SAMPLING_PARAM_FIELDS = (
     "seed",
     "enable_log_probs",
 )
+
+
+# --- what the checks and the template need besides the above --------------------------
+# (ttbundles.check reads these to judge a signature, ttbundles.scaffold to write one;
+# the readback methods' positional device output is `Method.leading`.)
+
+ESSENTIAL_KEYWORDS: dict[str, tuple[str, ...]] = {
+    # The legacy Llama-2-70B generator takes only (hf_config, mesh_device, max_batch_size).
+    INITIALIZE.name: INITIALIZE.passes[:3],
+    ALLOCATE_KV_CACHE.name: ALLOCATE_KV_CACHE.passes,
+    ALLOCATE_KV_CACHE_PER_LAYER.name: ALLOCATE_KV_CACHE_PER_LAYER.passes,
+    PREFILL.name: PREFILL.passes[:4],  # tokens, page_table, kv_cache, prompt_lens
+    DECODE.name: DECODE.passes[:4],  # tokens, start_pos, page_table, kv_cache
+}
+"""Keywords a method must accept (by name, by an alias, or through `**kwargs`): the inputs
+it cannot work without. The worker passes the rest of `Method.passes` only where the
+signature accepts them."""
+
+SAFE_COMMAND_DEFAULTS: dict[str, bool] = dict(zip(DECODE_COMMANDS, (True, False, False, False)))
+"""The only safe defaults for the v1 commands, if a generator declares defaults at all
+(`decode_contract.py`): a full reload, nothing else. The worker always sends all four."""
+
+KEYWORD_DEFAULTS: dict[str, object] = {
+    "tt_data_parallel": 1,
+    "enable_trace": True,
+    "read_from_device": True,
+    "async_read": False,
+    "is_tokens": False,
+    LEGACY_RESET_KEYWORD: False,
+    **SAFE_COMMAND_DEFAULTS,
+}
+"""Defaults TT-Metal's own signatures give these optional keywords; any other optional
+keyword defaults to None."""
