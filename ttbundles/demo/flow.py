@@ -1,15 +1,19 @@
-"""`ttbundle demo`: the demo checkpoint served by vLLM on the host mesh, in one command.
+"""`ttbundle demo`: a real model served by vLLM on the host mesh, in one command.
 
-Writes the demo checkpoint once into the cache (`checkpoint`), starts `vllm serve` on it
-(`server`), waits until it answers `/health`, then either asks it once with the OpenAI
-client (`query`) and stops it, or keeps it serving in the foreground until interrupted.
+Prepares the demo model once into the cache (`model`: SmolLM2-135M-Instruct; or, with
+`tiny`, the tiny random checkpoint of `checkpoint`), starts `vllm serve` on it (`server`)
+on the host mesh whatever the shell's MESH_DEVICE says, waits until it answers `/health`,
+then either asks it once with the OpenAI client (`query`) and stops it, or keeps it
+serving in the foreground until interrupted.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from ttbundles.demo import model
 from ttbundles.demo.checkpoint import cache_dir, ensure_checkpoint
 from ttbundles.demo.query import COMPLETION_PROMPT, DemoAnswers, query
 from ttbundles.demo.server import (
@@ -17,9 +21,11 @@ from ttbundles.demo.server import (
     DEFAULT_PORT,
     check_vllm_args,
     free_port,
+    serve_environment,
     start_server,
 )
 from ttbundles.errors import TTBundleError
+from ttbundles.format.meshes import HOST
 
 
 def run_demo(
@@ -28,6 +34,7 @@ def run_demo(
     port: int | None = None,
     checkpoint_dir: Path | None = None,
     with_query: bool = False,
+    tiny: bool = False,
     vllm_args: Sequence[str] = (),
     say: Callable[[str], None] = lambda line: None,
 ) -> DemoAnswers | None:
@@ -40,18 +47,27 @@ def run_demo(
     `say` receives one line per stage.
     """
     check_vllm_args(vllm_args)
-    checkpoint, written = ensure_checkpoint(checkpoint_dir)
-    say(f"checkpoint: {checkpoint} ({'written' if written else 'cached'})")
+    if tiny:
+        checkpoint, written = ensure_checkpoint(checkpoint_dir)
+    else:
+        checkpoint, written = model.prepare(checkpoint_dir, say=say)
+    say(f"checkpoint: {checkpoint} ({'prepared now' if written else 'cached'})")
     if port is None:
         port = free_port(host) if with_query else DEFAULT_PORT
     log_path = cache_dir() / "demo-server.log" if with_query else None
-    server = start_server(checkpoint, host=host, port=port, vllm_args=vllm_args, log_path=log_path)
+    # The host-mesh demo, whatever mesh the shell names.
+    env = serve_environment({**os.environ, "MESH_DEVICE": HOST})
+    server = start_server(
+        checkpoint, host=host, port=port, vllm_args=vllm_args, log_path=log_path, env=env
+    )
+    ready = False
     try:
         say(
             f"starting vllm serve on {server.base_url} (pid {server.process.pid}"
             + (f", log: {log_path})" if log_path else ")")
         )
         seconds = server.wait_ready()
+        ready = True
         say(f"ready after {seconds:.1f} s")
         if with_query:
             return query(server.api_url)
@@ -65,4 +81,5 @@ def run_demo(
         raise TTBundleError.single("TTB209", f"vllm serve exited with code {code}")
     finally:
         server.stop()
-        say("server stopped")
+        if ready:
+            say("server stopped")
