@@ -199,3 +199,20 @@ def test_a_seed_gives_the_same_tokens_alone_and_in_a_changing_batch(demo_checkpo
         },
     )
     assert crowd["s"] == alone
+
+
+def test_a_seed_draws_the_same_tokens_on_the_device_and_on_the_host(demo_checkpoint):
+    """Both paths draw position p's token from (seed, p) with vLLM's exponential race, so
+    a neighbour that sends the batch to the host (min_tokens) changes nothing."""
+    seeded = {"temperature": 1.1, "top_k": 30, "top_p": 0.9, "seed": 7}
+    scheduler, runner = build(demo_checkpoint, async_decode=False)
+    device = run(scheduler, runner, {0: [request("s", PROMPT_B, 10, **seeded)]})["s"]
+    assert all(d["device"] for d in runner.generator.decodes)
+    scheduler, runner = build(demo_checkpoint, async_decode=False)
+    host = run(
+        scheduler,
+        runner,
+        {0: [request("s", PROMPT_B, 10, **seeded), request("h", PROMPT_A, 10, min_tokens=5)]},
+    )["s"]
+    assert not any(d["device"] for d in runner.generator.decodes)
+    assert host == device

@@ -34,36 +34,46 @@ MAX_DEVICE_TOP_K = 20
 """How many top log-probabilities the reference returns per row that asks for them."""
 
 
+def seed_for_position(seed: int, position: int) -> int:
+    """The generator seed a seeded request draws the token at `position` with: the same
+    seed, the same token, whatever else is in the batch and however it is ordered. The
+    worker's host sampler uses the same rule, so both paths draw alike (`draw`)."""
+    return (seed * 1000003 + position) % 2**63
+
+
 def seeded_generator(seed: int, position: int) -> torch.Generator:
-    """A generator that depends only on (seed, position): same seed, same token, whatever
-    else is in the batch and however the batch is ordered."""
-    return torch.Generator().manual_seed((seed * 1000003 + position) % 2**63)
+    return torch.Generator().manual_seed(seed_for_position(seed, position))
 
 
 def filtered_probs(
     logits: torch.Tensor, temperature: float, top_k: int, top_p: float
 ) -> torch.Tensor:
-    """Sampling distribution `[V]` of one row: temperature, then top-k, then top-p.
+    """Sampling distribution `[V]` of one row, as vLLM's sampler computes it
+    (`vllm/v1/sample/ops/topk_topp_sampler.py`): temperature, then top-k (keep what is at
+    least the k-th largest), then top-p (drop the least likely tokens whose cumulative
+    probability stays within 1 - top_p; the most likely one always stays), then softmax.
 
-    top_k < 1 or >= V: no cut. top_p >= 1: no cut; otherwise keep the most likely tokens
-    until their mass reaches top_p (the token that crosses it is kept, and always at
-    least one token).
+    top_k < 1 or >= V: no cut. top_p >= 1: no cut.
     """
     scaled = logits / temperature
     vocab = scaled.shape[-1]
     if 0 < top_k < vocab:
         kth_largest = torch.topk(scaled, top_k).values[-1]
         scaled = scaled.masked_fill(scaled < kth_largest, float("-inf"))
-    probs = torch.softmax(scaled, dim=-1)
     if top_p < 1.0:
-        sorted_probs, order = probs.sort(descending=True)
-        mass_before = sorted_probs.cumsum(0) - sorted_probs
-        drop_sorted = mass_before >= top_p
-        drop_sorted[0] = False
-        drop = torch.zeros_like(drop_sorted).scatter(0, order, drop_sorted)
-        probs = probs.masked_fill(drop, 0.0)
-        probs = probs / probs.sum()
-    return probs
+        ascending, order = scaled.sort()
+        cumulative = ascending.softmax(dim=-1).cumsum(dim=-1)
+        drop = cumulative <= 1 - top_p
+        drop[-1] = False
+        scaled = scaled.scatter(0, order, ascending.masked_fill(drop, float("-inf")))
+    return scaled.softmax(dim=-1, dtype=torch.float32)
+
+
+def draw(probs: torch.Tensor, generator: torch.Generator | None) -> int:
+    """One token from `probs [V]` by the exponential race vLLM's sampler runs
+    (`random_sample`: argmax of probs / q, q ~ Exp(1) from the row's generator)."""
+    q = torch.empty_like(probs).exponential_(generator=generator)
+    return int((probs / q).argmax())
 
 
 def apply_penalties(
@@ -196,7 +206,7 @@ class DeviceSampler:
                     if state.seed is None
                     else seeded_generator(int(state.seed), state.counter)
                 )
-                token = int(torch.multinomial(probs, 1, generator=generator)[0])
+                token = draw(probs, generator)
             tokens[i] = token
             state.counter += 1
             if state.output_counts is not None and 0 <= token < self.vocab:

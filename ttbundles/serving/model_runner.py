@@ -40,6 +40,7 @@ from vllm.v1.worker.gpu_input_batch import CachedRequestState, InputBatch
 
 from ttbundles.format import contract
 from ttbundles.format.contract import SamplingParams
+from ttbundles.reference.sampling import seed_for_position
 from ttbundles.serving.binding import (
     BoundMethod,
     GeneratorContractError,
@@ -67,6 +68,7 @@ class _StepState:
     scheduler_output: SchedulerOutput
     req_ids: list[str]
     discard: np.ndarray  # rows whose prompt is not complete: no token this step
+    positions: list[int]  # per row, the position the token drawn this step takes
     logits: torch.Tensor | None = None  # [num_reqs, vocab], host path
     tokens: torch.Tensor | None = None  # [num_reqs], device path, on the host
     logprobs: Any = None  # the device's log-probs for those rows (see _device_logprobs)
@@ -356,6 +358,7 @@ class TTModelRunner:
             scheduler_output,
             req_ids,
             np.array([c + n < t for c, n, t in zip(computed, counts, totals)]),
+            [c + n for c, n in zip(computed, counts)],
         )
         params_list = [self.requests[r].sampling_params for r in req_ids]
         reason = batch_host_reason(
@@ -531,20 +534,17 @@ class TTModelRunner:
             from vllm.v1.structured_output.utils import apply_grammar_bitmask
 
             apply_grammar_bitmask(step.scheduler_output, grammar_output, batch, logits)
-        # A seeded row whose prompt is not complete draws a token that is thrown away:
-        # undo that draw. CPU generators have no offset to rewind (vLLM's GPU runner
-        # rewinds the offset), so keep their state and put it back.
-        rewind = {
-            int(i): generator.get_state()
-            for i in np.nonzero(step.discard)[0]
-            if (generator := batch.generators.get(int(i))) is not None
-        }
+        # A seeded row draws the token at position p from a generator seeded for (seed,
+        # p), as the reference generator's device sampler does: the same tokens whatever
+        # the batch, its order, or which path sampled the steps before. (It also makes a
+        # discarded draw of an incomplete prompt harmless: nothing carries over.)
+        for index, generator in batch.generators.items():
+            seed = self.requests[step.req_ids[index]].sampling_params.seed
+            generator.manual_seed(seed_for_position(int(seed), step.positions[index]))
         sampler_output = self.sampler(logits=logits, sampling_metadata=batch.sampling_metadata)
         sampled = sampler_output.sampled_token_ids.tolist()
         for i in np.nonzero(step.discard)[0]:
             sampled[int(i)] = []
-        for i, state in rewind.items():
-            batch.generators[i].set_state(state)
         self._append_sampled(step.req_ids, sampled)
         logprobs = sampler_output.logprobs_tensors
         return ModelRunnerOutput(
