@@ -162,10 +162,14 @@ def _report(out: Output, result: InstallResult) -> None:
     for path in result.removed_leftovers:
         out.plain(f"removed {path}: leftover of an interrupted install or uninstall")
     if result.swap == "rename":
+        later = (
+            "it is now a link to its version folder, so later replaces are atomic"
+            if result.layout == "link"
+            else "links cannot be made here either, so every replace will be like this"
+        )
         out.plain(
-            f"note: this file system cannot swap folders atomically, so {result.name} was "
-            "missing for a moment; it is now a link to its version folder, and later "
-            "replaces are atomic"
+            "note: this file system cannot exchange two names, so "
+            f"{result.name} was missing for a moment; {later}"
         )
     version = _version(result.version)
     if result.action == "installed":

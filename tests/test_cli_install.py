@@ -177,3 +177,22 @@ def test_the_question_keeps_stdout_for_json(run_cli, models: Path, installed: Pa
     )
     assert done.returncode == 0 and "Remove demo 1.0.0" in done.stderr
     assert json.loads(done.stdout)["action"] == "uninstalled"
+
+
+@pytest.mark.parametrize(
+    ("layout", "said"),
+    [("link", "so later replaces are atomic"), ("folder", "every replace will be like this")],
+)
+def test_a_replace_by_two_renames_is_owned_up_to(capsys, tmp_path: Path, layout: str, said: str):
+    """Only without RENAME_EXCHANGE on a plain folder (see test_install_faults)."""
+    from ttbundles.archive.install import InstallResult
+    from ttbundles.cli.archive import _report
+    from ttbundles.cli.output import Output
+
+    result = InstallResult(
+        "replaced", "demo", "2.0.0", tmp_path / "demo", tmp_path, "1.0.0", "rename", layout
+    )
+    _report(Output(), result)
+    note, last = capsys.readouterr().out.splitlines()
+    assert note.startswith("note: this file system cannot exchange two names, so demo was")
+    assert said in note and last == f"replaced demo 1.0.0 -> 2.0.0 at {tmp_path / 'demo'}"
