@@ -165,7 +165,7 @@ def test_a_reader_never_misses_the_bundle_during_replaces(layout: str, tmp_path:
 
 def test_the_reader_does_see_the_gap_of_two_renames(tmp_path: Path, no_exchange, monkeypatch):
     """The control: the last fallback (no exchange, no links) leaves the name missing
-    between its two renames, and the same reader notices (the gap widened to 20 ms, so
+    between its two renames, and the same reader notices (the gap widened to 50 ms, so
     that it always does)."""
     archives = [make_archive(tmp_path, "1.0.0"), make_archive(tmp_path, "2.0.0")]
     models = tmp_path / "models"
@@ -177,7 +177,7 @@ def test_the_reader_does_see_the_gap_of_two_renames(tmp_path: Path, no_exchange,
     def slow_rename(src, dst):
         real_rename(src, dst)
         if Path(dst).name.startswith(".old-"):
-            time.sleep(0.02)
+            time.sleep(0.05)
 
     monkeypatch.setattr(install_module.os, "symlink", no_links)
     install(archives[0], models)
