@@ -5,12 +5,15 @@ from __future__ import annotations
 import sys
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from .options import FormatOption, ModelsDirOption
 from .output import Format, Output, summary
+
+if TYPE_CHECKING:
+    from ttbundles.archive.install import InstallResult
 
 
 @contextmanager
@@ -93,33 +96,86 @@ def verify(
 
 
 def install(
-    archive: Annotated[Path, typer.Argument(help="The .ttbundle archive.", dir_okay=False)],
+    archive: Annotated[
+        str, typer.Argument(help="The .ttbundle archive (a local file).", metavar="ARCHIVE")
+    ],
     models_dir: ModelsDirOption = None,
     replace: Annotated[
         bool, typer.Option("--replace", help="Replace an installed bundle of the same name.")
     ] = False,
+    fmt: FormatOption = Format.human,
 ) -> None:
     """Verify, then install atomically into the models folder.
+
+    Says what it did on standard output: name, version (old -> new for --replace), path.
 
     Example: EXTRA_MODELS_DIR=/opt/tt-bundles ttbundle install my-bundle-1.0.0.ttbundle
     """
     from ttbundles.archive.install import install as install_archive
-    from ttbundles.archive.install import resolve_models_dir
 
-    target = install_archive(archive, resolve_models_dir(models_dir), replace=replace)
-    Output().plain(str(target))
+    _report(Output(fmt), install_archive(archive, models_dir, replace=replace))
 
 
 def uninstall(
     name: Annotated[str, typer.Argument(help="The bundle's name.")],
     models_dir: ModelsDirOption = None,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
+    fmt: FormatOption = Format.human,
 ) -> None:
     """Remove an installed bundle.
 
-    Example: ttbundle uninstall my-bundle --models-dir /opt/tt-bundles
+    Asks first when standard input is a terminal (never otherwise), unless --yes.
+
+    Example: ttbundle uninstall my-bundle --models-dir /opt/tt-bundles --yes
     """
-    from ttbundles.archive.install import resolve_models_dir
+    from ttbundles.archive.install import find_installed
     from ttbundles.archive.install import uninstall as uninstall_bundle
 
-    removed = uninstall_bundle(name, resolve_models_dir(models_dir))
-    Output().plain(str(removed))
+    out = Output(fmt)
+    if not yes and sys.stdin.isatty():
+        path, version = find_installed(name, models_dir)
+        if not _confirm(f"Remove {name} {_version(version)} at {path}?"):
+            out.err.print("uninstall cancelled; nothing was removed")
+            raise typer.Exit(1)
+    _report(out, uninstall_bundle(name, models_dir))
+
+
+def _confirm(question: str) -> bool:
+    """Ask on stderr, read the answer from stdin: stdout stays for the result alone
+    (click's prompt writes a space to stdout)."""
+    sys.stderr.write(f"{question} [y/N]: ")
+    sys.stderr.flush()
+    return sys.stdin.readline().strip().lower() in ("y", "yes")
+
+
+def _version(version: str | None) -> str:
+    return version if version is not None else "(unknown version)"
+
+
+def _report(out: Output, result: InstallResult) -> None:
+    """What install, replace or uninstall did: JSON, or lines of plain text."""
+    if out.is_json:
+        out.json(result.to_dict())
+        return
+    for path in result.restored:
+        out.plain(f"restored {path}: put back after an interrupted replace")
+    for path in result.removed_leftovers:
+        out.plain(f"removed {path}: leftover of an interrupted install or uninstall")
+    if result.swap == "rename":
+        later = (
+            "it is now a link to its version folder, so later replaces are atomic"
+            if result.layout == "link"
+            else "links cannot be made here either, so every replace will be like this"
+        )
+        out.plain(
+            "note: this file system cannot exchange two names, so "
+            f"{result.name} was missing for a moment; {later}"
+        )
+    version = _version(result.version)
+    if result.action == "installed":
+        out.plain(f"installed {result.name} {version} at {result.path}")
+    elif result.action == "replaced":
+        previous = _version(result.previous_version)
+        out.plain(f"replaced {result.name} {previous} -> {version} at {result.path}")
+    else:
+        out.plain(f"uninstalled {result.name} {version} from {result.path}")

@@ -29,21 +29,25 @@ def list_bundles(
     """What vLLM would register: each TT architecture, its bundle, source and status.
 
     Honours EXTRA_MODELS_DIR, TT_VLLM_BUILTIN_MODELS and MESH_DEVICE, computed by the same
-    code the vLLM plugin runs.
+    code the vLLM plugin runs. Also warns of leftovers of interrupted installs (TTB094).
 
     Example: EXTRA_MODELS_DIR=/opt/tt-bundles ttbundle list --mesh T3K
     """
-    from ttbundles.registry.registry import compute, table
+    from ttbundles.archive.install import leftover_diagnostics
+    from ttbundles.registry.registry import Source, compute, sources, table
 
     registry = compute(mesh=mesh, models_dirs=models_dir or None)
     rows = table(registry)
+    folders = sources(models_dirs=models_dir or None)
+    extra = [folder for source, folder in folders if source is Source.EXTRA]
+    problems = registry.problems + leftover_diagnostics(extra)
     out = Output(fmt)
     if out.is_json:
         out.json(
             {
                 "mesh": registry.mesh,
                 "entries": rows,
-                "problems": [d.to_dict() for d in registry.problems],
+                "problems": [d.to_dict() for d in problems],
             }
         )
         return
@@ -62,7 +66,7 @@ def list_bundles(
             for r in rows
         ],
     )
-    out.diagnostics(registry.problems)
+    out.diagnostics(problems)
 
 
 def _caps(caps: dict | None) -> str:

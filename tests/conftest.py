@@ -93,7 +93,7 @@ _TTBUNDLE_ENV = (
 TTBUNDLE = str(Path(sys.executable).parent / "ttbundle")
 
 
-def _run_cli(*args, env=None, cwd=None, timeout=60):
+def _run_cli(*args, env=None, cwd=None, timeout=60, stdin=subprocess.DEVNULL):
     environ = {k: v for k, v in os.environ.items() if k not in _TTBUNDLE_ENV}
     environ.update({"COLUMNS": "250", "NO_COLOR": "1", "TERM": "dumb"})
     environ.update(env or {})
@@ -104,12 +104,13 @@ def _run_cli(*args, env=None, cwd=None, timeout=60):
         env=environ,
         cwd=cwd,
         timeout=timeout,
+        stdin=stdin,  # by default not a terminal: nothing may wait for an answer
     )
 
 
 @pytest.fixture
 def run_cli():
-    """`run_cli(*args, env=None, cwd=None)` -> CompletedProcess (text, captured)."""
+    """`run_cli(*args, env=None, cwd=None, stdin=DEVNULL)` -> CompletedProcess (text, captured)."""
     return _run_cli
 
 

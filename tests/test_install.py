@@ -77,8 +77,10 @@ def installed_version(folder: Path) -> str:
 
 
 def test_install_writes_the_bundle_with_its_manifest(archive: Path, models: Path):
-    target = install(archive, models)
+    result = install(archive, models)
+    target = result.path
     assert target == models / "demo"
+    assert (result.action, result.name, result.version) == ("installed", "demo", "1.0.0")
     assert sorted(p.name for p in models.iterdir()) == [LOCK_FILE, "demo"]
     assert (target / "weights/w.bin").read_bytes() == WEIGHTS
     assert (target / MANIFEST_FILE).is_file()
@@ -89,7 +91,7 @@ def test_install_writes_the_bundle_with_its_manifest(archive: Path, models: Path
 
 
 def test_pack_install_pack_gives_identical_bytes(archive: Path, models: Path, tmp_path: Path):
-    target = install(archive, models)
+    target = install(archive, models).path
     (target / "__pycache__").mkdir()  # importing the adapter leaves this behind
     (target / "__pycache__" / "adapter.cpython-311.pyc").write_bytes(b"bytecode")
     again = pack(target, tmp_path / "again")
@@ -99,19 +101,19 @@ def test_pack_install_pack_gives_identical_bytes(archive: Path, models: Path, tm
 def test_pack_install_pack_with_source_date_epoch(tmp_path: Path, models: Path, monkeypatch):
     monkeypatch.setenv("SOURCE_DATE_EPOCH", "1600000000")
     archive = make_archive(tmp_path)
-    again = pack(install(archive, models), tmp_path / "again")
+    again = pack(install(archive, models).path, tmp_path / "again")
     assert again.read_bytes() == archive.read_bytes()
 
 
 def test_a_missing_models_folder_is_created(archive: Path, tmp_path: Path):
     models = tmp_path / "deep" / "er" / "models"
-    assert install(archive, models) == models / "demo"
+    assert install(archive, models).path == models / "demo"
 
 
 def test_installed_files_respect_the_umask(archive: Path, models: Path):
     old = os.umask(0o027)
     try:
-        target = install(archive, models)
+        target = install(archive, models).path
     finally:
         os.umask(old)
     assert os.stat(target / "docs/notes.txt").st_mode & 0o777 == 0o640
@@ -142,26 +144,60 @@ def test_refuses_to_overwrite_without_replace(archive: Path, models: Path, tmp_p
 def test_replace_swaps_in_the_new_version(archive: Path, models: Path, tmp_path: Path):
     install(archive, models)
     newer = make_archive(tmp_path, "2.0.0")
-    target = install(newer, models, replace=True)
+    result = install(newer, models, replace=True)
+    target = result.path
+    assert (result.action, result.previous_version, result.version) == (
+        "replaced",
+        "1.0.0",
+        "2.0.0",
+    )
     assert installed_version(target) == "2.0.0"
     assert (target / "docs/notes.txt").read_text() == "version 2.0.0\n"
     assert verify_dir(target).ok()
     assert leftovers(models) == []
 
 
-def test_replace_restores_the_old_bundle_when_the_swap_fails(
+def test_replace_leaves_the_old_bundle_when_the_exchange_fails(
     archive: Path, models: Path, tmp_path: Path, monkeypatch
 ):
     install(archive, models)
     before = snapshot(models)
     newer = make_archive(tmp_path, "2.0.0")
+
+    def failing_exchange(a, b):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(install_module, "exchange", failing_exchange)
+    with pytest.raises(InstallError) as info:
+        install(newer, models, replace=True)
+    monkeypatch.undo()
+    assert info.value.diagnostics[0].code == "TTB093"
+    assert snapshot(models) == before
+    assert leftovers(models) == []
+
+
+def test_replace_restores_the_old_bundle_when_the_two_renames_fail(
+    archive: Path, models: Path, tmp_path: Path, monkeypatch
+):
+    """Without exchange nor links (the last fallback), a failed second rename undoes the first."""
+    install(archive, models)
+    before = snapshot(models)
+    newer = make_archive(tmp_path, "2.0.0")
     real_rename = os.rename
 
+    def no_exchange(a, b):
+        raise install_module.ExchangeUnsupported(22, "Invalid argument")
+
+    def no_links(*args, **kwargs):
+        raise OSError(1, "Operation not permitted")
+
     def failing_rename(src, dst):
-        if Path(src).name.startswith(".tmp-"):
+        if Path(src).name.startswith(".tmp-") and Path(dst).name == "demo":
             raise OSError(28, "No space left on device")
         return real_rename(src, dst)
 
+    monkeypatch.setattr(install_module, "exchange", no_exchange)
+    monkeypatch.setattr(install_module.os, "symlink", no_links)
     monkeypatch.setattr(install_module.os, "rename", failing_rename)
     with pytest.raises(InstallError) as info:
         install(newer, models, replace=True)
@@ -238,7 +274,7 @@ def test_extraction_rechecks_every_entry_by_itself(corpus, case: str, tmp_path: 
     with pytest.raises(ArchiveError) as info:
         install(item.path, models)
     _assert_refused(info.value, item.code, None)
-    assert sorted(p.name for p in models.iterdir()) == []
+    assert sorted(p.name for p in models.iterdir()) == [LOCK_FILE]  # the folder's lock stays
     assert not (tmp_path / "evil").exists()
 
 
@@ -266,7 +302,7 @@ def test_a_renamed_manifest_cannot_pick_another_folder(archive: Path, tmp_path: 
 def test_directory_entries_are_accepted(archive: Path, tmp_path: Path):
     entries = [Entry("weights", type=tarfile.DIRTYPE, mode=0o755), *read_entries(archive)]
     with_dirs = write_entries(tmp_path / "dirs.ttbundle", entries)
-    target = install(with_dirs, tmp_path / "models")
+    target = install(with_dirs, tmp_path / "models").path
     assert verify_dir(target).ok()
 
 
@@ -327,8 +363,9 @@ def test_concurrent_first_installs_let_exactly_one_win(tmp_path: Path):
 
 
 def test_uninstall_removes_the_bundle(archive: Path, models: Path):
-    target = install(archive, models)
-    assert uninstall("demo", models) == target
+    target = install(archive, models).path
+    result = uninstall("demo", models)
+    assert (result.action, result.path, result.version) == ("uninstalled", target, "1.0.0")
     assert sorted(p.name for p in models.iterdir()) == [LOCK_FILE]
 
 
@@ -362,7 +399,7 @@ def test_uninstall_leaves_folders_that_are_not_bundles(models: Path, tmp_path: P
 
 
 def test_uninstall_of_a_linked_bundle_removes_only_the_link(archive: Path, tmp_path: Path):
-    elsewhere = install(archive, tmp_path / "elsewhere")
+    elsewhere = install(archive, tmp_path / "elsewhere").path
     models = tmp_path / "models"
     models.mkdir()
     (models / "demo").symlink_to(elsewhere)
@@ -395,5 +432,5 @@ def test_install_and_uninstall_default_to_extra_models_dir(
 ):
     models = tmp_path / "env-models"
     monkeypatch.setenv("EXTRA_MODELS_DIR", os.pathsep.join([str(models), str(tmp_path)]))
-    assert install(archive, None) == models / "demo"
-    assert uninstall("demo", None) == models / "demo"
+    assert install(archive, None).path == models / "demo"
+    assert uninstall("demo", None).path == models / "demo"

@@ -7,7 +7,7 @@ that vLLM loads in every process:
 - `validate(path, ...)`: check a bundle, an archive or a folder of bundles;
 - `pack(bundle_dir, out_dir)`: validate, then write a deterministic `.ttbundle`;
 - `verify(path)`: recompute an archive's or an installed bundle's digests;
-- `install(archive, models_dir)` / `uninstall(name, models_dir)`;
+- `install(archive, models_dir)` / `uninstall(name, models_dir)`: an `InstallResult`;
 - `compute_registry()`: what vLLM would register, and why not the rest.
 
 Stages live in packages of their own: `format`, `check`, `archive`, `registry`,

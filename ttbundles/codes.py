@@ -59,6 +59,8 @@ CODES: dict[str, str] = {
     "TTB091": "no models folder given and EXTRA_MODELS_DIR is not set",
     "TTB092": "bundle not installed",
     "TTB093": "install failed; nothing was changed",
+    "TTB094": "leftover of an interrupted install or uninstall (removed by the next one)",
+    "TTB095": "archive given as a URL: distribution is not supported yet",
     # Registry and compatibility
     "TTB100": "bundle requirement not met by the running environment",
     "TTB101": "bundle skipped: does not apply to this mesh or environment",
