@@ -4,17 +4,22 @@ Bundle code must not run during validation (it usually imports ttnn, which is ab
 where bundles are validated), so the adapter is parsed with `ast`, never imported. What
 cannot be seen statically (a base class from outside the bundle) is reported as such
 rather than guessed.
+
+`read_class` is the same reading for the registry: the class of a `TT_MODEL_CLASS_OVERRIDES`
+entry or of a legacy bundle, found where it lives (a folder, else the serving environment)
+and read for its `model_capabilities` and methods, still without importing anything.
 """
 
 from __future__ import annotations
 
 import ast
 import importlib.util
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ttbundles.errors import Diagnostic, Severity
-from ttbundles.format.metadata import METADATA_FILE, BundleMetadata
+from ttbundles.format.metadata import METADATA_FILE, BundleMetadata, Capabilities
 from ttbundles.format.modules import bundle_modules, module_file
 from ttbundles.suggest import hint_for
 
@@ -39,7 +44,75 @@ class ClassInfo:
     methods: dict[str, ast.FunctionDef | ast.AsyncFunctionDef] = field(default_factory=dict)
     capabilities: dict[str, object] | None = None
     capabilities_line: int | None = None
+    # Some values of the dict are not literals (expressions of the environment): only the
+    # literal entries are in `capabilities`.
+    capabilities_partial: bool = False
     unresolved_bases: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class StaticClass:
+    """A class as its source shows it (`read_class`): never imported."""
+
+    file: Path
+    line: int
+    methods: frozenset[str]
+    # The class's `model_capabilities` (its own, else the nearest base's), literal entries
+    # only; None when no class seen defines one.
+    model_capabilities: dict[str, object] | None
+    # Every base was found and read, so a method absent from `methods` is really absent.
+    complete: bool
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """What the class's `model_capabilities` says, as bundle capabilities.
+
+        TT-Metal's rule: an absent key (or no dict at all) means "not supported"; only a
+        literal `True` counts (declaring less than a class supports is safe, more is not).
+        `supports_sample_on_device` is one flag there: both sampling modes here.
+        """
+        caps = self.model_capabilities or {}
+        return Capabilities(
+            prefix_caching=caps.get("supports_prefix_caching") is True,
+            async_decode=caps.get("supports_async_decode") is True,
+            sample_on_device=(
+                ["decode_only", "all"] if caps.get("supports_sample_on_device") is True else []
+            ),
+            chunked_prefill=caps.get("supports_chunked_prefill") is True,
+        )
+
+
+def read_class(module: str, class_name: str, *, roots: Sequence[Path] = ()) -> StaticClass | None:
+    """The class `module:class_name` read from source, or None where it cannot be found.
+
+    The module is looked for under each of `roots` in turn (a bundle folder, a checkout),
+    then in the serving environment (`importlib.util.find_spec` of its top-level package,
+    which imports nothing). Bases imported from other modules are followed the same way,
+    into the environment too, so a class deriving from a TT-Metal or ttbundles base still
+    shows its inherited methods and capabilities. Unreadable sources count as not found.
+    """
+    for root in [*roots, None]:
+        base = _environment_root(module) if root is None else root
+        if base is None:
+            continue
+        path = module_file(base, module)
+        if path is None:
+            continue
+        finder = _ClassFinder(base, follow_environment=True)
+        try:
+            info = finder.find(path, module, class_name)
+        except _SourceError:
+            return None
+        if info is None:
+            return None
+        return StaticClass(
+            file=info.file,
+            line=info.line,
+            methods=frozenset(info.methods),
+            model_capabilities=info.capabilities,
+            complete=not info.unresolved_bases,
+        )
+    return None
 
 
 def check_adapter(bundle_dir: Path, metadata: BundleMetadata) -> list[Diagnostic]:
@@ -93,6 +166,24 @@ def check_adapter(bundle_dir: Path, metadata: BundleMetadata) -> list[Diagnostic
             )
         ]
     return _contract_diagnostics(info, metadata, meta_file)
+
+
+def read_bundle_class(bundle_dir: Path, metadata: BundleMetadata) -> StaticClass | None:
+    """A bundle's main class read from source (`read_class`), where the bundle's
+    `main_class_source` says it lives.
+
+    An environment class is looked for in the serving environment, then in the folders
+    above the bundle: TT-Metal ships legacy bundles inside its checkout
+    (`models/autoports/vllm_bundles/<name>/`) naming modules of that checkout
+    (`models.autoports.<model>.tt.generator_vllm`), which is where the class is found when
+    the checkout is not on the path of the process reading it.
+    """
+    if metadata.main_class_source == "bundle":
+        return read_class(metadata.module, metadata.class_name, roots=[bundle_dir])
+    found = read_class(metadata.module, metadata.class_name)
+    if found is None:
+        found = read_class(metadata.module, metadata.class_name, roots=list(bundle_dir.parents))
+    return found
 
 
 def _contract_diagnostics(
@@ -156,7 +247,7 @@ def _contract_diagnostics(
                 **where,
             )
         )
-    if info.capabilities is not None:
+    if info.capabilities is not None and not info.capabilities_partial:
         for key, value in info.capabilities.items():
             declared_name = CAPABILITY_KEYS.get(key)
             if declared_name is None or not isinstance(value, bool):
@@ -184,11 +275,20 @@ class _SourceError(Exception):
 
 
 class _ClassFinder:
-    """Follows class definitions and imports inside one source root."""
+    """Follows class definitions and imports inside one source root (and, with
+    `follow_environment`, into the serving environment for modules outside it)."""
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, *, follow_environment: bool = False):
         self.root = root
+        self.follow_environment = follow_environment
         self._trees: dict[Path, ast.Module] = {}
+
+    def locate(self, module: str) -> Path | None:
+        path = module_file(self.root, module)
+        if path is None and self.follow_environment and module:
+            found = _environment_root(module)
+            path = module_file(found, module) if found is not None else None
+        return path
 
     def parse(self, path: Path) -> ast.Module:
         if path not in self._trees:
@@ -227,7 +327,7 @@ class _ClassFinder:
         target = self._imported(tree, module, path, name)
         if target is not None:
             target_module, target_name = target
-            target_path = module_file(self.root, target_module)
+            target_path = self.locate(target_module)
             if target_path is not None:
                 return self.find(target_path, target_module, target_name, depth + 1)
         return None
@@ -272,6 +372,7 @@ class _ClassFinder:
                 if resolved.capabilities is not None:
                     info.capabilities = resolved.capabilities
                     info.capabilities_line = resolved.capabilities_line
+                    info.capabilities_partial = resolved.capabilities_partial
         for item in node.body:
             if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef):
                 info.methods[item.name] = item
@@ -281,14 +382,37 @@ class _ClassFinder:
                     any(isinstance(t, ast.Name) and t.id == "model_capabilities" for t in targets)
                     and item.value is not None
                 ):
-                    try:
-                        value = ast.literal_eval(item.value)
-                    except ValueError:
-                        continue
-                    if isinstance(value, dict):
+                    value, partial = _literal_dict(item.value)
+                    if value is not None:
                         info.capabilities = value
                         info.capabilities_line = item.lineno
+                        info.capabilities_partial = partial
         return info
+
+
+def _literal_dict(node: ast.expr) -> tuple[dict | None, bool]:
+    """(the dict, some entries were not literals) for a dict display; (None, False) else.
+
+    TT-Metal writes some capabilities as expressions (`os.environ.get(...) == "1"`): those
+    entries are left out, which reads them as "not supported".
+    """
+    try:
+        value = ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        value = None
+    if isinstance(value, dict):
+        return value, False
+    if not isinstance(node, ast.Dict):
+        return None, False
+    out: dict = {}
+    for key, item in zip(node.keys, node.values):
+        try:
+            literal_key = ast.literal_eval(key) if key is not None else None
+            out[literal_key] = ast.literal_eval(item)
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            continue
+    out.pop(None, None)
+    return out, True
 
 
 def _dotted(node: ast.expr) -> str | None:
