@@ -16,7 +16,7 @@ from tests.bundle_factory import contract_adapter
 # and no model hub. Set before anything imports vLLM: the platform is chosen once per
 # process.
 os.environ["MESH_DEVICE"] = "HOST"
-os.environ["VLLM_PLUGINS"] = "tt,ttbundles"
+os.environ["VLLM_PLUGINS"] = "tt,tt_model_registry"
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 
@@ -87,6 +87,7 @@ _TTBUNDLE_ENV = (
     "TT_QWEN3_TEXT_VER",
     "TT_QWEN35_TEXT_VER",
     "TT_GEMMA4_TEXT_VER",
+    "TT_MODEL_CLASS_OVERRIDES",
 )
 # The console script next to this interpreter: it imports the installed package, never the
 # source tree (which `python -m` from the repo root would put first on sys.path).

@@ -65,6 +65,9 @@ CODES: dict[str, str] = {
     "TTB100": "bundle requirement not met by the running environment",
     "TTB101": "bundle skipped: does not apply to this mesh or environment",
     "TTB102": "built-in bundle shadowed by an extra bundle",
+    "TTB103": "bundle overridden by a TT_MODEL_CLASS_OVERRIDES entry",
+    "TTB104": "TT_MODEL_CLASS_OVERRIDES is malformed",
+    "TTB105": "variant selector (TT_*_TEXT_VER) names no variant",
     # Configuration (plan and the platform)
     "TTB200": "no registered TT architecture serves this checkpoint",
     "TTB201": "parallelism is provided by the mesh, not by vLLM options",

@@ -1,7 +1,9 @@
 """Every environment variable ttbundles reads, with its default, in one table.
 
 Read lazily (attribute access reads `os.environ` each time), so tests and subprocesses
-that change the environment are seen without reloading anything. Code that decides for
+that change the environment are seen without reloading anything. The variables the
+reference Tenstorrent plugin reads keep its names and meanings, so a deployment written
+for it runs unchanged. Code that decides for
 an environment other than its own process (the registry computing for `ttbundle list`,
 tests) calls `read(name, environ)`.
 """
@@ -35,12 +37,26 @@ def _text(value: str | None) -> str | None:
 _VARIABLES: dict[str, Callable[[str | None], Any]] = {
     # os.pathsep-separated folders, each holding bundle folders; searched in order.
     "EXTRA_MODELS_DIR": _paths,
-    # 0/false/no/off: register only the bundles from EXTRA_MODELS_DIR.
+    # 0/false/no/off: register only the bundles from EXTRA_MODELS_DIR (and overrides).
     "TT_VLLM_BUILTIN_MODELS": _flag(True),
+    # "Arch=module:Class,...": these classes serve these architectures, registered under
+    # the name written and its TT form, before and over every bundle (registry.overrides).
+    "TT_MODEL_CLASS_OVERRIDES": _text,
+    # Variant selectors: which built-in bundle serves Llama / Qwen3 / Qwen3.5 / Gemma 4
+    # (e.g. llama3_70b_galaxy). Unset: the default variant. The values are those the
+    # bundles' `when` declares; any other value stops registration, naming the valid ones.
+    "TT_LLAMA_TEXT_VER": _text,
+    "TT_QWEN3_TEXT_VER": _text,
+    "TT_QWEN35_TEXT_VER": _text,
+    "TT_GEMMA4_TEXT_VER": _text,
     # 1: a broken bundle or an ambiguous registration is fatal instead of skipped.
     "TT_BUNDLES_STRICT": _flag(False),
-    # The mesh: a preset name (N150, T3K, ...) or HOST for the host mesh.
+    # The mesh: a preset name (N150, T3K, TG, P150x4, BH-Galaxy, ...), a grid such as
+    # "(4,8)", or HOST for the host mesh. It replaces vLLM's tensor/pipeline parallelism.
     "MESH_DEVICE": _text,
+    # Which chips this process may open (comma-separated ids), read by TT-Metal when the
+    # mesh opens; the platform's device control variable (per data-parallel rank).
+    "TT_VISIBLE_DEVICES": _text,
     # The worker writes its step and sampling-path counters (JSON) here after each step.
     "TT_BUNDLES_STATS_FILE": _text,
     # Seconds since the epoch for archive entry times (reproducible builds).

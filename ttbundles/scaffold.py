@@ -232,6 +232,11 @@ def migrate_bundle(folder: Path) -> bool:
     if not loaded.metadata.legacy:
         return False
     meta = loaded.metadata
+    # The registry takes a legacy bundle's capabilities from its class; v1 declares them.
+    from ttbundles.check.adapter import read_bundle_class
+
+    found = read_bundle_class(folder, meta)
+    capabilities = found.capabilities.model_dump(exclude_defaults=True) if found else {}
     document = {
         "schema_version": SCHEMA_VERSION,
         "name": meta.name,
@@ -239,6 +244,7 @@ def migrate_bundle(folder: Path) -> bool:
         "arch": meta.arch,
         "main_class": meta.main_class,
         "main_class_source": meta.main_class_source,
+        **({"capabilities": capabilities} if capabilities else {}),
         **meta.extensions,
     }
     write_json_atomic(folder / METADATA_FILE, document)

@@ -5,12 +5,17 @@ where bundles are validated), so the adapter is parsed with `ast`, never importe
 cannot be seen statically (a base class from outside the bundle, a computed value) is
 reported as such rather than guessed. The contract itself (method names, capability keys)
 comes from `ttbundles.format.contract`.
+
+`read_class` is the same reading for the registry: the class of a `TT_MODEL_CLASS_OVERRIDES`
+entry or of a legacy bundle, found where it lives (a folder, else the serving environment)
+and read for its `model_capabilities` and methods, still without importing anything.
 """
 
 from __future__ import annotations
 
 import ast
 import importlib.util
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,12 +24,13 @@ from ttbundles.errors import Diagnostic, Severity
 from ttbundles.format.contract import (
     ASYNC_METHODS,
     CAPABILITIES_ATTRIBUTE,
+    CAPABILITY_KEYS,
     DECODE,
     KV_CACHE_METHODS,
     METHODS_BY_NAME,
     REQUIRED_METHODS,
 )
-from ttbundles.format.metadata import METADATA_FILE, BundleMetadata
+from ttbundles.format.metadata import METADATA_FILE, BundleMetadata, Capabilities
 from ttbundles.format.modules import bundle_modules, module_file
 from ttbundles.suggest import hint_for
 
@@ -262,11 +268,20 @@ class _SourceError(Exception):
 
 
 class _ClassFinder:
-    """Follows class definitions and imports inside the source roots."""
+    """Follows class definitions and imports inside the source roots (and, with
+    `follow_environment`, into the serving environment for modules outside them)."""
 
-    def __init__(self, roots: SourceRoots):
+    def __init__(self, roots: SourceRoots, *, follow_environment: bool = False):
         self.roots = roots
+        self.follow_environment = follow_environment
         self._trees: dict[Path, ast.Module] = {}
+
+    def locate(self, module: str) -> Path | None:
+        path = self.roots.module_file(module)
+        if path is None and self.follow_environment and module:
+            found = environment_roots(module)
+            path = found.module_file(module) if found is not None else None
+        return path
 
     def parse(self, path: Path) -> ast.Module:
         if path not in self._trees:
@@ -305,7 +320,7 @@ class _ClassFinder:
         target = self._imported(tree, module, path, name)
         if target is not None:
             target_module, target_name = target
-            target_path = self.roots.module_file(target_module)
+            target_path = self.locate(target_module)
             if target_path is not None:
                 return self.find(target_path, target_module, target_name, depth + 1)
         return None
@@ -501,3 +516,88 @@ def _module_hint(bundle_dir: Path, module: str) -> str:
             'main_class_source: "environment" if the class comes from TT-Metal'
         )
     return hint_for(module, modules, what="bundle's modules")
+
+
+# --- the registry's reading of a class ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StaticClass:
+    """A class as its source shows it (`read_class`): never imported."""
+
+    file: Path
+    line: int
+    methods: frozenset[str]
+    # What its `model_capabilities` (its own, else the nearest base's) says, per key:
+    # True only for a value known to be truthy; None when no class seen defines one.
+    model_capabilities: dict[str, bool] | None
+    # Every base was found and read, so a method absent from `methods` is really absent.
+    complete: bool
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """What the class's `model_capabilities` says, as bundle capabilities.
+
+        TT-Metal's rule: an absent key (or no dict at all, or a value not known here)
+        means "not supported"; declaring less than a class supports is safe, more is not.
+        `supports_sample_on_device` is one flag there: both sampling modes here.
+        """
+        caps = self.model_capabilities or {}
+        supported = {name: caps.get(key) is True for key, name in CAPABILITY_KEYS.items()}
+        sample = supported.pop("sample_on_device")
+        return Capabilities(**supported, sample_on_device=["decode_only", "all"] if sample else [])
+
+
+def read_class(module: str, class_name: str, *, roots: Sequence[Path] = ()) -> StaticClass | None:
+    """The class `module:class_name` read from source, or None where it cannot be found.
+
+    The module is looked for under each of `roots` in turn (a bundle folder, a checkout),
+    then in the serving environment (`importlib.util.find_spec` of its top-level package,
+    which imports nothing). Bases imported from other modules are followed the same way,
+    into the environment too, so a class deriving from a TT-Metal or ttbundles base still
+    shows its inherited methods and capabilities. Unreadable sources count as not found.
+    """
+    candidates = [SourceRoots(folders=(Path(root),)) for root in roots]
+    environment = environment_roots(module)
+    if environment is not None:
+        candidates.append(environment)
+    for source in candidates:
+        path = source.module_file(module)
+        if path is None:
+            continue
+        finder = _ClassFinder(source, follow_environment=True)
+        try:
+            info = finder.find(path, module, class_name)
+        except _SourceError:
+            return None
+        if info is None:
+            return None
+        caps = info.capabilities
+        return StaticClass(
+            file=info.file,
+            line=info.line,
+            methods=frozenset(info.methods),
+            model_capabilities=(
+                None if caps is None else {k: v is True for k, v in caps.values.items()}
+            ),
+            complete=not info.unresolved_bases,
+        )
+    return None
+
+
+def read_bundle_class(bundle_dir: Path, metadata: BundleMetadata) -> StaticClass | None:
+    """A bundle's main class read from source (`read_class`), where the bundle's
+    `main_class_source` says it lives.
+
+    An environment class is looked for in the serving environment, then in the folders
+    above the bundle: TT-Metal ships legacy bundles inside its checkout
+    (`models/autoports/vllm_bundles/<name>/`) naming modules of that checkout
+    (`models.autoports.<model>.tt.generator_vllm`), which is where the class is found when
+    the checkout is not on the path of the process reading it.
+    """
+    if metadata.main_class_source == "bundle":
+        return read_class(metadata.module, metadata.class_name, roots=[bundle_dir])
+    found = read_class(metadata.module, metadata.class_name)
+    if found is None:
+        found = read_class(metadata.module, metadata.class_name, roots=list(bundle_dir.parents))
+    return found

@@ -29,8 +29,10 @@ DEFAULT_PORT = 8000  # vllm serve's own default, for the foreground server
 READY_TIMEOUT = 300.0  # seconds; a cold start here takes about 40
 STOP_TIMEOUT = 30.0  # seconds between asking the server to stop and killing it
 
-# The vLLM plugins the host mesh needs: the platform (tt) and the registration (ttbundles).
-REQUIRED_PLUGINS = ("tt", "ttbundles")
+# The vLLM plugins the host mesh needs, named as the reference plugin names them: the
+# platform (tt) and the registration (tt_model_registry; a filter that also names its
+# alias `ttbundles` registers once all the same).
+REQUIRED_PLUGINS = ("tt", "tt_model_registry")
 # Options `ttbundle demo` sets itself; given again after `--` they would silently win.
 OWN_SERVE_OPTIONS = ("--host", "--port")
 
@@ -39,7 +41,7 @@ def serve_environment(base: Mapping[str, str] | None = None) -> dict[str, str]:
     """`base` (default: this process's environment) with what the host mesh needs.
 
     MESH_DEVICE=HOST unless a mesh is set; VLLM_PLUGINS left unset (every plugin loads)
-    or extended with tt and ttbundles; no model hub (HF_HUB_OFFLINE=1).
+    or extended with tt and tt_model_registry; no model hub (HF_HUB_OFFLINE=1).
     """
     env = dict(os.environ if base is None else base)
     if not env.get("MESH_DEVICE"):

@@ -199,6 +199,28 @@ class When(_Strict):
         description="The bundle applies only when each variable has exactly this value.",
         json_schema_extra=_ENV_NAMES_ONLY,
     )
+    default_for: dict[EnvName, str] = Field(
+        default_factory=dict,
+        description="Selector variables this bundle is the default variant of, with the "
+        "variant's name: it serves with the variable unset, and setting the variable to "
+        "this name selects it too (e.g. TT_LLAMA_TEXT_VER: tt_transformers). Not a "
+        "condition: a bundle whose 'env' matches still wins.",
+        json_schema_extra=_ENV_NAMES_ONLY,
+    )
+
+    @model_validator(mode="after")
+    def _selector_or_condition(self) -> When:
+        both = sorted(set(self.env) & set(self.default_for))
+        if both:
+            raise PydanticCustomError(
+                "TTB033",
+                "{names} in both when.env and when.default_for",
+                {
+                    "names": ", ".join(both),
+                    "hint": "a bundle is a variant or the default, not both",
+                },
+            )
+        return self
 
     def matches(self, environ: dict[str, str] | Any) -> bool:
         return all(environ.get(k) == v for k, v in self.env.items())

@@ -2,9 +2,15 @@
 
 One computation serves `ttbundle list`, the general plugin and the platform, so what the
 CLI shows is what the server does. Registration validates each bundle's metadata and
-checks its module file exists, but never imports adapter code and never parses it: the
-plugin runs this in every vLLM process, so it must stay close to the cost of reading
-the JSON files.
+checks its module file exists, but never imports adapter code: the plugin runs this in
+every vLLM process, so it must stay close to the cost of reading the JSON files. Only
+what declares no capabilities has its class source read (with `ast`): a
+`TT_MODEL_CLASS_OVERRIDES` entry and a legacy two-key bundle, whose capabilities are the
+class's `model_capabilities`, as the reference plugin takes them.
+
+Order of precedence for one TT architecture: an override, then extra bundles
+(EXTRA_MODELS_DIR order), then built-ins; within a source, the bundle naming the mesh,
+then the most specific `when`.
 """
 
 from __future__ import annotations
@@ -14,21 +20,31 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ttbundles import envs
-from ttbundles.errors import Diagnostic, Severity
+from ttbundles.errors import ConfigurationError, Diagnostic, Severity
 from ttbundles.format.meshes import HOST
-from ttbundles.format.metadata import METADATA_FILE, BundleMetadata
+from ttbundles.format.metadata import METADATA_FILE, SCHEMA_VERSION, BundleMetadata, slug
 from ttbundles.format.modules import module_file
 from ttbundles.format.parse import load_metadata
 from ttbundles.paths import builtin_bundles_dir
+from ttbundles.registry import overrides as overrides_
 from ttbundles.registry.requirements import unmet
 from ttbundles.registry.selection import applies, rank
 
+if TYPE_CHECKING:  # the static reader is imported only where a class source is read
+    from ttbundles.check.adapter import StaticClass
+
 
 class Source(str, Enum):
+    OVERRIDE = "override"
     EXTRA = "extra"
     BUILTIN = "built-in"
+
+
+# Where an override's entry points when its module is not found on this machine.
+OVERRIDE_PATH = Path(f"${overrides_.VARIABLE}")
 
 
 class Status(str, Enum):
@@ -48,6 +64,10 @@ class Entry:
     status: Status = Status.REGISTERED
     reason: str = ""
     diagnostics: list[Diagnostic] = field(default_factory=list)
+    # A TT_MODEL_CLASS_OVERRIDES entry: the item it comes from.
+    override: overrides_.Override | None = None
+    # The main class as its source shows it, where it was read (overrides, legacy bundles).
+    static: StaticClass | None = None
 
     @property
     def tt_arch(self) -> str | None:
@@ -118,11 +138,15 @@ def compute(
     mesh: str | None = None,
     models_dirs: list[Path] | None = None,
 ) -> Registry:
-    """Decide what registers, from the environment (EXTRA_MODELS_DIR, MESH_DEVICE, ...)."""
+    """Decide what registers, from the environment (EXTRA_MODELS_DIR, MESH_DEVICE, ...).
+
+    Raises ConfigurationError where the reference plugin refuses to start too: a malformed
+    TT_MODEL_CLASS_OVERRIDES (TTB104) and a variant selector naming no variant (TTB105).
+    """
     environ = os.environ if environ is None else environ
     if mesh is None:
         mesh = envs.read("MESH_DEVICE", environ)
-    entries: list[Entry] = []
+    entries: list[Entry] = [override_entry(o) for o in overrides_.read(environ)]
     problems: list[Diagnostic] = []
     for source, folder in sources(environ, models_dirs):
         if not folder.is_dir():
@@ -142,6 +166,7 @@ def compute(
             entry = _load(folder / name, source, mesh, environ)
             if entry is not None:
                 entries.append(entry)
+    check_selectors(entries, environ)
     _select(entries, problems, mesh)
     problems.extend(
         d for e in entries if e.status is Status.SKIPPED for d in e.diagnostics if d.is_error
@@ -189,10 +214,105 @@ def _load(path: Path, source: Source, mesh: str | None, environ: Mapping[str, st
             )
         )
         return entry
+    if meta.legacy:
+        _capabilities_from_class(entry)
     if not applies(meta, mesh, environ):
         entry.status = Status.INACTIVE
         entry.reason = _why_inactive(meta, mesh, environ)
     return entry
+
+
+def override_entry(override: overrides_.Override) -> Entry:
+    """The registry's entry for one TT_MODEL_CLASS_OVERRIDES item: registered whatever
+    the mesh, `when` or requirements, with the class's own capabilities."""
+    from ttbundles.check.adapter import read_class
+
+    static = read_class(override.module, override.class_name)
+    metadata = BundleMetadata.model_validate(
+        {
+            "schema_version": SCHEMA_VERSION,
+            "name": slug(f"override-{override.tt_arch}"),
+            "version": "0",
+            "description": f"{overrides_.VARIABLE}: {override.item}",
+            "arch": override.arch,
+            "main_class": override.target,
+            "main_class_source": "environment",
+        }
+    )
+    if static is not None:
+        metadata.capabilities = static.capabilities
+    entry = Entry(
+        static.file if static is not None else OVERRIDE_PATH,
+        Source.OVERRIDE,
+        metadata,
+        override=override,
+        static=static,
+    )
+    if static is None:
+        entry.reason = (
+            f"{override.target} not found here (imported when the model loads); "
+            "no capabilities read"
+        )
+    return entry
+
+
+def _capabilities_from_class(entry: Entry) -> None:
+    """A legacy bundle declares no capabilities: take the class's `model_capabilities`
+    (read from source, TT-Metal's absent-means-unsupported rule), as the reference
+    plugin does by importing it."""
+    from ttbundles.check.adapter import read_bundle_class
+
+    assert entry.metadata is not None
+    entry.static = read_bundle_class(entry.path, entry.metadata)
+    if entry.static is not None:
+        entry.metadata.capabilities = entry.static.capabilities
+
+
+def selectors(entries: list[Entry]) -> dict[str, list[str]]:
+    """Each variant selector the built-in bundles use, with every value that names a
+    variant: the `when.env` values and `when.default_for` names of the bundles found
+    (built-in or extra), in a stable order."""
+    variables = {
+        name
+        for e in entries
+        if e.source is Source.BUILTIN and e.metadata is not None
+        for name in (*e.metadata.when.env, *e.metadata.when.default_for)
+    }
+    values: dict[str, set[str]] = {name: set() for name in variables}
+    for e in entries:
+        if e.metadata is None:
+            continue
+        for mapping in (e.metadata.when.default_for, e.metadata.when.env):
+            for name, value in mapping.items():
+                if name in values:
+                    values[name].add(value)
+    defaults = {
+        v for e in entries if e.metadata is not None for v in e.metadata.when.default_for.values()
+    }
+    return {
+        name: sorted(found, key=lambda v: (v not in defaults, v))
+        for name, found in sorted(values.items())
+    }
+
+
+def check_selectors(entries: list[Entry], environ: Mapping[str, str]) -> None:
+    """A selector set to a value no bundle names is an error naming the valid ones (the
+    reference plugin raises for its built-in map too; with the built-ins off there is no
+    selector to check)."""
+    problems = []
+    for name, valid in selectors(entries).items():
+        value = environ.get(name)
+        if value and value not in valid:
+            problems.append(
+                Diagnostic(
+                    "TTB105",
+                    Severity.ERROR,
+                    f"{name}={value!r} names no variant; pick one of [{', '.join(valid)}]",
+                    hint=f"set {name} to one of those, or unset it for the default variant",
+                )
+            )
+    if problems:
+        raise ConfigurationError(problems)
 
 
 def _why_inactive(meta: BundleMetadata, mesh: str | None, environ: Mapping[str, str]) -> str:
@@ -212,10 +332,11 @@ def _select(entries: list[Entry], problems: list[Diagnostic], mesh: str | None) 
     for entry in entries:
         if entry.status is Status.REGISTERED and entry.tt_arch:
             by_arch.setdefault(entry.tt_arch, []).append(entry)
+    precedence = {Source.OVERRIDE: 0, Source.EXTRA: 1, Source.BUILTIN: 2}
     for arch, candidates in by_arch.items():
         ranked = sorted(
             candidates,
-            key=lambda e: (e.source is not Source.EXTRA, tuple(-r for r in rank(e.metadata, mesh))),  # type: ignore[arg-type]
+            key=lambda e: (precedence[e.source], tuple(-r for r in rank(e.metadata, mesh))),  # type: ignore[arg-type]
         )
         winner = ranked[0]
         for loser in ranked[1:]:
@@ -224,7 +345,11 @@ def _select(entries: list[Entry], problems: list[Diagnostic], mesh: str | None) 
             same_rank = loser.source is winner.source and rank(loser.metadata, mesh) == rank(
                 winner.metadata, mesh
             )  # type: ignore[arg-type]
-            if loser.source is Source.BUILTIN and winner.source is Source.EXTRA:
+            if winner.override is not None:
+                loser.reason = (
+                    f"TTB103 overridden by {overrides_.VARIABLE} ({winner.override.item})"
+                )
+            elif loser.source is Source.BUILTIN and winner.source is Source.EXTRA:
                 loser.reason = f"TTB102 shadowed by {winner.label} from {winner.path}"
             elif same_rank:
                 problems.append(
@@ -246,4 +371,15 @@ def table(registry: Registry) -> list[dict]:
     return [e.to_dict() for e in rows]
 
 
-__all__ = ["Entry", "Registry", "Source", "Status", "compute", "sources", "table"]
+__all__ = [
+    "Entry",
+    "Registry",
+    "Source",
+    "Status",
+    "check_selectors",
+    "compute",
+    "override_entry",
+    "selectors",
+    "sources",
+    "table",
+]

@@ -12,33 +12,10 @@ from typing import TYPE_CHECKING, Any
 from vllm.exceptions import VLLMValidationError
 from vllm.platforms.interface import Platform, PlatformEnum
 
+from ttbundles.serving.plugin import report_errors_cleanly
+
 if TYPE_CHECKING:  # importing vLLM's config here would be circular at platform load
     from vllm.config import VllmConfig
-
-
-def _report_configuration_errors_cleanly() -> None:
-    """Make an uncaught ttbundles error end `vllm serve` with its message, not a traceback.
-
-    Configuration errors are raised inside vLLM's config construction; whoever catches
-    them (`ttbundle plan`, tests) still gets the exception. Only an uncaught one reaches
-    this hook, and other exceptions keep Python's usual report.
-    """
-    import sys
-
-    from ttbundles.errors import TTBundleError
-
-    previous = sys.excepthook
-    if getattr(previous, "_ttbundles", False):
-        return
-
-    def hook(kind, value, traceback):  # noqa: ANN001 - sys.excepthook's signature
-        if isinstance(value, TTBundleError):
-            sys.stderr.write(f"{value}\n")
-            return
-        previous(kind, value, traceback)
-
-    hook._ttbundles = True  # type: ignore[attr-defined]
-    sys.excepthook = hook
 
 
 class UnsupportedRequestError(VLLMValidationError, ValueError):
@@ -79,7 +56,9 @@ class TTPlatform(Platform):
         # The TT worker speaks the V1 runner's output protocol; vLLM would switch to V2
         # (other resumed-request semantics) wherever Triton happens to be installed.
         os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
-        _report_configuration_errors_cleanly()
+        # Configuration errors are raised inside vLLM's config construction: uncaught, they
+        # end `vllm serve` with their message.
+        report_errors_cleanly()
         from ttbundles.serving.configuration import plan_config
         from ttbundles.serving.registration import current_registry
 

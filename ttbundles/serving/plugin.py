@@ -37,7 +37,44 @@ def platform_plugin() -> str | None:
 
 
 def register_models() -> None:
-    """Register every selected bundle's TT<arch> with vLLM (idempotent, lazy)."""
+    """Register every selected bundle's TT<arch> with vLLM (idempotent, lazy).
+
+    Both general-plugin names point here: `tt_model_registry` (the reference plugin's, so
+    its VLLM_PLUGINS filters select us) and `ttbundles` (the alias of earlier releases).
+    With VLLM_PLUGINS unset vLLM calls each name, so this runs twice in one process; the
+    registration itself runs once per process and environment (`register_all`).
+    """
+    from ttbundles.errors import TTBundleError
     from ttbundles.serving.registration import register_all
 
-    register_all()
+    try:
+        register_all()
+    except TTBundleError:
+        # Raised before any platform hook, in every vLLM process: end `vllm serve` with
+        # the message (TTB104 names the bad item), not a traceback.
+        report_errors_cleanly()
+        raise
+
+
+def report_errors_cleanly() -> None:
+    """Make an uncaught ttbundles error end the process with its message, not a traceback.
+
+    Whoever catches the error (`ttbundle plan`, tests) still gets the exception. Only an
+    uncaught one reaches this hook, and other exceptions keep Python's usual report.
+    """
+    import sys
+
+    from ttbundles.errors import TTBundleError
+
+    previous = sys.excepthook
+    if getattr(previous, "_ttbundles", False):
+        return
+
+    def hook(kind, value, traceback):  # noqa: ANN001 - sys.excepthook's signature
+        if isinstance(value, TTBundleError):
+            sys.stderr.write(f"{value}\n")
+            return
+        previous(kind, value, traceback)
+
+    hook._ttbundles = True  # type: ignore[attr-defined]
+    sys.excepthook = hook

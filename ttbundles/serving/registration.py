@@ -1,6 +1,7 @@
 """Put the registry's choices into vLLM's ModelRegistry, once per process.
 
-Each selected bundle registers `TT<arch>` lazily (`module:Class`, never imported here);
+Each selected bundle registers `TT<arch>` lazily (`module:Class`, never imported here),
+a TT_MODEL_CLASS_OVERRIDES entry the name written and its TT form;
 bundle-sourced modules resolve through the loader's synthetic packages, so vLLM's
 model-inspection subprocess, which runs the general plugins first, imports them the same
 way. A bare architecture vLLM does not know gets a placeholder so that vLLM's own model
@@ -14,7 +15,7 @@ import os
 
 from ttbundles import envs
 from ttbundles.errors import ConfigurationError
-from ttbundles.registry.registry import Registry, compute, table
+from ttbundles.registry.registry import Entry, Registry, compute, table
 
 # A child of vLLM's logger, so messages appear wherever vLLM's own do.
 logger = logging.getLogger("vllm.ttbundles")
@@ -53,11 +54,36 @@ def register_all() -> Registry:
         ModelRegistry.register_model(arch, entry.class_ref())
         assert entry.metadata is not None
         bare = entry.metadata.arch
-        if bare != arch and bare not in known:
+        if bare == arch:
+            continue
+        if entry.override is not None and stands_for_vllm(entry):
+            ModelRegistry.register_model(bare, entry.class_ref())
+        elif bare not in known:
             ModelRegistry.register_model(bare, PLACEHOLDER)
     _state["registered_key"] = _state["key"]
     log_table(registry)
     return registry
+
+
+def stands_for_vllm(entry: Entry) -> bool:
+    """Whether an override's class may take the bare architecture name in vLLM.
+
+    The reference plugin registers an override under the bare name too: vLLM resolves the
+    checkpoint's bare architecture before any platform hook, so a class written to stand
+    there (a bridge with vLLM's model interface) must get it. A plain generator cannot:
+    vLLM refuses a class without `embed_input_ids`, `forward` and `compute_logits` ("does
+    not support --runner generate"), so the bare name keeps vLLM's own class or the
+    placeholder, and the TT worker serves the generator either way. Read from source;
+    where bases could not be read, the class gets the name, as in the reference plugin.
+    """
+    static = entry.static
+    if static is None or not static.complete:
+        return True
+    return all(m in static.methods for m in VLLM_MODEL_METHODS)
+
+
+# What vLLM's text-generation model interface needs (vllm/model_executor/models/interfaces_base.py).
+VLLM_MODEL_METHODS = ("embed_input_ids", "forward", "compute_logits")
 
 
 def log_table(registry: Registry) -> None:

@@ -58,6 +58,13 @@ class TTWorker(WorkerBase):
 
     def init_device(self) -> None:
         self.device = torch.device("cpu")
+        # TT-Metal itself reads TT_VISIBLE_DEVICES when the mesh opens; said here so the
+        # log shows which chips this engine was given.
+        logger.info(
+            "ttbundles: opening mesh %s (TT_VISIBLE_DEVICES=%s)",
+            envs.MESH_DEVICE or "unset",
+            envs.TT_VISIBLE_DEVICES or "unset: every chip",
+        )
         self.mesh_device = open_mesh(envs.MESH_DEVICE)
 
     def load_model(self, *, load_dummy_weights: bool = False) -> None:
