@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.bundle_factory import contract_adapter
+from tests.bundle_factory import contract_adapter, metadata
 
 # The whole session runs with the TT platform on the host mesh, with only our vLLM plugins
 # and no model hub. Set before anything imports vLLM: the platform is chosen once per
@@ -34,15 +34,8 @@ ADAPTER = contract_adapter(
 
 
 def base_metadata(name: str) -> dict:
-    """A valid v1 document whose main class is ADAPTER's."""
-    return {
-        "schema_version": 1,
-        "name": name,
-        "version": "1.0.0",
-        "arch": "DemoForCausalLM",
-        "main_class": "adapter:DemoGenerator",
-        "main_class_source": "bundle",
-    }
+    """A valid v1 document whose main class is ADAPTER's (the one default document)."""
+    return metadata(name, main_class="adapter:DemoGenerator", main_class_source="bundle")
 
 
 @pytest.fixture

@@ -18,23 +18,20 @@ pytest.importorskip("vllm")
 from vllm.engine.arg_utils import EngineArgs  # noqa: E402
 from vllm.sampling_params import SamplingParams  # noqa: E402
 
+from tests.bundle_factory import metadata, write_bundle  # noqa: E402
 from ttbundles.errors import ConfigurationError  # noqa: E402
 
 
 def bundle(parent, name, arch="LlamaForCausalLM", **fields):
-    folder = parent / name
-    folder.mkdir(parents=True)
-    document = {
-        "schema_version": 1,
-        "name": name,
-        "version": "1.0.0",
-        "arch": arch,
-        "main_class": f"tt_models.{name.replace('-', '_')}:Generator",
-        "main_class_source": "environment",
+    """An environment-sourced bundle: the adapter is never imported here."""
+    document = metadata(
+        name,
+        arch=arch,
+        main_class=f"tt_models.{name.replace('-', '_')}:Generator",
+        main_class_source="environment",
         **fields,
-    }
-    (folder / "vllm_metadata.json").write_text(json.dumps(document))
-    return folder
+    )
+    return write_bundle(parent / name, document=document)
 
 
 @pytest.fixture

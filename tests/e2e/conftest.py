@@ -29,6 +29,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.bundle_factory import write_bundle
 from ttbundles.demo.server import ServerProcess, http_get, serve_environment, start_server
 from ttbundles.errors import TTBundleError
 
@@ -326,11 +327,9 @@ def _environment(extra: dict[str, str]) -> dict[str, str]:
 
 
 def write_test_bundle(models_dir: Path, metadata: dict, adapter: str) -> Path:
-    folder = models_dir / metadata["name"]
-    folder.mkdir(parents=True)
-    (folder / "vllm_metadata.json").write_text(json.dumps(metadata, indent=2) + "\n")
-    (folder / "adapter.py").write_text(adapter)
-    return folder
+    return write_bundle(
+        models_dir / metadata["name"], document=metadata, files={"adapter.py": adapter}
+    )
 
 
 @pytest.fixture(scope="session")
