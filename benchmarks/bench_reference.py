@@ -160,12 +160,24 @@ def main(argv: list[str] | None = None) -> int:
         help="torch intra-op threads (0: torch's default); see the docstring",
     )
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    parser.add_argument(
+        "--model",
+        choices=("tiny", "smollm2"),
+        default="tiny",
+        help="tiny: the demo's random checkpoint; smollm2: the demo's real model (prepared "
+        "into the cache once)",
+    )
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
 
     with tempfile.TemporaryDirectory() as tmp:
-        folder = write_checkpoint(Path(tmp) / "demo")
+        if args.model == "smollm2":
+            from ttbundles.demo import model
+
+            folder, _ = model.prepare()
+        else:
+            folder = write_checkpoint(Path(tmp) / "demo")
         vocab = transformers.AutoConfig.from_pretrained(folder).vocab_size
         generator = torch.Generator().manual_seed(0)
         prompts = torch.randint(3, vocab, (args.batch, args.context), generator=generator)

@@ -181,11 +181,24 @@ def main() -> None:
         help="Further vllm serve options (last on the command line).",
     )
     parser.add_argument("--json", action="store_true", help="Print the figures as JSON.")
+    parser.add_argument(
+        "--model",
+        choices=("tiny", "smollm2"),
+        default="tiny",
+        help="tiny: the demo's random checkpoint; smollm2: the demo's real model.",
+    )
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="bench-serve-") as tmp:
         workdir = Path(tmp)
-        checkpoint = args.checkpoint_dir or write_demo_checkpoint(workdir / "checkpoint")
+        if args.checkpoint_dir is not None:
+            checkpoint = args.checkpoint_dir
+        elif args.model == "smollm2":
+            from ttbundles.demo import model
+
+            checkpoint, _ = model.prepare()
+        else:
+            checkpoint = write_demo_checkpoint(workdir / "checkpoint")
         baseline = transformers_throughput(checkpoint, args)
         ours = serving_throughput(checkpoint, workdir, args)
     ratio = ours["output_tokens_per_s"] / baseline["output_tokens_per_s"]

@@ -245,3 +245,11 @@ def test_the_hook_decides_once_per_configuration(models_dir, demo_checkpoint):
     # The engine core runs the hook again on the same configuration: nothing changes.
     assert plan_config(config, current_registry()) is None
     assert config.additional_config["ttbundles"] == plan
+
+
+@pytest.mark.parametrize(("requested", "effective"), [(50, 20), (-1, 20), (5, 5)])
+def test_max_logprobs_is_clamped_to_20(models_dir, demo_checkpoint, requested, effective):
+    bundle(models_dir, "tt-llama")
+    config, decisions, _ = configure(demo_checkpoint, max_logprobs=requested)
+    assert config.model_config.max_logprobs == effective
+    assert decisions["max_logprobs"]["effective"] == effective

@@ -23,6 +23,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import openai
 import pytest
 
 pytestmark = pytest.mark.server
@@ -621,3 +622,19 @@ def test_a_bundle_without_async_decode_runs_synchronously(plain_server, referenc
     assert not [k for k in stats if k.startswith("decode.")], stats
     # Host sampling: host inputs are authoritative on every decode.
     assert delta["commands.reload_inputs"] == N - 1 and "commands.resident" not in delta
+
+
+def test_top_k_1_is_greedy_and_logprobs_0_to_20_come_back(demo_server, reference):
+    vocab = reference.vocab_size
+    prompt = random_ids(760, 9, vocab)
+    greedy = reference.greedy(prompt, N)
+    assert output_ids(complete(demo_server, prompt, temperature=1.5, top_k=1, seed=1)) == greedy
+    assert output_ids(complete(demo_server, prompt, temperature=0.9, top_k=1)) == greedy
+    for count in (0, 1, 7, 20):
+        response = complete(demo_server, prompt, logprobs=count, **GREEDY, **TOKEN_IDS)
+        logprobs = response.choices[0].logprobs
+        assert len(logprobs.token_logprobs) == N
+        # The sampled token's entry, plus the top `count` (the sampled one among them).
+        assert all(len(top) == max(count, 1) for top in logprobs.top_logprobs), count
+    with demo_server.client() as client, pytest.raises(openai.BadRequestError):
+        client.completions.create(model=demo_server.model, prompt=prompt, max_tokens=2, logprobs=21)

@@ -243,6 +243,7 @@ def plan_config(vllm_config: VllmConfig, registry: Registry) -> Plan | None:
         )
 
     _plan_lengths(vllm_config, plan, target)
+    _plan_logprobs(vllm_config, plan)
     _plan_lanes(vllm_config, plan, caps.execution, target)
 
     sched = vllm_config.scheduler_config
@@ -306,6 +307,25 @@ def effective_options(vllm_config: VllmConfig) -> TTOptions:
         return plan.tt_options
     raw = (vllm_config.additional_config or {}).get("tt")
     return parse_tt_options(raw).merged_over(TT_DEFAULTS)
+
+
+MAX_LOGPROBS = 20
+"""Log-probabilities per token Tenstorrent serves at most (the reference plugin's clamp;
+TT-Metal devices return at most their `max_device_top_k`, the host sampler more)."""
+
+
+def _plan_logprobs(vllm_config: VllmConfig, plan: Plan) -> None:
+    model_config = vllm_config.model_config
+    requested = model_config.max_logprobs
+    if requested < 0 or requested > MAX_LOGPROBS:  # -1: vLLM's "as many as the vocabulary"
+        model_config.max_logprobs = plan.decide(
+            "max_logprobs",
+            requested,
+            MAX_LOGPROBS,
+            f"Tenstorrent serves at most {MAX_LOGPROBS} log-probabilities per token",
+        )
+    else:
+        plan.decide("max_logprobs", requested, requested, "as requested")
 
 
 def _plan_lengths(vllm_config: VllmConfig, plan: Plan, target: Any) -> None:
