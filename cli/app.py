@@ -8,6 +8,7 @@ traceback only under TTBUNDLE_DEBUG=1).
 from __future__ import annotations
 
 import sys
+from typing import Annotated
 
 import typer
 
@@ -21,9 +22,31 @@ app = typer.Typer(
     help="Validate, pack, verify and install Tenstorrent model bundles for vLLM.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
-    add_completion=False,
+    add_completion=True,  # typer's --install-completion / --show-completion
     context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        typer.echo(f"ttbundle {version('ttbundles')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    show_version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_version, is_eager=True, help="Print the version and exit."
+        ),
+    ] = False,
+) -> None:
+    """Validate, pack, verify and install Tenstorrent model bundles for vLLM."""
+
+
 app.command()(validate.validate)
 app.command()(archive.pack)
 app.command()(archive.verify)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -625,3 +627,14 @@ def test_inspect_invalid_bundle(make_bundle, run_cli):
     done = no_traceback(run_cli("inspect", folder))
     assert done.returncode == 1
     assert "error TTB034" in done.stderr
+
+
+def test_version_and_python_dash_m(run_cli):
+    from importlib.metadata import version
+
+    done = run_cli("--version")
+    assert done.returncode == 0 and done.stdout.strip() == f"ttbundle {version('ttbundles')}"
+    module = subprocess.run(
+        [sys.executable, "-m", "ttbundles", "--version"], capture_output=True, text=True
+    )
+    assert module.returncode == 0 and module.stdout == done.stdout
