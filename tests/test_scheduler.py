@@ -320,15 +320,15 @@ def test_same_schedule_as_vllm_when_phases_never_mix(make_scheduler):
 @pytest.mark.parametrize(
     ("tt", "expected"),
     [
-        ({"decode_interleave_prefill_steps": 2, "decode_interleave_decode_steps": 1}, "PPDPPDP"),
-        ({}, "PDPDPDPDP"),  # the defaults: 1 and 1
+        ({}, "PPDPPDP"),  # the defaults: 2 prefill steps, then 1 decode step
+        ({"decode_interleave_prefill_steps": 1, "decode_interleave_decode_steps": 1}, "PDPDPDPDP"),
         (
             {"decode_interleave_prefill_steps": 1, "decode_interleave_decode_steps": 2},
             "PDDPDDPDDPDDP",
         ),
         ({"decode_interleave_enabled": False}, "PPPPP"),
     ],
-    ids=["2-1", "defaults", "1-2", "disabled"],
+    ids=["defaults", "1-1", "1-2", "disabled"],
 )
 def test_long_prompt_is_chunked_with_decodes_interleaved(make_scheduler, tt, expected):
     scheduler = make_scheduler(max_num_batched_tokens=32, tt=tt)
@@ -494,19 +494,41 @@ def test_step_kind_is_logged_at_debug_level(make_scheduler, caplog):
     assert [m.split(": ")[1].split()[0] for m in messages] == ["prefill", "decode", "empty"]
 
 
-def test_interleave_options_defaults_and_validation():
-    def options(tt):
-        return effective_options(SimpleNamespace(additional_config={"tt": tt} if tt else None))
+def interleave_options(tt: dict[str, Any] | None) -> Any:
+    return effective_options(SimpleNamespace(additional_config={"tt": tt} if tt else None))
 
-    got = options(None)
+
+def test_interleave_defaults_are_the_reference_plugins():
+    got = interleave_options(None)
     assert (
         got.decode_interleave_enabled,
         got.decode_interleave_prefill_steps,
         got.decode_interleave_decode_steps,
-    ) == (True, 1, 1)
-    assert options({"decode_interleave_decode_steps": 3}).decode_interleave_decode_steps == 3
-    with pytest.raises(ConfigurationError):
-        options({"decode_interleave_prefill_steps": 0})
+    ) == (True, 2, 1)
+    set_by_user = interleave_options({"decode_interleave_decode_steps": 3})
+    assert set_by_user.decode_interleave_decode_steps == 3
+    assert set_by_user.decode_interleave_prefill_steps == 2
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("decode_interleave_prefill_steps", 0),
+        ("decode_interleave_decode_steps", -1),
+        ("decode_interleave_prefill_steps", True),  # a bool is not an int
+        ("decode_interleave_decode_steps", False),
+        ("decode_interleave_prefill_steps", 2.0),
+        ("decode_interleave_decode_steps", "1"),
+        ("decode_interleave_enabled", 1),  # nor an int a bool
+        ("decode_interleave_enabled", "true"),
+    ],
+)
+def test_interleave_options_are_strictly_typed(key, value):
+    with pytest.raises(ConfigurationError) as info:
+        interleave_options({key: value})
+    (problem,) = info.value.diagnostics
+    assert problem.code == "TTB038"
+    assert f"tt.{key}={value!r}" in problem.message
 
 
 def test_restore_running_keeps_order_and_the_base_changes():
