@@ -160,11 +160,6 @@ def make_request(
     )
 
 
-def remaining(request: Request) -> int:
-    """Tokens left to compute, counted independently of the scheduler's own helper."""
-    return request.num_tokens + request.num_output_placeholders - request.num_computed_tokens
-
-
 @dataclass
 class Driver:
     """The engine core's loop around a scheduler, with a fake model, checking each step.
@@ -182,23 +177,38 @@ class Driver:
     reported_preempted: int = 0
     requests: dict[str, Request] = field(default_factory=dict)
     queue: deque = field(default_factory=deque)
+    # The driver's own account of prefill, kept apart from the scheduler's: a request is
+    # in prefill from its (re)admission until its computed tokens reach what it had
+    # then (the prompt; for a resumed request, the prompt and its output so far).
+    prefill_target: dict[str, int] = field(default_factory=dict)
+    throttle: bool = False  # what the DP engine core passes as `throttle_prefills`
 
     def add(self, request: Request) -> None:
         self.requests[request.request_id] = request
         self.scheduler.add_request(request)
 
+    def in_prefill(self, request: Request) -> bool:
+        return request.num_computed_tokens < self.prefill_target[request.request_id]
+
     def schedule(self) -> SchedulerOutput:
         scheduler = self.scheduler
-        before = {r.request_id: remaining(r) for r in scheduler.running}
-        output = scheduler.schedule()
-        self.check(before, output)
+        before = {r.request_id: self.in_prefill(r) for r in scheduler.running}
+        for request in scheduler.running:
+            # vLLM's flag agrees with the driver's account for every running request.
+            assert request.is_prefill_chunk == before[request.request_id], request
+        output = scheduler.schedule(self.throttle) if self.throttle else scheduler.schedule()
+        admitted = [new.req_id for new in output.scheduled_new_reqs]
+        admitted += output.scheduled_cached_reqs.resumed_req_ids
+        for req_id in admitted:
+            self.prefill_target[req_id] = self.requests[req_id].num_tokens
+        self.check(before, set(admitted), output)
         self.outputs.append(output)
         return output
 
-    def check(self, before: dict[str, int], output: SchedulerOutput) -> None:
+    def check(self, before: dict[str, bool], admitted: set[str], output: SchedulerOutput) -> None:
         scheduler = self.scheduler
         kinds = {
-            "decode" if before.get(req_id) == 1 else "prefill"
+            "prefill" if req_id in admitted or before[req_id] else "decode"
             for req_id in output.num_scheduled_tokens
         }
         assert len(kinds) <= 1, f"mixed step: {output.num_scheduled_tokens} from {before}"
@@ -222,15 +232,22 @@ class Driver:
     def model_output(self, output: SchedulerOutput) -> ModelRunnerOutput:
         """One token for each request whose prompt is complete after this step."""
         req_ids = list(output.num_scheduled_tokens)
-        sampled = [
-            [] if self.scheduler.requests[req_id].is_prefill_chunk else [TOKEN]
-            for req_id in req_ids
-        ]
+        sampled = [[] if self.in_prefill(self.requests[req_id]) else [TOKEN] for req_id in req_ids]
         return ModelRunnerOutput(
             req_ids=req_ids,
             req_id_to_index={req_id: i for i, req_id in enumerate(req_ids)},
             sampled_token_ids=sampled,
         )
+
+    def schedule_and_finish(self) -> None:
+        """One step with nothing left in flight afterwards (any depth)."""
+        while self.queue:
+            output, model_output = self.queue.pop()
+            self.scheduler.update_from_output(output, model_output)
+            self.finished |= self.scheduler.finished_req_ids
+        output = self.schedule()
+        self.scheduler.update_from_output(output, self.model_output(output))
+        self.finished |= self.scheduler.finished_req_ids
 
     def step(self) -> None:
         """One engine-core step (mirrors vLLM's `step_with_batch_queue`)."""
@@ -311,7 +328,7 @@ def test_same_schedule_as_vllm_when_phases_never_mix(make_scheduler):
         scheduler = make_scheduler(cls, max_num_batched_tokens=256)
         driver = Driver(scheduler)
         if cls is Scheduler:
-            driver.check = lambda before, output: None  # vLLM reports no step kind
+            driver.check = lambda *args: None  # vLLM reports no step kind
         driver.run({0: [make_request(f"r{i}", 30, 20 + i) for i in range(6)]})
         runs.append([o.num_scheduled_tokens for o in driver.outputs])
     assert runs[0] == runs[1]
@@ -345,15 +362,51 @@ def test_long_prompt_is_chunked_with_decodes_interleaved(make_scheduler, tt, exp
     assert chunks == [32] * 5
 
 
-def test_a_last_chunk_of_one_token_runs_as_a_decode(make_scheduler):
-    """Only the newest token left: the request is in decode, as the rule defines it."""
+def test_a_final_prompt_chunk_of_one_token_is_a_prefill(make_scheduler):
+    """In prefill is vLLM's notion (the prompt is not fully computed), not a count of the
+    tokens left: a final chunk of one prompt token runs in a prefill step, never
+    alongside decodes, and samples the request's first token there."""
     scheduler = make_scheduler(max_num_batched_tokens=32)
     driver = Driver(scheduler)
     driver.run({0: [make_request("r0", 20, 10)], 2: [make_request("r1", 33, 3)]})
     driver.assert_all_done()
-    assert kinds_string(driver.kinds[:4]) == "PDPD"
+    # r0 prefills, decodes; r1's 33 tokens are chunks of 32 and 1, two prefill steps
+    # (which the default cadence allows before a decode step), then both decode.
+    assert kinds_string(driver.kinds[:5]) == "PDPPD"
     assert driver.outputs[2].num_scheduled_tokens == {"r1": 32}
-    assert driver.outputs[3].num_scheduled_tokens == {"r0": 1, "r1": 1}
+    assert driver.outputs[3].num_scheduled_tokens == {"r1": 1}
+    assert driver.outputs[4].num_scheduled_tokens == {"r0": 1, "r1": 1}
+
+
+@pytest.mark.parametrize("cls", [TTScheduler, TTAsyncScheduler])
+def test_a_resumed_request_is_in_prefill_until_its_output_is_recomputed(make_scheduler, cls):
+    """A preempted request recomputes its prompt and the tokens it had generated; vLLM
+    counts all of them as its prefill (`num_tokens`), so a last recompute chunk of one
+    output token is a prefill step too, not a decode beside the running ones."""
+    # Budget 27: on resume, d's 6 tokens and 21 of v's 22 fit; v's last token is left.
+    scheduler = make_scheduler(cls, max_num_batched_tokens=27)
+    driver = Driver(scheduler, depth=2 if cls is TTAsyncScheduler else 1)
+    d, v = make_request("d", 4, 12), make_request("v", 20, 12, first_token=100)
+    driver.add(d)
+    driver.add(v)
+    while len(v.output_token_ids) < 2:
+        driver.schedule_and_finish()
+    assert (d.num_tokens, v.num_tokens) == (6, 22)
+    assert driver.kinds[0] == "prefill" and set(driver.kinds[1:]) <= {"decode", "empty"}
+    # Preempt both (what the engine core's reset_prefix_cache utility does).
+    assert scheduler.reset_prefix_cache(reset_running_requests=True)
+    first = len(driver.outputs)
+    for _ in range(3):
+        driver.schedule_and_finish()
+    resumed, last_chunk, decode = driver.outputs[first:]
+    assert resumed.scheduled_cached_reqs.resumed_req_ids == {"d", "v"}
+    assert resumed.num_scheduled_tokens == {"d": 6, "v": 21}
+    assert v.num_computed_tokens - 1 > v.num_prompt_tokens  # v's prompt was complete
+    assert last_chunk.num_scheduled_tokens == {"v": 1}
+    assert decode.num_scheduled_tokens == {"d": 1, "v": 1}
+    assert driver.kinds[first:] == ["prefill", "prefill", "decode"]
+    driver.run()
+    driver.assert_all_done()
 
 
 def test_interleave_counts_only_prefill_steps_that_kept_decodes_waiting(make_scheduler):

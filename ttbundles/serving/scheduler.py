@@ -48,15 +48,20 @@ EMPTY: StepKind = "empty"
 
 
 def is_in_prefill(request: Request) -> bool:
-    """True while more than the newest token is left to compute.
+    """True while a running request's prompt is not fully computed: vLLM's own notion.
 
-    That covers prompt chunks and a resumed request recomputing its tokens. With async
-    scheduling the newest token may still be in flight: it is counted by
-    `num_output_placeholders`, already included in `num_computed_tokens`, so a request
-    whose last prompt chunk is in flight is already "in decode". Draft tokens are not
-    counted (speculative decoding is not served on Tenstorrent).
+    `Request.is_prefill_chunk`, which the base sets for every request it schedules
+    (`Scheduler._update_after_schedule`: `num_computed_tokens < num_tokens +
+    num_output_placeholders` once the step's tokens are counted), so it describes the
+    request as the next step finds it: True after an intermediate chunk, False once the
+    last chunk is scheduled (under async scheduling, while that chunk is still in
+    flight). Not a count of the tokens left: a final prompt chunk can be one token, and
+    it is still a prefill. A resumed (preempted) request recomputes its prompt and the
+    output tokens it had, and is in prefill until all of them are computed, exactly as
+    vLLM treats it (`num_tokens` includes them). Every request in `running` has been
+    scheduled since it was (re)admitted, so the flag is never stale there.
     """
-    return request.num_tokens + request.num_output_placeholders - request.num_computed_tokens > 1
+    return request.is_prefill_chunk
 
 
 class PhaseSchedulingMixin:
@@ -312,6 +317,6 @@ class TTScheduler(PhaseSchedulingMixin, Scheduler):
 class TTAsyncScheduler(PhaseSchedulingMixin, AsyncScheduler):
     """vLLM's `AsyncScheduler` with one phase per step.
 
-    Only `_update_after_schedule` differs in the base (output placeholders), and
-    `is_in_prefill` counts those placeholders, so the phase logic is shared as is.
+    Only `_update_after_schedule` differs in the base (output placeholders, added after
+    `is_prefill_chunk` is set), so the phase logic is shared as is.
     """
