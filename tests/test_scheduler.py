@@ -419,6 +419,62 @@ def test_interleave_counts_only_prefill_steps_that_kept_decodes_waiting(make_sch
     assert kinds_string(driver.kinds[:8]) == "PPPD" + "PPDP"
 
 
+def test_a_decode_step_with_nothing_pending_clears_the_allowance(make_scheduler):
+    """Decode steps owed to a prefill run are not kept once no prefill is pending: a
+    prompt arriving later starts with its prefill step."""
+    tt = {"decode_interleave_prefill_steps": 1, "decode_interleave_decode_steps": 2}
+    scheduler = make_scheduler(tt=tt)
+    driver = Driver(scheduler)
+    arrivals = {0: [make_request("r0", 20, 30)], 2: [make_request("r1", 20, 5)]}
+    arrivals[4] = [make_request("r2", 20, 5)]
+    driver.run(arrivals)
+    driver.assert_all_done()
+    # r1's prefill step earns two decode steps; the first runs with nothing pending and
+    # clears the second, so r2's prefill is not held behind it.
+    assert kinds_string(driver.kinds[:6]) == "PDPDPD"
+    assert list(driver.outputs[4].num_scheduled_tokens) == ["r2"]
+
+
+def test_a_prefill_step_with_no_decode_running_clears_the_allowance(make_scheduler):
+    """Decode steps owed to decodes that have finished are not paid to later ones."""
+    tt = {"decode_interleave_prefill_steps": 2, "decode_interleave_decode_steps": 2}
+    scheduler = make_scheduler(max_num_batched_tokens=32, tt=tt)
+    driver = Driver(scheduler)
+    # r0 decodes its last token in the first of the two decode steps r1's chunks earn;
+    # r1 then prefills alone while r2 waits for the budget r1's chunks use up.
+    arrivals = {0: [make_request("r0", 16, 3)], 2: [make_request("r1", 160, 20)]}
+    arrivals[3] = [make_request("r2", 64, 3)]
+    driver.run(arrivals)
+    driver.assert_all_done()
+    assert kinds_string(driver.kinds[:9]) == "PDPPD" + "PPP" + "P"
+    assert driver.outputs[4].num_scheduled_tokens == {"r0": 1}
+    assert [o.num_scheduled_tokens for o in driver.outputs[5:8]] == [{"r1": 32}] * 3
+    # After r1's last chunk r1 decodes and r2 is pending: r2's prefill goes first.
+    assert driver.outputs[8].num_scheduled_tokens == {"r2": 32}
+
+
+def test_a_decode_turn_that_schedules_nothing_spends_its_allowance(make_scheduler):
+    """Under async scheduling a decode whose last token is in flight has nothing to
+    schedule; the decode turn is spent anyway (and the step runs the prefill)."""
+    tt = {"decode_interleave_prefill_steps": 2, "decode_interleave_decode_steps": 2}
+    scheduler = make_scheduler(TTAsyncScheduler, max_num_batched_tokens=32, tt=tt)
+    driver = Driver(scheduler, depth=2)
+    arrivals = {0: make_request("r0", 16, 3), 2: make_request("r1", 320, 5)}
+    owed = []
+    for step in range(7):
+        if step in arrivals:
+            driver.add(arrivals[step])
+        driver.step()
+        owed.append(scheduler.decode_steps_owed)
+    # r1's chunks 1-2 earn two decode steps; the first schedules r0's last token, the
+    # second finds it in flight, schedules nothing and falls back to r1's third chunk.
+    assert kinds_string(driver.kinds) == "PDPPD" + "P" + "P"
+    assert driver.outputs[5].num_scheduled_tokens == {"r1": 32}
+    assert owed[3:6] == [2, 1, 0]
+    driver.run()
+    driver.assert_all_done()
+
+
 # --- continuous batching under pressure ------------------------------------------------
 
 

@@ -92,6 +92,12 @@ class PhaseSchedulingMixin:
         self._prefill_run = 0
         self._decode_steps_owed = 0
 
+    @property
+    def decode_steps_owed(self) -> int:
+        """Decode steps the interleave cadence still owes running decodes: while it is
+        above zero (and prefill work is pending), decode goes first."""
+        return self._decode_steps_owed
+
     def _reject_unsupported(self) -> None:
         """Refuse what a discarded attempt would corrupt.
 
@@ -136,9 +142,15 @@ class PhaseSchedulingMixin:
                 has_decode = True
                 if has_prefill:
                     break
+        # Prefill work exists: a prompt chunk to run, or a request waiting, including one
+        # the base parks in `waiting` while its grammar compiles (its status is
+        # WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR and it is in `deferred_waiting`): a
+        # decode step hides it with the rest of `waiting`.
+        waiting = bool(self.waiting or self.kv_holding_waiting)
+        pending = has_prefill or waiting
         # Admission is possible only with a free running slot; without that check a full
         # batch with a queue would pay for a futile prefill attempt on every step.
-        can_admit = (self.waiting or self.kv_holding_waiting) and (
+        can_admit = waiting and (
             len(self.running) + self.num_waiting_for_streaming_input < self.max_num_active_reqs
         )
         if not (has_prefill or can_admit):
@@ -160,6 +172,7 @@ class PhaseSchedulingMixin:
         # Preemptions made before this step (reset_prefix_cache) are already here.
         num_preempted_before = len(self.reset_preempted_req_ids)
         phase = phases[0]
+        decode_turn = phase == DECODE
         output = self._schedule_phase(phase, has_prefill, throttle_prefills)
         if (
             output.total_num_scheduled_tokens == 0
@@ -172,12 +185,13 @@ class PhaseSchedulingMixin:
         ):
             self._carry_over(output, previous_step_ids)
             phase = phases[1]
+            decode_turn |= phase == DECODE
             output = self._merge_discarded(
                 output, self._schedule_phase(phase, has_prefill, throttle_prefills)
             )
 
         kind = phase if output.total_num_scheduled_tokens > 0 else EMPTY
-        self._record(kind, has_decode)
+        self._record(kind, decode_turn, pending, has_decode)
         return output
 
     def _schedule_phase(
@@ -266,23 +280,42 @@ class PhaseSchedulingMixin:
         output.has_sync_kv_loads |= discarded.has_sync_kv_loads
         return output
 
-    def _record(self, kind: StepKind, had_decodes: bool) -> None:
-        """Count the step and advance the decode-interleave cadence."""
+    def _record(self, kind: StepKind, decode_turn: bool, pending: bool, had_decodes: bool) -> None:
+        """Count the step and advance the decode-interleave cadence.
+
+        `decode_turn`: a decode attempt was made this step. It spends one step of the
+        decode allowance whatever it scheduled: running decodes can have nothing to
+        schedule (under async scheduling, a request whose last token is in flight), and
+        an allowance kept for them would put a futile decode attempt before every later
+        step. `pending`: prefill work existed when the step was chosen. A step taken
+        with none is not part of an insertion and clears both counters, and so does a
+        prefill step with no decode running: a prompt arriving later is not made to
+        wait for decode steps it never delayed.
+        """
         self.step_kinds[kind] += 1
         self.last_step_kind = kind
-        if kind == PREFILL:
-            # Only prefill steps that made running decodes wait count towards the run.
-            self._prefill_run = self._prefill_run + 1 if had_decodes else 0
-            if (
-                self.decode_interleave_enabled
-                and self._prefill_run >= self.decode_interleave_prefill_steps
-            ):
-                self._prefill_run = 0
-                self._decode_steps_owed = self.decode_interleave_decode_steps
-        elif kind == DECODE:
+        if not pending:
             self._prefill_run = 0
-            if self._decode_steps_owed:
-                self._decode_steps_owed -= 1
+            self._decode_steps_owed = 0
+        else:
+            if decode_turn:
+                self._prefill_run = 0
+                if self._decode_steps_owed:
+                    self._decode_steps_owed -= 1
+            if kind == PREFILL and not had_decodes:
+                # Nothing was kept waiting: no run, and nothing owed to decodes that
+                # are gone (they finished or were preempted).
+                self._prefill_run = 0
+                self._decode_steps_owed = 0
+            elif kind == PREFILL:
+                # Only prefill steps that made running decodes wait count towards the run.
+                self._prefill_run += 1
+                if (
+                    self.decode_interleave_enabled
+                    and self._prefill_run >= self.decode_interleave_prefill_steps
+                ):
+                    self._prefill_run = 0
+                    self._decode_steps_owed = self.decode_interleave_decode_steps
         logger.debug("ttbundles scheduler: %s step (%d running)", kind, len(self.running))
 
 
