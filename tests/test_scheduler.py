@@ -22,6 +22,7 @@ import functools
 import logging
 import os
 from collections import Counter, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -35,6 +36,8 @@ from vllm.platforms import current_platform
 from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+from vllm.v1.core.sched.interface import PauseState
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
@@ -79,6 +82,7 @@ def make_scheduler(checkpoint: Path):
         policy: str = "fcfs",
         prefix_caching: bool = False,
         v2_runner: bool = False,
+        prefill_schedule_interval: int = 1,
     ) -> Scheduler:
         env = {"VLLM_USE_V2_MODEL_RUNNER": "1" if v2_runner else "0"}
         bypass = classmethod(lambda cls_, config: None)
@@ -101,6 +105,7 @@ def make_scheduler(checkpoint: Path):
                     is_encoder_decoder=False,
                     async_scheduling=issubclass(cls, TTAsyncScheduler),
                     policy=policy,
+                    prefill_schedule_interval=prefill_schedule_interval,
                 ),
                 cache_config=CacheConfig(
                     block_size=BLOCK_SIZE, enable_prefix_caching=prefix_caching
@@ -181,7 +186,9 @@ class Driver:
     # in prefill from its (re)admission until its computed tokens reach what it had
     # then (the prompt; for a resumed request, the prompt and its output so far).
     prefill_target: dict[str, int] = field(default_factory=dict)
-    throttle: bool = False  # what the DP engine core passes as `throttle_prefills`
+    # What the DP engine core passes as `throttle_prefills`, by step (None: never).
+    throttle: Callable[[int], bool] | None = None
+    carried_prefill: list[bool] = field(default_factory=list)  # by step
 
     def add(self, request: Request) -> None:
         self.requests[request.request_id] = request
@@ -196,11 +203,17 @@ class Driver:
         for request in scheduler.running:
             # vLLM's flag agrees with the driver's account for every running request.
             assert request.is_prefill_chunk == before[request.request_id], request
-        output = scheduler.schedule(self.throttle) if self.throttle else scheduler.schedule()
+        if self.throttle is None:
+            output = scheduler.schedule()
+        else:
+            output = scheduler.schedule(self.throttle(len(self.outputs)))
         admitted = [new.req_id for new in output.scheduled_new_reqs]
         admitted += output.scheduled_cached_reqs.resumed_req_ids
         for req_id in admitted:
             self.prefill_target[req_id] = self.requests[req_id].num_tokens
+        self.carried_prefill.append(
+            any(r in admitted or before[r] for r in output.num_scheduled_tokens)
+        )
         self.check(before, set(admitted), output)
         self.outputs.append(output)
         return output
@@ -530,6 +543,161 @@ def test_random_workloads_keep_every_rule(make_scheduler, seed):
     driver.run(arrivals, max_steps=3000)
     driver.assert_all_done()
     assert scheduler.step_kinds.total() == len(driver.kinds)
+
+
+# --- vLLM's prefill throttling ------------------------------------------------------
+
+
+def prefill_steps(make_scheduler, cls, arrivals, *, throttle=None, depth=1, **settings):
+    """Run a workload; the steps that carried prefill (an admission or a prompt chunk)."""
+    scheduler = make_scheduler(cls, **settings)
+    driver = Driver(scheduler, depth=depth, throttle=throttle)
+    phased = issubclass(cls, (TTScheduler, TTAsyncScheduler))
+    if not phased:
+        driver.check = lambda *args: None  # vLLM's steps mix phases and report no kind
+    driver.run(arrivals)
+    if phased:
+        driver.assert_all_done()
+    return [i for i, carried in enumerate(driver.carried_prefill) if carried], driver
+
+
+def long_prompt_while_decoding():
+    # r1's 150 tokens take 5 chunks (32 or, beside r0's decode in vLLM's steps, 31).
+    return {0: [make_request("r0", 20, 40)], 3: [make_request("r1", 150, 3)]}
+
+
+@pytest.mark.parametrize(
+    ("pair", "depth"),
+    [((Scheduler, TTScheduler), 1), ((AsyncScheduler, TTAsyncScheduler), 2)],
+    ids=["sync", "async"],
+)
+@pytest.mark.parametrize("interval", [2, 3, 4])
+def test_the_local_prefill_cadence_holds_prefill_on_vllms_steps(
+    make_scheduler, pair, depth, interval
+):
+    """`prefill_schedule_interval` > 1 without a DP coordinator: vLLM holds prefill, new
+    prompts and the next chunk of an admitted one alike, until that many executed steps
+    have passed since the last step that carried prefill. The phase scheduler carries
+    prefill on exactly the same steps, and runs the held ones as decode steps."""
+    ours, driver = prefill_steps(
+        make_scheduler,
+        pair[1],
+        long_prompt_while_decoding(),
+        depth=depth,
+        max_num_batched_tokens=32,
+        prefill_schedule_interval=interval,
+    )
+    vllms, _ = prefill_steps(
+        make_scheduler,
+        pair[0],
+        long_prompt_while_decoding(),
+        depth=depth,
+        max_num_batched_tokens=32,
+        prefill_schedule_interval=interval,
+    )
+    # r0's prefill was step 0; r1 arrives at step 3, released once `interval` steps
+    # have passed, then every `interval` steps.
+    release = max(3, interval)
+    assert ours == vllms == [0] + [release + interval * i for i in range(5)]
+    held = ("P" + "D" * (interval - 1)) * 5
+    assert kinds_string(driver.kinds)[release : release + len(held)] == held
+
+
+@pytest.mark.parametrize("cadence", [2, 3])
+def test_throttle_prefills_holds_prefill_on_vllms_steps(make_scheduler, cadence):
+    """`schedule(throttle_prefills=True)`, which vLLM's DP engine core passes off its
+    cadence (`step_counter % prefill_schedule_interval != 0`), holds every prefill while
+    a decode runs; the phase scheduler holds it on the same steps."""
+
+    def throttle(step: int) -> bool:
+        return step % cadence != 0
+
+    got = {
+        cls: prefill_steps(
+            make_scheduler,
+            cls,
+            long_prompt_while_decoding(),
+            throttle=throttle,
+            max_num_batched_tokens=32,
+        )[0]
+        for cls in (Scheduler, TTScheduler)
+    }
+    assert got[TTScheduler] == got[Scheduler]
+    # Released on the first step of each cadence from r1's arrival at step 3 on.
+    first = -(-3 // cadence) * cadence
+    assert got[TTScheduler] == [0] + [first + cadence * i for i in range(5)]
+
+
+def test_an_undrained_queue_lifts_the_hold_like_vllm(make_scheduler):
+    """vLLM's capacity escape: once a release step leaves requests waiting, prefill is
+    not held (`prefill_capacity_bound`) until a release step drains the queue."""
+
+    def arrivals():
+        return {
+            0: [make_request("r0", 20, 40)],
+            2: [make_request(f"a{i}", 20, 2 if i == 0 else 3) for i in range(3)],
+            10: [make_request("a3", 20, 3)],
+        }
+
+    settings = dict(max_num_seqs=2, max_num_batched_tokens=64, prefill_schedule_interval=4)
+    ours, _ = prefill_steps(make_scheduler, TTScheduler, arrivals(), **settings)
+    vllms, _ = prefill_steps(make_scheduler, Scheduler, arrivals(), **settings)
+    # Held at 2 and 3, released at 4 (a0; a1 and a2 wait for a run slot), then a1 and a2
+    # are admitted as soon as slots free (6, 9: the queue was not drained), and a3, after
+    # a release that drained it, waits out the interval again (10 -> 13).
+    assert ours == vllms == [0, 4, 6, 9, 13]
+
+
+def test_the_cadence_counts_executed_steps_not_schedule_calls(make_scheduler):
+    """Calls that schedule nothing (here: while paused) do not advance the hold."""
+    got = {}
+    for cls in (Scheduler, TTScheduler):
+        scheduler = make_scheduler(cls, max_num_batched_tokens=32, prefill_schedule_interval=3)
+        driver = Driver(scheduler)
+        if cls is Scheduler:
+            driver.check = lambda *args: None
+        driver.add(make_request("r0", 20, 40))
+        for _ in range(3):
+            driver.step()
+        driver.add(make_request("r1", 150, 3))
+        for _ in range(2):
+            driver.step()  # r1's first chunk (released), then a held decode step
+        scheduler.set_pause_state(PauseState.PAUSED_ALL)
+        for _ in range(4):
+            driver.schedule_and_finish()
+        scheduler.set_pause_state(PauseState.UNPAUSED)
+        for _ in range(5):
+            driver.step()
+        got[cls] = [o.total_num_scheduled_tokens for o in driver.outputs]
+    assert got[TTScheduler] == got[Scheduler] == [20, 1, 1, 32, 1] + [0] * 4 + [1, 32, 1, 1, 32]
+
+
+def test_a_prompt_cached_to_its_last_token_waits_for_the_release(make_scheduler):
+    """Where vLLM admits a prompt cached to its last token during a hold (it carries no
+    prefill compute and joins a decode step), the phase scheduler cannot: an admission
+    runs in a prefill step of its own, which is what the hold keeps out, so it waits for
+    the release."""
+
+    def arrivals():
+        return {
+            0: [
+                make_request("a", 33, 2, prefix_caching=True),
+                make_request("r1", 20, 30, prefix_caching=True, first_token=200),
+            ],
+            2: [make_request("b", 33, 3, prefix_caching=True)],
+        }
+
+    settings = dict(max_num_batched_tokens=64, prefill_schedule_interval=4, prefix_caching=True)
+    _, driver = prefill_steps(make_scheduler, TTScheduler, arrivals(), **settings)
+    _, vllm_driver = prefill_steps(make_scheduler, Scheduler, arrivals(), **settings)
+    assert vllm_driver.outputs[2].num_scheduled_tokens == {"r1": 1, "b": 1}
+    assert [o.num_scheduled_tokens for o in driver.outputs[2:5]] == [
+        {"r1": 1},
+        {"r1": 1},
+        {"b": 1},  # released at step 4
+    ]
+    (admitted,) = driver.outputs[4].scheduled_new_reqs
+    assert admitted.num_computed_tokens == 32  # the cached blocks are reused
 
 
 # --- state consumed by a discarded attempt ---------------------------------------------

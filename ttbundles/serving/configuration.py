@@ -282,6 +282,17 @@ def plan_config(vllm_config: VllmConfig, registry: Registry) -> Plan | None:
     plan.decide(
         "scheduler", None, sched.scheduler_cls, "phase-based: prefill-only or decode-only steps"
     )
+    interval = sched.prefill_schedule_interval
+    if interval > 1:
+        # vLLM's local prefill cadence (no DP coordinator on Tenstorrent: in-process lanes
+        # are one engine, and MoE data parallelism is refused above).
+        plan.decide(
+            "prefill_schedule_interval",
+            interval,
+            interval,
+            f"prefill runs at most once every {interval} executed steps while a decode "
+            "runs; the steps between are decode steps",
+        )
 
     plan.options = options.model_dump(exclude_none=True)
     additional[PLAN_KEY] = plan.to_dict()

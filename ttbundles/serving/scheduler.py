@@ -16,10 +16,25 @@ ones are appended). When the chosen phase schedules nothing (a prompt that does 
 in the KV cache while decodes hold it), the other phase is tried in the same call, and
 the per-step state the discarded attempt consumed is carried into the returned output.
 
-Prefill goes first unless decode interleaving says otherwise (`additional_config["tt"]`:
-`decode_interleave_enabled`, `decode_interleave_prefill_steps`,
-`decode_interleave_decode_steps`): after that many consecutive prefill steps with decodes
-waiting, that many decode steps run, so a long chunked prompt does not stall generation.
+A request is in prefill while vLLM says so (`Request.is_prefill_chunk`: its prompt, or for
+a resumed request its prompt and earlier output, is not fully computed), whatever number
+of tokens is left. Prefill work is pending while such a request runs or any request waits,
+including one parked in `waiting` while its grammar compiles.
+
+Prefill goes first unless one of two cadences holds it:
+
+- vLLM's own prefill deferral, kept as vLLM decides it: `schedule(throttle_prefills=True)`
+  (the DP engine core off its cadence) and the local prefill cadence
+  (`--prefill-schedule-interval N`: prefill at most once every N executed steps while a
+  decode runs), both lifted once a release step leaves the queue undrained. A held step
+  is a decode step. (vLLM would still admit a prompt cached to its last token into a
+  held step beside the decodes; here an admission is a prefill step, so it waits.)
+- decode interleaving (`additional_config["tt"]`: `decode_interleave_enabled`, default
+  true; `decode_interleave_prefill_steps` N, default 2; `decode_interleave_decode_steps`
+  M, default 1): after N consecutive prefill steps with a decode running, M decode steps
+  run (P P D P P D ... by default), so a long chunked prompt does not stall generation. A
+  decode turn spends its allowance even if it schedules nothing; a step with no prefill
+  pending, or a prefill step with no decode running, clears the counters.
 """
 
 from __future__ import annotations
@@ -153,7 +168,7 @@ class PhaseSchedulingMixin:
         can_admit = waiting and (
             len(self.running) + self.num_waiting_for_streaming_input < self.max_num_active_reqs
         )
-        if not (has_prefill or can_admit):
+        if not (has_prefill or can_admit) or (has_decode and self._prefill_held(throttle_prefills)):
             phases: tuple[StepKind, ...] = (DECODE,)
         elif not has_decode:
             phases = (PREFILL,)
@@ -193,6 +208,32 @@ class PhaseSchedulingMixin:
         kind = phase if output.total_num_scheduled_tokens > 0 else EMPTY
         self._record(kind, decode_turn, pending, has_decode)
         return output
+
+    def _prefill_held(self, throttle_prefills: bool) -> bool:
+        """vLLM's prefill deferral, decided before the phase is chosen (the caller has
+        checked that a decode is running, vLLM's own condition).
+
+        `Scheduler.schedule` defers all prefill compute, new admissions and the next
+        chunk of a running prompt alike, when `throttle_prefills` is passed (the DP
+        engine core does, off its cadence) or when the local prefill cadence
+        (`prefill_schedule_interval` > 1, no DP coordinator) says fewer than that many
+        executed steps (steps that scheduled tokens) have passed since the last one that
+        carried prefill; either way not once a release step left the queue
+        undrained (`prefill_capacity_bound`). The base cannot see a running decode in a
+        prefill step (they are hidden), so it would never defer there: the decision is
+        taken here, on the same state, and a held step is a decode step. The base keeps
+        the state itself: it stamps `last_prefill_step` in the prefill steps and counts
+        `num_executed_steps`; a discarded attempt scheduled nothing and counts for
+        neither.
+        """
+        if self.prefill_capacity_bound:
+            return False
+        if throttle_prefills:
+            return True
+        return (
+            self.local_prefill_interval > 1
+            and (self.num_executed_steps + 1) - self.last_prefill_step < self.local_prefill_interval
+        )
 
     def _schedule_phase(
         self, phase: StepKind, has_prefill: bool, throttle_prefills: bool
