@@ -23,6 +23,7 @@ import logging
 import os
 from collections import Counter, deque
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -33,7 +34,7 @@ import pytest
 import torch
 from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig
 from vllm.platforms import current_platform
-from vllm.sampling_params import SamplingParams
+from vllm.sampling_params import SamplingParams, StructuredOutputsParams
 from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
@@ -543,6 +544,52 @@ def test_random_workloads_keep_every_rule(make_scheduler, seed):
     driver.run(arrivals, max_steps=3000)
     driver.assert_all_done()
     assert scheduler.step_kinds.total() == len(driver.kinds)
+
+
+class CompiledGrammar:
+    """What a compiled grammar answers the scheduler: every token is acceptable."""
+
+    def accept_tokens(self, request_id: str, tokens: list[int]) -> bool:
+        return True
+
+    def is_terminated(self) -> bool:
+        return False
+
+
+def test_a_request_parked_for_its_grammar_is_pending_and_hidden_in_decode_steps(
+    make_scheduler,
+):
+    """vLLM keeps a request whose grammar is compiling in `waiting`
+    (WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR, counted in `deferred_waiting`) and skips it in
+    every scan until the grammar is ready. It is prefill work: it keeps the decode
+    allowance from being cleared, and a decode step never admits it, even once its
+    grammar is ready."""
+    tt = {"decode_interleave_prefill_steps": 1, "decode_interleave_decode_steps": 2}
+    scheduler = make_scheduler(tt=tt)
+    driver = Driver(scheduler)
+    driver.add(make_request("r0", 20, 30))
+    driver.step()  # r0's prefill
+    structured = SamplingParams(
+        max_tokens=3, ignore_eos=True, structured_outputs=StructuredOutputsParams(regex="a+")
+    )
+    g = Request("g", [10] * 20, structured, None)
+    grammar: Future = Future()  # compiling
+    g.structured_output_request._grammar = grammar
+    driver.add(g)
+    assert g.status == RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
+    driver.add(make_request("r1", 20, 3))
+    driver.step()  # r1's prefill (g is skipped): two decode steps are owed
+    driver.step()  # the first, with g pending: the second is kept
+    assert scheduler.deferred_waiting == {g}
+    grammar.set_result(CompiledGrammar())
+    driver.step()  # the second: a decode step, which does not see g
+    driver.step()  # then prefill: g is admitted
+    assert kinds_string(driver.kinds) == "PPDDP"
+    assert driver.outputs[3].num_scheduled_tokens == {"r0": 1, "r1": 1}
+    assert driver.outputs[4].num_scheduled_tokens == {"g": 20}
+    assert not scheduler.deferred_waiting
+    driver.run()
+    driver.assert_all_done()
 
 
 # --- vLLM's prefill throttling ------------------------------------------------------
