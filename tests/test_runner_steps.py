@@ -35,6 +35,16 @@ class Recording(ReferenceLlamaGenerator):
     """The reference generator, keeping what each decode was told."""
 
     decodes: list[dict]
+    prefills: list[dict]
+
+    def prefill_forward(self, *args, **kwargs):
+        self.prefills.append(
+            {
+                "ends": kwargs["prompt_lens"].tolist(),
+                "start": kwargs["start_pos"].tolist(),
+            }
+        )
+        return super().prefill_forward(*args, **kwargs)
 
     def decode_forward(self, *args, **kwargs):
         self.decodes.append(
@@ -48,7 +58,7 @@ class Recording(ReferenceLlamaGenerator):
         return super().decode_forward(*args, **kwargs)
 
 
-def build(checkpoint, *, async_decode: bool, tt: dict | None = None):
+def build(checkpoint, *, async_decode: bool, tt: dict | None = None, **engine_args):
     config = EngineArgs(
         model=str(checkpoint),
         max_model_len=128,
@@ -56,6 +66,7 @@ def build(checkpoint, *, async_decode: bool, tt: dict | None = None):
         block_size=BLOCK,
         async_scheduling=async_decode,
         additional_config={"tt": {"sample_on_device_mode": "all", **(tt or {})}},
+        **engine_args,
     ).create_engine_config()
     config.cache_config.num_gpu_blocks = NUM_BLOCKS  # what the engine sets after profiling
     hf = config.model_config.hf_config
@@ -79,6 +90,7 @@ def build(checkpoint, *, async_decode: bool, tt: dict | None = None):
     runner = TTModelRunner(config, Recording, HostMesh())
     runner.load_model()
     runner.generator.decodes = []
+    runner.generator.prefills = []
     runner.allocate_kv_cache(
         NUM_BLOCKS, spec.num_kv_heads, spec.head_size, hf.num_hidden_layers, torch.float32
     )
@@ -199,3 +211,30 @@ def test_a_seed_gives_the_same_tokens_alone_and_in_a_changing_batch(demo_checkpo
         },
     )
     assert crowd["s"] == alone
+
+
+@pytest.mark.parametrize("async_decode", [False, True])
+def test_a_final_prompt_chunk_of_one_token_runs_as_a_prefill(demo_checkpoint, greedy, async_decode):
+    """The scheduler puts a one-token final chunk in a prefill step (the prompt is not
+    complete); the runner runs that step as a prefill, not as a decode of one slot."""
+    scheduler, runner = build(
+        demo_checkpoint,
+        async_decode=async_decode,
+        enable_chunked_prefill=True,
+        max_num_batched_tokens=16,
+    )
+    prompt_b = list(range(40, 57))  # 17 tokens: chunks of 16 and 1
+    out = run(
+        scheduler,
+        runner,
+        {
+            0: [request("a", PROMPT_A, 6, temperature=0.0)],
+            2: [request("b", prompt_b, 3, temperature=0.0)],
+        },
+    )
+    assert out["a"] == greedy(PROMPT_A, 6)
+    assert out["b"] == greedy(prompt_b, 3)
+    prefills = runner.generator.prefills
+    assert {"ends": [16], "start": [0]} in prefills
+    assert {"ends": [17], "start": [16]} in prefills  # b's last prompt token
+    assert all(d["live"] >= 1 for d in runner.generator.decodes)
