@@ -116,12 +116,23 @@ def run(scheduler, runner, requests: dict[int, list[Request]]) -> dict[str, list
     return {r.request_id: list(r.output_token_ids) for r in everything}
 
 
-def request(name: str, prompt: list[int], max_tokens: int, **params) -> Request:
+def request(
+    name: str, prompt: list[int], max_tokens: int, *, cached: bool = False, **params
+) -> Request:
+    """`cached`: hash its blocks, as the engine does with prefix caching on."""
+    hasher = None
+    if cached:
+        from vllm.utils.hashing import sha256
+        from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+
+        init_none_hash(sha256)
+        hasher = get_request_block_hasher(BLOCK, sha256)
     return Request(
         request_id=name,
         prompt_token_ids=prompt,
         sampling_params=SamplingParams(max_tokens=max_tokens, ignore_eos=True, **params),
         pooling_params=None,
+        block_hasher=hasher,
     )
 
 
@@ -238,3 +249,22 @@ def test_a_final_prompt_chunk_of_one_token_runs_as_a_prefill(demo_checkpoint, gr
     assert {"ends": [16], "start": [0]} in prefills
     assert {"ends": [17], "start": [16]} in prefills  # b's last prompt token
     assert all(d["live"] >= 1 for d in runner.generator.decodes)
+
+
+def test_a_prompt_cached_to_its_last_token_is_admitted_by_a_prefill(demo_checkpoint, greedy):
+    """A new request whose prompt is in the prefix cache up to its last token computes one
+    token; it is still an admission, which the scheduler makes in a prefill step, and the
+    runner prefills it from the cached position."""
+    scheduler, runner = build(demo_checkpoint, async_decode=False)
+    prompt = list(range(40, 57))  # 17 tokens: one full cached block, then one token
+    out = run(
+        scheduler,
+        runner,
+        {
+            0: [request("first", prompt, 2, cached=True, temperature=0.0)],
+            4: [request("again", prompt, 3, cached=True, temperature=0.0)],
+        },
+    )
+    assert out["again"] == greedy(prompt, 3)
+    assert out["first"] == greedy(prompt, 2)
+    assert runner.generator.prefills[-1] == {"ends": [17], "start": [16]}
