@@ -516,6 +516,10 @@ def test_random_workloads_keep_every_rule(make_scheduler, seed):
     rng = random.Random(seed)
     cls = TTAsyncScheduler if seed % 2 else TTScheduler
     prefix_caching = seed % 3 == 0
+    # vLLM's prefill throttling, from a generator of its own (the workloads stay as
+    # they were): the local cadence on some seeds, a DP-like throttle on others.
+    cadence = random.Random(seed + 1000).choice([1, 1, 2, 3])
+    throttled = seed % 4 == 1
     scheduler = make_scheduler(
         cls,
         num_blocks=rng.randint(10, 20),  # 9 to 19 usable: preemption is common
@@ -523,6 +527,7 @@ def test_random_workloads_keep_every_rule(make_scheduler, seed):
         max_num_batched_tokens=rng.choice([16, 32, 64]),
         policy=rng.choice(["fcfs", "priority"]),
         prefix_caching=prefix_caching,
+        prefill_schedule_interval=1 if throttled else cadence,
         tt={
             "decode_interleave_enabled": rng.random() < 0.7,
             "decode_interleave_prefill_steps": rng.randint(1, 3),
@@ -540,7 +545,11 @@ def test_random_workloads_keep_every_rule(make_scheduler, seed):
             first_token=10 if prefix_caching else rng.randint(10, 50),
         )
         arrivals.setdefault(rng.randint(0, 60), []).append(request)
-    driver = Driver(scheduler, depth=2 if cls is TTAsyncScheduler else 1)
+    driver = Driver(
+        scheduler,
+        depth=2 if cls is TTAsyncScheduler else 1,
+        throttle=(lambda step: step % 3 != 0) if throttled else None,
+    )
     driver.run(arrivals, max_steps=3000)
     driver.assert_all_done()
     assert scheduler.step_kinds.total() == len(driver.kinds)

@@ -83,7 +83,9 @@ class PhaseSchedulingMixin:
     """Phase selection and request hiding around vLLM's `Scheduler.schedule`.
 
     Mixed in before `Scheduler` or `AsyncScheduler`; every vLLM behaviour that is not
-    about which requests may share a step is the base class's, untouched.
+    about which requests may share a step is the base class's, untouched. (vLLM's prefill
+    deferral is decided here, on the base's state, because the base cannot see the
+    running decodes in a prefill step: see `_prefill_held`.)
     """
 
     # Declared for type checkers; the base scheduler sets these.
