@@ -149,6 +149,29 @@ def test_target_defaults_fill_what_the_user_left_unset(models_dir, demo_checkpoi
     assert "target HOST" in decisions["tt.enable_model_warmup"]["reason"]
 
 
+def test_interleave_defaults_and_the_prefill_cadence_are_in_the_plan(models_dir, demo_checkpoint):
+    bundle(models_dir, "plain")
+    config, decisions, _ = configure(demo_checkpoint, prefill_schedule_interval=3)
+    assert decisions["tt.decode_interleave_prefill_steps"]["effective"] == 2
+    assert decisions["tt.decode_interleave_decode_steps"]["effective"] == 1
+    assert decisions["tt.decode_interleave_enabled"]["effective"] is True
+    # vLLM's local prefill cadence is kept, not refused: the scheduler honours it.
+    assert config.scheduler_config.prefill_schedule_interval == 3
+    assert decisions["prefill_schedule_interval"]["effective"] == 3
+    _, decisions, _ = configure(demo_checkpoint)
+    assert "prefill_schedule_interval" not in decisions
+
+
+def test_interleave_options_refuse_a_bool_for_an_int(models_dir, demo_checkpoint):
+    bundle(models_dir, "plain")
+    with pytest.raises(ConfigurationError) as excinfo:
+        configure(
+            demo_checkpoint, additional_config={"tt": {"decode_interleave_prefill_steps": True}}
+        )
+    assert error_of(excinfo) == "TTB038"
+    assert "decode_interleave_prefill_steps=True" in str(excinfo.value)
+
+
 @pytest.mark.parametrize(
     "option,code",
     [

@@ -35,6 +35,16 @@ class Recording(ReferenceLlamaGenerator):
     """The reference generator, keeping what each decode was told."""
 
     decodes: list[dict]
+    prefills: list[dict]
+
+    def prefill_forward(self, *args, **kwargs):
+        self.prefills.append(
+            {
+                "ends": kwargs["prompt_lens"].tolist(),
+                "start": kwargs["start_pos"].tolist(),
+            }
+        )
+        return super().prefill_forward(*args, **kwargs)
 
     def decode_forward(self, *args, **kwargs):
         self.decodes.append(
@@ -48,7 +58,7 @@ class Recording(ReferenceLlamaGenerator):
         return super().decode_forward(*args, **kwargs)
 
 
-def build(checkpoint, *, async_decode: bool, tt: dict | None = None):
+def build(checkpoint, *, async_decode: bool, tt: dict | None = None, **engine_args):
     config = EngineArgs(
         model=str(checkpoint),
         max_model_len=128,
@@ -56,6 +66,7 @@ def build(checkpoint, *, async_decode: bool, tt: dict | None = None):
         block_size=BLOCK,
         async_scheduling=async_decode,
         additional_config={"tt": {"sample_on_device_mode": "all", **(tt or {})}},
+        **engine_args,
     ).create_engine_config()
     config.cache_config.num_gpu_blocks = NUM_BLOCKS  # what the engine sets after profiling
     hf = config.model_config.hf_config
@@ -79,6 +90,7 @@ def build(checkpoint, *, async_decode: bool, tt: dict | None = None):
     runner = TTModelRunner(config, Recording, HostMesh())
     runner.load_model()
     runner.generator.decodes = []
+    runner.generator.prefills = []
     runner.allocate_kv_cache(
         NUM_BLOCKS, spec.num_kv_heads, spec.head_size, hf.num_hidden_layers, torch.float32
     )
@@ -104,12 +116,23 @@ def run(scheduler, runner, requests: dict[int, list[Request]]) -> dict[str, list
     return {r.request_id: list(r.output_token_ids) for r in everything}
 
 
-def request(name: str, prompt: list[int], max_tokens: int, **params) -> Request:
+def request(
+    name: str, prompt: list[int], max_tokens: int, *, cached: bool = False, **params
+) -> Request:
+    """`cached`: hash its blocks, as the engine does with prefix caching on."""
+    hasher = None
+    if cached:
+        from vllm.utils.hashing import sha256
+        from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+
+        init_none_hash(sha256)
+        hasher = get_request_block_hasher(BLOCK, sha256)
     return Request(
         request_id=name,
         prompt_token_ids=prompt,
         sampling_params=SamplingParams(max_tokens=max_tokens, ignore_eos=True, **params),
         pooling_params=None,
+        block_hasher=hasher,
     )
 
 
@@ -216,3 +239,49 @@ def test_a_seed_draws_the_same_tokens_on_the_device_and_on_the_host(demo_checkpo
     )["s"]
     assert not any(d["device"] for d in runner.generator.decodes)
     assert host == device
+
+
+@pytest.mark.parametrize("async_decode", [False, True])
+def test_a_final_prompt_chunk_of_one_token_runs_as_a_prefill(demo_checkpoint, greedy, async_decode):
+    """The scheduler puts a one-token final chunk in a prefill step (the prompt is not
+    complete); the runner runs that step as a prefill, not as a decode of one slot."""
+    scheduler, runner = build(
+        demo_checkpoint,
+        async_decode=async_decode,
+        enable_chunked_prefill=True,
+        max_num_batched_tokens=16,
+    )
+    prompt_b = list(range(40, 57))  # 17 tokens: chunks of 16 and 1
+    out = run(
+        scheduler,
+        runner,
+        {
+            0: [request("a", PROMPT_A, 6, temperature=0.0)],
+            2: [request("b", prompt_b, 3, temperature=0.0)],
+        },
+    )
+    assert out["a"] == greedy(PROMPT_A, 6)
+    assert out["b"] == greedy(prompt_b, 3)
+    prefills = runner.generator.prefills
+    assert {"ends": [16], "start": [0]} in prefills
+    assert {"ends": [17], "start": [16]} in prefills  # b's last prompt token
+    assert all(d["live"] >= 1 for d in runner.generator.decodes)
+
+
+def test_a_prompt_cached_to_its_last_token_is_admitted_by_a_prefill(demo_checkpoint, greedy):
+    """A new request whose prompt is in the prefix cache up to its last token computes one
+    token; it is still an admission, which the scheduler makes in a prefill step, and the
+    runner prefills it from the cached position."""
+    scheduler, runner = build(demo_checkpoint, async_decode=False)
+    prompt = list(range(40, 57))  # 17 tokens: one full cached block, then one token
+    out = run(
+        scheduler,
+        runner,
+        {
+            0: [request("first", prompt, 2, cached=True, temperature=0.0)],
+            4: [request("again", prompt, 3, cached=True, temperature=0.0)],
+        },
+    )
+    assert out["again"] == greedy(prompt, 3)
+    assert out["first"] == greedy(prompt, 2)
+    assert runner.generator.prefills[-1] == {"ends": [17], "start": [16]}

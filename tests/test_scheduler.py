@@ -22,6 +22,8 @@ import functools
 import logging
 import os
 from collections import Counter, deque
+from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -32,9 +34,11 @@ import pytest
 import torch
 from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig
 from vllm.platforms import current_platform
-from vllm.sampling_params import SamplingParams
+from vllm.sampling_params import SamplingParams, StructuredOutputsParams
 from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+from vllm.v1.core.sched.interface import PauseState
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
@@ -79,6 +83,7 @@ def make_scheduler(checkpoint: Path):
         policy: str = "fcfs",
         prefix_caching: bool = False,
         v2_runner: bool = False,
+        prefill_schedule_interval: int = 1,
     ) -> Scheduler:
         env = {"VLLM_USE_V2_MODEL_RUNNER": "1" if v2_runner else "0"}
         bypass = classmethod(lambda cls_, config: None)
@@ -101,6 +106,7 @@ def make_scheduler(checkpoint: Path):
                     is_encoder_decoder=False,
                     async_scheduling=issubclass(cls, TTAsyncScheduler),
                     policy=policy,
+                    prefill_schedule_interval=prefill_schedule_interval,
                 ),
                 cache_config=CacheConfig(
                     block_size=BLOCK_SIZE, enable_prefix_caching=prefix_caching
@@ -160,11 +166,6 @@ def make_request(
     )
 
 
-def remaining(request: Request) -> int:
-    """Tokens left to compute, counted independently of the scheduler's own helper."""
-    return request.num_tokens + request.num_output_placeholders - request.num_computed_tokens
-
-
 @dataclass
 class Driver:
     """The engine core's loop around a scheduler, with a fake model, checking each step.
@@ -182,23 +183,46 @@ class Driver:
     reported_preempted: int = 0
     requests: dict[str, Request] = field(default_factory=dict)
     queue: deque = field(default_factory=deque)
+    # The driver's own account of prefill, kept apart from the scheduler's: a request is
+    # in prefill from its (re)admission until its computed tokens reach what it had
+    # then (the prompt; for a resumed request, the prompt and its output so far).
+    prefill_target: dict[str, int] = field(default_factory=dict)
+    # What the DP engine core passes as `throttle_prefills`, by step (None: never).
+    throttle: Callable[[int], bool] | None = None
+    carried_prefill: list[bool] = field(default_factory=list)  # by step
 
     def add(self, request: Request) -> None:
         self.requests[request.request_id] = request
         self.scheduler.add_request(request)
 
+    def in_prefill(self, request: Request) -> bool:
+        return request.num_computed_tokens < self.prefill_target[request.request_id]
+
     def schedule(self) -> SchedulerOutput:
         scheduler = self.scheduler
-        before = {r.request_id: remaining(r) for r in scheduler.running}
-        output = scheduler.schedule()
-        self.check(before, output)
+        before = {r.request_id: self.in_prefill(r) for r in scheduler.running}
+        for request in scheduler.running:
+            # vLLM's flag agrees with the driver's account for every running request.
+            assert request.is_prefill_chunk == before[request.request_id], request
+        if self.throttle is None:
+            output = scheduler.schedule()
+        else:
+            output = scheduler.schedule(self.throttle(len(self.outputs)))
+        admitted = [new.req_id for new in output.scheduled_new_reqs]
+        admitted += output.scheduled_cached_reqs.resumed_req_ids
+        for req_id in admitted:
+            self.prefill_target[req_id] = self.requests[req_id].num_tokens
+        self.carried_prefill.append(
+            any(r in admitted or before[r] for r in output.num_scheduled_tokens)
+        )
+        self.check(before, set(admitted), output)
         self.outputs.append(output)
         return output
 
-    def check(self, before: dict[str, int], output: SchedulerOutput) -> None:
+    def check(self, before: dict[str, bool], admitted: set[str], output: SchedulerOutput) -> None:
         scheduler = self.scheduler
         kinds = {
-            "decode" if before.get(req_id) == 1 else "prefill"
+            "prefill" if req_id in admitted or before[req_id] else "decode"
             for req_id in output.num_scheduled_tokens
         }
         assert len(kinds) <= 1, f"mixed step: {output.num_scheduled_tokens} from {before}"
@@ -222,15 +246,22 @@ class Driver:
     def model_output(self, output: SchedulerOutput) -> ModelRunnerOutput:
         """One token for each request whose prompt is complete after this step."""
         req_ids = list(output.num_scheduled_tokens)
-        sampled = [
-            [] if self.scheduler.requests[req_id].is_prefill_chunk else [TOKEN]
-            for req_id in req_ids
-        ]
+        sampled = [[] if self.in_prefill(self.requests[req_id]) else [TOKEN] for req_id in req_ids]
         return ModelRunnerOutput(
             req_ids=req_ids,
             req_id_to_index={req_id: i for i, req_id in enumerate(req_ids)},
             sampled_token_ids=sampled,
         )
+
+    def schedule_and_finish(self) -> None:
+        """One step with nothing left in flight afterwards (any depth)."""
+        while self.queue:
+            output, model_output = self.queue.pop()
+            self.scheduler.update_from_output(output, model_output)
+            self.finished |= self.scheduler.finished_req_ids
+        output = self.schedule()
+        self.scheduler.update_from_output(output, self.model_output(output))
+        self.finished |= self.scheduler.finished_req_ids
 
     def step(self) -> None:
         """One engine-core step (mirrors vLLM's `step_with_batch_queue`)."""
@@ -311,7 +342,7 @@ def test_same_schedule_as_vllm_when_phases_never_mix(make_scheduler):
         scheduler = make_scheduler(cls, max_num_batched_tokens=256)
         driver = Driver(scheduler)
         if cls is Scheduler:
-            driver.check = lambda before, output: None  # vLLM reports no step kind
+            driver.check = lambda *args: None  # vLLM reports no step kind
         driver.run({0: [make_request(f"r{i}", 30, 20 + i) for i in range(6)]})
         runs.append([o.num_scheduled_tokens for o in driver.outputs])
     assert runs[0] == runs[1]
@@ -320,15 +351,15 @@ def test_same_schedule_as_vllm_when_phases_never_mix(make_scheduler):
 @pytest.mark.parametrize(
     ("tt", "expected"),
     [
-        ({"decode_interleave_prefill_steps": 2, "decode_interleave_decode_steps": 1}, "PPDPPDP"),
-        ({}, "PDPDPDPDP"),  # the defaults: 1 and 1
+        ({}, "PPDPPDP"),  # the defaults: 2 prefill steps, then 1 decode step
+        ({"decode_interleave_prefill_steps": 1, "decode_interleave_decode_steps": 1}, "PDPDPDPDP"),
         (
             {"decode_interleave_prefill_steps": 1, "decode_interleave_decode_steps": 2},
             "PDDPDDPDDPDDP",
         ),
         ({"decode_interleave_enabled": False}, "PPPPP"),
     ],
-    ids=["2-1", "defaults", "1-2", "disabled"],
+    ids=["defaults", "1-1", "1-2", "disabled"],
 )
 def test_long_prompt_is_chunked_with_decodes_interleaved(make_scheduler, tt, expected):
     scheduler = make_scheduler(max_num_batched_tokens=32, tt=tt)
@@ -345,15 +376,51 @@ def test_long_prompt_is_chunked_with_decodes_interleaved(make_scheduler, tt, exp
     assert chunks == [32] * 5
 
 
-def test_a_last_chunk_of_one_token_runs_as_a_decode(make_scheduler):
-    """Only the newest token left: the request is in decode, as the rule defines it."""
+def test_a_final_prompt_chunk_of_one_token_is_a_prefill(make_scheduler):
+    """In prefill is vLLM's notion (the prompt is not fully computed), not a count of the
+    tokens left: a final chunk of one prompt token runs in a prefill step, never
+    alongside decodes, and samples the request's first token there."""
     scheduler = make_scheduler(max_num_batched_tokens=32)
     driver = Driver(scheduler)
     driver.run({0: [make_request("r0", 20, 10)], 2: [make_request("r1", 33, 3)]})
     driver.assert_all_done()
-    assert kinds_string(driver.kinds[:4]) == "PDPD"
+    # r0 prefills, decodes; r1's 33 tokens are chunks of 32 and 1, two prefill steps
+    # (which the default cadence allows before a decode step), then both decode.
+    assert kinds_string(driver.kinds[:5]) == "PDPPD"
     assert driver.outputs[2].num_scheduled_tokens == {"r1": 32}
-    assert driver.outputs[3].num_scheduled_tokens == {"r0": 1, "r1": 1}
+    assert driver.outputs[3].num_scheduled_tokens == {"r1": 1}
+    assert driver.outputs[4].num_scheduled_tokens == {"r0": 1, "r1": 1}
+
+
+@pytest.mark.parametrize("cls", [TTScheduler, TTAsyncScheduler])
+def test_a_resumed_request_is_in_prefill_until_its_output_is_recomputed(make_scheduler, cls):
+    """A preempted request recomputes its prompt and the tokens it had generated; vLLM
+    counts all of them as its prefill (`num_tokens`), so a last recompute chunk of one
+    output token is a prefill step too, not a decode beside the running ones."""
+    # Budget 27: on resume, d's 6 tokens and 21 of v's 22 fit; v's last token is left.
+    scheduler = make_scheduler(cls, max_num_batched_tokens=27)
+    driver = Driver(scheduler, depth=2 if cls is TTAsyncScheduler else 1)
+    d, v = make_request("d", 4, 12), make_request("v", 20, 12, first_token=100)
+    driver.add(d)
+    driver.add(v)
+    while len(v.output_token_ids) < 2:
+        driver.schedule_and_finish()
+    assert (d.num_tokens, v.num_tokens) == (6, 22)
+    assert driver.kinds[0] == "prefill" and set(driver.kinds[1:]) <= {"decode", "empty"}
+    # Preempt both (what the engine core's reset_prefix_cache utility does).
+    assert scheduler.reset_prefix_cache(reset_running_requests=True)
+    first = len(driver.outputs)
+    for _ in range(3):
+        driver.schedule_and_finish()
+    resumed, last_chunk, decode = driver.outputs[first:]
+    assert resumed.scheduled_cached_reqs.resumed_req_ids == {"d", "v"}
+    assert resumed.num_scheduled_tokens == {"d": 6, "v": 21}
+    assert v.num_computed_tokens - 1 > v.num_prompt_tokens  # v's prompt was complete
+    assert last_chunk.num_scheduled_tokens == {"v": 1}
+    assert decode.num_scheduled_tokens == {"d": 1, "v": 1}
+    assert driver.kinds[first:] == ["prefill", "prefill", "decode"]
+    driver.run()
+    driver.assert_all_done()
 
 
 def test_interleave_counts_only_prefill_steps_that_kept_decodes_waiting(make_scheduler):
@@ -364,6 +431,62 @@ def test_interleave_counts_only_prefill_steps_that_kept_decodes_waiting(make_sch
     driver.assert_all_done()
     # r0 prefills alone (3 chunks), decodes; r1's 3 chunks: P P, then D, then P.
     assert kinds_string(driver.kinds[:8]) == "PPPD" + "PPDP"
+
+
+def test_a_decode_step_with_nothing_pending_clears_the_allowance(make_scheduler):
+    """Decode steps owed to a prefill run are not kept once no prefill is pending: a
+    prompt arriving later starts with its prefill step."""
+    tt = {"decode_interleave_prefill_steps": 1, "decode_interleave_decode_steps": 2}
+    scheduler = make_scheduler(tt=tt)
+    driver = Driver(scheduler)
+    arrivals = {0: [make_request("r0", 20, 30)], 2: [make_request("r1", 20, 5)]}
+    arrivals[4] = [make_request("r2", 20, 5)]
+    driver.run(arrivals)
+    driver.assert_all_done()
+    # r1's prefill step earns two decode steps; the first runs with nothing pending and
+    # clears the second, so r2's prefill is not held behind it.
+    assert kinds_string(driver.kinds[:6]) == "PDPDPD"
+    assert list(driver.outputs[4].num_scheduled_tokens) == ["r2"]
+
+
+def test_a_prefill_step_with_no_decode_running_clears_the_allowance(make_scheduler):
+    """Decode steps owed to decodes that have finished are not paid to later ones."""
+    tt = {"decode_interleave_prefill_steps": 2, "decode_interleave_decode_steps": 2}
+    scheduler = make_scheduler(max_num_batched_tokens=32, tt=tt)
+    driver = Driver(scheduler)
+    # r0 decodes its last token in the first of the two decode steps r1's chunks earn;
+    # r1 then prefills alone while r2 waits for the budget r1's chunks use up.
+    arrivals = {0: [make_request("r0", 16, 3)], 2: [make_request("r1", 160, 20)]}
+    arrivals[3] = [make_request("r2", 64, 3)]
+    driver.run(arrivals)
+    driver.assert_all_done()
+    assert kinds_string(driver.kinds[:9]) == "PDPPD" + "PPP" + "P"
+    assert driver.outputs[4].num_scheduled_tokens == {"r0": 1}
+    assert [o.num_scheduled_tokens for o in driver.outputs[5:8]] == [{"r1": 32}] * 3
+    # After r1's last chunk r1 decodes and r2 is pending: r2's prefill goes first.
+    assert driver.outputs[8].num_scheduled_tokens == {"r2": 32}
+
+
+def test_a_decode_turn_that_schedules_nothing_spends_its_allowance(make_scheduler):
+    """Under async scheduling a decode whose last token is in flight has nothing to
+    schedule; the decode turn is spent anyway (and the step runs the prefill)."""
+    tt = {"decode_interleave_prefill_steps": 2, "decode_interleave_decode_steps": 2}
+    scheduler = make_scheduler(TTAsyncScheduler, max_num_batched_tokens=32, tt=tt)
+    driver = Driver(scheduler, depth=2)
+    arrivals = {0: make_request("r0", 16, 3), 2: make_request("r1", 320, 5)}
+    owed = []
+    for step in range(7):
+        if step in arrivals:
+            driver.add(arrivals[step])
+        driver.step()
+        owed.append(scheduler.decode_steps_owed)
+    # r1's chunks 1-2 earn two decode steps; the first schedules r0's last token, the
+    # second finds it in flight, schedules nothing and falls back to r1's third chunk.
+    assert kinds_string(driver.kinds) == "PDPPD" + "P" + "P"
+    assert driver.outputs[5].num_scheduled_tokens == {"r1": 32}
+    assert owed[3:6] == [2, 1, 0]
+    driver.run()
+    driver.assert_all_done()
 
 
 # --- continuous batching under pressure ------------------------------------------------
@@ -393,6 +516,10 @@ def test_random_workloads_keep_every_rule(make_scheduler, seed):
     rng = random.Random(seed)
     cls = TTAsyncScheduler if seed % 2 else TTScheduler
     prefix_caching = seed % 3 == 0
+    # vLLM's prefill throttling, from a generator of its own (the workloads stay as
+    # they were): the local cadence on some seeds, a DP-like throttle on others.
+    cadence = random.Random(seed + 1000).choice([1, 1, 2, 3])
+    throttled = seed % 4 == 1
     scheduler = make_scheduler(
         cls,
         num_blocks=rng.randint(10, 20),  # 9 to 19 usable: preemption is common
@@ -400,6 +527,7 @@ def test_random_workloads_keep_every_rule(make_scheduler, seed):
         max_num_batched_tokens=rng.choice([16, 32, 64]),
         policy=rng.choice(["fcfs", "priority"]),
         prefix_caching=prefix_caching,
+        prefill_schedule_interval=1 if throttled else cadence,
         tt={
             "decode_interleave_enabled": rng.random() < 0.7,
             "decode_interleave_prefill_steps": rng.randint(1, 3),
@@ -417,10 +545,215 @@ def test_random_workloads_keep_every_rule(make_scheduler, seed):
             first_token=10 if prefix_caching else rng.randint(10, 50),
         )
         arrivals.setdefault(rng.randint(0, 60), []).append(request)
-    driver = Driver(scheduler, depth=2 if cls is TTAsyncScheduler else 1)
+    driver = Driver(
+        scheduler,
+        depth=2 if cls is TTAsyncScheduler else 1,
+        throttle=(lambda step: step % 3 != 0) if throttled else None,
+    )
     driver.run(arrivals, max_steps=3000)
     driver.assert_all_done()
     assert scheduler.step_kinds.total() == len(driver.kinds)
+
+
+class CompiledGrammar:
+    """What a compiled grammar answers the scheduler: every token is acceptable."""
+
+    def accept_tokens(self, request_id: str, tokens: list[int]) -> bool:
+        return True
+
+    def is_terminated(self) -> bool:
+        return False
+
+
+def test_a_request_parked_for_its_grammar_is_pending_and_hidden_in_decode_steps(
+    make_scheduler,
+):
+    """vLLM keeps a request whose grammar is compiling in `waiting`
+    (WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR, counted in `deferred_waiting`) and skips it in
+    every scan until the grammar is ready. It is prefill work: it keeps the decode
+    allowance from being cleared, and a decode step never admits it, even once its
+    grammar is ready."""
+    tt = {"decode_interleave_prefill_steps": 1, "decode_interleave_decode_steps": 2}
+    scheduler = make_scheduler(tt=tt)
+    driver = Driver(scheduler)
+    driver.add(make_request("r0", 20, 30))
+    driver.step()  # r0's prefill
+    structured = SamplingParams(
+        max_tokens=3, ignore_eos=True, structured_outputs=StructuredOutputsParams(regex="a+")
+    )
+    g = Request("g", [10] * 20, structured, None)
+    grammar: Future = Future()  # compiling
+    g.structured_output_request._grammar = grammar
+    driver.add(g)
+    assert g.status == RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
+    driver.add(make_request("r1", 20, 3))
+    driver.step()  # r1's prefill (g is skipped): two decode steps are owed
+    driver.step()  # the first, with g pending: the second is kept
+    assert scheduler.deferred_waiting == {g}
+    grammar.set_result(CompiledGrammar())
+    driver.step()  # the second: a decode step, which does not see g
+    driver.step()  # then prefill: g is admitted
+    assert kinds_string(driver.kinds) == "PPDDP"
+    assert driver.outputs[3].num_scheduled_tokens == {"r0": 1, "r1": 1}
+    assert driver.outputs[4].num_scheduled_tokens == {"g": 20}
+    assert not scheduler.deferred_waiting
+    driver.run()
+    driver.assert_all_done()
+
+
+# --- vLLM's prefill throttling ------------------------------------------------------
+
+
+def prefill_steps(make_scheduler, cls, arrivals, *, throttle=None, depth=1, **settings):
+    """Run a workload; the steps that carried prefill (an admission or a prompt chunk)."""
+    scheduler = make_scheduler(cls, **settings)
+    driver = Driver(scheduler, depth=depth, throttle=throttle)
+    phased = issubclass(cls, (TTScheduler, TTAsyncScheduler))
+    if not phased:
+        driver.check = lambda *args: None  # vLLM's steps mix phases and report no kind
+    driver.run(arrivals)
+    if phased:
+        driver.assert_all_done()
+    return [i for i, carried in enumerate(driver.carried_prefill) if carried], driver
+
+
+def long_prompt_while_decoding():
+    # r1's 150 tokens take 5 chunks (32 or, beside r0's decode in vLLM's steps, 31).
+    return {0: [make_request("r0", 20, 40)], 3: [make_request("r1", 150, 3)]}
+
+
+@pytest.mark.parametrize(
+    ("pair", "depth"),
+    [((Scheduler, TTScheduler), 1), ((AsyncScheduler, TTAsyncScheduler), 2)],
+    ids=["sync", "async"],
+)
+@pytest.mark.parametrize("interval", [2, 3, 4])
+def test_the_local_prefill_cadence_holds_prefill_on_vllms_steps(
+    make_scheduler, pair, depth, interval
+):
+    """`prefill_schedule_interval` > 1 without a DP coordinator: vLLM holds prefill, new
+    prompts and the next chunk of an admitted one alike, until that many executed steps
+    have passed since the last step that carried prefill. The phase scheduler carries
+    prefill on exactly the same steps, and runs the held ones as decode steps."""
+    ours, driver = prefill_steps(
+        make_scheduler,
+        pair[1],
+        long_prompt_while_decoding(),
+        depth=depth,
+        max_num_batched_tokens=32,
+        prefill_schedule_interval=interval,
+    )
+    vllms, _ = prefill_steps(
+        make_scheduler,
+        pair[0],
+        long_prompt_while_decoding(),
+        depth=depth,
+        max_num_batched_tokens=32,
+        prefill_schedule_interval=interval,
+    )
+    # r0's prefill was step 0; r1 arrives at step 3, released once `interval` steps
+    # have passed, then every `interval` steps.
+    release = max(3, interval)
+    assert ours == vllms == [0] + [release + interval * i for i in range(5)]
+    held = ("P" + "D" * (interval - 1)) * 5
+    assert kinds_string(driver.kinds)[release : release + len(held)] == held
+
+
+@pytest.mark.parametrize("cadence", [2, 3])
+def test_throttle_prefills_holds_prefill_on_vllms_steps(make_scheduler, cadence):
+    """`schedule(throttle_prefills=True)`, which vLLM's DP engine core passes off its
+    cadence (`step_counter % prefill_schedule_interval != 0`), holds every prefill while
+    a decode runs; the phase scheduler holds it on the same steps."""
+
+    def throttle(step: int) -> bool:
+        return step % cadence != 0
+
+    got = {
+        cls: prefill_steps(
+            make_scheduler,
+            cls,
+            long_prompt_while_decoding(),
+            throttle=throttle,
+            max_num_batched_tokens=32,
+        )[0]
+        for cls in (Scheduler, TTScheduler)
+    }
+    assert got[TTScheduler] == got[Scheduler]
+    # Released on the first step of each cadence from r1's arrival at step 3 on.
+    first = -(-3 // cadence) * cadence
+    assert got[TTScheduler] == [0] + [first + cadence * i for i in range(5)]
+
+
+def test_an_undrained_queue_lifts_the_hold_like_vllm(make_scheduler):
+    """vLLM's capacity escape: once a release step leaves requests waiting, prefill is
+    not held (`prefill_capacity_bound`) until a release step drains the queue."""
+
+    def arrivals():
+        return {
+            0: [make_request("r0", 20, 40)],
+            2: [make_request(f"a{i}", 20, 2 if i == 0 else 3) for i in range(3)],
+            10: [make_request("a3", 20, 3)],
+        }
+
+    settings = dict(max_num_seqs=2, max_num_batched_tokens=64, prefill_schedule_interval=4)
+    ours, _ = prefill_steps(make_scheduler, TTScheduler, arrivals(), **settings)
+    vllms, _ = prefill_steps(make_scheduler, Scheduler, arrivals(), **settings)
+    # Held at 2 and 3, released at 4 (a0; a1 and a2 wait for a run slot), then a1 and a2
+    # are admitted as soon as slots free (6, 9: the queue was not drained), and a3, after
+    # a release that drained it, waits out the interval again (10 -> 13).
+    assert ours == vllms == [0, 4, 6, 9, 13]
+
+
+def test_the_cadence_counts_executed_steps_not_schedule_calls(make_scheduler):
+    """Calls that schedule nothing (here: while paused) do not advance the hold."""
+    got = {}
+    for cls in (Scheduler, TTScheduler):
+        scheduler = make_scheduler(cls, max_num_batched_tokens=32, prefill_schedule_interval=3)
+        driver = Driver(scheduler)
+        if cls is Scheduler:
+            driver.check = lambda *args: None
+        driver.add(make_request("r0", 20, 40))
+        for _ in range(3):
+            driver.step()
+        driver.add(make_request("r1", 150, 3))
+        for _ in range(2):
+            driver.step()  # r1's first chunk (released), then a held decode step
+        scheduler.set_pause_state(PauseState.PAUSED_ALL)
+        for _ in range(4):
+            driver.schedule_and_finish()
+        scheduler.set_pause_state(PauseState.UNPAUSED)
+        for _ in range(5):
+            driver.step()
+        got[cls] = [o.total_num_scheduled_tokens for o in driver.outputs]
+    assert got[TTScheduler] == got[Scheduler] == [20, 1, 1, 32, 1] + [0] * 4 + [1, 32, 1, 1, 32]
+
+
+def test_a_prompt_cached_to_its_last_token_waits_for_the_release(make_scheduler):
+    """Where vLLM admits a prompt cached to its last token during a hold (it carries no
+    prefill compute and joins a decode step), the phase scheduler cannot: an admission
+    runs in a prefill step of its own, which is what the hold keeps out, so it waits for
+    the release."""
+
+    def arrivals():
+        return {
+            0: [
+                make_request("a", 33, 2, prefix_caching=True),
+                make_request("r1", 20, 30, prefix_caching=True, first_token=200),
+            ],
+            2: [make_request("b", 33, 3, prefix_caching=True)],
+        }
+
+    settings = dict(max_num_batched_tokens=64, prefill_schedule_interval=4, prefix_caching=True)
+    _, driver = prefill_steps(make_scheduler, TTScheduler, arrivals(), **settings)
+    _, vllm_driver = prefill_steps(make_scheduler, Scheduler, arrivals(), **settings)
+    assert vllm_driver.outputs[2].num_scheduled_tokens == {"r1": 1, "b": 1}
+    assert [o.num_scheduled_tokens for o in driver.outputs[2:5]] == [
+        {"r1": 1},
+        {"r1": 1},
+        {"b": 1},  # released at step 4
+    ]
+    (admitted,) = driver.outputs[4].scheduled_new_reqs
+    assert admitted.num_computed_tokens == 32  # the cached blocks are reused
 
 
 # --- state consumed by a discarded attempt ---------------------------------------------
@@ -494,19 +827,41 @@ def test_step_kind_is_logged_at_debug_level(make_scheduler, caplog):
     assert [m.split(": ")[1].split()[0] for m in messages] == ["prefill", "decode", "empty"]
 
 
-def test_interleave_options_defaults_and_validation():
-    def options(tt):
-        return effective_options(SimpleNamespace(additional_config={"tt": tt} if tt else None))
+def interleave_options(tt: dict[str, Any] | None) -> Any:
+    return effective_options(SimpleNamespace(additional_config={"tt": tt} if tt else None))
 
-    got = options(None)
+
+def test_interleave_defaults_are_the_reference_plugins():
+    got = interleave_options(None)
     assert (
         got.decode_interleave_enabled,
         got.decode_interleave_prefill_steps,
         got.decode_interleave_decode_steps,
-    ) == (True, 1, 1)
-    assert options({"decode_interleave_decode_steps": 3}).decode_interleave_decode_steps == 3
-    with pytest.raises(ConfigurationError):
-        options({"decode_interleave_prefill_steps": 0})
+    ) == (True, 2, 1)
+    set_by_user = interleave_options({"decode_interleave_decode_steps": 3})
+    assert set_by_user.decode_interleave_decode_steps == 3
+    assert set_by_user.decode_interleave_prefill_steps == 2
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("decode_interleave_prefill_steps", 0),
+        ("decode_interleave_decode_steps", -1),
+        ("decode_interleave_prefill_steps", True),  # a bool is not an int
+        ("decode_interleave_decode_steps", False),
+        ("decode_interleave_prefill_steps", 2.0),
+        ("decode_interleave_decode_steps", "1"),
+        ("decode_interleave_enabled", 1),  # nor an int a bool
+        ("decode_interleave_enabled", "true"),
+    ],
+)
+def test_interleave_options_are_strictly_typed(key, value):
+    with pytest.raises(ConfigurationError) as info:
+        interleave_options({key: value})
+    (problem,) = info.value.diagnostics
+    assert problem.code == "TTB038"
+    assert f"tt.{key}={value!r}" in problem.message
 
 
 def test_restore_running_keeps_order_and_the_base_changes():

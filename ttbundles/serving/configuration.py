@@ -31,13 +31,15 @@ WORKER_CLS = "ttbundles.serving.worker.TTWorker"
 SCHEDULER_CLS = "ttbundles.serving.scheduler.TTScheduler"
 ASYNC_SCHEDULER_CLS = "ttbundles.serving.scheduler.TTAsyncScheduler"
 
-# Effective values of the device options the user and the target left unset.
+# Effective values of the device options the user and the target left unset. The decode
+# interleave cadence is the reference Tenstorrent plugin's: two prefill steps, then one
+# decode step (P P D P P D ...) while a decode waits on a run of prefill steps.
 TT_DEFAULTS = TTOptions(
     always_compat_sampling=False,
     trace_mode="all",
     enable_model_warmup=True,
     decode_interleave_enabled=True,
-    decode_interleave_prefill_steps=1,
+    decode_interleave_prefill_steps=2,
     decode_interleave_decode_steps=1,
 )
 
@@ -281,6 +283,17 @@ def plan_config(vllm_config: VllmConfig, registry: Registry) -> Plan | None:
     plan.decide(
         "scheduler", None, sched.scheduler_cls, "phase-based: prefill-only or decode-only steps"
     )
+    interval = sched.prefill_schedule_interval
+    if interval > 1:
+        # vLLM's local prefill cadence (no DP coordinator on Tenstorrent: in-process lanes
+        # are one engine, and MoE data parallelism is refused above).
+        plan.decide(
+            "prefill_schedule_interval",
+            interval,
+            interval,
+            f"prefill runs at most once every {interval} executed steps while a decode "
+            "runs; the steps between are decode steps",
+        )
 
     plan.options = options.model_dump(exclude_none=True)
     additional[PLAN_KEY] = plan.to_dict()

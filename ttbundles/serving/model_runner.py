@@ -222,6 +222,9 @@ class TTModelRunner:
         self._device_layout: tuple[str | None, ...] | None = None
         self._device_page_table: torch.Tensor | None = None
         self.rope_deltas: dict[str, Any] = {}
+        # Requests whose last chunk left their prompt incomplete: the scheduler's
+        # `is_prefill_chunk`, which does not cross the process boundary, kept here.
+        self._mid_prefill: set[str] = set()
 
     # --- set-up -----------------------------------------------------------------------
 
@@ -352,14 +355,27 @@ class TTModelRunner:
         computed = [self.requests[r].num_computed_tokens for r in req_ids]
         counts = [num_sched[r] for r in req_ids]
         totals = [self.requests[r].num_tokens for r in req_ids]
-        # A row is decoding when it computes one token, its newest (known or in flight).
-        is_decode = all(n == 1 and c >= t - 1 for n, c, t in zip(counts, computed, totals))
+        # A row is decoding when it computes one token, its newest (known or in flight),
+        # and is not in prefill as the scheduler sees it: admitted (new or resumed) in
+        # this step, or continuing a prompt, however few of its tokens are left (a final
+        # chunk can be one token; a resumed request recomputes its output too).
+        admitted = {new.req_id for new in scheduler_output.scheduled_new_reqs}
+        admitted |= scheduler_output.scheduled_cached_reqs.resumed_req_ids
+        is_decode = all(
+            n == 1 and c >= t - 1 and r not in admitted and r not in self._mid_prefill
+            for r, n, c, t in zip(req_ids, counts, computed, totals)
+        )
         step = _StepState(
             scheduler_output,
             req_ids,
             np.array([c + n < t for c, n, t in zip(computed, counts, totals)]),
             [c + n for c, n in zip(computed, counts)],
         )
+        for req_id, intermediate in zip(req_ids, step.discard):
+            if intermediate:
+                self._mid_prefill.add(req_id)
+            else:
+                self._mid_prefill.discard(req_id)
         params_list = [self.requests[r].sampling_params for r in req_ids]
         reason = batch_host_reason(
             params_list,
@@ -746,8 +762,10 @@ class TTModelRunner:
             self.requests.pop(req_id, None)
             batch.remove_request(req_id)
             self._release_slot(req_id)
+            self._mid_prefill.discard(req_id)
         for req_id in scheduler_output.preempted_req_ids or ():
             self._release_slot(req_id)
+            self._mid_prefill.discard(req_id)
         scheduled = scheduler_output.num_scheduled_tokens.keys()
         cached = scheduler_output.scheduled_cached_reqs
         for req_id in cached.resumed_req_ids:

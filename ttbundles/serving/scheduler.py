@@ -16,10 +16,25 @@ ones are appended). When the chosen phase schedules nothing (a prompt that does 
 in the KV cache while decodes hold it), the other phase is tried in the same call, and
 the per-step state the discarded attempt consumed is carried into the returned output.
 
-Prefill goes first unless decode interleaving says otherwise (`additional_config["tt"]`:
-`decode_interleave_enabled`, `decode_interleave_prefill_steps`,
-`decode_interleave_decode_steps`): after that many consecutive prefill steps with decodes
-waiting, that many decode steps run, so a long chunked prompt does not stall generation.
+A request is in prefill while vLLM says so (`Request.is_prefill_chunk`: its prompt, or for
+a resumed request its prompt and earlier output, is not fully computed), whatever number
+of tokens is left. Prefill work is pending while such a request runs or any request waits,
+including one parked in `waiting` while its grammar compiles.
+
+Prefill goes first unless one of two cadences holds it:
+
+- vLLM's own prefill deferral, kept as vLLM decides it: `schedule(throttle_prefills=True)`
+  (the DP engine core off its cadence) and the local prefill cadence
+  (`--prefill-schedule-interval N`: prefill at most once every N executed steps while a
+  decode runs), both lifted once a release step leaves the queue undrained. A held step
+  is a decode step. (vLLM would still admit a prompt cached to its last token into a
+  held step beside the decodes; here an admission is a prefill step, so it waits.)
+- decode interleaving (`additional_config["tt"]`: `decode_interleave_enabled`, default
+  true; `decode_interleave_prefill_steps` N, default 2; `decode_interleave_decode_steps`
+  M, default 1): after N consecutive prefill steps with a decode running, M decode steps
+  run (P P D P P D ... by default), so a long chunked prompt does not stall generation. A
+  decode turn spends its allowance even if it schedules nothing; a step with no prefill
+  pending, or a prefill step with no decode running, clears the counters.
 """
 
 from __future__ import annotations
@@ -48,22 +63,29 @@ EMPTY: StepKind = "empty"
 
 
 def is_in_prefill(request: Request) -> bool:
-    """True while more than the newest token is left to compute.
+    """True while a running request's prompt is not fully computed: vLLM's own notion.
 
-    That covers prompt chunks and a resumed request recomputing its tokens. With async
-    scheduling the newest token may still be in flight: it is counted by
-    `num_output_placeholders`, already included in `num_computed_tokens`, so a request
-    whose last prompt chunk is in flight is already "in decode". Draft tokens are not
-    counted (speculative decoding is not served on Tenstorrent).
+    `Request.is_prefill_chunk`, which the base sets for every request it schedules
+    (`Scheduler._update_after_schedule`: `num_computed_tokens < num_tokens +
+    num_output_placeholders` once the step's tokens are counted), so it describes the
+    request as the next step finds it: True after an intermediate chunk, False once the
+    last chunk is scheduled (under async scheduling, while that chunk is still in
+    flight). Not a count of the tokens left: a final prompt chunk can be one token, and
+    it is still a prefill. A resumed (preempted) request recomputes its prompt and the
+    output tokens it had, and is in prefill until all of them are computed, exactly as
+    vLLM treats it (`num_tokens` includes them). Every request in `running` has been
+    scheduled since it was (re)admitted, so the flag is never stale there.
     """
-    return request.num_tokens + request.num_output_placeholders - request.num_computed_tokens > 1
+    return request.is_prefill_chunk
 
 
 class PhaseSchedulingMixin:
     """Phase selection and request hiding around vLLM's `Scheduler.schedule`.
 
     Mixed in before `Scheduler` or `AsyncScheduler`; every vLLM behaviour that is not
-    about which requests may share a step is the base class's, untouched.
+    about which requests may share a step is the base class's, untouched. (vLLM's prefill
+    deferral is decided here, on the base's state, because the base cannot see the
+    running decodes in a prefill step: see `_prefill_held`.)
     """
 
     # Declared for type checkers; the base scheduler sets these.
@@ -86,6 +108,12 @@ class PhaseSchedulingMixin:
         # still owed to them before the next prefill step (decode interleaving).
         self._prefill_run = 0
         self._decode_steps_owed = 0
+
+    @property
+    def decode_steps_owed(self) -> int:
+        """Decode steps the interleave cadence still owes running decodes: while it is
+        above zero (and prefill work is pending), decode goes first."""
+        return self._decode_steps_owed
 
     def _reject_unsupported(self) -> None:
         """Refuse what a discarded attempt would corrupt.
@@ -131,12 +159,18 @@ class PhaseSchedulingMixin:
                 has_decode = True
                 if has_prefill:
                     break
+        # Prefill work exists: a prompt chunk to run, or a request waiting, including one
+        # the base parks in `waiting` while its grammar compiles (its status is
+        # WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR and it is in `deferred_waiting`): a
+        # decode step hides it with the rest of `waiting`.
+        waiting = bool(self.waiting or self.kv_holding_waiting)
+        pending = has_prefill or waiting
         # Admission is possible only with a free running slot; without that check a full
         # batch with a queue would pay for a futile prefill attempt on every step.
-        can_admit = (self.waiting or self.kv_holding_waiting) and (
+        can_admit = waiting and (
             len(self.running) + self.num_waiting_for_streaming_input < self.max_num_active_reqs
         )
-        if not (has_prefill or can_admit):
+        if not (has_prefill or can_admit) or (has_decode and self._prefill_held(throttle_prefills)):
             phases: tuple[StepKind, ...] = (DECODE,)
         elif not has_decode:
             phases = (PREFILL,)
@@ -155,6 +189,7 @@ class PhaseSchedulingMixin:
         # Preemptions made before this step (reset_prefix_cache) are already here.
         num_preempted_before = len(self.reset_preempted_req_ids)
         phase = phases[0]
+        decode_turn = phase == DECODE
         output = self._schedule_phase(phase, has_prefill, throttle_prefills)
         if (
             output.total_num_scheduled_tokens == 0
@@ -167,13 +202,40 @@ class PhaseSchedulingMixin:
         ):
             self._carry_over(output, previous_step_ids)
             phase = phases[1]
+            decode_turn |= phase == DECODE
             output = self._merge_discarded(
                 output, self._schedule_phase(phase, has_prefill, throttle_prefills)
             )
 
         kind = phase if output.total_num_scheduled_tokens > 0 else EMPTY
-        self._record(kind, has_decode)
+        self._record(kind, decode_turn, pending, has_decode)
         return output
+
+    def _prefill_held(self, throttle_prefills: bool) -> bool:
+        """vLLM's prefill deferral, decided before the phase is chosen (the caller has
+        checked that a decode is running, vLLM's own condition).
+
+        `Scheduler.schedule` defers all prefill compute, new admissions and the next
+        chunk of a running prompt alike, when `throttle_prefills` is passed (the DP
+        engine core does, off its cadence) or when the local prefill cadence
+        (`prefill_schedule_interval` > 1, no DP coordinator) says fewer than that many
+        executed steps (steps that scheduled tokens) have passed since the last one that
+        carried prefill; either way not once a release step left the queue
+        undrained (`prefill_capacity_bound`). The base cannot see a running decode in a
+        prefill step (they are hidden), so it would never defer there: the decision is
+        taken here, on the same state, and a held step is a decode step. The base keeps
+        the state itself: it stamps `last_prefill_step` in the prefill steps and counts
+        `num_executed_steps`; a discarded attempt scheduled nothing and counts for
+        neither.
+        """
+        if self.prefill_capacity_bound:
+            return False
+        if throttle_prefills:
+            return True
+        return (
+            self.local_prefill_interval > 1
+            and (self.num_executed_steps + 1) - self.last_prefill_step < self.local_prefill_interval
+        )
 
     def _schedule_phase(
         self, phase: StepKind, has_prefill: bool, throttle_prefills: bool
@@ -261,23 +323,42 @@ class PhaseSchedulingMixin:
         output.has_sync_kv_loads |= discarded.has_sync_kv_loads
         return output
 
-    def _record(self, kind: StepKind, had_decodes: bool) -> None:
-        """Count the step and advance the decode-interleave cadence."""
+    def _record(self, kind: StepKind, decode_turn: bool, pending: bool, had_decodes: bool) -> None:
+        """Count the step and advance the decode-interleave cadence.
+
+        `decode_turn`: a decode attempt was made this step. It spends one step of the
+        decode allowance whatever it scheduled: running decodes can have nothing to
+        schedule (under async scheduling, a request whose last token is in flight), and
+        an allowance kept for them would put a futile decode attempt before every later
+        step. `pending`: prefill work existed when the step was chosen. A step taken
+        with none is not part of an insertion and clears both counters, and so does a
+        prefill step with no decode running: a prompt arriving later is not made to
+        wait for decode steps it never delayed.
+        """
         self.step_kinds[kind] += 1
         self.last_step_kind = kind
-        if kind == PREFILL:
-            # Only prefill steps that made running decodes wait count towards the run.
-            self._prefill_run = self._prefill_run + 1 if had_decodes else 0
-            if (
-                self.decode_interleave_enabled
-                and self._prefill_run >= self.decode_interleave_prefill_steps
-            ):
-                self._prefill_run = 0
-                self._decode_steps_owed = self.decode_interleave_decode_steps
-        elif kind == DECODE:
+        if not pending:
             self._prefill_run = 0
-            if self._decode_steps_owed:
-                self._decode_steps_owed -= 1
+            self._decode_steps_owed = 0
+        else:
+            if decode_turn:
+                self._prefill_run = 0
+                if self._decode_steps_owed:
+                    self._decode_steps_owed -= 1
+            if kind == PREFILL and not had_decodes:
+                # Nothing was kept waiting: no run, and nothing owed to decodes that
+                # are gone (they finished or were preempted).
+                self._prefill_run = 0
+                self._decode_steps_owed = 0
+            elif kind == PREFILL:
+                # Only prefill steps that made running decodes wait count towards the run.
+                self._prefill_run += 1
+                if (
+                    self.decode_interleave_enabled
+                    and self._prefill_run >= self.decode_interleave_prefill_steps
+                ):
+                    self._prefill_run = 0
+                    self._decode_steps_owed = self.decode_interleave_decode_steps
         logger.debug("ttbundles scheduler: %s step (%d running)", kind, len(self.running))
 
 
@@ -312,6 +393,6 @@ class TTScheduler(PhaseSchedulingMixin, Scheduler):
 class TTAsyncScheduler(PhaseSchedulingMixin, AsyncScheduler):
     """vLLM's `AsyncScheduler` with one phase per step.
 
-    Only `_update_after_schedule` differs in the base (output placeholders), and
-    `is_in_prefill` counts those placeholders, so the phase logic is shared as is.
+    Only `_update_after_schedule` differs in the base (output placeholders, added after
+    `is_prefill_chunk` is set), so the phase logic is shared as is.
     """
