@@ -22,6 +22,7 @@ the others: see `DecodeCommands`.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -58,6 +59,13 @@ if TYPE_CHECKING:  # vLLM's config and scheduler types are only needed for annot
 logger = logging.getLogger("vllm.ttbundles")
 
 EMPTY_POSITION = -1  # start_pos of an empty decode slot, as TT-Metal's generators expect
+
+StepObserver = Callable[[str, list[str], list[int], list[int], "torch.Tensor | None"], None]
+"""`observer(kind, req_ids, starts, ends, logits)`, called after each prefill or decode
+call returned: `kind` "prefill" or "decode"; row i is request `req_ids[i]`, which computed
+positions `starts[i] .. ends[i] - 1` this step; `logits` `[rows, V]` float32 on the host
+(row i predicts position `ends[i]`), or None when the generator sampled on the device.
+`ttbundle test` records the served logits through it; serving leaves it None."""
 
 
 @dataclass
@@ -220,6 +228,7 @@ class TTModelRunner:
         self._device_layout: tuple[str | None, ...] | None = None
         self._device_page_table: torch.Tensor | None = None
         self.rope_deltas: dict[str, Any] = {}
+        self.observer: StepObserver | None = None
 
     # --- set-up -----------------------------------------------------------------------
 
@@ -454,6 +463,8 @@ class TTModelRunner:
             if self._inflight:
                 STATS.count("decode.overlapped")  # submitted while a step is in flight
             self._async_req_ids = step.req_ids
+            if self.observer is not None:
+                self.observer("decode", step.req_ids, computed, [c + 1 for c in computed], None)
             return
         primary, logprobs = split_output(out)
         if device and not primary.is_floating_point():
@@ -461,6 +472,8 @@ class TTModelRunner:
             step.logprobs = _rows_of(logprobs, slots)
         else:
             step.logits = primary.reshape(capacity, -1)[slots].float()
+        if self.observer is not None:
+            self.observer("decode", step.req_ids, computed, [c + 1 for c in computed], step.logits)
 
     def _decode_commands(
         self, layout: tuple[str | None, ...], page_table: torch.Tensor, device: bool
@@ -510,6 +523,8 @@ class TTModelRunner:
         else:
             step.tokens = primary.reshape(-1)[:rows]
             step.logprobs = _rows_of(extra, list(range(rows)))
+        if self.observer is not None:
+            self.observer("prefill", step.req_ids, computed, ends, step.logits)
 
     def sample_tokens(
         self, grammar_output: GrammarOutput | None
