@@ -344,11 +344,32 @@ def compare_logprobs(
         case.steps.append(result)
 
 
+def where_to_look(path: str, step: int) -> str:
+    """Where bring-up looks first when `step` of `path` is the first to fail."""
+    if step == 0:
+        return {
+            "chunked_prefill": "the prompt prefilled in chunks differs: a chunk must attend "
+            "to the earlier chunks' K/V in the cache (start_pos, the page table)",
+            "prefix_cache": "the prefill after a prefix-cache hit differs: the cached blocks "
+            "reached through the page table, the prefill from start_pos",
+            "device_sampling": "the device's greedy token or top log-probabilities differ "
+            "after the prefill: the device sampler's argmax and log-softmax",
+        }.get(
+            path,
+            "the prefill already differs: weights, norms, RoPE of the prompt positions, "
+            "causal attention over the prompt",
+        )
+    return (
+        "a decode step: check the decode position (RoPE at start_pos), the K/V the prefill "
+        "wrote and decode reads through the page table, the cache's block boundaries"
+    )
+
+
 def check_thresholds(case: CaseResult, thresholds: Any) -> None:
     """Add a failure for each threshold the case misses, at its first failing step."""
-    hint = "per-step numbers: ttbundle test --steps, or --format json"
     for s in case.compared:
         if s.pcc is not None and not (s.pcc >= thresholds.pcc):
+            hint = where_to_look(case.path, s.step)
             _fail("TTB120", case, s.step, f"PCC {s.pcc:.6f} < {thresholds.pcc}", hint)
             break
     if thresholds.max_abs_diff is not None:
@@ -359,7 +380,7 @@ def check_thresholds(case: CaseResult, thresholds: Any) -> None:
                     case,
                     s.step,
                     f"max abs diff {s.max_abs_diff:.4g} > {thresholds.max_abs_diff}",
-                    hint,
+                    where_to_look(case.path, s.step),
                 )
                 break
     for name, limit, what in (
@@ -371,18 +392,17 @@ def check_thresholds(case: CaseResult, thresholds: Any) -> None:
             continue
         first = next(s for s in case.compared if getattr(s, name) is False)
         detail = (
-            f"the bundle's top-1 is {first.token}, the golden's {first.golden_token}"
+            f"the bundle's top-1 {first.token}, the golden's {first.golden_token}"
             if name == "top1"
-            else f"the golden's top-1 {first.golden_token} is not in the bundle's top 5"
+            else f"the golden's top-1 {first.golden_token} not in the bundle's top 5"
         )
         counted = [s for s in case.compared if getattr(s, name) is not None]
         _fail(
             "TTB120",
             case,
             first.step,
-            f"{what} {rate:.3f} < {limit} over {len(counted)} steps; first disagreement "
-            f"here: {detail}",
-            hint,
+            f"{what} {rate:.2f} < {limit} over {len(counted)} steps, first miss here: {detail}",
+            where_to_look(case.path, first.step),
         )
     missing = [s for s in case.steps if s.note == "no logits recorded"]
     if missing:
