@@ -75,13 +75,17 @@ def test(
         typer.Option("--format", "-f", help="Output: human (default), json or junit (XML)."),
     ] = TestFormat.human,
 ) -> None:
-    """Prove that a bundle computes the right thing: its generator, served by vLLM through
-    ttbundles' worker and model runner, against a golden, per prompt, path and step.
+    """Prove that a bundle computes the right thing, against a golden, per prompt and step.
 
-    Reports the logits' PCC, top-1 and top-5 agreement, max abs diff, the first diverging
-    greedy token, seeded sampling's reproducibility, and both perplexities on a short text.
-    What runs comes from the bundle's tests section. Exit 0 when every threshold holds,
-    1 when one fails (each failure names the path, prompt and step).
+    The bundle's generator runs as `vllm serve` runs it (ttbundles' worker and model runner).
+
+    Reported: logits PCC, top-1/top-5 agreement, max abs diff, the first diverging token.
+
+    Also: seeded sampling alone and in a batch, and both perplexities on a short text.
+
+    What runs comes from the bundle's tests section.
+
+    Exit 0 when every threshold holds, 1 when one fails (naming the path, prompt and step).
 
     Example: ttbundle test bundles/demo --model ./ckpt
 
