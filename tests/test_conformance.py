@@ -936,3 +936,19 @@ def test_a_sampler_that_drops_the_seed_fails_reproducibility(tmp_path, demo_chec
         assert f"seed {seed} gave token" in message
         # Greedy on the device is still right: only the seed is wrong.
         assert case["summary"]["top1"] == 1.0
+
+
+@pytest.mark.server
+def test_a_generator_refused_at_load_reports_its_own_diagnostic(tmp_path, demo_checkpoint):
+    adapter = (
+        "from ttbundles.reference.generator import ReferenceLlamaGenerator\n\n\n"
+        "class NeedsImages(ReferenceLlamaGenerator):\n"
+        "    def prefill_forward(self, tokens, page_table, kv_cache, prompt_lens, images):\n"
+        "        raise AssertionError('never called')\n"
+    )
+    bundle = wrong_bundle(tmp_path / "mm", "mm", adapter, "NeedsImages", {"paths": ["prefill"]})
+    done = serve_cli(bundle, "--model", demo_checkpoint)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    first, second = [line for line in done.stderr.splitlines() if " error TTB" in f" {line}"]
+    assert "error TTB202" in first and "requires images" in first
+    assert "error TTB127 serving mm for the test failed: the error above, while starting" in second

@@ -215,6 +215,10 @@ def serve(
             )
         else:
             message = (error or {}).get("message", "unknown error")
+            if diagnostics:
+                message = "the error above"
+            if (error or {}).get("where"):
+                message = f"{message}, while {error['where']}"
         raise TTBundleError(
             [
                 *diagnostics,
@@ -223,7 +227,10 @@ def serve(
                     Severity.ERROR,
                     f"serving {plan.metadata.name} for the test failed: {message}",
                     file=str(log_file),
-                    hint="the log's last lines:\n      " + "\n      ".join(tail),
+                    # The bundle's own diagnostics say what to fix; otherwise the log does.
+                    hint="the whole log is in that file"
+                    if diagnostics
+                    else "the log's last lines:\n      " + "\n      ".join(tail),
                 ),
             ]
         )

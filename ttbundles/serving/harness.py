@@ -227,6 +227,7 @@ class Session:
         self.spec = spec
         self.events = events
         self.arrays: dict[str, np.ndarray] = {}
+        self.where = "tokenizing the prompts"
         self.out: dict[str, Any] = {"runs": {}, "engines": []}
 
     def run(self) -> None:
@@ -249,6 +250,7 @@ class Session:
         total = sum(1 + len(runs) for _, _, runs in engines)
         self.events.emit("plan", total=total, engines=[name for name, _, _ in engines])
         for name, kwargs, runs in engines:
+            self.where = f"starting the {name} engine"
             self.events.emit("progress", label=f"starting the {name} engine")
             started = time.perf_counter()
             llm = LLM(**kwargs)
@@ -274,6 +276,7 @@ class Session:
             self.events.emit("advance", label=f"{name} engine started")
             self.llm, self.runner, self.recorder = llm, runner, recorder
             for run in runs:
+                self.where = f"the {name} engine, {run}"
                 self.events.emit("progress", label=f"{name}: {run}")
                 getattr(self, f"run_{run}")()
                 self.events.emit("advance", label=f"{name}: {run} done")
@@ -454,7 +457,7 @@ def main(spec_path: str) -> None:
             "error",
             message=f"{type(exc).__name__}: {exc}",
             diagnostics=diagnostics,
-            where=getattr(session, "where", None),
+            where=session.where,
         )
         code = 1
     sys.stderr.flush()
