@@ -15,7 +15,7 @@ import typer
 from ttbundles import envs
 from ttbundles.errors import TTBundleError
 
-from . import archive, demo, info, init, plan, validate
+from . import archive, conformance, demo, info, init, plan, validate
 
 app = typer.Typer(
     name="ttbundle",
@@ -58,6 +58,7 @@ app.command()(info.schema)
 app.command()(init.init)
 app.command()(init.migrate)
 app.command()(demo.demo)
+app.command("test")(conformance.test)
 app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(plan.plan)
 
 

@@ -39,6 +39,12 @@ LIGHT = [
     "ttbundles.demo.server",
     "ttbundles.demo.query",
     "ttbundles.demo.checkpoint",
+    "ttbundles.conformance.plan",
+    "ttbundles.conformance.golden_file",
+    "ttbundles.conformance.metrics",
+    "ttbundles.conformance.compare",
+    "ttbundles.conformance.session",
+    "ttbundles.conformance.report",
     "ttbundles.cli.app",
 ]
 

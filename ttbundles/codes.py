@@ -68,6 +68,18 @@ CODES: dict[str, str] = {
     "TTB103": "bundle overridden by a TT_MODEL_CLASS_OVERRIDES entry",
     "TTB104": "TT_MODEL_CLASS_OVERRIDES is malformed",
     "TTB105": "variant selector (TT_*_TEXT_VER) names no variant",
+    # The tests section (validated with the rest of the format)
+    "TTB110": "a test path needs a capability the bundle does not declare",
+    "TTB111": "the tests' prompt file or recorded golden is missing or invalid",
+    # ttbundle test: a bundle against its golden
+    "TTB120": "logits differ from the golden beyond a threshold (PCC, top-1/top-5, max abs diff)",
+    "TTB121": "seeded sampling is not reproducible (the same seed alone and in a batch differ)",
+    "TTB122": "a seeded token lies outside the golden's top-k/top-p support",
+    "TTB123": "perplexity differs from the golden's beyond the threshold",
+    "TTB124": "a test path was not exercised (no chunked prefill, cache hit or device sampling)",
+    "TTB125": "no golden for this checkpoint (reference does not cover it, transformers failed)",
+    "TTB126": "the golden file was recorded for other prompts, settings or checkpoint",
+    "TTB127": "serving the bundle for the test failed (engine start or a request)",
     # Configuration (plan and the platform)
     "TTB200": "no registered TT architecture serves this checkpoint",
     "TTB201": "parallelism is provided by the mesh, not by vLLM options",

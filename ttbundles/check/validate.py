@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ttbundles.check.adapter import check_adapter
+from ttbundles.conformance.plan import check_tests
 from ttbundles.errors import Diagnostic, Report, Severity
 from ttbundles.format.metadata import METADATA_FILE, BundleMetadata
 from ttbundles.format.parse import load_metadata
@@ -64,7 +65,9 @@ def check_bundle(
         return checked
     checked.diagnostics.extend(
         _locate(
-            semantic_checks(metadata, str(loaded.file)) + check_adapter(bundle_dir, metadata),
+            semantic_checks(metadata, str(loaded.file))
+            + check_tests(bundle_dir, metadata, str(loaded.file))
+            + check_adapter(bundle_dir, metadata),
             str(loaded.file),
         )
     )

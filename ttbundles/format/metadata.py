@@ -253,6 +253,157 @@ class Requires(_Strict):
         return value
 
 
+# --- tests: what `ttbundle test` runs ---------------------------------------------------
+
+TestPath = Literal["prefill", "decode", "chunked_prefill", "prefix_cache", "device_sampling"]
+TEST_PATHS: tuple[str, ...] = (
+    "prefill",
+    "decode",
+    "chunked_prefill",
+    "prefix_cache",
+    "device_sampling",
+)
+# The capability a path exercises; a path the bundle does not declare cannot run.
+PATH_CAPABILITY: dict[str, str] = {
+    "chunked_prefill": "chunked_prefill",
+    "prefix_cache": "prefix_caching",
+    "device_sampling": "sample_on_device",
+}
+DEFAULT_PERPLEXITY_TEXT = (
+    "The quick brown fox jumps over the lazy dog. The capital of France is Paris, "
+    "and the sky is blue."
+)
+
+
+def _relative_file(value: str | None) -> str | None:
+    """A path inside the bundle: relative, POSIX, never leaving the bundle."""
+    if value is None:
+        return None
+    parts = value.split("/")
+    if (
+        not value
+        or value.startswith("/")
+        or "\\" in value
+        or "\x00" in value
+        or any(part in ("", ".", "..") for part in parts)
+    ):
+        raise PydanticCustomError(
+            "TTB033",
+            "'{value}' is not a relative path inside the bundle",
+            {
+                "value": value,
+                "hint": "write a path relative to the bundle folder, e.g. "
+                "'tests/golden.json.gz' (no leading '/', no '..')",
+            },
+        )
+    return value
+
+
+class SeededSampling(_Strict):
+    """The sampling parameters of the `device_sampling` path (seeded, on the device)."""
+
+    seed: int = Field(0, ge=0, description="Seed of the first prompt; prompt i uses seed + i.")
+    temperature: float = Field(0.8, gt=0, description="Sampling temperature (> 0).")
+    top_k: int = Field(20, ge=0, description="Top-k cut; 0: none.")
+    top_p: float = Field(1.0, gt=0, le=1, description="Top-p (nucleus) cut; 1: none.")
+
+
+class Thresholds(_Strict):
+    """What `ttbundle test` requires of every prompt and path (per step where it says so)."""
+
+    pcc: float = Field(
+        0.99, ge=-1, le=1, description="Minimum Pearson correlation of the logits, every step."
+    )
+    top1: float = Field(
+        0.95,
+        ge=0,
+        le=1,
+        description="Minimum share of steps whose top-1 token is the golden's top-1.",
+    )
+    top5: float = Field(
+        0.99,
+        ge=0,
+        le=1,
+        description="Minimum share of steps whose top-5 tokens include the golden's top-1.",
+    )
+    max_abs_diff: float | None = Field(
+        None,
+        gt=0,
+        description="Maximum absolute difference of the logits, every step; "
+        "unset: reported, not checked.",
+    )
+    perplexity_ratio: float | None = Field(
+        1.05,
+        ge=1,
+        description="Largest ratio (either way) of the bundle's perplexity to the golden's "
+        "on perplexity_text; unset: reported, not checked.",
+    )
+
+
+class BundleTests(_Strict):
+    """What `ttbundle test` runs against a golden; every field has a default."""
+
+    prompts: list[Annotated[str, Field(min_length=1)]] = Field(
+        default_factory=list,
+        description="Prompts as text (tokenized by the checkpoint's tokenizer, as vLLM does). "
+        "Neither prompts nor prompt_file: three short default prompts.",
+    )
+    prompt_file: str | None = Field(
+        None,
+        description="A JSON file in the bundle with prompts as token ids: "
+        '[[1, 2, 3], ...] or {"name": [1, 2, 3], ...}; used after prompts.',
+    )
+    max_tokens: int = Field(16, gt=0, le=4096, description="Tokens generated per prompt.")
+    paths: list[TestPath] | None = Field(
+        None,
+        description="Serving paths to exercise: prefill (the prompt only), decode, "
+        "chunked_prefill, prefix_cache (a prefix-cache hit), device_sampling (seeded, on the "
+        "device). Unset: every path the capabilities declare.",
+        json_schema_extra={"uniqueItems": True},
+    )
+    chunk_size: int | None = Field(
+        None,
+        gt=0,
+        description="Prompt tokens per step in the chunked_prefill path; unset: half the "
+        "shortest prompt (rounded up), so that every prompt is split.",
+    )
+    sampling: SeededSampling = Field(default_factory=SeededSampling)
+    thresholds: Thresholds = Field(default_factory=Thresholds)
+    perplexity_text: str | None = Field(
+        DEFAULT_PERPLEXITY_TEXT,
+        min_length=1,
+        description="A short text whose perplexity both the bundle and the golden report; "
+        "null: skipped.",
+    )
+    golden: str | None = Field(
+        None,
+        description="A recorded golden in the bundle (ttbundle test --record); the default "
+        "golden when set.",
+    )
+
+    _files = field_validator("prompt_file", "golden")(_relative_file)
+
+    @field_validator("paths")
+    @classmethod
+    def _unique_paths(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None and len(set(value)) != len(value):
+            raise PydanticCustomError(
+                "TTB033", "tests.paths lists a path twice", {"hint": "list each once"}
+            )
+        return value
+
+    @field_validator("prompts")
+    @classmethod
+    def _unique_prompts(cls, value: list[str]) -> list[str]:
+        if len(set(value)) != len(value):
+            raise PydanticCustomError(
+                "TTB033",
+                "tests.prompts lists a prompt twice",
+                {"hint": "list each prompt once (results are matched by prompt)"},
+            )
+        return value
+
+
 class BundleMetadata(_Strict):
     """`vllm_metadata.json`, schema version 1."""
 
@@ -293,6 +444,9 @@ class BundleMetadata(_Strict):
     )
     when: When = Field(default_factory=When)
     requires: Requires = Field(default_factory=Requires)
+    tests: BundleTests | None = Field(
+        None, description="What `ttbundle test` runs against a golden; absent: the defaults."
+    )
 
     # Set by the parser for metadata of the reference plugin's two-key form.
     legacy_: SkipJsonSchema[bool] = Field(False, alias=LEGACY_KEY, exclude=True, repr=False)
@@ -313,6 +467,11 @@ class BundleMetadata(_Strict):
                 data["models"] = [_aside(m) for m in data["models"]]
             if isinstance(data.get("targets"), dict):
                 data["targets"] = {k: _aside(v) for k, v in data["targets"].items()}
+            if isinstance(data.get("tests"), dict):
+                tests = data["tests"] = _aside(data["tests"])
+                for key in ("sampling", "thresholds"):
+                    if key in tests:
+                        tests[key] = _aside(tests[key])
         # Absent objects validate from {} natively: a default_factory would build each
         # through Python, and registration runs this for every bundle in every process.
         for key in ("capabilities", "when", "requires"):

@@ -8,6 +8,7 @@ Validation of everything beyond the document itself lives in `validate`.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -23,15 +24,18 @@ from ttbundles.format.metadata import (
     SCHEMA_VERSION,
     SUPPORTED_SCHEMA_VERSIONS,
     BundleMetadata,
+    BundleTests,
     Capabilities,
     ModelRef,
     Requires,
+    SeededSampling,
     Target,
+    Thresholds,
     When,
     slug,
 )
 from ttbundles.format.tt_options import TTOptions
-from ttbundles.suggest import hint_for
+from ttbundles.suggest import did_you_mean, hint_for
 
 # The two keys of the reference plugin's metadata form.
 LEGACY_KEYS = ("arch", "main_class")
@@ -39,6 +43,7 @@ LEGACY_KEYS = ("arch", "main_class")
 _TYPE_HINTS = {
     "bool": "write true or false, without quotes",
     "int": "write a whole number without quotes, e.g. 4096",
+    "float": "write a number without quotes, e.g. 0.99",
     "string": "write a string in double quotes",
     "dict": "write an object: {...}",
     "model": "write an object: {...}",
@@ -322,13 +327,19 @@ def diagnostics_from_validation(exc: ValidationError, fname: str | None) -> list
                     )
                 )
         elif kind == "literal_error":
+            expected = str(ctx.get("expected"))
+            hint = f"use {expected}"
+            if isinstance(value, str):
+                close = did_you_mean(value, re.findall(r"'([^']*)'", expected))
+                if close is not None:
+                    hint = f"did you mean {close!r}? ({hint})"
             out.append(
                 _diag(
                     "TTB038" if in_tt else "TTB033",
                     f"{label} {value!r} is not allowed",
                     fname,
                     pointer=where,
-                    hint=f"use {ctx.get('expected')}",
+                    hint=hint,
                 )
             )
         elif kind.endswith("_type") or kind.endswith("_parsing") or kind == "model_attributes_type":
@@ -381,6 +392,9 @@ def _model_at(loc: tuple) -> type[BaseModel]:
                 "requires": Requires,
                 "when": When,
                 "additional_config": TTOptions,
+                "tests": BundleTests,
+                "sampling": SeededSampling,
+                "thresholds": Thresholds,
             }.get(str(head), model)
     return model
 

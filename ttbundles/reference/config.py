@@ -8,6 +8,13 @@ from typing import Any
 import torch
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+# The Hugging Face architectures whose checkpoints the reference generator reads.
+SUPPORTED_ARCHITECTURES = (
+    "LlamaForCausalLM",
+    "MistralForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
+)
 
 
 @dataclass(frozen=True)

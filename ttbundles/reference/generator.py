@@ -199,11 +199,21 @@ class ReferenceLlamaGenerator:
 
     # ---- the forward pass ------------------------------------------------------------
 
+    def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin `[T, D]` of the tokens' absolute positions `[T]`."""
+        return rope_cos_sin(positions, self.inv_freq, self.attention_scaling)
+
     @torch.no_grad()
     def forward_segments(
-        self, segments: list[Segment], page_table: torch.Tensor, kv_cache: KVCache
+        self,
+        segments: list[Segment],
+        page_table: torch.Tensor,
+        kv_cache: KVCache,
+        *,
+        all_positions: bool = False,
     ) -> torch.Tensor:
-        """Run the model over new tokens of several sequences; last-token logits `[n, V]`.
+        """Run the model over new tokens of several sequences; last-token logits `[n, V]`
+        (`all_positions`: every new token's, `[T, V]`, as a golden needs them).
 
         All rows' tokens are flattened into one `[T, hidden]` activation so projections
         and the MLP run once per layer. Each layer first writes the new K/V of every token
@@ -219,7 +229,7 @@ class ReferenceLlamaGenerator:
         block_size = kv_cache[0][0].shape[2]
         block_of_token = page_table[rows, positions // block_size]  # [T]
         slot_of_token = positions % block_size  # [T]
-        cos, sin = rope_cos_sin(positions, self.inv_freq, self.attention_scaling)
+        cos, sin = self.rope(positions)
         groups = attention_groups(segments, positions, page_table, kv_cache[0][0].shape)
 
         x = self.weights.embed_tokens[token_ids]  # [T, hidden]
@@ -245,9 +255,10 @@ class ReferenceLlamaGenerator:
             h = rms_norm(x, layer.post_attention_norm, dims.rms_norm_eps)
             x = x + layer.down_proj(F.silu(layer.gate_proj(h)) * layer.up_proj(h))
 
-        last = lengths.cumsum(0) - 1  # [n] each segment's last token
-        final = rms_norm(x[last], self.weights.final_norm, dims.rms_norm_eps)
-        return F.linear(final, self.weights.lm_head)  # [n, V]
+        if not all_positions:
+            x = x[lengths.cumsum(0) - 1]  # [n] each segment's last token
+        final = rms_norm(x, self.weights.final_norm, dims.rms_norm_eps)
+        return F.linear(final, self.weights.lm_head)  # [n, V] (all_positions: [T, V])
 
     def _run(
         self, segments: list[Segment], batch: int, page_table: Any, kv_cache: KVCache

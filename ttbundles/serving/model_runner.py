@@ -22,6 +22,7 @@ the others: see `DecodeCommands`.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -59,6 +60,13 @@ if TYPE_CHECKING:  # vLLM's config and scheduler types are only needed for annot
 logger = logging.getLogger("vllm.ttbundles")
 
 EMPTY_POSITION = -1  # start_pos of an empty decode slot, as TT-Metal's generators expect
+
+StepObserver = Callable[[str, list[str], list[int], list[int], "torch.Tensor | None"], None]
+"""`observer(kind, req_ids, starts, ends, logits)`, called after each prefill or decode
+call returned: `kind` "prefill" or "decode"; row i is request `req_ids[i]`, which computed
+positions `starts[i] .. ends[i] - 1` this step; `logits` `[rows, V]` float32 on the host
+(row i predicts position `ends[i]`), or None when the generator sampled on the device.
+`ttbundle test` records the served logits through it; serving leaves it None."""
 
 
 @dataclass
@@ -225,6 +233,7 @@ class TTModelRunner:
         # Requests whose last chunk left their prompt incomplete: the scheduler's
         # `is_prefill_chunk`, which does not cross the process boundary, kept here.
         self._mid_prefill: set[str] = set()
+        self.observer: StepObserver | None = None
 
     # --- set-up -----------------------------------------------------------------------
 
@@ -473,6 +482,8 @@ class TTModelRunner:
             if self._inflight:
                 STATS.count("decode.overlapped")  # submitted while a step is in flight
             self._async_req_ids = step.req_ids
+            if self.observer is not None:
+                self.observer("decode", step.req_ids, computed, [c + 1 for c in computed], None)
             return
         primary, logprobs = split_output(out)
         if device and not primary.is_floating_point():
@@ -480,6 +491,8 @@ class TTModelRunner:
             step.logprobs = _rows_of(logprobs, slots)
         else:
             step.logits = primary.reshape(capacity, -1)[slots].float()
+        if self.observer is not None:
+            self.observer("decode", step.req_ids, computed, [c + 1 for c in computed], step.logits)
 
     def _decode_commands(
         self, layout: tuple[str | None, ...], page_table: torch.Tensor, device: bool
@@ -529,6 +542,8 @@ class TTModelRunner:
         else:
             step.tokens = primary.reshape(-1)[:rows]
             step.logprobs = _rows_of(extra, list(range(rows)))
+        if self.observer is not None:
+            self.observer("prefill", step.req_ids, computed, ends, step.logits)
 
     def sample_tokens(
         self, grammar_output: GrammarOutput | None

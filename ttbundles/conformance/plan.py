@@ -1,0 +1,236 @@
+"""What `ttbundle test` runs: the bundle's `tests` section, its defaults, the command line.
+
+The plan is resolved once, here, without vLLM or torch: which prompts (texts and the
+prompt file), which serving paths (the bundle's capabilities decide the default; a path
+the bundle does not declare is an error, TTB110), how many tokens, the seeded sampling
+and the thresholds. The serving side (`serving.harness`) gets it as one JSON document.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ttbundles.conformance.prompts import (
+    DEFAULT_PROMPTS,
+    Prompt,
+    PromptFileError,
+    read_prompt_file,
+    text_prompts,
+)
+from ttbundles.errors import Diagnostic, InvalidBundleError, Severity
+from ttbundles.format.meshes import HOST
+from ttbundles.format.metadata import (
+    PATH_CAPABILITY,
+    TEST_PATHS,
+    BundleMetadata,
+    BundleTests,
+    Capabilities,
+)
+
+# The paths whose logits are read on the host (sampling on the host); perplexity runs
+# with them, in the same engine.
+HOST_PATHS = ("prefill", "decode", "prefix_cache")
+
+
+def declares(capabilities: Capabilities, path: str) -> bool:
+    """Whether the capabilities allow `path` to run."""
+    capability = PATH_CAPABILITY.get(path)
+    return capability is None or bool(getattr(capabilities, capability))
+
+
+def default_paths(capabilities: Capabilities) -> list[str]:
+    """Every path the capabilities declare, in TEST_PATHS order."""
+    return [p for p in TEST_PATHS if declares(capabilities, p)]
+
+
+def path_problems(
+    metadata: BundleMetadata, paths: list[str], *, file: str | None, pointer: str | None
+) -> list[Diagnostic]:
+    """TTB110 for each path whose capability the bundle does not declare; `pointer` is
+    the JSON pointer of the list in the metadata file (None: the command line)."""
+    out = []
+    for index, path in enumerate(paths):
+        if declares(metadata.capabilities, path):
+            continue
+        capability = PATH_CAPABILITY[path]
+        out.append(
+            Diagnostic(
+                "TTB110",
+                Severity.ERROR,
+                f"test path {path!r} needs capabilities.{capability}, which "
+                f"{metadata.name} does not declare",
+                file=file if pointer is not None else None,
+                pointer=f"{pointer}/{index}" if pointer is not None else None,
+                hint=f"declare capabilities.{capability}, or drop {path!r} from the paths",
+            )
+        )
+    return out
+
+
+def check_tests(bundle_dir: Path, metadata: BundleMetadata, file: str) -> list[Diagnostic]:
+    """The tests section's rules beyond the schema (run by `ttbundle validate`)."""
+    tests = metadata.tests
+    if tests is None:
+        return []
+    out: list[Diagnostic] = []
+    if tests.paths is not None:
+        out.extend(path_problems(metadata, tests.paths, file=file, pointer="/tests/paths"))
+    if tests.prompt_file is not None:
+        try:
+            read_prompt_file(
+                bundle_dir / tests.prompt_file, display=str(bundle_dir / tests.prompt_file)
+            )
+        except PromptFileError as exc:
+            out.append(_pointing_from(exc.diagnostic, file, "/tests/prompt_file"))
+    if tests.golden is not None:
+        from ttbundles.conformance.golden_file import GoldenFile, GoldenFileError
+
+        try:
+            GoldenFile.read(bundle_dir / tests.golden)
+        except GoldenFileError as exc:
+            out.extend(_pointing_from(d, file, "/tests/golden") for d in exc.diagnostics)
+    return out
+
+
+def _pointing_from(d: Diagnostic, file: str, pointer: str) -> Diagnostic:
+    """A problem of a file the metadata names, reported at the key that names it when the
+    file itself cannot be pointed into (missing, unreadable)."""
+    if d.pointer is not None and "does not exist" not in d.message:
+        return d
+    return Diagnostic(
+        d.code,
+        d.severity,
+        f"{pointer.rsplit('/', 1)[1]}: {d.message}",
+        file=file,
+        pointer=pointer,
+        hint=d.hint,
+    )
+
+
+@dataclass
+class TestPlan:
+    """One resolved `ttbundle test` run."""
+
+    __test__ = False  # not a pytest class
+
+    bundle_dir: Path
+    metadata: BundleMetadata
+    tests: BundleTests
+    prompts: list[Prompt]
+    paths: list[str]
+    max_tokens: int
+    mesh: str
+    device_mode: str | None
+
+    @property
+    def thresholds(self):  # noqa: ANN201 - format.metadata.Thresholds
+        return self.tests.thresholds
+
+    @property
+    def runs_perplexity(self) -> bool:
+        return self.tests.perplexity_text is not None and any(p in HOST_PATHS for p in self.paths)
+
+    def harness_spec(self, *, models_dir: Path, checkpoint: str, out_dir: Path) -> dict[str, Any]:
+        """The document `serving.harness` runs."""
+        target = self.metadata.target(self.mesh)
+        env = dict(self.metadata.when.env)
+        return {
+            "bundle": self.metadata.name,
+            "models_dir": str(models_dir),
+            "checkpoint": checkpoint,
+            "mesh": self.mesh,
+            "env": env,
+            "out_dir": str(out_dir),
+            "prompts": [p.to_dict() for p in self.prompts],
+            "paths": list(self.paths),
+            "max_tokens": self.max_tokens,
+            "chunk_size": self.tests.chunk_size,
+            "sampling": self.tests.sampling.model_dump(),
+            "device_mode": self.device_mode,
+            "perplexity_text": self.tests.perplexity_text if self.runs_perplexity else None,
+            "max_model_len": target.max_model_len if target else None,
+            "max_num_seqs": target.max_num_seqs if target else None,
+        }
+
+
+def resolve_plan(
+    bundle_dir: Path,
+    metadata: BundleMetadata,
+    *,
+    paths: list[str] | None = None,
+    max_tokens: int | None = None,
+    mesh: str = HOST,
+) -> TestPlan:
+    """The plan for `bundle_dir`; raises InvalidBundleError (TTB110, TTB111, TTB101)."""
+    tests = metadata.tests or BundleTests()
+    problems: list[Diagnostic] = []
+    if metadata.targets and mesh not in metadata.targets:
+        problems.append(
+            Diagnostic(
+                "TTB101",
+                Severity.ERROR,
+                f"{metadata.name} does not target mesh {mesh} (targets: "
+                f"{', '.join(metadata.targets)})",
+                hint=f"test on one of its targets: --mesh {next(iter(metadata.targets))}",
+            )
+        )
+    prompts = text_prompts(tests.prompts)
+    if tests.prompt_file is not None:
+        try:
+            prompts += read_prompt_file(bundle_dir / tests.prompt_file)
+        except PromptFileError as exc:
+            problems.append(exc.diagnostic)
+    if not tests.prompts and tests.prompt_file is None:
+        prompts = text_prompts(list(DEFAULT_PROMPTS))
+    names = [p.name for p in prompts]
+    if len(set(names)) != len(names):
+        problems.append(
+            Diagnostic(
+                "TTB111",
+                Severity.ERROR,
+                "prompt names repeat (texts are named p0, p1, ...; the prompt file's own "
+                "names must differ from them)",
+                hint="rename the prompt file's entries",
+            )
+        )
+    if paths:
+        unknown = [p for p in paths if p not in TEST_PATHS]
+        if unknown:
+            problems.append(
+                Diagnostic(
+                    "TTB033",
+                    Severity.ERROR,
+                    f"unknown test path {unknown[0]!r}",
+                    hint=f"use one of {', '.join(TEST_PATHS)}",
+                )
+            )
+        chosen = [p for p in TEST_PATHS if p in paths]
+        problems.extend(path_problems(metadata, chosen, file=None, pointer=None))
+    elif tests.paths is not None:
+        chosen = [p for p in TEST_PATHS if p in tests.paths]
+        problems.extend(
+            path_problems(
+                metadata,
+                tests.paths,
+                file=str(bundle_dir / "vllm_metadata.json"),
+                pointer="/tests/paths",
+            )
+        )
+    else:
+        chosen = default_paths(metadata.capabilities)
+    if problems:
+        raise InvalidBundleError(problems)
+    modes = metadata.capabilities.sample_on_device
+    device_mode = "all" if "all" in modes else (modes[0] if modes else None)
+    return TestPlan(
+        bundle_dir=bundle_dir,
+        metadata=metadata,
+        tests=tests,
+        prompts=prompts,
+        paths=chosen,
+        max_tokens=max_tokens or tests.max_tokens,
+        mesh=mesh,
+        device_mode=device_mode,
+    )

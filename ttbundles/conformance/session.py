@@ -1,0 +1,505 @@
+"""One `ttbundle test` run: serve the bundle, load the golden, compare, report.
+
+The served side runs in a subprocess (`python -m ttbundles.serving.harness`), so that its
+registration and environment are a server's: a models folder holding only the bundle
+under test, the mesh in MESH_DEVICE, built-in bundles off. While it imports vLLM and
+serves, this process loads the live goldens (a thread), so the two overlap. Then every
+case is compared against every golden, and the golden is recorded when asked.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ttbundles.conformance.golden_file import (
+    DEFAULT_TOP_K,
+    GoldenFile,
+    RecordedPerplexity,
+    RecordedPrompt,
+    model_identity,
+)
+from ttbundles.conformance.plan import TestPlan, resolve_plan
+from ttbundles.errors import Diagnostic, InvalidBundleError, Severity, TTBundleError
+from ttbundles.format.meshes import HOST
+
+LIVE = ("reference", "transformers")
+AUTO = "auto"
+LOG_TAIL = 25
+
+Progress = Callable[..., None]
+
+
+def _quiet(*_: Any, **__: Any) -> None:
+    return None
+
+
+@dataclass
+class TestReport:
+    """Everything one run found; `cli/conformance.py` renders it."""
+
+    __test__ = False
+
+    plan: TestPlan
+    checkpoint: str
+    goldens: list[str]
+    cases: list[Any] = field(default_factory=list)  # compare.CaseResult
+    perplexity: list[Any] = field(default_factory=list)  # compare.PerplexityResult
+    served: dict[str, Any] = field(default_factory=dict)
+    problems: list[Diagnostic] = field(default_factory=list)  # not tied to a case
+    recorded: Path | None = None
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def failures(self) -> list[Diagnostic]:
+        out = list(self.problems)
+        for case in self.cases:
+            out.extend(case.failures)
+        for result in self.perplexity:
+            out.extend(result.failures)
+        return out
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures
+
+
+# --- the bundle and the goldens -------------------------------------------------------
+
+
+def checked_bundle(bundle: Path, workdir: Path) -> tuple[Path, Any]:
+    """The bundle folder (an archive is verified and extracted into `workdir`) and its
+    metadata; raises InvalidBundleError with every error `ttbundle validate` finds."""
+    from ttbundles.check.validate import check_bundle
+
+    bundle = Path(bundle)
+    if bundle.is_file():
+        from ttbundles.archive.reader import extract_verified
+
+        bundle = extract_verified(bundle, workdir)
+    elif not bundle.is_dir():
+        raise InvalidBundleError(
+            Diagnostic(
+                "TTB001", Severity.ERROR, "no such bundle folder or archive", file=str(bundle)
+            )
+        )
+    checked = check_bundle(bundle.absolute())
+    errors = [d for d in checked.diagnostics if d.is_error]
+    if errors or checked.metadata is None:
+        raise InvalidBundleError(errors or checked.diagnostics)
+    return bundle.absolute(), checked.metadata
+
+
+def golden_choices(choices: list[str], plan: TestPlan) -> list[str]:
+    """The goldens asked for, with `auto` resolved as far as it can be without the
+    checkpoint: the bundle's recorded golden when it declares one."""
+    out = []
+    for choice in choices or [AUTO]:
+        if choice == AUTO and plan.tests.golden is not None:
+            choice = str(plan.bundle_dir / plan.tests.golden)
+        if choice not in out:
+            out.append(choice)
+    return out
+
+
+def load_live(kind: str, checkpoint: str) -> Any:
+    """A live golden; `auto`: the reference where it covers the checkpoint, else
+    transformers. Raises TTBundleError (TTB125) when neither can be had."""
+    try:
+        from ttbundles.reference.golden import load_config, load_golden, reference_covers
+    except ImportError as exc:
+        raise _no_golden(kind, checkpoint, f"torch is not installed ({exc})") from None
+    try:
+        from transformers.utils import logging as transformers_logging
+
+        transformers_logging.disable_progress_bar()  # a bar per golden load is noise
+        config = load_config(checkpoint)
+    except Exception as exc:  # noqa: BLE001 - any failure to read it means no golden
+        raise _no_golden(kind, checkpoint, f"cannot read its config: {exc}") from None
+    if kind == AUTO:
+        kind = "reference" if reference_covers(config) is None else "transformers"
+    elif kind == "reference":
+        reason = reference_covers(config)
+        if reason is not None:
+            raise _no_golden(kind, checkpoint, reason)
+    try:
+        return load_golden(kind, checkpoint, config)
+    except Exception as exc:  # noqa: BLE001
+        raise _no_golden(kind, checkpoint, f"{type(exc).__name__}: {exc}") from None
+
+
+def _no_golden(kind: str, checkpoint: str, reason: str) -> TTBundleError:
+    return TTBundleError.single(
+        "TTB125",
+        f"no {kind} golden for {checkpoint}: {reason}",
+        hint="use --golden transformers (any architecture transformers reads), or a golden "
+        "recorded elsewhere: --golden FILE",
+    )
+
+
+# --- the served side ------------------------------------------------------------------
+
+
+def serve(
+    plan: TestPlan,
+    checkpoint: str,
+    workdir: Path,
+    *,
+    progress: Progress,
+    timeout: float,
+) -> tuple[dict[str, Any], Any]:
+    """Run the harness; its result document and its arrays (an NpzFile)."""
+    import numpy as np
+
+    models = workdir / "models"
+    models.mkdir()
+    (models / plan.bundle_dir.name).symlink_to(plan.bundle_dir, target_is_directory=True)
+    out_dir = workdir / "out"
+    out_dir.mkdir()
+    spec = plan.harness_spec(models_dir=models, checkpoint=checkpoint, out_dir=out_dir)
+    spec_file = workdir / "spec.json"
+    spec_file.write_text(json.dumps(spec), encoding="utf-8")
+    log_file = workdir / "serve.log"
+    env = {k: v for k, v in os.environ.items() if k != "EXTRA_MODELS_DIR"}
+    error: dict[str, Any] | None = None
+    with open(log_file, "w", encoding="utf-8") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "ttbundles.serving.harness", str(spec_file)],
+            stdout=subprocess.PIPE,
+            stderr=log,
+            text=True,
+            env=env,
+            cwd=workdir,
+        )
+        timer = threading.Timer(timeout, process.kill)
+        timer.start()
+        try:
+            assert process.stdout is not None
+            for line in process.stdout:
+                try:
+                    event = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                kind = event.pop("event", None)
+                if kind == "error":
+                    error = event
+                elif kind in ("plan", "progress", "advance"):
+                    progress(kind, **event)
+            code = process.wait()
+        finally:
+            timer.cancel()
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    if error is not None or code != 0:
+        tail = log_file.read_text(encoding="utf-8", errors="replace").splitlines()[-LOG_TAIL:]
+        diagnostics = [
+            Diagnostic(**{**d, "severity": Severity(d["severity"])})
+            for d in (error or {}).get("diagnostics", [])
+        ]
+        if code != 0 and error is None:
+            message = (
+                f"the serving process was stopped after {timeout:.0f} s"
+                if code < 0
+                else f"the serving process exited with code {code}"
+            )
+        else:
+            message = (error or {}).get("message", "unknown error")
+            if diagnostics:
+                message = "the error above"
+            if (error or {}).get("where"):
+                message = f"{message}, while {error['where']}"
+        raise TTBundleError(
+            [
+                *diagnostics,
+                Diagnostic(
+                    "TTB127",
+                    Severity.ERROR,
+                    f"serving {plan.metadata.name} for the test failed: {message}",
+                    file=str(log_file),
+                    # The bundle's own diagnostics say what to fix; otherwise the log does.
+                    hint="the whole log is in that file"
+                    if diagnostics
+                    else "the log's last lines:\n      " + "\n      ".join(tail),
+                ),
+            ]
+        )
+    result = json.loads((out_dir / "result.json").read_text(encoding="utf-8"))
+    arrays = np.load(out_dir / "logits.npz")
+    return result, arrays
+
+
+# --- one run --------------------------------------------------------------------------
+
+
+def run_test(
+    bundle: Path,
+    checkpoint: str,
+    *,
+    mesh: str = HOST,
+    goldens: list[str] | None = None,
+    paths: list[str] | None = None,
+    max_tokens: int | None = None,
+    record: Path | None = None,
+    record_top_k: int = DEFAULT_TOP_K,
+    progress: Progress = _quiet,
+    timeout: float = 1800.0,
+) -> TestReport:
+    started = time.perf_counter()
+    workdir = Path(tempfile.mkdtemp(prefix="ttbundle-test-"))
+    keep = False
+    try:
+        bundle_dir, metadata = checked_bundle(bundle, workdir)
+        plan = resolve_plan(bundle_dir, metadata, paths=paths, max_tokens=max_tokens, mesh=mesh)
+        choices = golden_choices(goldens or [], plan)
+        files: dict[str, GoldenFile] = {}
+        for choice in choices:
+            if choice not in LIVE and choice != AUTO:
+                files[choice] = GoldenFile.read(Path(choice))
+        live_kinds = [c for c in choices if c in LIVE or c == AUTO]
+        if record is not None and not live_kinds:
+            raise TTBundleError.single(
+                "TTB125",
+                "--record needs a live golden (reference or transformers) to record",
+                hint="add --golden reference or --golden transformers",
+            )
+        report = TestReport(plan=plan, checkpoint=str(checkpoint), goldens=[])
+        extra_units = 1 + len(choices) + (1 if record else 0)
+        announced: dict[str, int] = {}
+
+        def relay(kind: str, **event: Any) -> None:
+            if kind == "plan":
+                announced["total"] = event["total"] + extra_units
+                progress("plan", total=announced["total"])
+            else:
+                progress(kind, **event)
+
+        loaded: dict[str, Any] = {}
+        failed: dict[str, TTBundleError] = {}
+
+        def load_all() -> None:
+            begun = time.perf_counter()
+            for kind in live_kinds:
+                try:
+                    loaded[kind] = load_live(kind, str(checkpoint))
+                except TTBundleError as exc:
+                    failed[kind] = exc
+            report.seconds["golden_load"] = time.perf_counter() - begun
+
+        loader = threading.Thread(target=load_all, name="ttbundle-golden", daemon=True)
+        loader.start()
+        try:
+            served, arrays = serve(plan, str(checkpoint), workdir, progress=relay, timeout=timeout)
+        except TTBundleError:
+            keep = True  # the log stays for the user to read
+            raise
+        report.seconds["serve"] = time.perf_counter() - started
+        progress("progress", label="loading the golden")
+        loader.join()
+        if failed:
+            raise TTBundleError([d for exc in failed.values() for d in exc.diagnostics])
+        progress("advance", label="golden loaded")
+        report.served = {k: v for k, v in served.items() if k not in ("runs", "model")}
+        report.served["model"] = model_identity(served.get("model", {}))
+        from ttbundles.conformance.compare import FileSource, LiveSource
+
+        sources = []
+        for choice in choices:
+            if choice in files:
+                golden = files[choice]
+                check_golden_file(golden, choice, plan, served)
+                sources.append(FileSource(golden, f"{Path(choice).name} ({golden.golden})"))
+            else:
+                sources.append(LiveSource(loaded[choice]))
+        begun = time.perf_counter()
+        for source in sources:
+            progress("progress", label=f"comparing with {source.name}")
+            report.goldens.append(source.name)
+            compare_all(report, plan, served, arrays, source)
+            progress("advance", label=f"compared with {source.name}")
+        report.seconds["compare"] = time.perf_counter() - begun
+        if record is not None:
+            progress("progress", label=f"recording the golden to {record}")
+            first = next(s for s in sources if s.live)
+            recorded = record_golden(plan, served, first.golden, top_k=record_top_k)
+            report.recorded = recorded.write(Path(record))
+            progress("advance", label="golden recorded")
+        report.seconds["total"] = time.perf_counter() - started
+        return report
+    finally:
+        if not keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("ttbundles")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def check_golden_file(golden: GoldenFile, where: str, plan: TestPlan, served: dict) -> None:
+    """TTB126 when a recorded golden cannot answer for these tests."""
+    from ttbundles.conformance.compare import golden_mismatch
+
+    identity = model_identity(served.get("model", {}))
+    differing = [k for k in identity if k in golden.model and golden.model[k] != identity[k]]
+    if differing:
+        raise golden_mismatch(
+            f"{where} was recorded for another model ("
+            + ", ".join(f"{k}: {golden.model[k]} vs {identity[k]}" for k in differing)
+            + ")"
+        )
+    if plan.max_tokens > golden.max_tokens:
+        raise golden_mismatch(
+            f"{where} holds {golden.max_tokens} tokens per prompt; the tests ask for "
+            f"{plan.max_tokens}"
+        )
+    for prompt in served["prompts"]:
+        if golden.prompt_for(prompt["token_ids"]) is None:
+            raise golden_mismatch(
+                f"{where} has no prompt {prompt['name']} with these token ids (was it "
+                "recorded for other prompts, or with another tokenizer?)"
+            )
+
+
+def compare_all(report: TestReport, plan: TestPlan, served: dict, arrays: Any, source: Any) -> None:
+    from ttbundles.conformance import compare
+
+    labels = {p.name: p.label() for p in plan.prompts}
+    thresholds = plan.thresholds
+    runs = served["runs"]
+    device_steps = served.get("device_steps", {})
+    for path in plan.paths:
+        for item in runs.get(path, []):
+            case = compare.CaseResult(
+                path=path, prompt=item["prompt"], label=labels[item["prompt"]], golden=source.name
+            )
+            if path == "device_sampling":
+                case.details.update(
+                    seed=item["seed"],
+                    seeded_alone=item["seeded_alone"],
+                    seeded_batch=item["seeded_batch"],
+                    device_steps=device_steps.get("sampling.device", 0),
+                    host_steps=device_steps.get("sampling.host", 0),
+                    device_top_logprobs=served.get("device_top_logprobs", 0),
+                )
+                compare.compare_logprobs(
+                    case, item["context"], item["tokens"], item["logprobs"], source
+                )
+                compare.check_thresholds(case, thresholds)
+                compare.compare_seeded(
+                    case, item["context"], plan.tests.sampling.model_dump(), source
+                )
+                if not device_steps.get("sampling.device"):
+                    compare._fail(
+                        "TTB124",
+                        case,
+                        None,
+                        "no step sampled on the device (every batch fell back to the host)",
+                        "check the bundle's sample_on_device capability and the plan: "
+                        "ttbundle plan --model CHECKPOINT --additional-config "
+                        '\'{"tt": {"sample_on_device_mode": "all"}}\'',
+                    )
+            else:
+                case.details.update(
+                    num_cached_tokens=item["num_cached_tokens"],
+                    prefill_chunks=item["prefill_chunks"],
+                    prompt_tokens=len(item["context"]),
+                )
+                compare.compare_logits(
+                    case, item["context"], item["tokens"], arrays[item["logits"]], source
+                )
+                compare.check_thresholds(case, thresholds)
+                exercised(case, path, served)
+            report.cases.append(case)
+    perplexity = runs.get("perplexity")
+    if perplexity is not None:
+        result = compare.compare_perplexity(
+            arrays[perplexity["logits"]], perplexity["token_ids"], source, thresholds
+        )
+        if result is not None:
+            report.perplexity.append(result)
+
+
+def exercised(case: Any, path: str, served: dict) -> None:
+    """TTB124 when a path did not do what it is named for."""
+    from ttbundles.conformance.compare import _fail
+
+    details = case.details
+    if path == "chunked_prefill" and details["prefill_chunks"] < 2:
+        _fail(
+            "TTB124",
+            case,
+            None,
+            f"the prompt of {details['prompt_tokens']} tokens was prefilled in one step "
+            f"(chunk_size {served.get('chunk_size')})",
+            "set tests.chunk_size below the prompt's length",
+        )
+    if path == "prefix_cache" and details["num_cached_tokens"] == 0:
+        block = next((e["block_size"] for e in served["engines"] if e["name"] == "host"), "?")
+        _fail(
+            "TTB124",
+            case,
+            None,
+            f"no prefix-cache hit: its {details['prompt_tokens']} tokens fill no block of {block}",
+            "use longer prompts or more max_tokens (the decode path's sequence is sent again)",
+        )
+
+
+def record_golden(plan: TestPlan, served: dict, golden: Any, *, top_k: int) -> GoldenFile:
+    """What `golden` computes for these tests, as a GoldenFile: each prompt's greedy
+    continuation of 2 x max_tokens steps with its top-k logits, and the perplexity text."""
+    import numpy as np
+
+    from ttbundles.conformance import metrics
+
+    def f32(values: Any) -> list[float]:
+        # The shortest text that reads back as the same float32.
+        return [float(str(np.float32(v))) for v in values]
+
+    prompts = []
+    steps = 2 * plan.max_tokens
+    for prompt in served["prompts"]:
+        ids = list(prompt["token_ids"])
+        tokens, logits = golden.greedy(ids, steps)
+        top = [metrics.top_ids(row, top_k) for row in logits]
+        prompts.append(
+            RecordedPrompt(
+                name=prompt["name"],
+                text=prompt["text"],
+                token_ids=ids,
+                tokens=[int(t) for t in tokens],
+                top_ids=[[int(i) for i in row] for row in top],
+                top_values=[f32(row[ids_]) for row, ids_ in zip(logits, top)],
+                lse=f32([metrics.logsumexp(row) for row in logits]),
+            )
+        )
+    perplexity = None
+    ppl = served.get("perplexity") or {}
+    if ppl.get("token_ids"):
+        from ttbundles.conformance.compare import LiveSource
+
+        logprobs = LiveSource(golden).perplexity_logprobs(ppl["token_ids"])
+        perplexity = RecordedPerplexity(ppl["text"], list(ppl["token_ids"]), f32(logprobs))
+    return GoldenFile(
+        golden=golden.name,
+        model=model_identity(served.get("model", {})),
+        max_tokens=plan.max_tokens,
+        top_k=top_k,
+        prompts=prompts,
+        perplexity=perplexity,
+        created_with=f"ttbundles {_version()}",
+    )

@@ -1,0 +1,468 @@
+"""The served side of `ttbundle test`: a bundle run by vLLM's own engine, in this process.
+
+`ttbundle test` runs `python -m ttbundles.serving.harness SPEC.json` (a process of its own,
+so registration and the environment are those of a server: EXTRA_MODELS_DIR holds only the
+bundle under test, MESH_DEVICE the mesh). vLLM's `LLM` with
+`VLLM_ENABLE_V1_MULTIPROCESSING=0` keeps the engine core here; the platform, the phase
+scheduler, the worker, the model runner and the bundle's generator class are the ones
+`vllm serve` runs, untouched. What is compared is read at two places:
+
+- the logits: the model runner's step observer (`TTModelRunner.observer`), called after
+  each prefill_forward / decode_forward returned, with the request of each row and the
+  positions it computed. Only host-sampled steps have logits; they are keyed by the
+  request's prompt and the step (the position predicted minus the prompt length);
+- tokens, cached-token counts and the device's top log-probabilities: vLLM's own outputs.
+
+The engines, one after the other (each configured as a server would be for that path):
+"host" (sampling on the host: prefill, decode, prefix_cache, perplexity), "chunked"
+(a step budget of chunk_size tokens: chunked_prefill), "device" (sample_on_device_mode:
+device_sampling). Progress goes to the original stdout as JSON lines, anything else
+printed here to stderr; the results to `out_dir` (result.json, logits.npz). The process
+ends with os._exit: vLLM's interpreter-exit cleanup expects an accelerator.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import json
+import math
+import os
+import sys
+import time
+import traceback
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+HOST_RUNS = ("prefill", "decode", "prefix_cache", "perplexity")
+
+
+class Events:
+    """JSON lines on the original stdout; fd 1 itself then points at stderr, so that
+    nothing vLLM or a generator prints can be mistaken for an event."""
+
+    def __init__(self) -> None:
+        self._out = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")
+        sys.stdout.flush()
+        os.dup2(2, 1)
+
+    def emit(self, event: str, **data: Any) -> None:
+        self._out.write(json.dumps({"event": event, **data}, default=str) + "\n")
+        self._out.flush()
+
+
+class Recorder:
+    """The runner's step observer: every host-sampled step's logits, by prompt and step."""
+
+    def __init__(self, runner: Any):
+        self.runner = runner
+        self.reset()
+
+    def reset(self) -> None:
+        self.logits: dict[tuple[int, ...], dict[int, np.ndarray]] = {}
+        self.chunks: Counter[tuple[int, ...]] = Counter()
+        self.first_start: dict[tuple[int, ...], int] = {}
+
+    def __call__(
+        self, kind: str, req_ids: list[str], starts: list[int], ends: list[int], logits: Any
+    ) -> None:
+        for row, req_id in enumerate(req_ids):
+            state = self.runner.requests.get(req_id)
+            if state is None:
+                continue
+            prompt = tuple(state.prompt_token_ids or ())
+            if int(starts[row]) < len(prompt):
+                # A call that computed prompt positions: a prefill chunk, or the decode
+                # call the runner sends a prompt's last single token through.
+                self.chunks[prompt] += 1
+                self.first_start.setdefault(prompt, int(starts[row]))
+            if logits is None:
+                continue
+            step = int(ends[row]) - len(prompt)
+            if step >= 0:  # an earlier chunk of the prompt predicts nothing that counts
+                steps = self.logits.setdefault(prompt, {})
+                steps.setdefault(step, logits[row].detach().float().numpy().copy())
+
+    def steps(self, prompt: list[int], count: int, vocab: int) -> np.ndarray:
+        """`[count, V]` float32; a step nothing was recorded for is NaN."""
+        recorded = self.logits.get(tuple(prompt), {})
+        out = np.full((count, vocab), np.nan, dtype=np.float32)
+        for step, row in recorded.items():
+            if step < count:
+                out[step, : row.shape[0]] = row[:vocab]
+        return out
+
+
+def find_runner(llm: Any) -> Any:
+    """The TT model runner behind an in-process engine (vLLM 0.33's object graph)."""
+    try:
+        core = llm.llm_engine.engine_core.engine_core
+        return core.model_executor.driver_worker.worker.model_runner
+    except AttributeError as exc:
+        raise RuntimeError(
+            "cannot reach the model runner through the engine: the engine runs in another "
+            "process (VLLM_ENABLE_V1_MULTIPROCESSING must be 0) or vLLM's object graph "
+            f"changed ({exc})"
+        ) from exc
+
+
+def close(llm: Any) -> None:
+    """Shut the engine down now (not at interpreter exit), so the next one can start."""
+    # The engine's last teardown step empties an accelerator cache the host mesh lacks.
+    with contextlib.suppress(Exception):
+        llm.llm_engine.engine_core.shutdown()
+    gc.collect()
+
+
+def engine_plan(spec: dict[str, Any], lengths: dict[str, int], max_positions: int | None):
+    """`[(name, LLM keyword arguments, runs)]` for the paths asked for."""
+    paths = spec["paths"]
+    longest = max(lengths.values())
+    need = longest + 2 * spec["max_tokens"] + 1
+    if spec.get("perplexity_ids"):
+        need = max(need, len(spec["perplexity_ids"]) + 1)
+    max_model_len = max(128, 64 * math.ceil(need / 64))
+    caps = [c for c in (spec.get("max_model_len"), max_positions) if c]
+    if caps:
+        if need > min(caps):
+            raise ValueError(
+                f"the longest test sequence needs {need} tokens; the bundle's target or the "
+                f"checkpoint allows {min(caps)}: shorten the prompts or max_tokens"
+            )
+        max_model_len = min(max_model_len, min(caps))
+    max_num_seqs = spec.get("max_num_seqs") or 32
+    base = {
+        "model": spec["checkpoint"],
+        "enforce_eager": True,
+        "seed": 0,
+        "max_model_len": max_model_len,
+        "max_num_seqs": max_num_seqs,
+        "disable_log_stats": True,
+    }
+    engines = []
+    host = [r for r in HOST_RUNS if r in paths or (r == "perplexity" and spec["perplexity_ids"])]
+    if host:
+        engines.append(
+            (
+                "host",
+                {
+                    **base,
+                    "enable_prefix_caching": "prefix_cache" in paths,
+                    "enable_chunked_prefill": False,
+                    "additional_config": {"tt": {}},
+                },
+                host,
+            )
+        )
+    if "chunked_prefill" in paths:
+        chunk = spec.get("chunk_size") or max(1, math.ceil(min(lengths.values()) / 2))
+        engines.append(
+            (
+                "chunked",
+                {
+                    **base,
+                    "enable_chunked_prefill": True,
+                    "max_num_batched_tokens": chunk,
+                    "max_num_seqs": min(max_num_seqs, chunk),
+                    "enable_prefix_caching": False,
+                    "additional_config": {"tt": {}},
+                },
+                ["chunked_prefill"],
+            )
+        )
+    if "device_sampling" in paths:
+        engines.append(
+            (
+                "device",
+                {
+                    **base,
+                    "enable_prefix_caching": False,
+                    "enable_chunked_prefill": False,
+                    "additional_config": {"tt": {"sample_on_device_mode": spec["device_mode"]}},
+                },
+                ["device_sampling"],
+            )
+        )
+    return engines
+
+
+def tokenize(spec: dict[str, Any]) -> tuple[dict[str, list[int]], list[int] | None]:
+    """Prompt ids as vLLM tokenizes a text prompt (special tokens added)."""
+    try:
+        from vllm.tokenizers import get_tokenizer
+    except ImportError:  # another vLLM layout: transformers' tokenizer is what it loads
+        from transformers import AutoTokenizer as _Auto
+
+        def get_tokenizer(name: str) -> Any:
+            return _Auto.from_pretrained(name)
+
+    tokenizer = None
+    ids: dict[str, list[int]] = {}
+    for prompt in spec["prompts"]:
+        if prompt["token_ids"] is not None:
+            ids[prompt["name"]] = list(prompt["token_ids"])
+            continue
+        tokenizer = tokenizer or get_tokenizer(spec["checkpoint"])
+        ids[prompt["name"]] = list(tokenizer.encode(prompt["text"]))
+    perplexity = None
+    if spec.get("perplexity_text"):
+        tokenizer = tokenizer or get_tokenizer(spec["checkpoint"])
+        perplexity = list(tokenizer.encode(spec["perplexity_text"]))
+    return ids, perplexity
+
+
+def model_config(checkpoint: str) -> dict[str, Any]:
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(checkpoint).to_dict()
+
+
+class Session:
+    """One harness run: engines one after the other, results collected in `self.out`."""
+
+    def __init__(self, spec: dict[str, Any], events: Events):
+        self.spec = spec
+        self.events = events
+        self.arrays: dict[str, np.ndarray] = {}
+        self.where = "tokenizing the prompts"
+        self.out: dict[str, Any] = {"runs": {}, "engines": []}
+
+    def run(self) -> None:
+        from vllm import LLM
+
+        spec = self.spec
+        ids, perplexity_ids = tokenize(spec)
+        spec["perplexity_ids"] = perplexity_ids
+        config = model_config(spec["checkpoint"])
+        self.vocab = int(config.get("vocab_size") or 0)
+        self.out["model"] = config
+        self.out["prompts"] = [
+            {"name": p["name"], "text": p["text"], "token_ids": ids[p["name"]]}
+            for p in spec["prompts"]
+        ]
+        self.out["perplexity"] = {"text": spec.get("perplexity_text"), "token_ids": perplexity_ids}
+        self.ids = ids
+        lengths = {name: len(v) for name, v in ids.items()}
+        engines = engine_plan(spec, lengths, config.get("max_position_embeddings"))
+        total = sum(1 + len(runs) for _, _, runs in engines)
+        self.events.emit("plan", total=total, engines=[name for name, _, _ in engines])
+        for name, kwargs, runs in engines:
+            self.where = f"starting the {name} engine"
+            self.events.emit("progress", label=f"starting the {name} engine")
+            started = time.perf_counter()
+            llm = LLM(**kwargs)
+            runner = find_runner(llm)
+            recorder = Recorder(runner)
+            runner.observer = recorder
+            self.vocab = self.vocab or int(runner.input_batch.vocab_size)
+            cache = llm.llm_engine.vllm_config.cache_config
+            sched = llm.llm_engine.vllm_config.scheduler_config
+            self.out["engines"].append(
+                {
+                    "name": name,
+                    "options": {k: v for k, v in kwargs.items() if k != "model"},
+                    "block_size": cache.block_size,
+                    "prefix_caching": bool(cache.enable_prefix_caching),
+                    "chunked_prefill": bool(sched.enable_chunked_prefill),
+                    "max_num_batched_tokens": sched.max_num_batched_tokens,
+                    "async_scheduling": bool(sched.async_scheduling),
+                    "generator": runner.class_name,
+                    "start_seconds": round(time.perf_counter() - started, 3),
+                }
+            )
+            self.events.emit("advance", label=f"{name} engine started")
+            self.llm, self.runner, self.recorder = llm, runner, recorder
+            for run in runs:
+                self.where = f"the {name} engine, {run}"
+                self.events.emit("progress", label=f"{name}: {run}")
+                getattr(self, f"run_{run}")()
+                self.events.emit("advance", label=f"{name}: {run} done")
+            runner.observer = None
+            close(llm)
+            del llm, runner
+            self.llm = self.runner = self.recorder = None
+
+    # --- helpers ------------------------------------------------------------------------
+
+    def generate(self, sequences: list[list[int]], params: Any) -> list[Any]:
+        prompts = [{"prompt_token_ids": ids} for ids in sequences]
+        return self.llm.generate(prompts, params, use_tqdm=False)
+
+    def greedy(self, max_tokens: int) -> Any:
+        from vllm import SamplingParams
+
+        return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+
+    def logits_case(self, path: str, name: str, sequence: list[int], output: Any) -> dict:
+        """One prompt of a host-sampled path: tokens, logits, what the cache did."""
+        tokens = list(output.outputs[0].token_ids)
+        key = f"{path}/{name}"
+        self.arrays[key] = self.recorder.steps(sequence, len(tokens), self.vocab)
+        prompt = tuple(sequence)
+        return {
+            "prompt": name,
+            "context": sequence,
+            "tokens": tokens,
+            "logits": key,
+            "num_cached_tokens": int(getattr(output, "num_cached_tokens", 0) or 0),
+            "prefill_chunks": int(self.recorder.chunks.get(prompt, 0)),
+            "first_start": int(self.recorder.first_start.get(prompt, 0)),
+        }
+
+    def host_path(self, path: str, sequences: dict[str, list[int]], max_tokens: int) -> list:
+        self.recorder.reset()
+        outputs = self.generate(list(sequences.values()), self.greedy(max_tokens))
+        return [
+            self.logits_case(path, name, seq, out)
+            for (name, seq), out in zip(sequences.items(), outputs)
+        ]
+
+    # --- the runs -----------------------------------------------------------------------
+
+    def run_prefill(self) -> None:
+        self.llm.reset_prefix_cache()
+        self.out["runs"]["prefill"] = self.host_path("prefill", self.ids, 1)
+
+    def run_decode(self) -> None:
+        self.llm.reset_prefix_cache()
+        self.out["runs"]["decode"] = self.host_path("decode", self.ids, self.spec["max_tokens"])
+
+    def run_prefix_cache(self) -> None:
+        """The decode path's sequences (prompt and continuation) sent again: their full
+        blocks come from the prefix cache, the rest is prefilled after them, then as many
+        tokens again are decoded."""
+        decoded = self.out["runs"].get("decode")
+        if decoded is None:  # decode not asked for: its sequences are made here, unreported
+            self.llm.reset_prefix_cache()
+            self.recorder.reset()
+            outputs = self.generate(list(self.ids.values()), self.greedy(self.spec["max_tokens"]))
+            decoded = [
+                {"prompt": n, "context": s, "tokens": list(o.outputs[0].token_ids)}
+                for (n, s), o in zip(self.ids.items(), outputs)
+            ]
+        sequences = {case["prompt"]: case["context"] + case["tokens"] for case in decoded}
+        self.out["runs"]["prefix_cache"] = self.host_path(
+            "prefix_cache", sequences, self.spec["max_tokens"]
+        )
+
+    def run_perplexity(self) -> None:
+        ids = self.spec["perplexity_ids"]
+        self.llm.reset_prefix_cache()
+        self.recorder.reset()
+        prefixes = [ids[:i] for i in range(1, len(ids))]
+        self.generate(prefixes, self.greedy(1))
+        rows = np.stack([self.recorder.steps(p, 1, self.vocab)[0] for p in prefixes])
+        self.arrays["perplexity"] = rows
+        self.out["runs"]["perplexity"] = {"token_ids": ids, "logits": "perplexity"}
+
+    def run_chunked_prefill(self) -> None:
+        self.out["runs"]["chunked_prefill"] = self.host_path(
+            "chunked_prefill", self.ids, self.spec["max_tokens"]
+        )
+        self.out["chunk_size"] = self.out["engines"][-1]["max_num_batched_tokens"]
+
+    def run_device_sampling(self) -> None:
+        """Greedy on the device (with the device's top log-probabilities where it returns
+        them), then seeded sampling: each prompt alone, then all in one batch."""
+        from vllm import SamplingParams
+
+        from ttbundles.serving.stats import STATS
+
+        spec, n = self.spec, self.spec["max_tokens"]
+        top = int(self.runner.device_support.top_logprobs)
+        want = min(5, top) if top else None
+        before = dict(STATS.snapshot())
+        greedy = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True, logprobs=want)
+        greedy_out = self.generate(list(self.ids.values()), greedy)
+        sampling = spec["sampling"]
+
+        def seeded(index: int) -> Any:
+            return SamplingParams(
+                max_tokens=n,
+                temperature=sampling["temperature"],
+                top_k=sampling["top_k"],
+                top_p=sampling["top_p"],
+                seed=sampling["seed"] + index,
+                ignore_eos=True,
+            )
+
+        names = list(self.ids)
+        alone = [
+            list(self.generate([self.ids[name]], seeded(i))[0].outputs[0].token_ids)
+            for i, name in enumerate(names)
+        ]
+        batch = self.llm.generate(
+            [{"prompt_token_ids": self.ids[name]} for name in names],
+            [seeded(i) for i in range(len(names))],
+            use_tqdm=False,
+        )
+        after = dict(STATS.snapshot())
+        cases = []
+        for i, name in enumerate(names):
+            out = greedy_out[i].outputs[0]
+            logprobs = None
+            if want and out.logprobs:
+                logprobs = [
+                    sorted(
+                        ([int(t), float(lp.logprob)] for t, lp in step.items()), key=lambda x: -x[1]
+                    )
+                    for step in out.logprobs
+                ]
+            cases.append(
+                {
+                    "prompt": name,
+                    "context": self.ids[name],
+                    "tokens": list(out.token_ids),
+                    "logprobs": logprobs,
+                    "seed": sampling["seed"] + i,
+                    "seeded_alone": alone[i],
+                    "seeded_batch": list(batch[i].outputs[0].token_ids),
+                }
+            )
+        self.out["runs"]["device_sampling"] = cases
+        self.out["device_steps"] = {
+            key: int(after.get(key, 0)) - int(before.get(key, 0))
+            for key in ("sampling.device", "sampling.host")
+        }
+        self.out["device_top_logprobs"] = top
+
+
+def main(spec_path: str) -> None:
+    spec = json.loads(Path(spec_path).read_text(encoding="utf-8"))
+    events = Events()
+    os.environ.update(
+        {
+            **spec.get("env", {}),
+            "MESH_DEVICE": spec["mesh"],
+            "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+            "EXTRA_MODELS_DIR": spec["models_dir"],
+            "TT_VLLM_BUILTIN_MODELS": "0",
+        }
+    )
+    out_dir = Path(spec["out_dir"])
+    session = Session(spec, events)
+    code = 0
+    try:
+        session.run()
+        np.savez(out_dir / "logits.npz", **session.arrays)
+        (out_dir / "result.json").write_text(json.dumps(session.out, default=str))
+        events.emit("done")
+    except BaseException as exc:  # noqa: BLE001 - reported to the CLI, which renders it
+        diagnostics = [d.to_dict() for d in getattr(exc, "diagnostics", [])]
+        traceback.print_exc()
+        events.emit(
+            "error",
+            message=f"{type(exc).__name__}: {exc}",
+            diagnostics=diagnostics,
+            where=session.where,
+        )
+        code = 1
+    sys.stderr.flush()
+    os._exit(code)  # vLLM's interpreter-exit cleanup expects an accelerator
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
