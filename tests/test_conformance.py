@@ -551,7 +551,7 @@ def test_pack_includes_the_golden_and_verify_covers_it(tmp_path, make_bundle):
     golden.write(folder / "tests" / "golden.json.gz")
     archive = pack(folder, tmp_path / "dist")
     assert "tests/golden.json.gz" in {f.path for f in read_archive(archive).files}
-    installed = install(archive, tmp_path / "models")
+    installed = install(archive, tmp_path / "models").path
     assert verify(installed).ok()
     (installed / "tests" / "golden.json.gz").write_bytes(gzip.compress(b"{}"))
     (error,) = verify(installed).errors
