@@ -401,7 +401,7 @@ class TTModelRunner:
             STATS.count("sampling.host")
             STATS.count(f"sampling.host.{reason}")
         if is_decode:
-            self._run_decode(step, computed, totals, device=reason is None, steady=steady)
+            self._run_decode(step, computed, totals, device=reason is None)
         else:
             ends = [c + n for c, n in zip(computed, counts)]
             self._run_prefill(step, ends, computed, device=reason is None)
@@ -417,7 +417,6 @@ class TTModelRunner:
         totals: list[int],
         *,
         device: bool,
-        steady: bool,
     ) -> None:
         """One token per slot, every slot in the call (empty ones at position -1).
         Sampling on the device with async decode: submit without blocking and start the
@@ -434,7 +433,10 @@ class TTModelRunner:
             tokens[slot, 0] = int(batch.token_ids_cpu[i, c]) if c < t else -1
             positions[slot] = c
         page_table = self._page_table(step.req_ids, slots, capacity)
-        layout = tuple(self._slot_owner(slot) for slot in range(capacity))
+        owners: list[str | None] = [None] * capacity  # the request in each slot, this step
+        for req_id, slot in zip(step.req_ids, slots):
+            owners[slot] = req_id
+        layout = tuple(owners)
         commands = self._decode_commands(layout, page_table, device)
         use_async = self.async_decode and device and self.resident_inputs and self._read is not None
         values: dict[str, Any] = dict(
@@ -653,12 +655,6 @@ class TTModelRunner:
         return LogprobsTensors(ids, values, ranks)
 
     # --- what the generator is told -----------------------------------------------------
-
-    def _slot_owner(self, slot: int) -> str | None:
-        for req_id, owned in self.slot_of.items():
-            if owned == slot and req_id in self.input_batch.req_id_to_index:
-                return req_id
-        return None
 
     def _row_params(self, req_ids: list[str]) -> SamplingParams:
         """TT's SamplingParams, one entry per request row (prefill)."""
