@@ -91,6 +91,7 @@ CODES: dict[str, str] = {
     "TTB207": "mixture-of-experts models do not support multi-process data parallelism",
     "TTB208": "model or checkpoint cannot be read",
     "TTB209": "vLLM rejected the configuration",
+    "TTB214": "the KV cache is too small for every data-parallel lane",
 }
 
 UNVERIFIABLE: frozenset[str] = frozenset({"TTB040", "TTB057", "TTB058"})

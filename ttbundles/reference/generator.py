@@ -27,7 +27,8 @@ Shape conventions used throughout (all batch tensors are row-major in the batch)
     tokens        prefill [B, S] int64; decode [B, 1] int64
     page_table    [B, max_blocks] int32: position p of row i lives in block
                   page_table[i, p // Bs], slot p % Bs
-    kv_cache      list over layers of [k_cache, v_cache], each [N, KV, Bs, D] float32
+    kv_cache      list over layers of [k_cache, v_cache], each [N, KV, Bs, D] float32;
+                  with lanes (tt_data_parallel > 1) one such list per lane, N lane-local
     logits        [B, 1, V] float32 (last token of each row)
     sampled       [B] int64
 """
@@ -97,6 +98,12 @@ class ReferenceLlamaGenerator:
     decode trace reads: tokens, positions, page table) and the sampler's per-slot state.
     Every position's K/V lives in the paged cache the worker allocates through it, so
     chunked prefill, prefix caching and preemption need nothing more.
+
+    Single-execute mode (`tt_data_parallel` = N > 1): like TT-Metal's Galaxy generators,
+    one copy of the weights serves N lanes, each with its own KV cache (`kv_cache[lane]`,
+    lane-local block ids). Batch slot s belongs to lane `s // (max_batch_size / N)`:
+    decode rows are slots, prefill rows go to `empty_slots[i]`'s lane, and each lane's
+    rows attend only to that lane's cache.
     """
 
     model_capabilities = {
@@ -117,7 +124,15 @@ class ReferenceLlamaGenerator:
         attention_scaling: float = 1.0,
         max_batch_size: int = 32,
         max_seq_len: int = 2048,
+        lanes: int = 1,
     ):
+        if lanes < 1 or max_batch_size % lanes:
+            raise ValueError(
+                f"tt_data_parallel={lanes} must divide max_batch_size={max_batch_size} "
+                "(each lane holds an equal share of the batch)"
+            )
+        self.lanes = lanes
+        self.per_lane = max_batch_size // lanes
         self.weights = weights
         self.dims = dims
         self.inv_freq = inv_freq  # [D / 2]
@@ -150,8 +165,9 @@ class ReferenceLlamaGenerator:
     ) -> ReferenceLlamaGenerator:
         """Load the checkpoint named by `hf_config._name_or_path`, float32.
 
-        `mesh_device` (a HostMesh), `tt_data_parallel` and `optimizations` change nothing
-        here: rows are independent, and float32 torch has no accuracy/speed trade-off.
+        `tt_data_parallel` is the number of lanes (single-execute mode, see the class);
+        `mesh_device` (a HostMesh) and `optimizations` change nothing here: float32
+        torch has no accuracy/speed trade-off.
         `n_layers` keeps only the first layers (as TT-Metal's generators do, for tests).
         """
         dims = ModelDims.from_hf_config(hf_config)
@@ -175,14 +191,24 @@ class ReferenceLlamaGenerator:
         if n_layers is not None:
             weights.layers = weights.layers[:n_layers]
             dims = dataclasses.replace(dims, num_layers=len(weights.layers))
-        return cls(weights, dims, inv_freq, attention_scaling, max_batch_size, max_seq_len)
+        return cls(
+            weights,
+            dims,
+            inv_freq,
+            attention_scaling,
+            max_batch_size,
+            max_seq_len,
+            lanes=tt_data_parallel,
+        )
 
     def allocate_kv_cache(
         self, kv_cache_shape: tuple[int, int, int, int], dtype: Any, num_layers: int
     ) -> KVCache:
         """Zeroed paged cache: per layer `[k_cache, v_cache]`, each `kv_cache_shape`
-        = `(N, KV, Bs, D)`. Always float32, whatever `dtype` asks: the reference keeps
-        full precision so differences from it are the TT generator's own."""
+        = `(N, KV, Bs, D)`; with lanes, one such cache per lane, each of that shape (the
+        shape is a lane's, as TT-Metal sizes each submesh's cache). Always float32,
+        whatever `dtype` asks: the reference keeps full precision so differences from it
+        are the TT generator's own."""
         num_blocks, kv_heads, block_size, head_size = kv_cache_shape
         if (kv_heads, head_size) != (self.dims.num_kv_heads, self.dims.head_dim):
             raise ValueError(
@@ -192,10 +218,16 @@ class ReferenceLlamaGenerator:
         if num_layers != self.dims.num_layers:
             raise ValueError(f"num_layers {num_layers} != the model's {self.dims.num_layers}")
         shape = (num_blocks, kv_heads, block_size, head_size)
-        return [
-            [torch.zeros(shape, dtype=torch.float32), torch.zeros(shape, dtype=torch.float32)]
-            for _ in range(num_layers)
-        ]
+
+        def one_cache() -> KVCache:
+            return [
+                [torch.zeros(shape, dtype=torch.float32), torch.zeros(shape, dtype=torch.float32)]
+                for _ in range(num_layers)
+            ]
+
+        if self.lanes == 1:
+            return one_cache()
+        return [one_cache() for _ in range(self.lanes)]  # type: ignore[return-value]
 
     # ---- the forward pass ------------------------------------------------------------
 
@@ -261,16 +293,39 @@ class ReferenceLlamaGenerator:
         return F.linear(final, self.weights.lm_head)  # [n, V] (all_positions: [T, V])
 
     def _run(
-        self, segments: list[Segment], batch: int, page_table: Any, kv_cache: KVCache
+        self,
+        segments: list[Segment],
+        batch: int,
+        page_table: Any,
+        kv_cache: Any,
+        slots: list[int] | None = None,
     ) -> torch.Tensor:
-        """Logits `[B, V]` for a batch where only `segments`' rows are real (others 0)."""
+        """Logits `[B, V]` for a batch where only `segments`' rows are real (others 0).
+
+        `slots[row]`: the batch slot of each row (prefill: `empty_slots`; decode: rows are
+        slots). With lanes, each lane's rows run against its own cache."""
         if page_table is None:
             raise ValueError("the reference generator needs a page_table (paged KV cache only)")
         logits = torch.zeros(batch, self.dims.vocab_size, dtype=torch.float32)
-        if segments:
-            table = torch.as_tensor(page_table).long()
-            rows = torch.tensor([s.row for s in segments])
-            logits[rows] = self.forward_segments(segments, table, kv_cache)
+        if not segments:
+            return logits
+        table = torch.as_tensor(page_table).long()
+        if self.lanes == 1:
+            groups = [(segments, kv_cache)]
+        else:
+            if len(kv_cache) != self.lanes:
+                raise ValueError(
+                    f"kv_cache has {len(kv_cache)} entries; with tt_data_parallel="
+                    f"{self.lanes} it must hold one cache per lane (allocate_kv_cache)"
+                )
+            by_lane: dict[int, list[Segment]] = {}
+            for segment in segments:
+                slot = segment.row if slots is None else slots[segment.row]
+                by_lane.setdefault(slot // self.per_lane, []).append(segment)
+            groups = [(group, kv_cache[lane]) for lane, group in sorted(by_lane.items())]
+        for group, cache in groups:
+            rows = torch.tensor([s.row for s in group])
+            logits[rows] = self.forward_segments(group, table, cache)
         return logits
 
     # ---- the contract ----------------------------------------------------------------
@@ -328,7 +383,7 @@ class ReferenceLlamaGenerator:
             history[row, end:] = -1
 
         def compute() -> Any:
-            logits = self._run(segments, batch, page_table, kv_cache)
+            logits = self._run(segments, batch, page_table, kv_cache, slots)
             if sampling_params is None:
                 return logits.unsqueeze(1)
             self.sampler.ensure_capacity(max(slots) + 1)

@@ -30,6 +30,7 @@ PLAN_KEY = "ttbundles"  # where the plan travels inside additional_config
 WORKER_CLS = "ttbundles.serving.worker.TTWorker"
 SCHEDULER_CLS = "ttbundles.serving.scheduler.TTScheduler"
 ASYNC_SCHEDULER_CLS = "ttbundles.serving.scheduler.TTAsyncScheduler"
+LANE_COORDINATOR_CLS = "ttbundles.serving.lanes.TTLaneCoordinator"
 
 # Effective values of the device options the user and the target left unset. The decode
 # interleave cadence is the reference Tenstorrent plugin's: two prefill steps, then one
@@ -279,9 +280,24 @@ def plan_config(vllm_config: VllmConfig, registry: Registry) -> Plan | None:
     if parallel.worker_cls == "auto":
         parallel.worker_cls = WORKER_CLS
     if sched.scheduler_cls is None:
-        sched.scheduler_cls = ASYNC_SCHEDULER_CLS if sched.async_scheduling else SCHEDULER_CLS
+        if plan.lanes > 1:
+            sched.scheduler_cls = LANE_COORDINATOR_CLS
+        else:
+            sched.scheduler_cls = ASYNC_SCHEDULER_CLS if sched.async_scheduling else SCHEDULER_CLS
+    elif plan.lanes > 1 and sched.scheduler_cls != LANE_COORDINATOR_CLS:
+        raise _error(
+            "TTB205",
+            f"--scheduler-cls {sched.scheduler_cls}: {plan.lanes} in-process lanes need "
+            "the lane coordinator",
+            f"drop --scheduler-cls (or pass {LANE_COORDINATOR_CLS})",
+        )
     plan.decide(
-        "scheduler", None, sched.scheduler_cls, "phase-based: prefill-only or decode-only steps"
+        "scheduler",
+        None,
+        sched.scheduler_cls,
+        f"phase-based, {plan.lanes} lanes stepping together: prefill-only or decode-only steps"
+        if plan.lanes > 1
+        else "phase-based: prefill-only or decode-only steps",
     )
     interval = sched.prefill_schedule_interval
     if interval > 1:
@@ -364,11 +380,25 @@ def _plan_lengths(vllm_config: VllmConfig, plan: Plan, target: Any) -> None:
 
 
 def _plan_lanes(vllm_config: VllmConfig, plan: Plan, execution: str, target: Any) -> None:
+    """The data-parallel topology, decided for every bundle and said with its numbers.
+
+    A single-execute generator (one program over the whole mesh, one KV cache per DP
+    submesh) folds `--data-parallel-size N` into N in-process lanes of one engine:
+    `--max-num-seqs` is per lane, the total N times that (capped by the target). Anything
+    else is vLLM's own data parallelism, one engine per rank.
+    """
     parallel = vllm_config.parallel_config
     sched = vllm_config.scheduler_config
     dp = parallel.data_parallel_size
     cap = target.max_num_seqs if target is not None else None
     if dp > 1 and execution == "single":
+        if vllm_config.model_config.uses_mrope:
+            raise _error(
+                "TTB202",
+                f"--data-parallel-size={dp} with {plan.tt_arch}: request-specific RoPE "
+                "(mRoPE, vision models) is not supported yet in in-process lanes",
+                "drop --data-parallel-size",
+            )
         requested = sched.max_num_seqs
         total = requested * dp
         if cap is not None and total > cap:
@@ -380,16 +410,27 @@ def _plan_lanes(vllm_config: VllmConfig, plan: Plan, execution: str, target: Any
                 f"use a max_num_seqs that is a multiple of {dp}",
             )
         plan.lanes = dp
+        # One engine: vLLM must launch, and its front ends expect, a single engine core.
         parallel.data_parallel_size = 1
+        parallel.data_parallel_size_local = 1
+        parallel.data_parallel_rank = 0
+        parallel.data_parallel_rank_local = 0
+        # vLLM chose its multiprocess executor for the DP size it was given; one engine
+        # with one worker runs the worker in the engine process, as without lanes.
+        if parallel.distributed_executor_backend == "mp":
+            parallel.distributed_executor_backend = "uni"
         plan.decide(
             "data_parallel_size",
             dp,
             1,
-            f"single-execute model: {dp} in-process lanes instead of {dp} engines",
+            f"single-execute model ({plan.bundle['name']} declares execution 'single'): "
+            f"{dp} in-process lanes in one engine, one KV cache per lane, instead of {dp} "
+            "engines",
         )
-        sched.max_num_seqs = plan.decide(
-            "max_num_seqs", requested, total, f"{total // dp} per lane x {dp} lanes"
-        )
+        why = f"{total // dp} per lane x {dp} lanes"
+        if cap is not None and requested * dp > cap:
+            why += f" (the target {plan.mesh} serves at most {cap} in all)"
+        sched.max_num_seqs = plan.decide("max_num_seqs", requested, total, why)
         return
     if dp > 1 and vllm_config.model_config.is_moe:
         raise _error(
@@ -397,6 +438,26 @@ def _plan_lanes(vllm_config: VllmConfig, plan: Plan, execution: str, target: Any
             f"--data-parallel-size={dp}: mixture-of-experts models on Tenstorrent "
             "do not run as multiple engines",
             "drop --data-parallel-size; the mesh provides the parallelism",
+        )
+    if dp > 1:
+        plan.decide(
+            "data_parallel_size",
+            dp,
+            dp,
+            f"{dp} engine processes, one per submesh ({plan.bundle['name']} runs per "
+            "submesh); --max-num-seqs is per engine",
+        )
+    else:
+        plan.decide(
+            "data_parallel_size",
+            dp,
+            dp,
+            "one engine"
+            + (
+                "; --data-parallel-size N would run N in-process lanes"
+                if execution == "single"
+                else ""
+            ),
         )
     if cap is not None and sched.max_num_seqs > cap:
         sched.max_num_seqs = plan.decide(

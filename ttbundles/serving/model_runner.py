@@ -50,6 +50,7 @@ from ttbundles.serving.binding import (
     split_output,
 )
 from ttbundles.serving.configuration import effective_options, served_plan
+from ttbundles.serving.lanes import lane_of
 from ttbundles.serving.sampling_path import DeviceSupport, batch_host_reason, device_params
 from ttbundles.serving.stats import STATS
 
@@ -186,7 +187,10 @@ class TTModelRunner:
         self.max_model_len = self.model_config.max_model_len
         self.block_size = vllm_config.cache_config.block_size
         plan = served_plan(vllm_config)
+        # In-process data-parallel lanes (single-execute generators): device rows are
+        # lane x per_lane + slot, each lane's requests in its own rows and KV cache.
         self.lanes = plan.lanes if plan is not None else 1
+        self.per_lane = self.max_num_reqs // self.lanes
         self.options = effective_options(vllm_config)
         self.version = contract.contract_version(generator_cls)
         self.capabilities: dict[str, Any] = dict(
@@ -222,9 +226,14 @@ class TTModelRunner:
         self.async_decode = bool(sched.async_scheduling)
         self._inflight: list[TTAsyncOutput] = []
         self._async_req_ids: list[str] | None = None
-        # Slots: which request holds which device row, for its whole life.
+        # Slots: which request holds which device row, for its whole life (its lane's
+        # rows; a preempted request keeps its lane and takes a row there on resuming).
         self.slot_of: dict[str, int] = {}
-        self._free_slots = list(range(self.max_num_reqs))
+        self.lane_of: dict[str, int] = {}
+        self._free_slots = [
+            list(range(lane * self.per_lane, (lane + 1) * self.per_lane))
+            for lane in range(self.lanes)
+        ]
         # The slot layout and page table of the last device-sampling decode: a decode
         # with the same layout right after it is "steady" (nothing to reload).
         self._device_layout: tuple[str | None, ...] | None = None
@@ -321,7 +330,10 @@ class TTModelRunner:
         num_layers: int,
         dtype: torch.dtype,
     ) -> None:
-        shape = (num_blocks, num_kv_heads, self.block_size, head_size)
+        # With lanes the engine's blocks are every lane's: each lane's scheduler owns an
+        # equal share with lane-local ids, and the generator allocates one cache of that
+        # size per lane (TT-Metal's `kv_cache[lane][layer]`).
+        shape = (num_blocks // self.lanes, num_kv_heads, self.block_size, head_size)
         if self._allocate_per_layer is not None:
             # Newer generators (hybrid attention) take one (shape, dtype, index) per layer,
             # and are preferred through it where they offer it.
@@ -747,17 +759,23 @@ class TTModelRunner:
         return table
 
     def _take_slot(self, req_id: str) -> None:
+        """The lowest free row of the request's lane (its lane's first row upward)."""
         if req_id in self.slot_of:
             return
-        if not self._free_slots:
-            raise RuntimeError(f"no free decode slot for {req_id} (max_num_seqs reached)")
-        self._free_slots.sort()
-        self.slot_of[req_id] = self._free_slots.pop(0)
+        lane = self.lane_of.get(req_id, 0)
+        free = self._free_slots[lane]
+        if not free:
+            raise RuntimeError(
+                f"no free decode slot for {req_id} in lane {lane} "
+                f"({self.per_lane} per lane: max_num_seqs reached)"
+            )
+        free.sort()
+        self.slot_of[req_id] = free.pop(0)
 
     def _release_slot(self, req_id: str) -> None:
         slot = self.slot_of.pop(req_id, None)
         if slot is not None:
-            self._free_slots.append(slot)
+            self._free_slots[slot // self.per_lane].append(slot)
         self.rope_deltas.pop(req_id, None)
 
     def _update_states(self, scheduler_output: SchedulerOutput) -> None:
@@ -773,7 +791,11 @@ class TTModelRunner:
             self.requests.pop(req_id, None)
             batch.remove_request(req_id)
             self._release_slot(req_id)
+            self.lane_of.pop(req_id, None)
             self._mid_prefill.discard(req_id)
+        placed = lane_of(scheduler_output)
+        if placed:
+            self.lane_of.update(placed)
         for req_id in scheduler_output.preempted_req_ids or ():
             self._release_slot(req_id)
             self._mid_prefill.discard(req_id)

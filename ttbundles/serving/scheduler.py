@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
@@ -79,6 +80,119 @@ def is_in_prefill(request: Request) -> bool:
     return request.is_prefill_chunk
 
 
+@dataclass(frozen=True)
+class PhaseDemand:
+    """What a scheduler's requests ask of the next step.
+
+    `has_prefill`: a running request is in prefill; `has_decode`: one is decoding;
+    `waiting`: a request waits (prefill work); `can_admit`: one waits and a running slot
+    is free, so a prefill step could admit it.
+    """
+
+    has_prefill: bool
+    has_decode: bool
+    waiting: bool
+    can_admit: bool
+
+    @property
+    def pending(self) -> bool:
+        """Prefill work exists (a prompt chunk to run, or a request waiting)."""
+        return self.has_prefill or self.waiting
+
+    @property
+    def wants_prefill(self) -> bool:
+        """A prefill step would do something: a chunk to run, or a prompt to admit."""
+        return self.has_prefill or self.can_admit
+
+    @staticmethod
+    def union(demands: list[PhaseDemand]) -> PhaseDemand:
+        """The demand of several schedulers run as one step (lanes)."""
+        return PhaseDemand(
+            any(d.has_prefill for d in demands),
+            any(d.has_decode for d in demands),
+            any(d.waiting for d in demands),
+            any(d.can_admit for d in demands),
+        )
+
+
+def choose_phases(demand: PhaseDemand, *, held: bool, decode_owed: bool) -> tuple[StepKind, ...]:
+    """The phases to try, in order: the second runs only if the first schedules nothing.
+
+    Decode alone when no prefill would do anything, or a prefill cadence holds it
+    (`held`: vLLM's prefill deferral, with a decode running); prefill alone when nothing
+    decodes; otherwise prefill first, unless the decode interleave owes running decodes a
+    step (`decode_owed`). The same rule serves one scheduler and a step over all lanes.
+    """
+    if not demand.wants_prefill or held:
+        return (DECODE,)
+    if not demand.has_decode:
+        return (PREFILL,)
+    if decode_owed:
+        return (DECODE, PREFILL)
+    return (PREFILL, DECODE)
+
+
+class DecodeInterleave:
+    """The decode-interleave cadence (`additional_config["tt"]`:
+    `decode_interleave_enabled`, `decode_interleave_prefill_steps` N,
+    `decode_interleave_decode_steps` M): after N consecutive prefill steps that kept a
+    running decode waiting, M decode steps are owed. Owned by whoever chooses the step's
+    phase: a scheduler, or the lane coordinator for all its lanes at once."""
+
+    def __init__(self, enabled: bool, prefill_steps: int, decode_steps: int):
+        self.enabled = enabled
+        self.prefill_steps = prefill_steps
+        self.decode_steps = decode_steps
+        # Prefill steps taken in a row while decodes were running, and decode steps
+        # still owed to them before the next prefill step.
+        self.prefill_run = 0
+        self.owed = 0
+
+    @classmethod
+    def from_options(cls, options: Any) -> DecodeInterleave:
+        return cls(
+            bool(options.decode_interleave_enabled),
+            options.decode_interleave_prefill_steps,
+            options.decode_interleave_decode_steps,
+        )
+
+    @property
+    def owes_decode(self) -> bool:
+        return self.enabled and self.owed > 0
+
+    def record(self, kind: StepKind, decode_turn: bool, pending: bool, had_decodes: bool) -> None:
+        """Advance the cadence after a step.
+
+        `decode_turn`: a decode attempt was made this step. It spends one step of the
+        decode allowance whatever it scheduled: running decodes can have nothing to
+        schedule (under async scheduling, a request whose last token is in flight), and
+        an allowance kept for them would put a futile decode attempt before every later
+        step. `pending`: prefill work existed when the step was chosen. A step taken
+        with none is not part of an insertion and clears both counters, and so does a
+        prefill step with no decode running: a prompt arriving later is not made to
+        wait for decode steps it never delayed.
+        """
+        if not pending:
+            self.prefill_run = 0
+            self.owed = 0
+            return
+        if decode_turn:
+            self.prefill_run = 0
+            if self.owed:
+                self.owed -= 1
+        if kind == PREFILL and not had_decodes:
+            # Nothing was kept waiting: no run, and nothing owed to decodes that are
+            # gone (they finished or were preempted).
+            self.prefill_run = 0
+            self.owed = 0
+        elif kind == PREFILL:
+            # Only prefill steps that made running decodes wait count towards the run.
+            self.prefill_run += 1
+            if self.enabled and self.prefill_run >= self.prefill_steps:
+                self.prefill_run = 0
+                self.owed = self.decode_steps
+
+
 class PhaseSchedulingMixin:
     """Phase selection and request hiding around vLLM's `Scheduler.schedule`.
 
@@ -96,24 +210,17 @@ class PhaseSchedulingMixin:
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._reject_unsupported()
-        options = effective_options(self.vllm_config)
-        self.decode_interleave_enabled: bool = bool(options.decode_interleave_enabled)
-        self.decode_interleave_prefill_steps: int = options.decode_interleave_prefill_steps
-        self.decode_interleave_decode_steps: int = options.decode_interleave_decode_steps
+        self.interleave = DecodeInterleave.from_options(effective_options(self.vllm_config))
         # How many steps of each kind were returned: cheap to keep, and the first thing
         # to look at when latency looks wrong (are decodes starved by prefills?).
         self.step_kinds: Counter[str] = Counter({PREFILL: 0, DECODE: 0, EMPTY: 0})
         self.last_step_kind: StepKind | None = None
-        # Prefill steps taken in a row while decodes were running, and decode steps
-        # still owed to them before the next prefill step (decode interleaving).
-        self._prefill_run = 0
-        self._decode_steps_owed = 0
 
     @property
     def decode_steps_owed(self) -> int:
         """Decode steps the interleave cadence still owes running decodes: while it is
         above zero (and prefill work is pending), decode goes first."""
-        return self._decode_steps_owed
+        return self.interleave.owed
 
     def _reject_unsupported(self) -> None:
         """Refuse what a discarded attempt would corrupt.
@@ -143,12 +250,8 @@ class PhaseSchedulingMixin:
                 "(steps will then mix prefill and decode, which TT generators cannot run)",
             )
 
-    def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
-        """Schedule one step of a single phase.
-
-        On a steady decode batch (nothing mid-prefill, nothing waiting) this is the base
-        schedule() plus one pass over `running`: nothing is hidden or copied.
-        """
+    def demand(self) -> PhaseDemand:
+        """What this scheduler's requests ask of the next step (one pass over `running`)."""
         has_prefill = has_decode = False
         for request in self.running:
             if is_in_prefill(request):
@@ -164,20 +267,26 @@ class PhaseSchedulingMixin:
         # WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR and it is in `deferred_waiting`): a
         # decode step hides it with the rest of `waiting`.
         waiting = bool(self.waiting or self.kv_holding_waiting)
-        pending = has_prefill or waiting
         # Admission is possible only with a free running slot; without that check a full
         # batch with a queue would pay for a futile prefill attempt on every step.
         can_admit = waiting and (
             len(self.running) + self.num_waiting_for_streaming_input < self.max_num_active_reqs
         )
-        if not (has_prefill or can_admit) or (has_decode and self._prefill_held(throttle_prefills)):
-            phases: tuple[StepKind, ...] = (DECODE,)
-        elif not has_decode:
-            phases = (PREFILL,)
-        elif self.decode_interleave_enabled and self._decode_steps_owed > 0:
-            phases = (DECODE, PREFILL)
-        else:
-            phases = (PREFILL, DECODE)
+        return PhaseDemand(has_prefill, has_decode, waiting, can_admit)
+
+    def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
+        """Schedule one step of a single phase.
+
+        On a steady decode batch (nothing mid-prefill, nothing waiting) this is the base
+        schedule() plus one pass over `running`: nothing is hidden or copied.
+        """
+        demand = self.demand()
+        has_prefill, has_decode = demand.has_prefill, demand.has_decode
+        phases = choose_phases(
+            demand,
+            held=has_decode and self._prefill_held(throttle_prefills),
+            decode_owed=self.interleave.owes_decode,
+        )
 
         # A discarded attempt clears this set in place (MRV1 bookkeeping of the previous
         # step); keep a copy only when a second attempt is possible.
@@ -203,13 +312,38 @@ class PhaseSchedulingMixin:
             self._carry_over(output, previous_step_ids)
             phase = phases[1]
             decode_turn |= phase == DECODE
-            output = self._merge_discarded(
+            output = self.merge_discarded(
                 output, self._schedule_phase(phase, has_prefill, throttle_prefills)
             )
 
         kind = phase if output.total_num_scheduled_tokens > 0 else EMPTY
-        self._record(kind, decode_turn, pending, has_decode)
+        self.record_step(kind)
+        self.interleave.record(kind, decode_turn, demand.pending, has_decode)
         return output
+
+    def schedule_phase(
+        self, phase: StepKind, demand: PhaseDemand, throttle_prefills: bool = False
+    ) -> SchedulerOutput:
+        """One attempt at `phase` with nothing else decided here: the lane coordinator
+        chooses the phase for every lane at once (`serving.lanes`). `demand` is this
+        scheduler's `demand()` taken before the step."""
+        return self._schedule_phase(phase, demand.has_prefill, throttle_prefills)
+
+    def discard_attempt(
+        self, discarded: SchedulerOutput, previous_step_ids: set[str] | None
+    ) -> None:
+        """Give back what an empty attempt consumed, before the other phase is tried."""
+        self._carry_over(discarded, previous_step_ids)
+
+    def previous_step_ids(self) -> set[str] | None:
+        """A copy of the previous step's scheduled ids, which a discarded attempt would
+        clear (MRV1 bookkeeping), or None where nothing needs keeping."""
+        return None if self.use_v2_model_runner else set(self.prev_step_scheduled_req_ids)
+
+    def record_step(self, kind: StepKind) -> None:
+        self.step_kinds[kind] += 1
+        self.last_step_kind = kind
+        logger.debug("ttbundles scheduler: %s step (%d running)", kind, len(self.running))
 
     def _prefill_held(self, throttle_prefills: bool) -> bool:
         """vLLM's prefill deferral, decided before the phase is chosen (the caller has
@@ -299,7 +433,7 @@ class PhaseSchedulingMixin:
             self.prev_step_scheduled_req_ids.update(previous_step_ids)
 
     @staticmethod
-    def _merge_discarded(discarded: SchedulerOutput, output: SchedulerOutput) -> SchedulerOutput:
+    def merge_discarded(discarded: SchedulerOutput, output: SchedulerOutput) -> SchedulerOutput:
         """Carry the drained, step-scoped fields of a discarded attempt into `output`.
 
         Drained from managers by every schedule() call: freed encoder-cache entries,
@@ -322,44 +456,6 @@ class PhaseSchedulingMixin:
             )
         output.has_sync_kv_loads |= discarded.has_sync_kv_loads
         return output
-
-    def _record(self, kind: StepKind, decode_turn: bool, pending: bool, had_decodes: bool) -> None:
-        """Count the step and advance the decode-interleave cadence.
-
-        `decode_turn`: a decode attempt was made this step. It spends one step of the
-        decode allowance whatever it scheduled: running decodes can have nothing to
-        schedule (under async scheduling, a request whose last token is in flight), and
-        an allowance kept for them would put a futile decode attempt before every later
-        step. `pending`: prefill work existed when the step was chosen. A step taken
-        with none is not part of an insertion and clears both counters, and so does a
-        prefill step with no decode running: a prompt arriving later is not made to
-        wait for decode steps it never delayed.
-        """
-        self.step_kinds[kind] += 1
-        self.last_step_kind = kind
-        if not pending:
-            self._prefill_run = 0
-            self._decode_steps_owed = 0
-        else:
-            if decode_turn:
-                self._prefill_run = 0
-                if self._decode_steps_owed:
-                    self._decode_steps_owed -= 1
-            if kind == PREFILL and not had_decodes:
-                # Nothing was kept waiting: no run, and nothing owed to decodes that
-                # are gone (they finished or were preempted).
-                self._prefill_run = 0
-                self._decode_steps_owed = 0
-            elif kind == PREFILL:
-                # Only prefill steps that made running decodes wait count towards the run.
-                self._prefill_run += 1
-                if (
-                    self.decode_interleave_enabled
-                    and self._prefill_run >= self.decode_interleave_prefill_steps
-                ):
-                    self._prefill_run = 0
-                    self._decode_steps_owed = self.decode_interleave_decode_steps
-        logger.debug("ttbundles scheduler: %s step (%d running)", kind, len(self.running))
 
 
 def _restore_running(

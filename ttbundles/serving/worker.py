@@ -105,16 +105,21 @@ class TTWorker(WorkerBase):
 
     def determine_available_memory(self) -> int:
         """Bytes for the KV cache: the generator's own capacity when it declares one
-        (get_max_tokens_all_users), else room for every sequence at full length."""
+        (get_max_tokens_all_users), else room for every sequence at full length.
+
+        With in-process lanes the generator's capacity is per lane (TT-Metal sizes each
+        DP submesh's cache), and the engine's blocks are every lane's: the coordinator
+        and the runner give each lane an equal share."""
         assert self.model_runner is not None
         explicit = self.cache_config.kv_cache_memory_bytes
         if explicit is not None:
             return int(explicit)
-        tokens = self.model_runner.max_tokens_all_users()
+        runner = self.model_runner
+        tokens = runner.max_tokens_all_users()
         if tokens is None:
-            tokens = self.scheduler_config.max_num_seqs * self.model_config.max_model_len
+            tokens = runner.per_lane * self.model_config.max_model_len
         block = self.cache_config.block_size
-        num_blocks = -(-tokens // block) + 1
+        num_blocks = (-(-tokens // block) + 1) * runner.lanes
         spec = next(iter(self.get_kv_cache_spec().values()))
         return num_blocks * spec.page_size_bytes * len(self.get_kv_cache_spec())
 
@@ -124,10 +129,14 @@ class TTWorker(WorkerBase):
         self.model_runner.allocate_kv_cache(
             kv_cache_config.num_blocks, kv_heads, head_size, num_layers, self.model_config.dtype
         )
+        lanes = self.model_runner.lanes
         logger.info(
-            "ttbundles: KV cache of %d blocks x %d tokens",
+            "ttbundles: KV cache of %d blocks x %d tokens%s",
             kv_cache_config.num_blocks,
             self.cache_config.block_size,
+            f" ({kv_cache_config.num_blocks // lanes} per lane, {lanes} lanes)"
+            if lanes > 1
+            else "",
         )
 
     def compile_or_warm_up_model(self) -> CompilationTimes:
