@@ -59,6 +59,17 @@ def demo(
             "(nothing to download; its text is noise).",
         ),
     ] = False,
+    lanes: Annotated[
+        int,
+        typer.Option(
+            "--lanes",
+            min=1,
+            metavar="N",
+            help="Serve N in-process data-parallel lanes in one engine (the demo bundle's "
+            "single-execute variant, --data-parallel-size N): how single-execute "
+            "generators such as Galaxy-scale models are served. Default: 1.",
+        ),
+    ] = 1,
     prepare: Annotated[
         bool,
         typer.Option(
@@ -79,6 +90,8 @@ def demo(
     Example: ttbundle demo --query
 
     Example: ttbundle demo --port 8000 -- --max-model-len 256 --enable-prefix-caching
+
+    Example: ttbundle demo --lanes 4 --query
     """
     from ttbundles.demo import model
     from ttbundles.demo.checkpoint import write_demo_checkpoint
@@ -102,6 +115,7 @@ def demo(
             with_query=query,
             tiny=tiny,
             vllm_args=vllm_args or (),
+            lanes=lanes,
             say=lambda line: out.line(line, style="dim"),
         )
     except KeyboardInterrupt:

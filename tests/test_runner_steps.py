@@ -24,6 +24,8 @@ from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
 from ttbundles.format.contract import HostMesh  # noqa: E402
 from ttbundles.reference.generator import ReferenceLlamaGenerator  # noqa: E402
+from ttbundles.serving.configuration import PLAN_KEY  # noqa: E402
+from ttbundles.serving.lanes import TTLaneCoordinator  # noqa: E402
 from ttbundles.serving.model_runner import TTModelRunner  # noqa: E402
 from ttbundles.serving.scheduler import TTScheduler  # noqa: E402
 
@@ -44,6 +46,7 @@ class Recording(ReferenceLlamaGenerator):
                 "start": kwargs["start_pos"].tolist(),
             }
         )
+        self.prefill_slots.append(list(kwargs["empty_slots"]))
         return super().prefill_forward(*args, **kwargs)
 
     def decode_forward(self, *args, **kwargs):
@@ -52,13 +55,26 @@ class Recording(ReferenceLlamaGenerator):
                 "device": kwargs.get("sampling_params") is not None,
                 "read": kwargs.get("read_from_device"),
                 "live": int((kwargs["start_pos"] >= 0).sum()),
+                "rows": len(kwargs["start_pos"]),
+                "slots": (kwargs["start_pos"] >= 0).nonzero().flatten().tolist(),
+                "table": kwargs["page_table"].clone(),
                 **{k: kwargs[k] for k in kwargs if k.startswith(("reload", "reset"))},
             }
         )
         return super().decode_forward(*args, **kwargs)
 
 
-def build(checkpoint, *, async_decode: bool, tt: dict | None = None, **engine_args):
+def build(
+    checkpoint,
+    *,
+    async_decode: bool,
+    tt: dict | None = None,
+    lanes: int = 1,
+    num_blocks: int = NUM_BLOCKS,
+    **engine_args,
+):
+    """`lanes`: the plan a single-execute bundle gets from `--data-parallel-size lanes`
+    (max_num_seqs 4 per lane), served by the lane coordinator."""
     config = EngineArgs(
         model=str(checkpoint),
         max_model_len=128,
@@ -68,7 +84,10 @@ def build(checkpoint, *, async_decode: bool, tt: dict | None = None, **engine_ar
         additional_config={"tt": {"sample_on_device_mode": "all", **(tt or {})}},
         **engine_args,
     ).create_engine_config()
-    config.cache_config.num_gpu_blocks = NUM_BLOCKS  # what the engine sets after profiling
+    config.cache_config.num_gpu_blocks = num_blocks  # what the engine sets after profiling
+    if lanes > 1:
+        config.additional_config[PLAN_KEY]["lanes"] = lanes
+        config.scheduler_config.max_num_seqs = 4 * lanes
     hf = config.model_config.hf_config
     spec = FullAttentionSpec(
         block_size=BLOCK,
@@ -77,11 +96,11 @@ def build(checkpoint, *, async_decode: bool, tt: dict | None = None, **engine_ar
         dtype=torch.float32,
     )
     kv_config = KVCacheConfig(
-        num_blocks=NUM_BLOCKS,
+        num_blocks=num_blocks,
         kv_cache_tensors=[],
         kv_cache_groups=[KVCacheGroupSpec(["model.layers.0.self_attn"], spec)],
     )
-    scheduler = TTScheduler(
+    scheduler = (TTLaneCoordinator if lanes > 1 else TTScheduler)(
         vllm_config=config,
         kv_cache_config=kv_config,
         structured_output_manager=StructuredOutputManager(config),
@@ -91,8 +110,9 @@ def build(checkpoint, *, async_decode: bool, tt: dict | None = None, **engine_ar
     runner.load_model()
     runner.generator.decodes = []
     runner.generator.prefills = []
+    runner.generator.prefill_slots = []
     runner.allocate_kv_cache(
-        NUM_BLOCKS, spec.num_kv_heads, spec.head_size, hf.num_hidden_layers, torch.float32
+        num_blocks, spec.num_kv_heads, spec.head_size, hf.num_hidden_layers, torch.float32
     )
     return scheduler, runner
 
@@ -285,3 +305,70 @@ def test_a_prompt_cached_to_its_last_token_is_admitted_by_a_prefill(demo_checkpo
     assert out["again"] == greedy(prompt, 3)
     assert out["first"] == greedy(prompt, 2)
     assert runner.generator.prefills[-1] == {"ends": [17], "start": [16]}
+
+
+# --- in-process lanes -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("async_decode", [False, True])
+def test_lanes_give_each_request_its_lanes_rows_and_the_same_tokens(
+    demo_checkpoint, greedy, async_decode
+):
+    """4 lanes x 4 rows: 8 requests spread over the lanes, each in a row of its lane
+    (lane x 4 + slot) for life, decode calls padded to all 16 rows, each lane's page
+    table rows in its own block space (ids repeat across lanes), the reference's one
+    KV cache per lane; and every request gets transformers' greedy tokens."""
+    scheduler, runner = build(
+        demo_checkpoint, async_decode=async_decode, lanes=4, num_blocks=4 * 16
+    )
+    assert runner.per_lane == 4 and runner.generator.lanes == 4
+    assert len(runner.kv_cache) == 4 and runner.kv_cache[0][0][0].shape[0] == 16
+    prompts = {f"r{i}": [30 + i, *PROMPT_B, 60 + i] for i in range(8)}
+    slots: dict[str, set[int]] = {name: set() for name in prompts}
+    original = runner._take_slot
+
+    def watch(req_id):
+        original(req_id)
+        slot = runner.slot_of[req_id]
+        assert slot // 4 == runner.lane_of[req_id] == scheduler.lane_of_request(req_id)
+        slots[req_id].add(slot)
+
+    runner._take_slot = watch
+    out = run(
+        scheduler,
+        runner,
+        {0: [request(name, p, 5, temperature=0.0) for name, p in prompts.items()]},
+    )
+    for name, prompt in prompts.items():
+        assert out[name] == greedy(prompt, 5), name
+        assert len(slots[name]) == 1, slots[name]  # one row for life
+    lanes_of_rows = {name: next(iter(rows)) // 4 for name, rows in slots.items()}
+    assert sorted(lanes_of_rows.values()) == [0, 0, 1, 1, 2, 2, 3, 3]
+    decodes = runner.generator.decodes
+    assert decodes and all(d["rows"] == 16 for d in decodes)
+    first = decodes[0]
+    assert len(first["slots"]) == 8
+    # Lane-local block ids: every lane's first request starts at the same block.
+    starts = {int(first["table"][slot, 0]) for slot in first["slots"] if slot % 4 == 0}
+    assert len(starts) == 1
+    assert runner.slot_of == {} and all(len(free) == 4 for free in runner._free_slots)
+
+
+def test_a_lane_under_kv_pressure_preempts_inside_itself(demo_checkpoint, greedy):
+    """2 lanes with 9 blocks each (144 tokens): two 60-token prompts generating 40 tokens
+    bound to lane 0 cannot both stay; preemption and the retry rule happen inside lane 0
+    while lane 1 runs on, and every request still gets its greedy tokens."""
+    scheduler, runner = build(demo_checkpoint, async_decode=False, lanes=2, num_blocks=18)
+    prompts = {
+        "a": list(range(100, 160)),
+        "b": list(range(200, 210)),
+        "c": list(range(300, 360)),
+    }
+    requests = [request(name, p, 40, temperature=0.0) for name, p in prompts.items()]
+    out = run(scheduler, runner, {0: requests})
+    for name, prompt in prompts.items():
+        assert out[name] == greedy(prompt, 40), name
+    preempted = {r.request_id for r in requests if r.num_preemptions}
+    assert preempted and preempted <= {"a", "c"}  # lane 0's; b ran alone in lane 1
+    assert scheduler.assigned == [2, 1]
+    assert scheduler.get_kv_cache_usage() == 0.0

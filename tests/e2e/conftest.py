@@ -13,7 +13,10 @@ only record of the order of steps).
 - "compat": the same as "demo" with `always_compat_sampling: true`: every batch on vLLM's
   sampler on the host;
 - "plain": a bundle from EXTRA_MODELS_DIR that wraps the same reference generator but
-  declares no capabilities, started with --enable-prefix-caching to show it turned off.
+  declares no capabilities, started with --enable-prefix-caching to show it turned off;
+- "lanes": the demo bundle's single-execute variant (`demo-lanes`) with
+  `--data-parallel-size 4 --max-num-seqs 2`: 4 in-process lanes in one engine, with a
+  small KV cache per lane.
 
 The transformers reference runs in this process, on the same checkpoint.
 """
@@ -31,6 +34,7 @@ import pytest
 
 from tests.bundle_factory import write_bundle
 from ttbundles.demo.server import ServerProcess, http_get, serve_environment, start_server
+from ttbundles.demo.variants import write_lanes_bundle
 from ttbundles.errors import TTBundleError
 
 READY_TIMEOUT = 600.0  # four cold starts share two cores with the test process
@@ -77,8 +81,29 @@ SERVER_PLANS: dict[str, tuple[list[str], dict[str, str]]] = {
         ],
         {},
     ),
+    # The demo bundle's single-execute variant: 4 in-process lanes x 2 sequences, 12 KV
+    # blocks (192 tokens) per lane so that long requests press on their lane's cache;
+    # async decode and device sampling as on "demo".
+    "lanes": (
+        [
+            "--data-parallel-size",
+            "4",
+            "--max-num-seqs",
+            "2",
+            "--max-model-len",
+            "192",
+            "--num-gpu-blocks-override",
+            "48",
+            "--api-server-count",
+            "1",
+            "--enable-prefix-caching",
+            *tt_options(**DEVICE_SAMPLING),
+        ],
+        {},  # EXTRA_MODELS_DIR: set by the fixture
+    ),
 }
 REAL_MODEL_SERVER = "real"
+LANES = 4
 
 PLAIN_ADAPTER = '''"""The reference generator declaring no capabilities at all."""
 
@@ -228,6 +253,9 @@ _SCRUBBED_ENV = (
 )
 
 _METRIC = re.compile(r"^(vllm:[A-Za-z_:]+)(?:\{[^}]*\})? (\S+)$", re.MULTILINE)
+_LANE_METRIC = re.compile(
+    r'^(ttbundles:lane_[a-z_]+)\{[^}]*lane="(\d+)"[^}]*\} (\S+)$', re.MULTILINE
+)
 _STEP = re.compile(r"ttbundles scheduler: (prefill|decode|empty) step \((\d+) running\)")
 
 
@@ -259,6 +287,15 @@ class Server:
         values: dict[str, float] = {}
         for name, value in _METRIC.findall(body):
             values[name] = values.get(name, 0.0) + float(value)
+        return values
+
+    def lane_metrics(self) -> dict[str, dict[int, float]]:
+        """The per-lane gauges (`ttbundles:lane_*`): {name: {lane: value}}."""
+        status, body = http_get(f"{self.process.base_url}/metrics")
+        assert status == 200, f"/metrics answered {status}"
+        values: dict[str, dict[int, float]] = {}
+        for name, lane, value in _LANE_METRIC.findall(body):
+            values.setdefault(name, {})[int(lane)] = float(value)
         return values
 
     def wait_for_metric(self, name: str, at_least: float, timeout: float = 15.0) -> dict:
@@ -346,6 +383,9 @@ def servers(demo_checkpoint, real_model, tmp_path_factory) -> Iterator[dict[str,
     plans = dict(SERVER_PLANS)
     plans["plain"] = (PLAIN_ARGS, {"EXTRA_MODELS_DIR": str(models_dir)})
     plans["legacy"] = (plans["legacy"][0], {"EXTRA_MODELS_DIR": str(legacy_dir)})
+    lanes_dir = root / "lanes-models"
+    write_lanes_bundle(lanes_dir)
+    plans["lanes"] = (plans["lanes"][0], {"EXTRA_MODELS_DIR": str(lanes_dir)})
     started: dict[str, Server] = {}
     try:
         for name, (args, extra) in plans.items():
@@ -375,6 +415,11 @@ def servers(demo_checkpoint, real_model, tmp_path_factory) -> Iterator[dict[str,
 @pytest.fixture(scope="session")
 def demo_server(servers) -> Server:
     return servers["demo"]
+
+
+@pytest.fixture(scope="session")
+def lanes_server(servers) -> Server:
+    return servers["lanes"]
 
 
 @pytest.fixture(scope="session")

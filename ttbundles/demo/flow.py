@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ttbundles.demo import model
 from ttbundles.demo.checkpoint import cache_dir, ensure_checkpoint
+from ttbundles.demo.variants import write_lanes_bundle
 from ttbundles.demo.query import COMPLETION_PROMPT, DemoAnswers, query
 from ttbundles.demo.server import (
     DEFAULT_HOST,
@@ -36,6 +37,7 @@ def run_demo(
     with_query: bool = False,
     tiny: bool = False,
     vllm_args: Sequence[str] = (),
+    lanes: int = 1,
     say: Callable[[str], None] = lambda line: None,
 ) -> DemoAnswers | None:
     """Serve the demo checkpoint; with `with_query`, query it once and stop it.
@@ -44,9 +46,19 @@ def run_demo(
     caller is interrupted (KeyboardInterrupt propagates once the server has stopped).
     With `with_query` the server's output goes to `cache_dir()/demo-server.log` and the
     port defaults to a free one; in the foreground it is the terminal's, on port 8000.
-    `say` receives one line per stage.
+    `say` receives one line per stage. `lanes` > 1 serves the demo bundle's
+    single-execute variant with `--data-parallel-size lanes`: that many in-process lanes
+    in one engine (`demo.variants`).
     """
     check_vllm_args(vllm_args)
+    if lanes < 1:
+        raise TTBundleError.single("TTB209", f"--lanes {lanes}: give 1 or more lanes")
+    if lanes > 1 and any(a.split("=", 1)[0] == "--data-parallel-size" for a in vllm_args):
+        raise TTBundleError.single(
+            "TTB209",
+            "--data-parallel-size among the vllm serve options would contradict --lanes",
+            hint="use --lanes alone",
+        )
     if tiny:
         checkpoint, written = ensure_checkpoint(checkpoint_dir)
     else:
@@ -57,6 +69,15 @@ def run_demo(
     log_path = cache_dir() / "demo-server.log" if with_query else None
     # The host-mesh demo, whatever mesh the shell names.
     env = serve_environment({**os.environ, "MESH_DEVICE": HOST})
+    if lanes > 1:
+        models_dir = cache_dir() / "lanes-models"
+        bundle = write_lanes_bundle(models_dir)
+        env["EXTRA_MODELS_DIR"] = os.pathsep.join(
+            [str(models_dir), *filter(None, [os.environ.get("EXTRA_MODELS_DIR")])]
+        )
+        # One API server: the lanes are one engine (vLLM would start one per DP rank).
+        vllm_args = [*vllm_args, "--data-parallel-size", str(lanes), "--api-server-count", "1"]
+        say(f"serving {lanes} in-process lanes with {bundle.name} ({bundle})")
     server = start_server(
         checkpoint, host=host, port=port, vllm_args=vllm_args, log_path=log_path, env=env
     )
