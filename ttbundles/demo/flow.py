@@ -15,7 +15,6 @@ from pathlib import Path
 
 from ttbundles.demo import model
 from ttbundles.demo.checkpoint import cache_dir, ensure_checkpoint
-from ttbundles.demo.variants import write_lanes_bundle
 from ttbundles.demo.query import COMPLETION_PROMPT, DemoAnswers, query
 from ttbundles.demo.server import (
     DEFAULT_HOST,
@@ -25,6 +24,7 @@ from ttbundles.demo.server import (
     serve_environment,
     start_server,
 )
+from ttbundles.demo.variants import write_lanes_bundle
 from ttbundles.errors import TTBundleError
 from ttbundles.format.meshes import HOST
 
