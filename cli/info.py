@@ -43,12 +43,8 @@ def list_bundles(
     problems = registry.problems + leftover_diagnostics(extra)
     out = Output(fmt)
     if out.is_json:
-        out.json(
-            {
-                "mesh": registry.mesh,
-                "entries": rows,
-                "problems": [d.to_dict() for d in problems],
-            }
+        out.result(
+            not any(d.is_error for d in problems), problems, mesh=registry.mesh, entries=rows
         )
         return
     out.table(
@@ -97,7 +93,7 @@ def inspect(
     out = Output(fmt)
     data = describe(path)
     if out.is_json:
-        out.json(data)
+        out.result(True, [], **data)
         return
     meta = data["metadata"]
     out.line(f"{meta['name']} {meta['version']}  ({data['tt_arch']})", style="bold")

@@ -11,6 +11,8 @@ CODES: dict[str, str] = {
     "TTB001": "path does not exist or is not a bundle, archive or folder of bundles",
     "TTB002": "bundle folder has no vllm_metadata.json",
     "TTB003": "file cannot be read or is not UTF-8",
+    "TTB004": "command-line usage error (unknown option, missing or invalid argument)",
+    "TTB005": "internal error (a bug in ttbundles: please report it)",
     # JSON and schema
     "TTB010": "JSON syntax error",
     "TTB011": "metadata is not a JSON object",
