@@ -81,7 +81,5 @@ def migrate(
         out.line(f"{bundle}: capabilities from the class: {', '.join(result.capabilities)}")
     if result.class_note:
         out.line(f"{bundle}: note: {result.class_note}")
-    out.line(
-        f"{bundle}: "
-        + ("would migrate to schema_version 1 (dry run: nothing written)" if dry_run else "migrated to schema_version 1")
-    )
+    done = "would migrate" if dry_run else "migrated"
+    out.line(f"{bundle}: {done} to schema_version 1" + (" (dry run: nothing written)" * dry_run))

@@ -19,6 +19,7 @@ and no wrapping, for grep and awk.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -61,10 +62,8 @@ def short_path(path: str | Path, *, verbose: bool = False, limit: int = 40) -> s
     if verbose or not text:
         return text
     candidates = [text]
-    try:
+    with contextlib.suppress(ValueError):  # another drive (Windows)
         candidates.append(os.path.relpath(text))
-    except ValueError:  # another drive (Windows)
-        pass
     home = str(Path.home())
     if text == home or text.startswith(home + os.sep):
         candidates.append("~" + text[len(home) :])

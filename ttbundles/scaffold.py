@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ttbundles.errors import Diagnostic, Severity, TTBundleError
-from ttbundles.fsutil import write_text_atomic
 from ttbundles.format.contract import (
     CAPABILITIES_ATTRIBUTE,
     CAPABILITY_KEYS,
@@ -27,6 +26,7 @@ from ttbundles.format.contract import (
     decode_keywords,
 )
 from ttbundles.format.metadata import METADATA_FILE, SCHEMA_VERSION, Capabilities, slug
+from ttbundles.fsutil import write_text_atomic
 
 _ADAPTER_HEADER = '''"""Generator for {arch}, served by vLLM on Tenstorrent hardware.
 
