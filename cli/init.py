@@ -35,7 +35,10 @@ def init(
     if arch is None and from_hf is None:
         raise typer.BadParameter("give --arch, --from-hf, or both", param_hint="--arch")
     created = init_bundle(folder, arch=arch, from_hf=from_hf, name=name)
-    Output().plain(str(created))
+    out = Output()
+    for note in created.notes:
+        out.err.print(f"note: {note}", highlight=False, markup=False)
+    out.plain(str(created.folder))
 
 
 def migrate(
