@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from .options import FormatOption
-from .output import Format, Output
+from .output import Format, Output, short_path
 
 
 def list_bundles(
@@ -24,6 +24,9 @@ def list_bundles(
     mesh: Annotated[
         str | None, typer.Option(help="The mesh to select for. Default: $MESH_DEVICE.")
     ] = None,
+    verbose: Annotated[
+        bool, typer.Option("--verbose", "-v", help="Show whole paths (default: shortened).")
+    ] = False,
     fmt: FormatOption = Format.human,
 ) -> None:
     """What vLLM would register: each TT architecture, its bundle, source and status.
@@ -57,10 +60,11 @@ def list_bundles(
                 r["source"],
                 r["status"],
                 _caps(r["capabilities"]),
-                r["reason"] or r["path"],
+                r["reason"] or short_path(r["path"], verbose=verbose),
             ]
             for r in rows
         ],
+        head=4,
     )
     out.diagnostics(problems)
 

@@ -12,9 +12,9 @@ read) take the same shape (`error`), so a script parses one thing whatever happe
 Nothing internal reaches the user: the synthetic packages bundle modules import under
 (`_ttb_<name>_<hash>`) are shown as the bundle wrote them (`public`).
 
-Tables (`table`): on a terminal a rich table that wraps between words, never inside
-one; piped (stdout not a terminal), plain aligned columns, one row a line, no borders
-and no wrapping, for grep and awk.
+Tables (`table`): piped (stdout not a terminal), plain aligned columns, one row a line,
+no borders and no wrapping, for grep and awk; on a terminal, a table when it fits the
+width, else one block per row that wraps between words, never inside one.
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def short_path(path: str | Path, *, verbose: bool = False, limit: int = 40) -> s
     if len(text) <= limit:
         return text
     keep = limit - 3
-    return text[: keep // 3] + "..." + text[-(keep - keep // 3) :]
+    return text[: keep // 4] + "..." + text[-(keep - keep // 4) :]
 
 
 class Output:
@@ -119,26 +119,57 @@ class Output:
             if d.hint:
                 console.print(f"    [dim]fix:[/] {escape(public(d.hint))}")
 
-    def table(self, title: str, columns: list[str], rows: list[list[Any]]) -> None:
-        cells = [[public("" if v is None else str(v)) for v in row] for row in rows]
+    def table(
+        self, title: str, columns: list[str], rows: list[list[Any]], *, head: int | None = None
+    ) -> None:
+        """Rows under column names. Piped: plain aligned columns (`_plain_table`). On a
+        terminal wide enough: a table whose cells never wrap. Narrower: one block per row,
+        the first `head` cells on a line and the others below as "name: value", wrapped
+        between words (a word is never split)."""
+        cells = [[public("" if v is None else str(v)) or "-" for v in row] for row in rows]
         if not self.out.is_terminal:
             self._plain_table(title, columns, cells)
             return
-        table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
-        for column in columns:
-            # Wrap between words only; a word wider than its column is cut with an
-            # ellipsis rather than broken across lines.
-            table.add_column(column, overflow="ellipsis")
-        for row in cells:
-            table.add_row(*(escape(v) for v in row))
-        self.out.print(table)
+        widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
+        if sum(widths) + 3 * len(columns) <= self.out.width:
+            table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+            for column in columns:
+                table.add_column(column, no_wrap=True)
+            for row in cells:
+                table.add_row(*(escape(v) for v in row))
+            self.out.print(table)
+            return
+        self._record_table(title, columns, cells, head=head or 1)
+
+    def _record_table(
+        self, title: str, columns: list[str], rows: list[list[str]], *, head: int
+    ) -> None:
+        import textwrap
+
+        width = max(self.out.width, 40)
+        lines = [title, ""] if title else []
+        for row in rows:
+            first = "  ".join(row[:head])
+            lines += textwrap.wrap(
+                first, width, break_long_words=False, break_on_hyphens=False
+            ) or [""]
+            for name, value in zip(columns[head:], row[head:]):
+                lines += textwrap.wrap(
+                    f"{name}: {value}",
+                    width,
+                    initial_indent="    ",
+                    subsequent_indent="      ",
+                    break_long_words=False,
+                    break_on_hyphens=False,
+                )
+        self.out.print(escape("\n".join(lines)), soft_wrap=True)
 
     def _plain_table(self, title: str, columns: list[str], rows: list[list[str]]) -> None:
         """Aligned columns separated by two spaces, one row a line, nothing wrapped."""
         widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(columns)]
         lines = [title] if title else []
         for row in [columns, *rows]:
-            cells = [(v or "-").ljust(w) for v, w in zip(row, widths)]
+            cells = [v.ljust(w) for v, w in zip(row, widths)]
             lines.append("  ".join(cells).rstrip())
         sys.stdout.write("\n".join(lines) + "\n")
         sys.stdout.flush()

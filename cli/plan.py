@@ -41,4 +41,5 @@ def plan(
         "decisions",
         ["setting", "requested", "effective", "reason"],
         [[d["setting"], d["requested"], d["effective"], d["reason"]] for d in result["decisions"]],
+        head=3,
     )
