@@ -45,7 +45,10 @@ CODES: dict[str, str] = {
     "TTB062": "a contract method has an incompatible signature",
     # Across bundles
     "TTB070": "two bundles share a name",
-    "TTB071": "two bundles register the same TT architecture for overlapping targets",
+    "TTB071": (
+        "two or more bundles register the same TT architecture for overlapping targets "
+        "(one diagnostic names them all)"
+    ),
     # Archives
     "TTB080": "archive cannot be read",
     "TTB081": "archive manifest missing or invalid",
