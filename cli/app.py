@@ -8,12 +8,12 @@ traceback only under TTBUNDLE_DEBUG=1).
 from __future__ import annotations
 
 import sys
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from ttbundles import envs
-from ttbundles.errors import TTBundleError
+from ttbundles.errors import Diagnostic, Severity, TTBundleError
 
 from . import archive, conformance, demo, info, init, plan, validate
 
@@ -62,24 +62,55 @@ app.command("test")(conformance.test)
 app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(plan.plan)
 
 
-def main() -> None:
-    from .output import Output
+def command() -> Any:
+    """The click command tree, with value names in its help (`names`)."""
+    from .names import apply_value_names
 
+    return apply_value_names(typer.main.get_command(app))
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run `ttbundle`, answering every error in the format asked for.
+
+    With `--format json`, whatever happens prints one JSON object on stdout (the shape of
+    `output.envelope`): the command's answer, a library error (exit 1), a usage error
+    (TTB004, exit 2) or an internal error (exit 3). Otherwise errors go to stderr as text.
+    """
+    from .output import Format, Output, requested_format
+
+    args = sys.argv[1:] if argv is None else list(argv)
+    out = Output(requested_format(args))
     try:
-        app(prog_name="ttbundle")
+        if out.format is Format.json:
+            # Not standalone: usage errors reach us instead of click's text on stderr.
+            code = command().main(args, prog_name="ttbundle", standalone_mode=False)
+            sys.exit(code if isinstance(code, int) else 0)
+        command().main(args, prog_name="ttbundle")
     except TTBundleError as exc:
-        Output().diagnostics(exc.diagnostics, stderr=True)
+        out.error(exc.diagnostics)
         sys.exit(1)
-    except KeyboardInterrupt:
+    except typer.TyperException as exc:  # only in JSON mode: otherwise click has shown it
+        out.error([Diagnostic("TTB004", Severity.ERROR, exc.format_message(), hint=_usage(exc))])
+        sys.exit(exc.exit_code)
+    except (KeyboardInterrupt, typer.Abort):
         sys.exit(130)
     except Exception as exc:  # noqa: BLE001 - the last line of defence: no tracebacks
         if envs.TTBUNDLE_DEBUG:
             raise
-        sys.stderr.write(
-            f"ttbundle: internal error: {type(exc).__name__}: {exc}\n"
-            "Set TTBUNDLE_DEBUG=1 to see the traceback, and please report it.\n"
-        )
+        message = f"internal error: {type(exc).__name__}: {exc}"
+        hint = "set TTBUNDLE_DEBUG=1 to see the traceback, and please report it"
+        if out.is_json:
+            out.result(False, [Diagnostic("TTB005", Severity.ERROR, message, hint=hint)])
+        else:
+            sys.stderr.write(f"ttbundle: {message}\n{hint[0].upper()}{hint[1:]}.\n")
         sys.exit(3)
+
+
+def _usage(exc: Exception) -> str:
+    ctx = getattr(exc, "ctx", None)
+    if ctx is None:
+        return "see ttbundle --help"
+    return f"see {ctx.command_path} --help"
 
 
 if __name__ == "__main__":

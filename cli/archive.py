@@ -79,13 +79,7 @@ def verify(
     out = Output(fmt)
     report = verify_path(path)
     if out.is_json:
-        out.json(
-            {
-                "path": str(path),
-                "valid": report.ok(),
-                "diagnostics": [d.to_dict() for d in report.diagnostics],
-            }
-        )
+        out.result(report.ok(), report.diagnostics, path=str(path), valid=report.ok())
     else:
         out.diagnostics(report.diagnostics)
         out.line(
@@ -155,7 +149,7 @@ def _version(version: str | None) -> str:
 def _report(out: Output, result: InstallResult) -> None:
     """What install, replace or uninstall did: JSON, or lines of plain text."""
     if out.is_json:
-        out.json(result.to_dict())
+        out.result(True, [], **result.to_dict())
         return
     for path in result.restored:
         out.plain(f"restored {path}: put back after an interrupted replace")

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from .options import FormatOption
-from .output import Format, Output
+from .output import Format, Output, short_path
 
 
 def list_bundles(
@@ -24,6 +24,9 @@ def list_bundles(
     mesh: Annotated[
         str | None, typer.Option(help="The mesh to select for. Default: $MESH_DEVICE.")
     ] = None,
+    verbose: Annotated[
+        bool, typer.Option("--verbose", "-v", help="Show whole paths (default: shortened).")
+    ] = False,
     fmt: FormatOption = Format.human,
 ) -> None:
     """What vLLM would register: each TT architecture, its bundle, source and status.
@@ -43,12 +46,8 @@ def list_bundles(
     problems = registry.problems + leftover_diagnostics(extra)
     out = Output(fmt)
     if out.is_json:
-        out.json(
-            {
-                "mesh": registry.mesh,
-                "entries": rows,
-                "problems": [d.to_dict() for d in problems],
-            }
+        out.result(
+            not any(d.is_error for d in problems), problems, mesh=registry.mesh, entries=rows
         )
         return
     out.table(
@@ -61,10 +60,11 @@ def list_bundles(
                 r["source"],
                 r["status"],
                 _caps(r["capabilities"]),
-                r["reason"] or r["path"],
+                r["reason"] or short_path(r["path"], verbose=verbose),
             ]
             for r in rows
         ],
+        head=4,
     )
     out.diagnostics(problems)
 
@@ -97,7 +97,7 @@ def inspect(
     out = Output(fmt)
     data = describe(path)
     if out.is_json:
-        out.json(data)
+        out.result(True, [], **data)
         return
     meta = data["metadata"]
     out.line(f"{meta['name']} {meta['version']}  ({data['tt_arch']})", style="bold")

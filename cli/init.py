@@ -7,7 +7,8 @@ from typing import Annotated
 
 import typer
 
-from .output import Output
+from .options import FormatOption
+from .output import Format, Output
 
 
 def init(
@@ -34,20 +35,54 @@ def init(
     if arch is None and from_hf is None:
         raise typer.BadParameter("give --arch, --from-hf, or both", param_hint="--arch")
     created = init_bundle(folder, arch=arch, from_hf=from_hf, name=name)
-    Output().plain(str(created))
+    out = Output()
+    for note in created.notes:
+        out.err.print(f"note: {note}", highlight=False, markup=False)
+    out.plain(str(created.folder))
 
 
 def migrate(
     bundle: Annotated[Path, typer.Argument(help="A bundle with legacy metadata.")],
+    dry_run: Annotated[
+        bool,
+        typer.Option("--dry-run", help="Show the change as a unified diff; write nothing."),
+    ] = False,
+    fmt: FormatOption = Format.human,
 ) -> None:
     """Rewrite legacy metadata (arch + main_class only) as schema_version 1, in place.
 
-    Example: ttbundle migrate $EXTRA_MODELS_DIR/my-model
+    Capabilities come from the class's model_capabilities (read, not imported); any other
+    key is kept as an x- extension. The file keeps its permissions.
+
+    Example: ttbundle migrate $EXTRA_MODELS_DIR/my-model --dry-run
     """
     from ttbundles.scaffold import migrate_bundle
 
-    changed = migrate_bundle(bundle)
-    Output().line(
-        f"{bundle}: "
-        + ("migrated to schema_version 1" if changed else "already schema_version 1; nothing to do")
-    )
+    result = migrate_bundle(bundle, dry_run=dry_run)
+    out = Output(fmt)
+    if out.is_json:
+        out.result(
+            True,
+            [],
+            path=str(bundle),
+            changed=result.changed,
+            written=result.written,
+            kept_as_extensions=result.kept,
+            capabilities=result.capabilities,
+            note=result.class_note,
+            diff=result.diff(),
+        )
+        return
+    if not result.changed:
+        out.line(f"{bundle}: already schema_version 1; nothing to do")
+        return
+    if dry_run:
+        out.plain(result.diff().rstrip("\n"))
+    for old, new in result.kept.items():
+        out.line(f"{bundle}: kept {old!r} as {new!r} (legacy metadata has no such key)")
+    if result.capabilities:
+        out.line(f"{bundle}: capabilities from the class: {', '.join(result.capabilities)}")
+    if result.class_note:
+        out.line(f"{bundle}: note: {result.class_note}")
+    done = "would migrate" if dry_run else "migrated"
+    out.line(f"{bundle}: {done} to schema_version 1" + (" (dry run: nothing written)" * dry_run))

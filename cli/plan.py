@@ -29,7 +29,7 @@ def plan(
     result = make_plan(model, list(ctx.args), mesh=mesh)
     out = Output(fmt)
     if out.is_json:
-        out.json(result)
+        out.result(True, [], **result)
         return
     bundle = result["bundle"]
     out.line(
@@ -41,4 +41,5 @@ def plan(
         "decisions",
         ["setting", "requested", "effective", "reason"],
         [[d["setting"], d["requested"], d["effective"], d["reason"]] for d in result["decisions"]],
+        head=3,
     )

@@ -67,29 +67,29 @@ def validate(
     results = [(path, validate_path(path, import_check=import_, timeout=timeout)) for path in paths]
     ok = all(result.ok(strict, strict_unverifiable) for _, result in results)
     if out.is_json:
-        out.json(
-            {
-                "valid": ok,
-                "strict": strict,
-                "strict_unverifiable": strict_unverifiable,
-                "paths": [
-                    {
-                        "path": str(path),
-                        "valid": result.ok(strict, strict_unverifiable),
-                        "bundles": [
-                            {
-                                "path": str(b.path),
-                                "name": b.metadata.name if b.metadata else None,
-                                "version": b.metadata.version if b.metadata else None,
-                                "legacy": b.metadata.legacy if b.metadata else None,
-                            }
-                            for b in result.bundles
-                        ],
-                        "diagnostics": [d.to_dict() for d in result.report.diagnostics],
-                    }
-                    for path, result in results
-                ],
-            }
+        out.result(
+            ok,
+            [d for _, result in results for d in result.diagnostics(strict, strict_unverifiable)],
+            valid=ok,
+            strict=strict,
+            strict_unverifiable=strict_unverifiable,
+            paths=[
+                {
+                    "path": str(path),
+                    "valid": result.ok(strict, strict_unverifiable),
+                    "bundles": [
+                        {
+                            "path": str(b.path),
+                            "name": b.metadata.name if b.metadata else None,
+                            "version": b.metadata.version if b.metadata else None,
+                            "legacy": b.metadata.legacy if b.metadata else None,
+                        }
+                        for b in result.bundles
+                    ],
+                    "diagnostics": [d.to_dict() for d in result.report.diagnostics],
+                }
+                for path, result in results
+            ],
         )
     else:
         for path, result in results:

@@ -297,7 +297,7 @@ def test_list_extra_dirs_only(make_bundle, run_cli, tmp_path):
         "TT_VLLM_BUILTIN_MODELS": "0",
     }
     data = as_json(run_cli("list", "--format", "json", env=env))
-    assert data["mesh"] is None and data["problems"] == []
+    assert data["mesh"] is None and data["diagnostics"] == []
     assert [
         (e["tt_arch"], e["bundle"], e["source"], e["status"], e["path"]) for e in data["entries"]
     ] == [
@@ -307,7 +307,7 @@ def test_list_extra_dirs_only(make_bundle, run_cli, tmp_path):
     assert data["entries"][0]["main_class"] == "adapter:DemoGenerator"
     assert data["entries"][0]["capabilities"]["execution"] == "submesh"
 
-    done = no_traceback(run_cli("list", env=env))
+    done = no_traceback(run_cli("list", "-v", env=env))
     assert done.returncode == 0
     assert "TT architectures (mesh: any)" in done.stdout
     rows = [line for line in done.stdout.splitlines() if "ForCausalLM" in line]
@@ -333,7 +333,7 @@ def test_list_builtins(run_cli):
         "inactive",
         "TTB101 targets TG, not N150",
     )
-    assert data["problems"] == []
+    assert data["diagnostics"] == []
 
 
 def test_builtins_off(run_cli, tmp_path):
@@ -416,7 +416,7 @@ def test_list_reports_broken_and_missing(make_bundle, run_cli, tmp_path):
     [entry] = data["entries"]
     assert (entry["bundle"], entry["status"]) == (None, "skipped")
     assert entry["reason"] == "invalid: TTB030 unknown key 'capabilites'"
-    assert sorted((p["code"], p["severity"]) for p in data["problems"]) == [
+    assert sorted((p["code"], p["severity"]) for p in data["diagnostics"]) == [
         ("TTB001", "warning"),
         ("TTB030", "error"),
     ]
@@ -435,7 +435,7 @@ def test_list_models_dir_option(make_bundle, run_cli, tmp_path):
         )
     )
     assert [e["bundle"] for e in data["entries"]] == ["one"]
-    assert data["problems"] == []
+    assert data["diagnostics"] == []
 
 
 # --- init and migrate --------------------------------------------------------------------

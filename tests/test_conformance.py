@@ -784,7 +784,7 @@ def demo_run(tmp_path_factory, demo_checkpoint):
 @pytest.mark.server
 def test_the_demo_bundle_passes_against_both_goldens_on_every_path(demo_run):
     done, report, _ = demo_run
-    assert done.returncode == 0 and report["passed"], report["failures"]
+    assert done.returncode == 0 and report["passed"], report["diagnostics"]
     assert report["goldens"] == ["reference", "transformers"]
     assert "━" not in done.stderr  # no progress bar when stderr is not a terminal
     paths = ["prefill", "decode", "chunked_prefill", "prefix_cache", "device_sampling"]
@@ -888,7 +888,7 @@ def test_rope_off_by_one_in_decode_fails_at_the_first_decode_step(
     assert len(report["cases"]) == 6
     for case in report["cases"]:
         assert case["steps"][0]["pcc"] > 0.9999 and case["steps"][0]["top1"]
-        pcc = [f for f in case["failures"] if "PCC" in f["message"]]
+        pcc = [f for f in case["diagnostics"] if "PCC" in f["message"]]
         assert pcc and pcc[0]["code"] == "TTB120"
         assert pcc[0]["message"].startswith(f"decode, prompt {case['label']}, step 1: PCC")
 
@@ -928,9 +928,9 @@ def test_a_sampler_that_drops_the_seed_fails_reproducibility(tmp_path, demo_chec
     report = json.loads(done.stdout)
     assert {c["path"] for c in report["cases"]} == {"device_sampling"}
     for case in report["cases"]:
-        codes = [f["code"] for f in case["failures"]]
-        assert "TTB121" in codes, case["failures"]
-        message = next(f["message"] for f in case["failures"] if f["code"] == "TTB121")
+        codes = [f["code"] for f in case["diagnostics"]]
+        assert "TTB121" in codes, case["diagnostics"]
+        message = next(f["message"] for f in case["diagnostics"] if f["code"] == "TTB121")
         seed = case["details"]["seed"]
         assert message.startswith(f"device_sampling, prompt {case['label']}, step ")
         assert f"seed {seed} gave token" in message

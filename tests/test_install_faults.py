@@ -410,7 +410,7 @@ def test_an_install_killed_mid_extraction_is_cleaned_up_by_the_next(tmp_path: Pa
     assert f"{models / tmp}: warning TTB094" in listed.stdout
     assert "fix: the next 'ttbundle install' or 'ttbundle uninstall'" in listed.stdout
     as_json = json.loads(run_cli("list", "--models-dir", models, "--format", "json").stdout)
-    (problem,) = [p for p in as_json["problems"] if p["code"] == "TTB094"]
+    (problem,) = [p for p in as_json["diagnostics"] if p["code"] == "TTB094"]
     assert problem["file"] == str(models / tmp) and problem["severity"] == "warning"
 
     done = run_cli("install", make_archive(tmp_path, name="other"), "--models-dir", models)

@@ -705,16 +705,24 @@ def test_same_arch_overlap(make_bundle, tmp_path, a, b, ambiguous):
         assert "TTDemoForCausalLM" in result.report.diagnostics[0].message
 
 
-def test_overlap_reported_per_pair(make_bundle, tmp_path):
+def test_overlap_reported_once_naming_every_bundle(make_bundle, tmp_path):
+    """Four bundles of one architecture are one ambiguity (one TTB071, not six pairs);
+    a bundle of another architecture is not in it, and two apart are their own."""
     models = tmp_path / "models"
-    for name in ("a", "b", "c"):
+    for name in ("a", "b", "c", "d"):
         make_bundle(name, parent=models)
-    make_bundle("d", parent=models, metadata={"arch": "OtherForCausalLM"})
-    pairs = [
-        d.message.split(" (")[0] + "/" + d.message.split(") and ")[1].split(" ")[0]
-        for d in validate_path(models).report.diagnostics
-    ]
-    assert pairs == ["a/b", "a/c", "b/c"]
+    make_bundle("e", parent=models, metadata={"arch": "OtherForCausalLM"})
+    make_bundle("f", parent=models, metadata={"arch": "ThirdForCausalLM"})
+    make_bundle("g", parent=models, metadata={"arch": "ThirdForCausalLM"})
+    found = validate_path(models).report.diagnostics
+    assert [d.code for d in found] == ["TTB071", "TTB071"]
+    four, two = found
+    assert four.message == (
+        f"a ({models / 'a'}), b ({models / 'b'}), c ({models / 'c'}), d ({models / 'd'}) "
+        "all 4 register TTDemoForCausalLM for overlapping targets and conditions"
+    )
+    assert four.file == str(models / "d" / META)
+    assert two.message.startswith(f"f ({models / 'f'}), g ({models / 'g'}) both register")
 
 
 def test_invalid_bundles_left_out_of_cross_checks(make_bundle, tmp_path):

@@ -11,6 +11,8 @@ CODES: dict[str, str] = {
     "TTB001": "path does not exist or is not a bundle, archive or folder of bundles",
     "TTB002": "bundle folder has no vllm_metadata.json",
     "TTB003": "file cannot be read or is not UTF-8",
+    "TTB004": "command-line usage error (unknown option, missing or invalid argument)",
+    "TTB005": "internal error (a bug in ttbundles: please report it)",
     # JSON and schema
     "TTB010": "JSON syntax error",
     "TTB011": "metadata is not a JSON object",
@@ -43,7 +45,10 @@ CODES: dict[str, str] = {
     "TTB062": "a contract method has an incompatible signature",
     # Across bundles
     "TTB070": "two bundles share a name",
-    "TTB071": "two bundles register the same TT architecture for overlapping targets",
+    "TTB071": (
+        "two or more bundles register the same TT architecture for overlapping targets "
+        "(one diagnostic names them all)"
+    ),
     # Archives
     "TTB080": "archive cannot be read",
     "TTB081": "archive manifest missing or invalid",

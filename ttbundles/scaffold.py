@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import re
-import tempfile
 import textwrap
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from ttbundles.errors import TTBundleError
+from ttbundles.errors import Diagnostic, Severity, TTBundleError
 from ttbundles.format.contract import (
     CAPABILITIES_ATTRIBUTE,
     CAPABILITY_KEYS,
@@ -26,6 +27,8 @@ from ttbundles.format.contract import (
     decode_keywords,
 )
 from ttbundles.format.metadata import METADATA_FILE, SCHEMA_VERSION, Capabilities, slug
+from ttbundles.fsutil import write_text_atomic
+from ttbundles.suggest import did_you_mean
 
 _ADAPTER_HEADER = '''"""Generator for {arch}, served by vLLM on Tenstorrent hardware.
 
@@ -113,30 +116,46 @@ def _method_source(method: Method) -> str:
     return "\n".join(lines) + "\n"
 
 
+@dataclass
+class Created:
+    """What `init_bundle` made: the folder, and what the author should know (`notes`:
+    an `--arch` that overrode the checkpoint's, why `models` was not written)."""
+
+    folder: Path
+    notes: list[str] = field(default_factory=list)
+
+
 def init_bundle(
     folder: Path, *, arch: str | None, from_hf: str | None = None, name: str | None = None
-) -> Path:
+) -> Created:
     """Create a bundle that validates: metadata plus an adapter template."""
     models: list[dict] = []
+    notes: list[str] = []
+    config: dict = {}
     if from_hf is not None:
-        config, model_ref = _read_hf_config(from_hf)
-        archs = config.get("architectures") or []
+        config, model_ref, why_no_models = _read_hf_config(from_hf)
+        archs = [a for a in config.get("architectures") or [] if isinstance(a, str)]
         if arch is None:
             if not archs:
                 raise TTBundleError.single(
                     "TTB208", f"{from_hf}: config.json names no architectures", hint="pass --arch"
                 )
             arch = archs[0]
+        elif archs and arch not in archs:
+            notes.append(
+                f"--arch {arch} overrides the checkpoint's architectures ({', '.join(archs)}); "
+                "vLLM picks the bundle by the checkpoint's, so this bundle serves it only "
+                f"if its config.json says {arch}"
+            )
         if model_ref is not None:
             models.append(model_ref)
+        elif why_no_models:
+            notes.append(why_no_models)
     if arch is None:
         raise TTBundleError.single(
             "TTB031", "no architecture given", hint="pass --arch LlamaForCausalLM, or --from-hf"
         )
-    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", arch):
-        raise TTBundleError.single(
-            "TTB033", f"architecture {arch!r} is not an identifier", hint="e.g. LlamaForCausalLM"
-        )
+    _check_architecture(arch, config)
     if (folder / METADATA_FILE).exists():
         raise TTBundleError.single(
             "TTB033",
@@ -164,12 +183,93 @@ def init_bundle(
     if not adapter.exists():
         adapter.write_text(adapter_source(arch, class_name))
     write_json_atomic(folder / METADATA_FILE, metadata)
-    return folder
+    return Created(folder, notes)
 
 
-def _read_hf_config(source: str) -> tuple[dict, dict | None]:
-    """config.json of a local checkpoint or a hub repo (the local cache when offline)."""
-    path = Path(source)
+def _check_architecture(arch: str, config: dict) -> None:
+    """Refuse what is not a Hugging Face architecture: not an identifier, or a
+    `model_type` (`llama`) where the class name (`LlamaForCausalLM`) belongs."""
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", arch):
+        raise TTBundleError.single(
+            "TTB033", f"architecture {arch!r} is not an identifier", hint="e.g. LlamaForCausalLM"
+        )
+    model_type = config.get("model_type")
+    if arch != model_type and any(c.isupper() for c in arch):
+        return
+    by_type = architectures_by_model_type()
+    known = [a for a in config.get("architectures") or [] if isinstance(a, str)]
+    guess = known[0] if known else by_type.get(arch) or by_type.get(arch.lower())
+    if guess is None:
+        guess = did_you_mean(arch, list(by_type.values())) or (
+            "".join(part.capitalize() for part in arch.split("_")) + "ForCausalLM"
+        )
+    raise TTBundleError.single(
+        "TTB033",
+        f"{arch!r} is a model_type, not an architecture: --arch takes the class name "
+        'config.json lists under "architectures"',
+        hint=f"did you mean --arch {guess}?",
+    )
+
+
+def architectures_by_model_type() -> dict[str, str]:
+    """transformers' model_type -> architecture names (causal LM, then image-text-to-text),
+    read from its source with `ast`: importing transformers takes seconds."""
+    import ast
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("transformers")
+    except (ImportError, ValueError):
+        return {}
+    if spec is None or not spec.submodule_search_locations:
+        return {}
+    source = Path(spec.submodule_search_locations[0]) / "models" / "auto" / "modeling_auto.py"
+    try:
+        tree = ast.parse(source.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, ValueError):
+        return {}
+    wanted = ("MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", "MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES")
+    found: dict[str, str] = {}
+    for table in wanted:
+        for node in tree.body:
+            if not (
+                isinstance(node, ast.Assign)
+                and isinstance(node.targets[0], ast.Name)
+                and node.targets[0].id == table
+                and isinstance(node.value, ast.Call)
+                and node.value.args
+            ):
+                continue
+            try:
+                pairs = ast.literal_eval(node.value.args[0])
+            except (ValueError, TypeError, SyntaxError):
+                continue
+            for pair in pairs:
+                if isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[1], str):
+                    found.setdefault(pair[0], pair[1])
+    return found
+
+
+# What a checkpoint folder in the hub cache looks like: .../models--org--name/snapshots/sha
+_SNAPSHOT = re.compile(r"^models--(?P<org>[^/]+?)--(?P<name>[^/]+)$")
+
+
+def _looks_like_path(source: str) -> bool:
+    """A local path, not a hub id: `./x`, `../x`, `/x`, `~/x`, `x/` or `a/b/c`."""
+    return (
+        source.startswith((".", "/", "~"))
+        or source.endswith(("/", os.sep))
+        or source.count("/") > 1
+        or (os.sep != "/" and os.sep in source)
+    )
+
+
+def _read_hf_config(source: str) -> tuple[dict, dict | None, str | None]:
+    """config.json of a local checkpoint or a hub repo (the local cache when offline),
+    the `models` entry it gives, and why there is none when there is none."""
+    path = Path(source).expanduser()
+    if path.is_file() and path.name == "config.json":
+        path = path.parent
     if path.is_dir():
         file = path / "config.json"
         if not file.is_file():
@@ -179,27 +279,69 @@ def _read_hf_config(source: str) -> tuple[dict, dict | None]:
                 file=path,
                 hint="pass the folder holding the checkpoint's config.json, or --arch",
             )
-        return _load_json(file), None
+        config = _load_json(file)
+        return (config, *_local_model_ref(path.resolve(), config))
+    if _looks_like_path(source) or path.exists():
+        parent = path.parent
+        siblings = sorted(p.name for p in parent.iterdir() if p.is_dir()) if parent.is_dir() else []
+        near = did_you_mean(path.name, siblings)
+        raise TTBundleError.single(
+            "TTB001",
+            "no such checkpoint folder" if not path.exists() else "not a checkpoint folder",
+            file=path,
+            hint=f"did you mean {parent / near}?"
+            if near
+            else "pass the folder holding the checkpoint's config.json, or a hub id 'org/name'",
+        )
     from huggingface_hub import hf_hub_download
-    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
 
     try:
         file = Path(hf_hub_download(source, "config.json"))
-    except HFValidationError as exc:
+    except HFValidationError:
         raise TTBundleError.single(
             "TTB208",
-            f"{source!r} is neither a folder nor a repository id: {exc}",
-            hint="pass a checkpoint folder or 'org/name'",
+            f"{source!r} is neither a folder here nor a hub repository id",
+            hint="pass a checkpoint folder, or a hub id 'org/name'",
         ) from None
-    except Exception as exc:  # noqa: BLE001 - network, auth, offline cache miss
+    except LocalEntryNotFoundError:
         raise TTBundleError.single(
             "TTB208",
-            f"cannot read config.json of {source}: {type(exc).__name__}: {exc}",
-            hint="download the checkpoint first, or pass its folder",
+            f"{source!r} is not a folder here, and its config.json is not in the hub "
+            "cache (and the hub cannot be reached, or HF_HUB_OFFLINE is set)",
+            hint=f"download it first (hf download {source} config.json), or pass its folder",
+        ) from None
+    except Exception as exc:  # noqa: BLE001 - network, auth, a repo that does not exist
+        raise TTBundleError.single(
+            "TTB208",
+            f"cannot read config.json of hub repository {source}: {type(exc).__name__}",
+            hint="check the id and your access to it, or pass the checkpoint's folder",
         ) from None
     revision = file.parent.name if file.parent.parent.name == "snapshots" else None
     ref = {"repo": source, **({"revision": revision} if revision else {})}
-    return _load_json(file), ref
+    return _load_json(file), ref, None
+
+
+def _local_model_ref(folder: Path, config: dict) -> tuple[dict | None, str | None]:
+    """`models` for a local checkpoint: a hub-cache snapshot names its repo and commit;
+    any other folder cannot say which repo and revision it is, and the reason says so."""
+    if folder.parent.name == "snapshots":
+        match = _SNAPSHOT.match(folder.parent.parent.name)
+        if match:
+            repo = f"{match['org']}/{match['name']}"
+            return {"repo": repo, "revision": folder.name}, None
+    named = config.get("_name_or_path")
+    from ttbundles.format.metadata import REPO_PATTERN
+
+    suggestion = (
+        f'{{"repo": "{named}", "revision": "<commit sha>"}}'
+        if isinstance(named, str) and re.fullmatch(REPO_PATTERN, named)
+        else '{"repo": "org/name", "revision": "<commit sha>"}'
+    )
+    return None, (
+        f"models not written: {folder.name} is a local folder, which names no hub "
+        f"repository or revision; add {suggestion} to models by hand if it has one"
+    )
 
 
 def _load_json(file: Path) -> dict:
@@ -222,21 +364,93 @@ def _load_json(file: Path) -> dict:
     return data
 
 
-def migrate_bundle(folder: Path) -> bool:
-    """Rewrite legacy metadata as v1 in place. False when it already is v1."""
-    from ttbundles.format.parse import load_metadata
+@dataclass
+class Migration:
+    """What `migrate_bundle` did (or, with `dry_run`, would do) to one bundle.
+
+    `before`/`after` are the metadata texts, `kept` the legacy keys carried over as `x-`
+    extensions ({old: new}), `capabilities` what the class's `model_capabilities` declared,
+    `class_note` why the class could not be read (its capabilities are then left off).
+    """
+
+    file: Path
+    changed: bool
+    written: bool
+    before: str
+    after: str
+    kept: dict[str, str] = field(default_factory=dict)
+    capabilities: dict = field(default_factory=dict)
+    class_note: str | None = None
+
+    def diff(self) -> str:
+        """A unified diff of the metadata, `before` to `after` (empty: no change)."""
+        name = str(self.file)
+        lines = difflib.unified_diff(
+            _lines(self.before), _lines(self.after), fromfile=f"a/{name}", tofile=f"b/{name}"
+        )
+        return "".join(lines)
+
+
+def _lines(text: str) -> list[str]:
+    """Lines for a diff, a last one without a newline marked as `diff` and `patch` do."""
+    lines = text.splitlines(keepends=True)
+    if lines and not lines[-1].endswith("\n"):
+        lines[-1] += "\n\\ No newline at end of file\n"
+    return lines
+
+
+def migrate_bundle(folder: Path, *, dry_run: bool = False) -> Migration:
+    """Rewrite legacy metadata as v1 in place (unless `dry_run`); unchanged when it
+    already is v1.
+
+    Nothing of the old file is lost: the capabilities come from the class's
+    `model_capabilities` (read statically, as the registry does for a legacy bundle, so
+    the migrated bundle declares what it was served with), and a key legacy metadata does
+    not know is kept as an `x-` extension, or refused when that name is taken.
+    """
+    from ttbundles.format.parse import LEGACY_KEYS, load_metadata
 
     loaded = load_metadata(folder)
     if loaded.metadata is None:
         raise TTBundleError(loaded.diagnostics)
-    if not loaded.metadata.legacy:
-        return False
+    file = loaded.file
+    before = file.read_text(encoding="utf-8")
     meta = loaded.metadata
+    if not meta.legacy:
+        return Migration(file, changed=False, written=False, before=before, after=before)
+    raw = json.loads(before)
+    kept: dict[str, str] = {}
+    clashes = []
+    for key in raw:
+        if key in LEGACY_KEYS or key.startswith("x-"):
+            continue
+        if f"x-{key}" in raw:
+            clashes.append(key)
+        kept[key] = f"x-{key}"
+    if clashes:
+        raise TTBundleError(
+            Diagnostic(
+                "TTB030",
+                Severity.ERROR,
+                f"legacy key {key!r} cannot be kept as 'x-{key}': the file has that key too",
+                file=str(file),
+                pointer=f"/{key}",
+                hint=f"rename or remove one of {key!r} and 'x-{key}', then migrate again",
+            )
+            for key in clashes
+        )
     # The registry takes a legacy bundle's capabilities from its class; v1 declares them.
     from ttbundles.check.adapter import read_bundle_class
 
     found = read_bundle_class(folder, meta)
     capabilities = found.capabilities.model_dump(exclude_defaults=True) if found else {}
+    note = None
+    if found is None:
+        where = "the bundle" if meta.main_class_source == "bundle" else "this environment"
+        note = (
+            f"{meta.main_class} cannot be read in {where}: capabilities left off "
+            "(declare them by hand, as the class's model_capabilities says)"
+        )
     document = {
         "schema_version": SCHEMA_VERSION,
         "name": meta.name,
@@ -246,22 +460,35 @@ def migrate_bundle(folder: Path) -> bool:
         "main_class_source": meta.main_class_source,
         **({"capabilities": capabilities} if capabilities else {}),
         **meta.extensions,
+        **{new: raw[old] for old, new in kept.items()},
     }
-    write_json_atomic(folder / METADATA_FILE, document)
-    return True
+    after = json.dumps(document, indent=2) + "\n"
+    if not dry_run:
+        write_text_atomic(file, after)  # keeps the file's mode
+    return Migration(
+        file,
+        changed=True,
+        written=not dry_run,
+        before=before,
+        after=after,
+        kept=kept,
+        capabilities=capabilities,
+        class_note=note,
+    )
 
 
 def write_json_atomic(path: Path, document: dict) -> None:
-    """Write JSON so that a reader sees the old file or the new one, never a part."""
-    text = json.dumps(document, indent=2) + "\n"
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Write JSON so that a reader sees the old file or the new one, never a part; a new
+    file's mode comes from the umask, an existing file keeps its own."""
+    write_text_atomic(path, json.dumps(document, indent=2) + "\n")
 
 
-__all__ = ["adapter_source", "init_bundle", "migrate_bundle", "write_json_atomic"]
+__all__ = [
+    "Created",
+    "Migration",
+    "architectures_by_model_type",
+    "adapter_source",
+    "init_bundle",
+    "migrate_bundle",
+    "write_json_atomic",
+]

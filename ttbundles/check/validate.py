@@ -156,31 +156,53 @@ def cross_bundle_checks(bundles: list[CheckedBundle]) -> list[Diagnostic]:
                 )
             )
     # Only bundles of one TT architecture can overlap: compare pairs within each group
-    # (not all n^2 pairs of a large models folder), reported in folder order as before.
-    by_arch: dict[str, list[int]] = {}
-    for index, bundle in enumerate(valid):
+    # (not all n^2 pairs of a large models folder). Bundles that overlap, directly or
+    # through another, are one ambiguity: reported once, naming them all, in folder order.
+    by_arch: dict[str, list[CheckedBundle]] = {}
+    for bundle in valid:
         assert bundle.metadata is not None
-        by_arch.setdefault(bundle.metadata.tt_arch, []).append(index)
-    pairs = sorted(
-        (i, j) for group in by_arch.values() for n, i in enumerate(group) for j in group[n + 1 :]
-    )
-    for i, j in pairs:
-        a, b = valid[i], valid[j]
-        assert a.metadata is not None and b.metadata is not None
-        if overlaps(a.metadata, b.metadata):
-            out.append(
-                Diagnostic(
-                    "TTB071",
-                    Severity.ERROR,
-                    f"{a.metadata.name} ({a.path}) and {b.metadata.name} "
-                    f"({b.path}) both register {a.metadata.tt_arch} for "
-                    "overlapping targets and conditions",
-                    file=str(b.path / METADATA_FILE),
-                    pointer="/arch",
-                    hint="give them disjoint targets, or a 'when' condition that tells them apart",
-                )
+        by_arch.setdefault(bundle.metadata.tt_arch, []).append(bundle)
+    clusters: list[list[CheckedBundle]] = []
+    for group in by_arch.values():
+        clusters += _overlapping_sets(group)
+    order = {id(b): n for n, b in enumerate(valid)}
+    for cluster in sorted(clusters, key=lambda c: order[id(c[0])]):
+        arch = cluster[0].metadata.tt_arch  # type: ignore[union-attr]
+        both = "both" if len(cluster) == 2 else f"all {len(cluster)}"
+        names = ", ".join(f"{b.metadata.name} ({b.path})" for b in cluster)  # type: ignore[union-attr]
+        out.append(
+            Diagnostic(
+                "TTB071",
+                Severity.ERROR,
+                f"{names} {both} register {arch} for overlapping targets and conditions",
+                file=str(cluster[-1].path / METADATA_FILE),
+                pointer="/arch",
+                hint="keep one, or give them disjoint targets or 'when' conditions that "
+                "tell them apart",
             )
+        )
     return out
+
+
+def _overlapping_sets(group: list[CheckedBundle]) -> list[list[CheckedBundle]]:
+    """The sets of bundles (of one architecture) linked by overlaps, in folder order:
+    union-find over the pairs that overlap."""
+    parent = list(range(len(group)))
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    for i, a in enumerate(group):
+        for j in range(i + 1, len(group)):
+            if overlaps(a.metadata, group[j].metadata):  # type: ignore[arg-type]
+                parent[root(j)] = root(i)
+    members: dict[int, list[CheckedBundle]] = {}
+    for i, bundle in enumerate(group):
+        members.setdefault(root(i), []).append(bundle)
+    return [m for m in members.values() if len(m) > 1]
 
 
 def bundle_folders(folder: Path) -> tuple[list[Path], list[Diagnostic]]:
@@ -209,7 +231,20 @@ def validate_path(
     """Validate whatever `path` is: a bundle, a `.ttbundle` archive, or a models folder."""
     path = Path(path)
     result = ValidationResult()
-    if path.is_file():
+    if path.is_file() and path.name == METADATA_FILE:
+        path = path.parent  # `validate DIR/vllm_metadata.json` means the bundle DIR
+    elif path.is_file():
+        if path.suffix != ".ttbundle" and not _starts_like_gzip(path):
+            result.report.add(
+                Diagnostic(
+                    "TTB001",
+                    Severity.ERROR,
+                    "a file that is not a .ttbundle archive; a bundle is a folder",
+                    file=str(path),
+                    hint=f"pass the bundle's folder ({path.parent}), or a .ttbundle archive",
+                )
+            )
+            return result
         return _validate_archive(path, import_check=import_check, timeout=timeout)
     if not path.is_dir():
         result.report.add(
@@ -246,6 +281,14 @@ def validate_path(
     for diagnostic in cross_bundle_checks(result.bundles):
         result.report.extend(_locate([diagnostic], diagnostic.file or ""))
     return result
+
+
+def _starts_like_gzip(path: Path) -> bool:
+    try:
+        with path.open("rb") as handle:
+            return handle.read(2) == b"\x1f\x8b"
+    except OSError:
+        return False
 
 
 def _validate_archive(path: Path, *, import_check: bool, timeout: float) -> ValidationResult:

@@ -227,7 +227,7 @@ class CaseResult:
             "summary": _clean(self.summary()),
             "details": self.details,
             "steps": [_clean(asdict(s)) for s in self.steps],
-            "failures": [d.to_dict() for d in self.failures],
+            "diagnostics": [d.to_dict() for d in self.failures],
         }
 
 
@@ -258,7 +258,7 @@ class PerplexityResult:
                 "ratio": self.ratio,
                 "tokens": self.tokens,
                 "passed": self.passed,
-                "failures": [d.to_dict() for d in self.failures],
+                "diagnostics": [d.to_dict() for d in self.failures],
             }
         )
 

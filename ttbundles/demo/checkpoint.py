@@ -13,6 +13,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from ttbundles.fsutil import apply_umask
+
 SEED = 1234
 VOCAB_SIZE = 384
 CHAT_TEMPLATE = (
@@ -149,6 +151,9 @@ def write_demo_checkpoint(folder: Path) -> Path:
     transformers_logging.disable_progress_bar()  # a bar for one small file is noise
     try:
         write_checkpoint(staging)
+        # mkdtemp made the folder 0700 and save_pretrained writes some files 0600: give
+        # them the modes of any new file, so a service account can read the checkpoint.
+        apply_umask(staging)
         if not folder.exists():
             staging.rename(folder)
         else:

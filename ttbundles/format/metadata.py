@@ -52,11 +52,15 @@ _ENV_NAMES_ONLY = {"propertyNames": {"pattern": ENV_NAME_PATTERN}}
 
 
 def _check_specifier(value: str | None) -> str | None:
+    """A version specifier as pip reads one: packaging's `SpecifierSet` alone is lenient
+    (it accepts ">=0.33,,<0.34", an empty clause), so it must also parse as the version
+    part of a PEP 508 requirement."""
     if value is None:
         return None
     try:
         SpecifierSet(value)
-    except InvalidSpecifier:
+        Requirement(f"package{value}")
+    except (InvalidSpecifier, InvalidRequirement):
         raise PydanticCustomError(
             "TTB034",
             "'{value}' is not a PEP 440 version specifier",

@@ -21,11 +21,29 @@ from pathlib import Path
 PACKAGE_PREFIX = "_ttb_"
 
 
+_KEY_LENGTH = 10
+# A synthetic package name in text: the prefix, the name's stem, "_", the key; with the
+# dot that follows it when a module of the bundle is named.
+_PACKAGE_IN_TEXT = re.compile(
+    rf"{PACKAGE_PREFIX}[0-9A-Za-z_]*?_[0-9a-f]{{{_KEY_LENGTH}}}(?![0-9A-Za-z_])(\.)?"
+)
+
+
 def package_name(bundle_dir: Path, bundle_name: str) -> str:
     """The synthetic package a bundle's modules import under."""
-    key = hashlib.sha256(str(Path(bundle_dir).resolve()).encode()).hexdigest()[:10]
+    key = hashlib.sha256(str(Path(bundle_dir).resolve()).encode()).hexdigest()[:_KEY_LENGTH]
     stem = re.sub(r"[^0-9a-zA-Z_]", "_", bundle_name)
     return f"{PACKAGE_PREFIX}{stem}_{key}"
+
+
+def public_names(text: str) -> str:
+    """`text` with the synthetic packages taken out, for users: a bundle's module reads
+    as the bundle names it (`_ttb_demo_0123456789.adapter:Gen` -> `adapter:Gen`), a bare
+    package as "the bundle's package". These names are internal: a user never types one.
+    """
+    if PACKAGE_PREFIX not in text:
+        return text
+    return _PACKAGE_IN_TEXT.sub(lambda m: "" if m.group(1) else "<the bundle's package>", text)
 
 
 class BundleFinder(importlib.abc.MetaPathFinder):

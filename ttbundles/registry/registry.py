@@ -339,6 +339,7 @@ def _select(entries: list[Entry], problems: list[Diagnostic], mesh: str | None) 
             key=lambda e: (precedence[e.source], tuple(-r for r in rank(e.metadata, mesh))),  # type: ignore[arg-type]
         )
         winner = ranked[0]
+        tied: list[Entry] = []
         for loser in ranked[1:]:
             loser.status = Status.SHADOWED
             loser.reason = f"{arch} is provided by {winner.label} ({winner.source.value})"
@@ -352,16 +353,21 @@ def _select(entries: list[Entry], problems: list[Diagnostic], mesh: str | None) 
             elif loser.source is Source.BUILTIN and winner.source is Source.EXTRA:
                 loser.reason = f"TTB102 shadowed by {winner.label} from {winner.path}"
             elif same_rank:
-                problems.append(
-                    Diagnostic(
-                        "TTB071",
-                        Severity.WARNING,
-                        f"{winner.label} ({winner.path}) and {loser.label} ({loser.path}) both "
-                        f"register {arch}; the first in EXTRA_MODELS_DIR order wins",
-                        file=str(loser.path / METADATA_FILE),
-                        hint="remove one, or tell them apart with targets or 'when'",
-                    )
+                tied.append(loser)
+        if tied:
+            # One ambiguity, however many bundles are in it: one warning naming them all.
+            names = ", ".join(f"{e.label} ({e.path})" for e in [winner, *tied])
+            both = "both" if len(tied) == 1 else f"all {len(tied) + 1}"
+            problems.append(
+                Diagnostic(
+                    "TTB071",
+                    Severity.WARNING,
+                    f"{names} {both} register {arch}; the first in EXTRA_MODELS_DIR order "
+                    f"({winner.label}) wins",
+                    file=str(tied[-1].path / METADATA_FILE),
+                    hint="remove all but one, or tell them apart with targets or 'when'",
                 )
+            )
 
 
 def table(registry: Registry) -> list[dict]:

@@ -1,0 +1,501 @@
+"""The bundle author's commands as users run them: init, migrate, validate's diagnoses,
+help, JSON on every path and tables (issue 12). Each test runs the installed `ttbundle`
+in a subprocess and checks the exit code, stdout and stderr."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from tests.bundle_factory import contract_adapter
+
+META = "vllm_metadata.json"
+LEGACY = '{"arch": "DemoForCausalLM", "main_class": "adapter:DemoGenerator"}\n'
+
+
+def no_traceback(done):
+    assert "Traceback" not in done.stderr and "Traceback" not in done.stdout
+    return done
+
+
+def as_json(done):
+    return json.loads(no_traceback(done).stdout)
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+@contextmanager
+def umask(mask: int):
+    """The umask the CLI's subprocess inherits."""
+    old = os.umask(mask)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
+def legacy_bundle(make_bundle, name: str = "old", *, document: dict | None = None, **kw) -> Path:
+    doc = document or {"arch": "DemoForCausalLM", "main_class": "adapter:DemoGenerator"}
+    return make_bundle(name, metadata=json.dumps(doc) + "\n", **kw)
+
+
+# --- 1. files honour the umask ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o077])
+def test_init_honours_the_umask(run_cli, tmp_path, mask):
+    folder = tmp_path / "new"
+    with umask(mask):
+        done = no_traceback(run_cli("init", folder, "--arch", "MyForCausalLM"))
+    assert done.returncode == 0, done.stderr
+    assert mode(folder) == 0o777 & ~mask
+    assert mode(folder / META) == 0o666 & ~mask
+    assert mode(folder / "adapter.py") == 0o666 & ~mask
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o077])
+def test_migrate_keeps_the_files_mode(make_bundle, run_cli, mask):
+    folder = legacy_bundle(make_bundle)
+    os.chmod(folder / META, 0o640)
+    with umask(mask):
+        done = no_traceback(run_cli("migrate", folder))
+    assert done.returncode == 0, done.stderr
+    assert json.loads((folder / META).read_text())["schema_version"] == 1
+    assert mode(folder / META) == 0o640
+    # No temporary file left beside it.
+    assert sorted(p.name for p in folder.iterdir()) == ["adapter.py", META]
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o077])
+def test_demo_checkpoint_honours_the_umask(run_cli, tmp_path, mask):
+    folder = tmp_path / "cache" / "ckpt"
+    with umask(mask):
+        done = no_traceback(run_cli("demo", "--write-checkpoint", folder, timeout=300))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(folder)
+    assert mode(folder) == 0o777 & ~mask
+    files = [p for p in folder.iterdir()]
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in files}
+    assert {p.name: mode(p) for p in files} == {p.name: 0o666 & ~mask for p in files}
+
+
+# --- 2. migrate: capabilities, unknown keys, --dry-run -----------------------------------
+
+PREFIX_CLASS = contract_adapter(
+    "DemoGenerator",
+    attributes="""\
+    model_capabilities = {"supports_prefix_caching": True, "supports_async_decode": False}
+""",
+)
+
+
+def test_migrate_declares_the_class_capabilities(make_bundle, run_cli):
+    """A class declaring prefix caching stays valid after migration (strictly: the v1
+    capabilities say what the class says, so not even TTB059)."""
+    folder = legacy_bundle(make_bundle, adapter=PREFIX_CLASS)
+    done = no_traceback(run_cli("migrate", folder))
+    assert done.returncode == 0, done.stderr
+    assert f"{folder}: capabilities from the class: prefix_caching" in done.stdout
+    assert json.loads((folder / META).read_text())["capabilities"] == {"prefix_caching": True}
+    done = no_traceback(run_cli("validate", "--strict", folder))
+    assert done.returncode == 0, done.stdout
+    assert "0 errors, 0 warnings" in done.stdout
+
+
+def test_migrate_keeps_unknown_keys_as_extensions(make_bundle, run_cli):
+    doc = {
+        "arch": "DemoForCausalLM",
+        "main_class": "adapter:DemoGenerator",
+        "notes": {"owner": "me"},
+        "x-kept": 1,
+    }
+    folder = legacy_bundle(make_bundle, document=doc)
+    done = no_traceback(run_cli("migrate", folder))
+    assert done.returncode == 0, done.stderr
+    assert f"{folder}: kept 'notes' as 'x-notes' (legacy metadata has no such key)" in (done.stdout)
+    meta = json.loads((folder / META).read_text())
+    assert meta["x-notes"] == {"owner": "me"} and meta["x-kept"] == 1 and "notes" not in meta
+    assert no_traceback(run_cli("validate", "--strict", folder)).returncode == 0
+
+
+def test_migrate_refuses_a_key_it_cannot_keep(make_bundle, run_cli):
+    doc = {"arch": "DemoForCausalLM", "main_class": "adapter:DemoGenerator", "a": 1, "x-a": 2}
+    folder = legacy_bundle(make_bundle, document=doc)
+    before = (folder / META).read_text()
+    done = no_traceback(run_cli("migrate", folder))
+    assert done.returncode == 1
+    assert (
+        f"{folder / META} /a: error TTB030 legacy key 'a' cannot be kept as 'x-a': "
+        "the file has that key too"
+    ) in done.stderr
+    assert "fix: rename or remove one of 'a' and 'x-a', then migrate again" in done.stderr
+    assert (folder / META).read_text() == before
+
+
+def test_migrate_dry_run_shows_the_diff_and_writes_nothing(make_bundle, run_cli, tmp_path):
+    folder = legacy_bundle(make_bundle, adapter=PREFIX_CLASS)
+    before = (folder / META).read_text()
+    done = no_traceback(run_cli("migrate", "--dry-run", folder))
+    assert done.returncode == 0, done.stderr
+    assert (folder / META).read_text() == before
+    lines = done.stdout.splitlines()
+    assert lines[:3] == [f"--- a/{folder / META}", f"+++ b/{folder / META}", "@@ -1 +1,11 @@"]
+    assert f"-{before.rstrip()}" in lines
+    assert '+  "schema_version": 1,' in lines and '+    "prefix_caching": true' in lines
+    assert lines[-1] == f"{folder}: would migrate to schema_version 1 (dry run: nothing written)"
+    # The diff is a real one: applied to the old file it gives what migrate writes.
+    patch = "\n".join(line for line in lines if not line.startswith(f"{folder}:")) + "\n"
+    applied = subprocess.run(
+        ["patch", "-p1", "-o", "-", "-i", "-"],
+        input=patch.replace(f"a/{folder}", "a/old").replace(f"b/{folder}", "b/old"),
+        capture_output=True,
+        text=True,
+        cwd=folder.parent,
+    )
+    assert applied.returncode == 0, applied.stderr
+    assert no_traceback(run_cli("migrate", folder)).returncode == 0
+    assert applied.stdout == (folder / META).read_text()
+
+    data = as_json(run_cli("migrate", "--dry-run", "--format", "json", folder))
+    assert (data["ok"], data["changed"], data["written"], data["diagnostics"]) == (
+        True,
+        False,
+        False,
+        [],
+    )
+
+
+# --- 3. the static check follows aliases --------------------------------------------------
+
+ALIASED = '''"""Methods bound by assignment, as TT-Metal's generators do."""
+
+
+def _decode(self, tokens, start_pos, page_table, kv_cache, **kwargs):
+    return None
+
+
+class DemoGenerator:
+    model_capabilities = {"supports_prefix_caching": False}
+
+    @classmethod
+    def initialize_vllm_model(cls, hf_config, mesh_device, max_batch_size, max_seq_len, **kw):
+        return cls()
+
+    def allocate_kv_cache(self, kv_cache_shape, dtype, num_layers):
+        return None
+
+    def _prefill(self, tokens, page_table, kv_cache, prompt_lens, **kwargs):
+        return None
+
+    prefill_forward = _prefill
+    decode_forward = _decode
+'''
+
+
+def test_validate_follows_simple_aliases(make_bundle, run_cli):
+    folder = make_bundle("aliased", adapter=ALIASED)
+    done = no_traceback(run_cli("validate", "--strict", folder))
+    assert done.returncode == 0, done.stdout
+    assert done.stdout.strip() == f"{folder}: valid (0 errors, 0 warnings; bundles: aliased)"
+    # The alias's signature is read: decode_forward = _decode has no sampling_params.
+    broken = make_bundle(
+        "no-sampling",
+        adapter=ALIASED.replace(
+            "**kwargs):\n    return None\n\n\nclass", "):\n    return None\n\n\nclass"
+        ),
+        metadata={"capabilities": {"sample_on_device": ["all"]}},
+    )
+    done = no_traceback(run_cli("validate", broken))
+    assert done.returncode == 1
+    assert (
+        "error TTB055 sample_on_device is declared but decode_forward takes no sampling_params"
+        in (done.stdout)
+    )
+
+
+# --- 4. init --from-hf --------------------------------------------------------------------
+
+
+@pytest.fixture
+def checkpoint(tmp_path) -> Path:
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "_name_or_path": "meta-llama/Llama-3.2-1B",
+    }
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_init_says_when_arch_overrides_the_checkpoint(run_cli, tmp_path, checkpoint):
+    folder = tmp_path / "b"
+    done = no_traceback(run_cli("init", folder, "--from-hf", checkpoint, "--arch", "MyForCausalLM"))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == f"{folder}\n"  # stdout stays the path alone
+    assert (
+        "note: --arch MyForCausalLM overrides the checkpoint's architectures (LlamaForCausalLM)"
+        in done.stderr
+    )
+    assert json.loads((folder / META).read_text())["arch"] == "MyForCausalLM"
+
+
+@pytest.mark.parametrize("with_checkpoint", [True, False])
+def test_init_refuses_a_model_type_as_arch(run_cli, tmp_path, checkpoint, with_checkpoint):
+    folder = tmp_path / "b"
+    args = ["--from-hf", checkpoint] if with_checkpoint else []
+    done = no_traceback(run_cli("init", folder, "--arch", "llama", *args))
+    assert done.returncode == 1
+    assert "error TTB033 'llama' is a model_type, not an architecture" in done.stderr
+    assert "fix: did you mean --arch LlamaForCausalLM?" in done.stderr
+    assert not folder.exists()
+
+
+def test_init_models_from_a_hub_cache_folder(run_cli, tmp_path, checkpoint):
+    snapshot = tmp_path / "hub" / "models--org--tiny" / "snapshots" / "0123abcd"
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text((checkpoint / "config.json").read_text())
+    folder = tmp_path / "b"
+    done = no_traceback(run_cli("init", folder, "--from-hf", snapshot))
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""
+    meta = json.loads((folder / META).read_text())
+    assert meta["models"] == [{"repo": "org/tiny", "revision": "0123abcd"}]
+    assert no_traceback(run_cli("validate", "--strict", folder)).returncode == 0
+
+
+def test_init_says_why_models_is_not_written(run_cli, tmp_path, checkpoint):
+    folder = tmp_path / "b"
+    done = no_traceback(run_cli("init", folder, "--from-hf", checkpoint))
+    assert done.returncode == 0, done.stderr
+    assert "models" not in json.loads((folder / META).read_text())
+    assert (
+        "note: models not written: ckpt is a local folder, which names no hub repository or "
+        'revision; add {"repo": "meta-llama/Llama-3.2-1B", "revision": "<commit sha>"}'
+    ) in done.stderr
+
+
+def test_init_a_mistyped_path_is_a_clear_error(run_cli, tmp_path, checkpoint):
+    folder = tmp_path / "b"
+    done = no_traceback(run_cli("init", folder, "--from-hf", "./ckpt-typo", cwd=tmp_path))
+    assert done.returncode == 1
+    assert done.stderr.splitlines() == [
+        "ckpt-typo: error TTB001 no such checkpoint folder",
+        "    fix: did you mean ckpt?",
+    ]
+    # A hub id not in the cache (offline): our words, not huggingface-hub's exception.
+    done = no_traceback(run_cli("init", folder, "--from-hf", "org/not-cached", cwd=tmp_path))
+    assert done.returncode == 1
+    assert "error TTB208 'org/not-cached' is not a folder here, and its config.json" in (
+        done.stderr
+    )
+    assert "LocalEntryNotFoundError" not in done.stderr and "Repo id" not in done.stderr
+
+
+# --- 5. diagnoses -------------------------------------------------------------------------
+
+
+def test_validate_the_metadata_file_means_its_bundle(make_bundle, run_cli):
+    folder = make_bundle("demo")
+    done = no_traceback(run_cli("validate", folder / META))
+    assert done.returncode == 0, done.stdout
+    assert done.stdout.strip() == f"{folder / META}: valid (0 errors, 0 warnings; bundles: demo)"
+    done = no_traceback(run_cli("validate", folder / "adapter.py"))
+    assert done.returncode == 1
+    assert (
+        f"{folder / 'adapter.py'}: error TTB001 a file that is not a .ttbundle archive; "
+        "a bundle is a folder"
+    ) in done.stdout
+    assert f"fix: pass the bundle's folder ({folder}), or a .ttbundle archive" in done.stdout
+    assert "cut short" not in done.stdout
+
+
+def test_one_ambiguity_one_error(make_bundle, run_cli, tmp_path):
+    models = tmp_path / "models"
+    for name in ("a", "b", "c", "d"):
+        make_bundle(name, parent=models)
+    done = no_traceback(run_cli("validate", models))
+    assert done.returncode == 1
+    errors = [line for line in done.stdout.splitlines() if "TTB071" in line]
+    assert len(errors) == 1
+    assert all(f"{name} ({models / name})" in errors[0] for name in "abcd")
+    assert "all 4 register TTDemoForCausalLM" in errors[0]
+
+
+@pytest.mark.parametrize("spec", [">=0.33,,<0.34", ">=0.33;python_version>'3'", "[x]>=1"])
+def test_requires_specifiers_are_read_as_pep_508(make_bundle, run_cli, spec):
+    folder = make_bundle("demo", metadata={"requires": {"vllm": spec}})
+    done = no_traceback(run_cli("validate", folder))
+    assert done.returncode == 1
+    assert f"/requires/vllm: error TTB034 '{spec}' is not a PEP 440 version specifier" in (
+        done.stdout
+    )
+
+
+# --- 6. help ------------------------------------------------------------------------------
+
+COMMANDS = [
+    "validate",
+    "pack",
+    "verify",
+    "install",
+    "uninstall",
+    "list",
+    "inspect",
+    "schema",
+    "init",
+    "migrate",
+    "demo",
+    "test",
+    "plan",
+]
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_help_names_values_and_shows_an_example(run_cli, command):
+    done = no_traceback(run_cli(command, "-h", env={"COLUMNS": "80"}))
+    assert done.returncode == 0
+    assert "Example: ttbundle " in done.stdout or "Example: EXTRA_MODELS_DIR=" in done.stdout
+    for python_type in ("<bool>", "<str>", "<int>", "<float", "<path>", "list[", "<Path"):
+        assert python_type not in done.stdout, python_type
+    assert max(len(line) for line in done.stdout.splitlines()) <= 80
+
+
+def test_help_value_names(run_cli):
+    done = no_traceback(run_cli("list", "-h", env={"COLUMNS": "100"}))
+    rows = {line.split()[1]: line for line in done.stdout.splitlines() if "--" in line}
+    assert "DIR" in rows["--models-dir"] and "MESH" in rows["--mesh"]
+    assert "human|json" in rows["--format"]
+    done = no_traceback(run_cli("validate", "-h", env={"COLUMNS": "100"}))
+    assert "ttbundle validate [OPTIONS] {PATH}..." in done.stdout
+    assert "SECONDS" in done.stdout
+
+
+# --- 7. JSON on every path ----------------------------------------------------------------
+
+
+def _envelope(done, code: int) -> dict:
+    assert done.returncode == code, (done.stdout, done.stderr)
+    data = as_json(done)
+    assert list(data)[0] == "ok" and list(data)[-1] == "diagnostics"
+    for d in data["diagnostics"]:
+        assert set(d) == {
+            "code",
+            "severity",
+            "message",
+            "file",
+            "pointer",
+            "line",
+            "column",
+            "hint",
+        }
+    return data
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "ttb"),
+    [
+        (["validate", "{missing}"], 1, "TTB001"),
+        (["verify", "{missing}"], 1, None),
+        (["inspect", "{missing}"], 1, None),
+        (["install", "{missing}", "--models-dir", "{tmp}"], 1, None),
+        (["uninstall", "nothing-here", "--models-dir", "{tmp}"], 1, "TTB092"),
+        (["migrate", "{missing}"], 1, "TTB002"),
+        (["list", "--bogus"], 2, "TTB004"),
+        (["validate"], 2, "TTB004"),
+        (["inspect", "{missing}", "--no-such-flag"], 2, "TTB004"),
+    ],
+)
+def test_json_on_error_paths(run_cli, tmp_path, args, code, ttb):
+    args = [a.format(missing=tmp_path / "missing", tmp=tmp_path) for a in args]
+    data = _envelope(run_cli(*args, "--format", "json"), code)
+    assert data["ok"] is False and data["diagnostics"]
+    assert all(d["severity"] == "error" for d in data["diagnostics"] if d["code"] == ttb)
+    if ttb is not None:
+        assert ttb in [d["code"] for d in data["diagnostics"]]
+    if ttb == "TTB004":
+        assert data["diagnostics"][0]["hint"].startswith("see ttbundle ")
+
+
+def test_json_on_success_has_the_same_shape(make_bundle, run_cli, tmp_path):
+    folder = make_bundle("demo")
+    assert _envelope(run_cli("validate", folder, "-f", "json"), 0)["ok"] is True
+    packed = no_traceback(run_cli("pack", folder, "-o", tmp_path / "dist"))
+    archive = packed.stdout.strip().splitlines()[-1]
+    assert _envelope(run_cli("verify", archive, "--format=json"), 0)["valid"] is True
+    inspected = _envelope(run_cli("inspect", folder, "--format", "json"), 0)
+    assert inspected["metadata"]["name"] == "demo"
+    listed = _envelope(
+        run_cli(
+            "list",
+            "--models-dir",
+            folder.parent,
+            "--format",
+            "json",
+            env={"TT_VLLM_BUILTIN_MODELS": "0"},
+        ),
+        0,
+    )
+    assert [e["bundle"] for e in listed["entries"]] == ["demo"]
+
+
+def test_no_internal_package_names_in_output(make_bundle, run_cli):
+    adapter = "from .missing_helper import thing\n" + make_bundle.adapter
+    folder = make_bundle("rel", adapter=adapter)
+    done = no_traceback(run_cli("validate", "--import", folder))
+    assert done.returncode == 1
+    assert "No module named 'missing_helper'" in done.stdout
+    assert "_ttb_" not in done.stdout + done.stderr
+    data = as_json(run_cli("validate", "--import", "--format", "json", folder))
+    assert "_ttb_" not in json.dumps(data)
+
+
+# --- 8. tables ----------------------------------------------------------------------------
+
+
+def test_list_piped_is_plain(make_bundle, run_cli, tmp_path):
+    models = tmp_path / ("a-rather-long-folder-name-" * 3) / "models"
+    make_bundle("demo", parent=models)
+    env = {"TT_VLLM_BUILTIN_MODELS": "0", "EXTRA_MODELS_DIR": str(models)}
+    done = no_traceback(run_cli("list", env=env))
+    assert done.returncode == 0
+    lines = done.stdout.splitlines()
+    assert lines[0] == "TT architectures (mesh: any)"
+    assert lines[1].split() == [
+        "architecture",
+        "bundle",
+        "source",
+        "status",
+        "capabilities",
+        "path",
+        "/",
+        "reason",
+    ]
+    row = lines[2].split()
+    assert row[:5] == ["TTDemoForCausalLM", "demo@1.0.0", "extra", "registered", "-"]
+    assert len(row[5]) <= 40 and row[5].endswith("/models/demo") and "..." in row[5]
+    assert not any(ch in done.stdout for ch in "│─┃━╭")
+    whole = no_traceback(run_cli("list", "-v", env=env)).stdout.splitlines()[2].split()
+    assert whole[5] == str(models / "demo")
+
+
+def test_list_on_an_80_column_terminal(run_cli):
+    """The built-ins' table on a terminal 80 wide: no line longer, no word split."""
+    env = {"TTY_COMPATIBLE": "1", "COLUMNS": "80", "NO_COLOR": "1"}
+    done = no_traceback(run_cli("list", env=env))
+    assert done.returncode == 0
+    lines = done.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    words = set(done.stdout.replace(",", " ").split())
+    for name in ("TTQwen2_5_VLForConditionalGeneration", "sample_on_device=decode_only+all"):
+        assert name in words  # whole, never broken across lines
+    assert "…" not in done.stdout
