@@ -194,6 +194,10 @@ def test_no_bundle_for_the_architecture_lists_what_is_registered(models_dir, dem
     assert error_of(excinfo) == "TTB200"
     message = str(excinfo.value)
     assert "TTLlamaForCausalLM" in message and "TTQwen2ForCausalLM (qwen@1.0.0, extra" in message
+    # One architecture a line, no paths.
+    listed = message.split("registered:", 1)[1].splitlines()[1:]
+    assert any(line.strip().startswith("TTQwen2ForCausalLM (qwen@1.0.0") for line in listed)
+    assert str(models_dir) not in message
 
 
 def test_single_execute_data_parallel_becomes_lanes(models_dir, demo_checkpoint):
@@ -203,6 +207,29 @@ def test_single_execute_data_parallel_becomes_lanes(models_dir, demo_checkpoint)
     assert config.parallel_config.data_parallel_size == 1
     assert config.scheduler_config.max_num_seqs == 32
     assert decisions["max_num_seqs"]["reason"] == "8 per lane x 4 lanes"
+    # One engine: vLLM launches one engine core with the worker in it.
+    parallel = config.parallel_config
+    assert (parallel.data_parallel_size_local, parallel.data_parallel_rank) == (1, 0)
+    assert parallel.distributed_executor_backend == "uni"
+    assert config.scheduler_config.scheduler_cls == "ttbundles.serving.lanes.TTLaneCoordinator"
+    assert "4 in-process lanes in one engine" in decisions["data_parallel_size"]["reason"]
+
+
+@pytest.mark.parametrize(
+    ("capabilities", "dp", "expected"),
+    [
+        ({}, 1, "one engine"),
+        ({"execution": "single"}, 1, "--data-parallel-size N would run N in-process lanes"),
+        ({}, 2, "2 engine processes, one per submesh"),
+    ],
+)
+def test_the_data_parallel_decision_is_recorded_for_every_bundle(
+    models_dir, demo_checkpoint, capabilities, dp, expected
+):
+    bundle(models_dir, "any", capabilities=capabilities)
+    _config, decisions, plan = configure(demo_checkpoint, data_parallel_size=dp)
+    assert expected in decisions["data_parallel_size"]["reason"]
+    assert plan["lanes"] == 1
 
 
 def test_lanes_must_divide_the_target_batch(models_dir, demo_checkpoint):
@@ -276,3 +303,17 @@ def test_max_logprobs_is_clamped_to_20(models_dir, demo_checkpoint, requested, e
     config, decisions, _ = configure(demo_checkpoint, max_logprobs=requested)
     assert config.model_config.max_logprobs == effective
     assert decisions["max_logprobs"]["effective"] == effective
+
+
+def test_decisions_say_default_where_nothing_was_requested(models_dir, demo_checkpoint):
+    bundle(models_dir, "full", capabilities={"prefix_caching": True, "chunked_prefill": True})
+    _config, decisions, _plan = configure(demo_checkpoint, max_model_len=None)
+    assert decisions["max_model_len"]["reason"] == "the model's own limit (default)"
+    assert decisions["max_logprobs"]["reason"] == "vLLM's default"
+    assert decisions["enable_prefix_caching"]["reason"] == "on: vLLM's default"
+    _config, decisions, _plan = configure(
+        demo_checkpoint, max_model_len=128, max_logprobs=5, enable_prefix_caching=False
+    )
+    assert decisions["max_model_len"]["reason"] == "as requested"
+    assert decisions["max_logprobs"]["reason"] == "as requested"
+    assert decisions["enable_prefix_caching"]["reason"] == "off, as requested"

@@ -561,9 +561,9 @@ def test_a_device_penalty_or_logprobs_request_joining_async_decode(demo_server, 
 
 
 def test_async_and_sync_decode_give_identical_tokens(demo_server, sync_server, reference):
-    assert "async_scheduling: True (as requested)" in demo_server.log_since(0)
+    assert "async_scheduling: True (on: vLLM's default)" in demo_server.log_since(0)
     assert "'ttbundles.serving.scheduler.TTAsyncScheduler'" in demo_server.log_since(0)
-    assert "async_scheduling: False (as requested)" in sync_server.log_since(0)
+    assert "async_scheduling: False (off, as requested)" in sync_server.log_since(0)
     assert "'ttbundles.serving.scheduler.TTScheduler'" in sync_server.log_since(0)
 
     prompts = [random_ids(820 + i, 6 + 3 * i, reference.vocab_size) for i in range(3)]

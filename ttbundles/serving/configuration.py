@@ -111,17 +111,15 @@ def select_entry(architectures: list[str], registry: Registry):
         entry = registered.get(tt_arch_name(arch))
         if entry is not None:
             return entry
-    listing = (
-        "; ".join(
-            f"{a} ({e.label}, {e.source.value}, {e.path})" for a, e in sorted(registered.items())
-        )
-        or "none"
+    # One architecture a line, without paths (`ttbundle list` shows where each is from).
+    listing = "".join(
+        f"\n  {a} ({e.label}, {e.source.value})" for a, e in sorted(registered.items())
     )
     raise _error(
         "TTB200",
         f"no registered TT architecture serves {', '.join(architectures) or 'this model'} "
         f"(looked for {', '.join(tt_arch_name(a) for a in architectures)}); "
-        f"registered: {listing}",
+        f"registered:{listing or ' none'}",
         "add a bundle for it to EXTRA_MODELS_DIR (ttbundle list shows what is registered)",
     )
 
@@ -266,7 +264,13 @@ def plan_config(vllm_config: VllmConfig, registry: Registry) -> Plan | None:
                 ),
             )
         else:
-            plan.decide(setting, requested, requested, "as requested")
+            # vLLM turns these on unless told otherwise: on is its default, off was asked.
+            plan.decide(
+                setting,
+                requested,
+                requested,
+                "on: vLLM's default" if requested else "off, as requested",
+            )
     if not sched.enable_chunked_prefill and (
         sched.max_num_batched_tokens < model_config.max_model_len
     ):
@@ -339,6 +343,7 @@ def effective_options(vllm_config: VllmConfig) -> TTOptions:
 
 
 MAX_LOGPROBS = 20
+DEFAULT_MAX_LOGPROBS = 20  # vLLM's ModelConfig.max_logprobs default
 """Log-probabilities per token Tenstorrent serves at most (the reference plugin's clamp;
 TT-Metal devices return at most their `max_device_top_k`, the host sampler more)."""
 
@@ -354,7 +359,12 @@ def _plan_logprobs(vllm_config: VllmConfig, plan: Plan) -> None:
             f"Tenstorrent serves at most {MAX_LOGPROBS} log-probabilities per token",
         )
     else:
-        plan.decide("max_logprobs", requested, requested, "as requested")
+        plan.decide(
+            "max_logprobs",
+            requested,
+            requested,
+            "vLLM's default" if requested == DEFAULT_MAX_LOGPROBS else "as requested",
+        )
 
 
 def _plan_lengths(vllm_config: VllmConfig, plan: Plan, target: Any) -> None:
@@ -374,8 +384,13 @@ def _plan_lengths(vllm_config: VllmConfig, plan: Plan, target: Any) -> None:
         if hasattr(sched, "max_model_len"):
             sched.max_model_len = target.max_model_len
     else:
+        length = model_config.max_model_len
+        limit = getattr(model_config.hf_text_config, "max_position_embeddings", None)
         plan.decide(
-            "max_model_len", model_config.max_model_len, model_config.max_model_len, "as requested"
+            "max_model_len",
+            length,
+            length,
+            "the model's own limit (default)" if length == limit else "as requested",
         )
 
 
@@ -467,4 +482,11 @@ def _plan_lanes(vllm_config: VllmConfig, plan: Plan, execution: str, target: Any
             f"the bundle's target {plan.mesh} supports at most {cap}",
         )
     else:
-        plan.decide("max_num_seqs", sched.max_num_seqs, sched.max_num_seqs, "as requested")
+        plan.decide(
+            "max_num_seqs",
+            sched.max_num_seqs,
+            sched.max_num_seqs,
+            f"within the target {plan.mesh}'s limit of {cap}"
+            if cap is not None
+            else "unchanged: the bundle's target sets no limit",
+        )
