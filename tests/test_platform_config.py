@@ -317,3 +317,28 @@ def test_decisions_say_default_where_nothing_was_requested(models_dir, demo_chec
     assert decisions["max_model_len"]["reason"] == "as requested"
     assert decisions["max_logprobs"]["reason"] == "as requested"
     assert decisions["enable_prefix_caching"]["reason"] == "off, as requested"
+
+
+def test_plan_command_says_which_topology_and_why(run_cli, demo_checkpoint, tmp_path):
+    """`ttbundle plan` of a single-execute bundle with --data-parallel-size: the lanes, the
+    per-lane and total max_num_seqs, and the coordinator, as the server would log them."""
+    from ttbundles.demo.variants import write_lanes_bundle
+
+    write_lanes_bundle(tmp_path)
+    env = {"EXTRA_MODELS_DIR": str(tmp_path), "MESH_DEVICE": "HOST"}
+    args = ["--model", demo_checkpoint, "--max-model-len", "256", "--format", "json"]
+    run = run_cli("plan", *args, "--data-parallel-size", "4", "--max-num-seqs", "2", env=env)
+    assert run.returncode == 0, run.stdout + run.stderr
+    plan = json.loads(run.stdout)
+    plan = plan.get("plan", plan)
+    decisions = {d["setting"]: d for d in plan["decisions"]}
+    assert plan["lanes"] == 4
+    assert decisions["data_parallel_size"]["effective"] == 1
+    assert "4 in-process lanes in one engine" in decisions["data_parallel_size"]["reason"]
+    assert decisions["max_num_seqs"]["effective"] == 8
+    assert decisions["max_num_seqs"]["reason"] == "2 per lane x 4 lanes"
+    assert decisions["scheduler"]["effective"] == "ttbundles.serving.lanes.TTLaneCoordinator"
+    # 3 x 16 is capped to the target's 32, which 3 lanes cannot share: refused as the
+    # server would refuse it.
+    run = run_cli("plan", *args, "--data-parallel-size", "3", "--max-num-seqs", "16", env=env)
+    assert run.returncode == 1 and "TTB205" in run.stdout + run.stderr

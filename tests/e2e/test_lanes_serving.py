@@ -127,3 +127,28 @@ def test_lanes_decode_asynchronously_and_cache_prefixes_per_lane(lanes_server, r
     delta = lanes_server.stats_delta(before)
     assert delta.get("decode.async", 0) > 0  # device sampling with async decode
     assert delta.get("sampling.device", 0) > 0
+
+
+def test_demo_command_serves_lanes(tmp_path):
+    """`ttbundle demo --tiny --lanes 2 --query`: the demo-lanes variant, written into the
+    cache, served as 2 in-process lanes of one engine, answering through the API."""
+    from tests.e2e.test_serving import _demo
+
+    run = _demo(["--query", "--tiny", "--lanes", "2"], tmp_path)
+    assert run.returncode == 0, run.stdout + run.stderr
+    bundle = tmp_path / "ttbundles" / "lanes-models" / "demo-lanes"
+    assert f"serving 2 in-process lanes with demo-lanes ({bundle})" in run.stdout
+    assert any(line.startswith("completion: 'The capital of France is' -> ") for line in
+               run.stdout.splitlines())  # fmt: skip
+    log = (tmp_path / "ttbundles" / "demo-server.log").read_text()
+    assert "serving TTLlamaForCausalLM with demo-lanes@1.0.0" in log
+    assert "2 in-process lanes, max_num_seqs" in log
+    assert (bundle / "vllm_metadata.json").is_file()
+
+
+def test_demo_command_refuses_lanes_with_a_data_parallel_option(tmp_path):
+    from tests.e2e.test_serving import _demo
+
+    run = _demo(["--tiny", "--lanes", "2", "--", "--data-parallel-size", "4"], tmp_path)
+    assert run.returncode == 1
+    assert "TTB209" in run.stderr and "contradict --lanes" in run.stderr
