@@ -1,11 +1,11 @@
 """The TT worker: opens the mesh, loads the bundle's generator, sizes the KV cache.
 
-vLLM (0.33.0, one rank, "uni" executor) runs it inside the engine-core process and
-calls, in order: init_device, load_model, get_kv_cache_spec,
-get_supported_kv_cache_layouts, determine_available_memory, initialize_from_config,
-compile_or_warm_up_model, get_supported_tasks; then execute_model and sample_tokens per
-step. The generator is the `TT<arch>` class our registry chose, never vLLM's resolution
-of the bare architecture.
+vLLM (0.33.0, "uni" executor: one worker per engine, with multi-process data
+parallelism one per rank) runs it inside the engine-core process and calls, in order:
+init_device, load_model, get_kv_cache_spec, get_supported_kv_cache_layouts,
+determine_available_memory, initialize_from_config, compile_or_warm_up_model,
+get_supported_tasks; then execute_model and sample_tokens per step. The generator is the
+`TT<arch>` class our registry chose, never vLLM's resolution of the bare architecture.
 """
 
 from __future__ import annotations
