@@ -10,6 +10,7 @@ calls it makes, written to a temporary folder: there is no TT hardware here.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import types
 
@@ -213,7 +214,9 @@ def dp_config(demo_checkpoint, monkeypatch):
     pytest.importorskip("vllm")
     from vllm.engine.arg_utils import EngineArgs
 
-    monkeypatch.delenv("TT_VISIBLE_DEVICES", raising=False)
+    # Recorded, so that what the workers below set is undone after the test.
+    monkeypatch.setenv("TT_VISIBLE_DEVICES", "")
+    monkeypatch.delenv("TT_VISIBLE_DEVICES")
     monkeypatch.delenv("EXTRA_MODELS_DIR", raising=False)
 
     def make(**kwargs):
@@ -257,7 +260,7 @@ def test_each_worker_binds_its_own_group_and_sizes_its_own_kv_cache(dp_config, m
 
     seen = []
     for rank in (0, 1):
-        monkeypatch.delenv("TT_VISIBLE_DEVICES", raising=False)
+        os.environ.pop("TT_VISIBLE_DEVICES", None)  # each rank is a process of its own
         config = dp_config()
         # What vLLM's run_engine_core does for a dense rank before building its engine.
         config.parallel_config.data_parallel_rank_local = rank
@@ -265,8 +268,6 @@ def test_each_worker_binds_its_own_group_and_sizes_its_own_kv_cache(dp_config, m
         worker = TTWorker(config, 0, 0, "tcp://127.0.0.1:0", True)
         worker.init_device()
         worker.load_model()
-        import os
-
         seen.append((os.environ["TT_VISIBLE_DEVICES"], worker.mesh_device.device_ids))
         blocks = worker.determine_available_memory() // (
             worker.get_cache_block_size_bytes() * len(worker.get_kv_cache_spec())
