@@ -96,6 +96,8 @@ CODES: dict[str, str] = {
     "TTB207": "mixture-of-experts models do not support multi-process data parallelism",
     "TTB208": "model or checkpoint cannot be read",
     "TTB209": "vLLM rejected the configuration",
+    "TTB212": "data-parallel device groups cannot be formed or bound",
+    "TTB213": "the mesh could not be split into data-parallel submeshes",
     "TTB214": "the KV cache is too small for every data-parallel lane",
 }
 

@@ -57,7 +57,11 @@ _VARIABLES: dict[str, Callable[[str | None], Any]] = {
     # Which chips this process may open (comma-separated ids), read by TT-Metal when the
     # mesh opens; the platform's device control variable (per data-parallel rank).
     "TT_VISIBLE_DEVICES": _text,
-    # The worker writes its step and sampling-path counters (JSON) here after each step.
+    # Set by the platform, read by its child processes: the data-parallel device groups
+    # TT-Metal reported, so that processes planning again do not open the mesh again.
+    "TT_BUNDLES_DEVICE_GROUPS": _text,
+    # The worker writes its step and sampling-path counters (JSON) here after each step
+    # (one file per rank with multi-process data parallelism: stats.dp0.json, ...).
     "TT_BUNDLES_STATS_FILE": _text,
     # Seconds since the epoch for archive entry times (reproducible builds).
     "SOURCE_DATE_EPOCH": _text,

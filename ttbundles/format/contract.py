@@ -241,10 +241,16 @@ class HostMesh:
     """The mesh handed to a generator on the host mesh (MESH_DEVICE=HOST): no device.
 
     A generator that branches on `mesh_device.is_host` can run its torch reference path.
+    With multi-process data parallelism each rank opens a host submesh of its own:
+    `device_ids` are its chip ids (its TT_VISIBLE_DEVICES), as a TT submesh's are.
     """
 
     shape: tuple[int, int] = (1, 1)
     is_host: bool = True
+    device_ids: tuple[int, ...] = (0,)
+
+    def get_device_ids(self) -> list[int]:
+        return list(self.device_ids)
 
     def get_num_devices(self) -> int:
         return self.shape[0] * self.shape[1]

@@ -69,6 +69,10 @@ class Plan:
     options: dict[str, Any]
     lanes: int = 1
     decisions: list[Decision] = field(default_factory=list)
+    # Multi-process data parallelism: each local rank's chip ids (its TT_VISIBLE_DEVICES)
+    # and the shape of the submesh it opens; empty with one engine.
+    device_groups: list[list[int]] = field(default_factory=list)
+    submesh_shape: list[int] = field(default_factory=list)
 
     def decide(self, setting: str, requested: Any, effective: Any, reason: str) -> Any:
         self.decisions.append(Decision(setting, requested, effective, reason))
@@ -246,6 +250,7 @@ def plan_config(vllm_config: VllmConfig, registry: Registry) -> Plan | None:
     _plan_lengths(vllm_config, plan, target)
     _plan_logprobs(vllm_config, plan)
     _plan_lanes(vllm_config, plan, caps.execution, target)
+    _plan_device_groups(vllm_config, plan)
 
     sched = vllm_config.scheduler_config
     # Each feature stays on only when the bundle declares the capability it needs.
@@ -454,15 +459,7 @@ def _plan_lanes(vllm_config: VllmConfig, plan: Plan, execution: str, target: Any
             "do not run as multiple engines",
             "drop --data-parallel-size; the mesh provides the parallelism",
         )
-    if dp > 1:
-        plan.decide(
-            "data_parallel_size",
-            dp,
-            dp,
-            f"{dp} engine processes, one per submesh ({plan.bundle['name']} runs per "
-            "submesh); --max-num-seqs is per engine",
-        )
-    else:
+    if dp == 1:  # more ranks: decided with their device groups (_plan_device_groups)
         plan.decide(
             "data_parallel_size",
             dp,
@@ -489,4 +486,58 @@ def _plan_lanes(vllm_config: VllmConfig, plan: Plan, execution: str, target: Any
             f"within the target {plan.mesh}'s limit of {cap}"
             if cap is not None
             else "unchanged: the bundle's target sets no limit",
+        )
+
+
+def _plan_device_groups(vllm_config: VllmConfig, plan: Plan) -> None:
+    """Multi-process data parallelism: one engine core per rank, each on its own submesh.
+
+    Runs after the lanes decision (single-execute bundles are one engine by then). The
+    mesh is split here, once; the groups travel in the plan to every engine's worker.
+    """
+    import os
+
+    from ttbundles.serving import device_groups
+
+    parallel = vllm_config.parallel_config
+    ranks = parallel.data_parallel_size
+    if ranks <= 1:
+        return
+    if parallel.data_parallel_size_local != ranks:
+        raise _error(
+            "TTB202",
+            f"--data-parallel-size={ranks} with {parallel.data_parallel_size_local} local "
+            "ranks (several nodes, or an external load balancer) is not supported yet on "
+            "Tenstorrent",
+            "start all ranks from one vllm serve on one system",
+        )
+    device_groups.check_no_user_binding(os.environ, parallel.assigned_physical_gpu_ids, ranks)
+    groups = device_groups.plan_groups(plan.mesh, ranks)
+    plan.device_groups = [list(g) for g in groups.groups]
+    plan.submesh_shape = list(groups.submesh_shape)
+    rows, columns = groups.submesh_shape
+    where = {
+        "host": "the host mesh: a host submesh per rank",
+        "discovered": "chip ids from TT-Metal",
+        "logical": "logical chip ids of the grid; TT-Metal is not installed here to "
+        "discover the physical ones",
+    }[groups.source]
+    seqs = vllm_config.scheduler_config.max_num_seqs
+    plan.decide(
+        "data_parallel_size",
+        ranks,
+        ranks,
+        f"{ranks} engine cores, one per {rows}x{columns} submesh of {groups.mesh} "
+        f"({groups.describe()}; {where}); max_num_seqs={seqs} per rank, "
+        f"{seqs * ranks} in total; KV cache sized per rank",
+    )
+    backend = parallel.distributed_executor_backend
+    if backend in (None, "mp"):
+        # vLLM defaults data parallelism to the multiprocessing executor: a worker process
+        # behind every engine core. A rank here is one worker (world size 1).
+        parallel.distributed_executor_backend = plan.decide(
+            "distributed_executor_backend",
+            backend,
+            "uni",
+            "each rank's one worker runs inside its engine-core process",
         )

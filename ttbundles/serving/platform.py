@@ -31,6 +31,9 @@ class TTPlatform(Platform):
     dispatch_key: str = "CPU"
     device_control_env_var: str = "TT_VISIBLE_DEVICES"
     simple_compile_backend: str = "eager"
+    # torch here is the CPU build: any process group vLLM makes (none for dense
+    # data-parallel engines, which run independently) goes over gloo.
+    dist_backend: str = "gloo"
 
     def uses_host_device_handling(self) -> bool:
         return True
@@ -38,6 +41,10 @@ class TTPlatform(Platform):
     @classmethod
     def import_kernels(cls) -> None:
         """No compiled vLLM kernels: the generator runs the model (an empty vLLM build)."""
+
+    @classmethod
+    def set_device(cls, device: Any) -> None:
+        """Nothing to select per thread: the worker opens its (sub)mesh itself."""
 
     @classmethod
     def is_pin_memory_available(cls) -> bool:

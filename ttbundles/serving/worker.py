@@ -1,11 +1,11 @@
 """The TT worker: opens the mesh, loads the bundle's generator, sizes the KV cache.
 
-vLLM (0.33.0, one rank, "uni" executor) runs it inside the engine-core process and
-calls, in order: init_device, load_model, get_kv_cache_spec,
-get_supported_kv_cache_layouts, determine_available_memory, initialize_from_config,
-compile_or_warm_up_model, get_supported_tasks; then execute_model and sample_tokens per
-step. The generator is the `TT<arch>` class our registry chose, never vLLM's resolution
-of the bare architecture.
+vLLM (0.33.0, "uni" executor: one worker per engine, with multi-process data
+parallelism one per rank) runs it inside the engine-core process and calls, in order:
+init_device, load_model, get_kv_cache_spec, get_supported_kv_cache_layouts,
+determine_available_memory, initialize_from_config, compile_or_warm_up_model,
+get_supported_tasks; then execute_model and sample_tokens per step. The generator is the
+`TT<arch>` class our registry chose, never vLLM's resolution of the bare architecture.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import importlib
 import json
 import logging
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +28,7 @@ from ttbundles.format.contract import HostMesh
 from ttbundles.format.meshes import is_host, mesh_shape
 from ttbundles.registry.loader import PACKAGE_PREFIX, finder, package_name
 from ttbundles.serving.configuration import Plan, served_plan
+from ttbundles.serving.device_groups import bind_rank
 from ttbundles.serving.model_runner import TTModelRunner
 from ttbundles.serving.stats import STATS
 
@@ -53,11 +55,18 @@ class TTWorker(WorkerBase):
         self.mesh_device: Any = None
         self.model_runner: TTModelRunner | None = None  # type: ignore[assignment]
         self._stats_file = envs.TT_BUNDLES_STATS_FILE
+        # Multi-process data parallelism: this engine's rank on this node (None: one engine).
+        self.dp_rank: int | None = None
+        if plan.device_groups:
+            self.dp_rank = self.parallel_config.data_parallel_rank_local
+            if self._stats_file:
+                self._stats_file = rank_stats_path(self._stats_file, self.dp_rank or 0)
 
     # --- device and model ---------------------------------------------------------------
 
     def init_device(self) -> None:
         self.device = torch.device("cpu")
+        self._bind_device_group()
         # TT-Metal itself reads TT_VISIBLE_DEVICES when the mesh opens; said here so the
         # log shows which chips this engine was given.
         logger.info(
@@ -65,7 +74,36 @@ class TTWorker(WorkerBase):
             envs.MESH_DEVICE or "unset",
             envs.TT_VISIBLE_DEVICES or "unset: every chip",
         )
-        self.mesh_device = open_mesh(envs.MESH_DEVICE)
+        self.mesh_device = open_mesh(envs.MESH_DEVICE, self.plan.submesh_shape, self._device_ids())
+
+    def _bind_device_group(self) -> None:
+        """With several data-parallel engines: this rank's chips, before TT-Metal loads.
+
+        vLLM (0.33.0) runs each dense data-parallel rank as an independent engine core
+        (`EngineCoreProc`, no collective per step) whose worker sees its node-local rank in
+        `data_parallel_rank_local` and its global rank in `data_parallel_index`.
+        """
+        groups = self.plan.device_groups
+        if not groups:
+            return
+        value = bind_rank(groups, self.dp_rank)
+        rows, columns = self.plan.submesh_shape
+        logger.info(
+            "ttbundles: Bound TT_VISIBLE_DEVICES=%s for local DP rank %d "
+            "(DP rank %d of %d, a %dx%d submesh of %s)",
+            value,
+            self.dp_rank,
+            self.parallel_config.data_parallel_index,
+            len(groups),
+            rows,
+            columns,
+            envs.MESH_DEVICE or "N150",
+        )
+
+    def _device_ids(self) -> list[int]:
+        if not self.plan.device_groups or self.dp_rank is None:
+            return []
+        return list(self.plan.device_groups[self.dp_rank])
 
     def load_model(self, *, load_dummy_weights: bool = False) -> None:
         generator_cls = load_generator_class(self.plan)
@@ -191,17 +229,33 @@ class TTWorker(WorkerBase):
         return set()
 
 
-def open_mesh(name: str | None) -> Any:
+def open_mesh(
+    name: str | None, submesh_shape: Sequence[int] = (), device_ids: Sequence[int] = ()
+) -> Any:
     """The mesh the generator runs on: the host mesh, or a TT mesh through ttnn.
 
+    A data-parallel rank opens its submesh (`submesh_shape`) over the chips its
+    TT_VISIBLE_DEVICES shows; on the host mesh, a host submesh with its `device_ids`.
     The ttnn path follows TT-Metal's mesh presets; it is written but untested here (no
     Tenstorrent hardware on this project's machines).
     """
     if is_host(name):
-        return HostMesh()
+        return HostMesh(
+            shape=tuple(submesh_shape) or (1, 1),  # type: ignore[arg-type]
+            device_ids=tuple(device_ids) or (0,),
+        )
     import ttnn  # noqa: F401 - only on machines with the TT-Metal stack
 
-    return ttnn.open_mesh_device(ttnn.MeshShape(*mesh_shape(name or "N150")))
+    shape = tuple(submesh_shape) or mesh_shape(name or "N150")
+    return ttnn.open_mesh_device(ttnn.MeshShape(*shape))
+
+
+def rank_stats_path(path: str, rank: int) -> str:
+    """`stats.json` -> `stats.dp1.json`: one counters file per data-parallel rank."""
+    stem, dot, suffix = path.rpartition(".")
+    if not dot or "/" in suffix:
+        return f"{path}.dp{rank}"
+    return f"{stem}.dp{rank}.{suffix}"
 
 
 def load_generator_class(plan: Plan) -> type:
