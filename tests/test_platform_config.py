@@ -220,7 +220,7 @@ def test_single_execute_data_parallel_becomes_lanes(models_dir, demo_checkpoint)
     [
         ({}, 1, "one engine"),
         ({"execution": "single"}, 1, "--data-parallel-size N would run N in-process lanes"),
-        ({}, 2, "2 engine processes, one per submesh"),
+        ({}, 2, "2 engine cores, one per 1x1 submesh of HOST"),
     ],
 )
 def test_the_data_parallel_decision_is_recorded_for_every_bundle(
