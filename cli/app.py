@@ -15,7 +15,7 @@ import typer
 from ttbundles import envs
 from ttbundles.errors import TTBundleError
 
-from . import archive, conformance, demo, info, init, plan, validate
+from . import archive, conformance, demo, doctor, info, init, plan, validate
 
 app = typer.Typer(
     name="ttbundle",
@@ -58,15 +58,20 @@ app.command()(info.schema)
 app.command()(init.init)
 app.command()(init.migrate)
 app.command()(demo.demo)
+app.command()(doctor.doctor)
 app.command("test")(conformance.test)
-app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(plan.plan)
+app.command(
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    options_metavar="MODEL [OPTIONS] [VLLM SERVE OPTIONS]",
+)(plan.plan)
 
 
 def main() -> None:
     from .output import Output
+    from .usage import run
 
     try:
-        app(prog_name="ttbundle")
+        code = run(app, "ttbundle")
     except TTBundleError as exc:
         Output().diagnostics(exc.diagnostics, stderr=True)
         sys.exit(1)
@@ -80,6 +85,7 @@ def main() -> None:
             "Set TTBUNDLE_DEBUG=1 to see the traceback, and please report it.\n"
         )
         sys.exit(3)
+    sys.exit(code)
 
 
 if __name__ == "__main__":

@@ -31,6 +31,8 @@ class TTPlatform(Platform):
     dispatch_key: str = "CPU"
     device_control_env_var: str = "TT_VISIBLE_DEVICES"
     simple_compile_backend: str = "eager"
+    # Set by `ttbundle plan`, which decides for a mesh that need not be attached here.
+    planning: bool = False
 
     def uses_host_device_handling(self) -> bool:
         return True
@@ -59,11 +61,25 @@ class TTPlatform(Platform):
         # Configuration errors are raised inside vLLM's config construction: uncaught, they
         # end `vllm serve` with their message.
         report_errors_cleanly()
+        from ttbundles import envs
+        from ttbundles.format.meshes import mesh_or_none
+        from ttbundles.registry import servable
         from ttbundles.serving.configuration import plan_config
         from ttbundles.serving.registration import current_registry
 
+        # What would otherwise fail after the engine started: a mesh this machine cannot
+        # open (TT-Metal absent), then a class it cannot import. `ttbundle plan` plans for
+        # meshes attached elsewhere: it skips the device check (and says so).
+        mesh = mesh_or_none(envs.MESH_DEVICE)
+        if not cls.planning:
+            servable.require_device(mesh)
         plan = plan_config(vllm_config, current_registry())
         if plan is not None:
+            if servable.opens_here(mesh):
+                bundle = plan.bundle
+                servable.require_importable(
+                    bundle["main_class"], f"{bundle['name']}@{bundle['version']}"
+                )
             plan.log()
 
     @classmethod
