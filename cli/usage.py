@@ -21,10 +21,22 @@ from ttbundles.suggest import did_you_mean
 def no_such_option(command_path: str, word: str, options: Iterable[str], *, also: str = "") -> str:
     """`PROG CMD: error: no such option --x; did you mean --y?` and where the help is (`also`:
     another help to point at)."""
-    best = did_you_mean(word, list(options))
+    best = closest_option(word, list(options))
     guess = f"; did you mean {best}?" if best else ""
     helps = f"'{command_path} --help'" + (f" and '{also}'" if also else "")
     return f"{command_path}: error: no such option {word}{guess}\nSee {helps}."
+
+
+def closest_option(word: str, options: list[str]) -> str | None:
+    """The option `word` most likely meant: one it extends or abbreviates (`--mesh-device`
+    is `--mesh`, `--max-model-lenn` is `--max-model-len`), else the closest spelling."""
+    extended = [o for o in options if len(o) > 3 and word.startswith(o)]
+    if extended:
+        return max(extended, key=len)
+    abbreviated = [o for o in options if len(word) > 3 and o.startswith(word)]
+    if len(abbreviated) == 1:
+        return abbreviated[0]
+    return did_you_mean(word, options)
 
 
 def report(exc: click.ClickException, prog: str = "ttbundle", commands: Iterable[str] = ()) -> int:

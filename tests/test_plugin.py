@@ -210,6 +210,13 @@ def test_plan_cli_matches_the_server_hook(tmp_path, monkeypatch, demo_checkpoint
     )
     monkeypatch.setenv("EXTRA_MODELS_DIR", str(models))
     monkeypatch.setenv("TT_VLLM_BUILTIN_MODELS", "0")
+    # The class must be importable here: the platform refuses one that is not (TTB058).
+    lib = tmp_path / "lib" / "tt_models"
+    lib.mkdir(parents=True)
+    (lib / "__init__.py").write_text("")
+    (lib / "plain.py").write_text("class Generator: ...\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "lib"))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "lib"))
     config = EngineArgs(
         model=str(demo_checkpoint), max_model_len=200, max_num_seqs=3
     ).create_engine_config()
