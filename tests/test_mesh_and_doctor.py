@@ -421,3 +421,18 @@ def test_vllm_serve_with_lower_case_host_serves_the_demo_bundle(demo_checkpoint,
     assert "serving TTLlamaForCausalLM with demo@1.0.0" in text
     assert "on mesh HOST" in text
     assert "No module named 'models'" not in text
+
+
+def test_bundle_test_parses_its_mesh_the_same_way(run_cli, tmp_path):
+    done = run_cli(
+        "test",
+        "bundles/demo",
+        "--model",
+        tmp_path,
+        "--mesh",
+        "T3000",
+        cwd=Path(__file__).parents[1],
+    )
+    assert done.returncode == 1
+    assert done.stderr.splitlines()[0] == "error TTB106 --mesh 'T3000' is not a mesh"
+    assert "did you mean T3K?" in done.stderr
