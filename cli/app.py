@@ -15,7 +15,7 @@ import typer
 from ttbundles import envs
 from ttbundles.errors import Diagnostic, Severity, TTBundleError
 
-from . import archive, conformance, demo, info, init, plan, validate
+from . import archive, conformance, demo, doctor, info, init, plan, validate
 
 app = typer.Typer(
     name="ttbundle",
@@ -58,8 +58,12 @@ app.command()(info.schema)
 app.command()(init.init)
 app.command()(init.migrate)
 app.command()(demo.demo)
+app.command()(doctor.doctor)
 app.command("test")(conformance.test)
-app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(plan.plan)
+app.command(
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    options_metavar="MODEL [OPTIONS] [VLLM SERVE OPTIONS]",
+)(plan.plan)
 
 
 def command() -> Any:
@@ -77,6 +81,7 @@ def main(argv: list[str] | None = None) -> None:
     (TTB004, exit 2) or an internal error (exit 3). Otherwise errors go to stderr as text.
     """
     from .output import Format, Output, requested_format
+    from .usage import run
 
     args = sys.argv[1:] if argv is None else list(argv)
     out = Output(requested_format(args))
@@ -85,7 +90,8 @@ def main(argv: list[str] | None = None) -> None:
             # Not standalone: usage errors reach us instead of click's text on stderr.
             code = command().main(args, prog_name="ttbundle", standalone_mode=False)
             sys.exit(code if isinstance(code, int) else 0)
-        command().main(args, prog_name="ttbundle")
+        # Usage errors in one or two lines, with a did-you-mean (`usage`).
+        code = run(command(), "ttbundle", args)
     except TTBundleError as exc:
         out.error(exc.diagnostics)
         sys.exit(1)
@@ -104,6 +110,7 @@ def main(argv: list[str] | None = None) -> None:
         else:
             sys.stderr.write(f"ttbundle: {message}\n{hint[0].upper()}{hint[1:]}.\n")
         sys.exit(3)
+    sys.exit(code)
 
 
 def _usage(exc: Exception) -> str:

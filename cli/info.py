@@ -32,41 +32,50 @@ def list_bundles(
     """What vLLM would register: each TT architecture, its bundle, source and status.
 
     Honours EXTRA_MODELS_DIR, TT_VLLM_BUILTIN_MODELS and MESH_DEVICE, computed by the same
-    code the vLLM plugin runs. Also warns of leftovers of interrupted installs (TTB094).
+    code the vLLM plugin runs. A registered class this machine cannot import is shown
+    "unservable" (TTB058); leftovers of interrupted installs are warned of (TTB094).
+    Exits 1 where `vllm serve` would not start: a wrong mesh (TTB106), a Tenstorrent
+    MESH_DEVICE without TT-Metal here (TTB107; not for --mesh, a what-if), and under
+    TT_BUNDLES_STRICT=1 any skipped bundle or warning.
 
     Example: EXTRA_MODELS_DIR=/opt/tt-bundles ttbundle list --mesh T3K
     """
     from ttbundles.archive.install import leftover_diagnostics
     from ttbundles.registry.registry import Source, compute, sources, table
+    from ttbundles.registry.servable import mark_unservable, refusals
 
     registry = compute(mesh=mesh, models_dirs=models_dir or None)
+    unservable = mark_unservable(registry)
+    refused = refusals(registry, what_if=mesh is not None)
     rows = table(registry)
     folders = sources(models_dirs=models_dir or None)
     extra = [folder for source, folder in folders if source is Source.EXTRA]
-    problems = registry.problems + leftover_diagnostics(extra)
+    problems = refused or (registry.problems + unservable + leftover_diagnostics(extra))
     out = Output(fmt)
     if out.is_json:
         out.result(
             not any(d.is_error for d in problems), problems, mesh=registry.mesh, entries=rows
         )
-        return
-    out.table(
-        f"TT architectures (mesh: {registry.mesh or 'any'})",
-        ["architecture", "bundle", "source", "status", "capabilities", "path / reason"],
-        [
+    else:
+        out.table(
+            f"TT architectures (mesh: {registry.mesh or 'any'})",
+            ["architecture", "bundle", "source", "status", "capabilities", "path / reason"],
             [
-                r["tt_arch"] or "-",
-                f"{r['bundle'] or '-'}@{r['version'] or '-'}",
-                r["source"],
-                r["status"],
-                _caps(r["capabilities"]),
-                r["reason"] or short_path(r["path"], verbose=verbose),
-            ]
-            for r in rows
-        ],
-        head=4,
-    )
-    out.diagnostics(problems)
+                [
+                    r["tt_arch"] or "-",
+                    f"{r['bundle'] or '-'}@{r['version'] or '-'}",
+                    r["source"],
+                    "not servable" if r["status"] == "unservable" else r["status"],
+                    _caps(r["capabilities"]),
+                    r["reason"] or short_path(r["path"], verbose=verbose),
+                ]
+                for r in rows
+            ],
+            head=4,
+        )
+        out.diagnostics(problems)
+    if refused:
+        raise typer.Exit(1)
 
 
 def _caps(caps: dict | None) -> str:

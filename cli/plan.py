@@ -2,32 +2,64 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from .options import FormatOption
 from .output import Format, Output
+from .usage import no_such_option
 
 
 def plan(
     ctx: typer.Context,
-    model: Annotated[str, typer.Option("--model", help="Checkpoint folder or hub repo.")],
+    model: Annotated[
+        str | None,
+        typer.Option(
+            "--model",
+            metavar="MODEL",
+            help="Checkpoint folder or hub repo (or give it first, as for vllm serve).",
+        ),
+    ] = None,
     mesh: Annotated[
-        str | None, typer.Option(help="Mesh to plan for (default: $MESH_DEVICE).")
+        str | None,
+        typer.Option(metavar="MESH", help="Mesh to plan for (default: $MESH_DEVICE)."),
+    ] = None,
+    models_dir: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--models-dir",
+            metavar="DIR",
+            help="Folders of bundles, in order (repeatable). Default: $EXTRA_MODELS_DIR.",
+            file_okay=False,
+        ),
     ] = None,
     fmt: FormatOption = Format.human,
 ) -> None:
-    """Print what `vllm serve` would decide, and fail with the error it would give.
+    """Print what `vllm serve MODEL ...` would decide, and fail with the error it would give.
 
-    Any further options are vllm serve options.
+    Takes vllm serve's command line: the model first, then any vllm serve options.
 
-    Example: ttbundle plan --model ./ckpt --mesh HOST --max-model-len 2048 --async-scheduling
+    Example: ttbundle plan ./ckpt --mesh HOST --max-model-len 2048 --async-scheduling
     """
-    from ttbundles.serving.dry_run import make_plan
+    from ttbundles.serving.dry_run import ServeOptionsError, make_plan
 
-    result = make_plan(model, list(ctx.args), mesh=mesh)
     out = Output(fmt)
+    try:
+        result = make_plan(model, list(ctx.args), mesh=mesh, models_dirs=models_dir or None)
+    except ServeOptionsError as exc:  # a usage error: one line and exit 2, not vLLM's usage
+        if exc.unknown:
+            ours = [o for p in ctx.command.params for o in getattr(p, "opts", [])]
+            text = no_such_option(
+                ctx.command_path, exc.unknown[0], ours + exc.known, also="vllm serve --help"
+            )
+            sys.stderr.write(text + "\n")
+        else:
+            out.diagnostics(exc.diagnostics, stderr=True)
+        sys.exit(2)
+    problems = result.get("problems") or []
     if out.is_json:
         out.result(True, [], **result)
         return
@@ -42,4 +74,9 @@ def plan(
         ["setting", "requested", "effective", "reason"],
         [[d["setting"], d["requested"], d["effective"], d["reason"]] for d in result["decisions"]],
         head=3,
+    )
+    from ttbundles.errors import Diagnostic, Severity
+
+    out.diagnostics(
+        [Diagnostic(**{**p, "severity": Severity(p["severity"])}) for p in problems], stderr=True
     )

@@ -33,6 +33,8 @@ LIGHT = [
     "ttbundles.registry.registry",
     "ttbundles.registry.loader",
     "ttbundles.registry.requirements",
+    "ttbundles.registry.servable",
+    "ttbundles.doctor",
     "ttbundles.scaffold",
     "ttbundles.serving.plugin",
     "ttbundles.demo.flow",

@@ -268,7 +268,13 @@ def test_validate_models_folder(make_bundle, run_cli, tmp_path):
 def test_usage_errors_exit_2(run_cli, tmp_path, args):
     done = no_traceback(run_cli(*args, cwd=tmp_path))
     assert done.returncode == 2
-    assert "Error" in done.stderr
+    # One line saying what is wrong, one saying where the help is; never the usage.
+    lines = done.stderr.splitlines()
+    assert lines[0].startswith(f"ttbundle {args[0]}: error: ") or lines[0].startswith(
+        "ttbundle: error: "
+    )
+    assert len(lines) == 2 and lines[1].startswith("See 'ttbundle")
+    assert "Usage:" not in done.stderr
     assert done.stdout == ""
 
 

@@ -3,7 +3,8 @@
 Each test builds a configuration the way `vllm serve` does
 (`EngineArgs(...).create_engine_config()`), with the TT platform active on the host mesh
 (see conftest) and bundles supplied through EXTRA_MODELS_DIR; the adapter is never
-imported, so environment-sourced bundles with made-up module paths are enough here.
+imported, so environment-sourced bundles whose module is an empty file on sys.path are
+enough here (the platform refuses a module it cannot find, TTB058).
 """
 
 from __future__ import annotations
@@ -23,7 +24,12 @@ from ttbundles.errors import ConfigurationError  # noqa: E402
 
 
 def bundle(parent, name, arch="LlamaForCausalLM", **fields):
-    """An environment-sourced bundle: the adapter is never imported here."""
+    """An environment-sourced bundle: the adapter is never imported here, only found
+    (`models_dir` puts the `tt_models` folder on sys.path)."""
+    package = parent.parent / "lib" / "tt_models"
+    package.mkdir(parents=True, exist_ok=True)
+    (package / "__init__.py").touch()
+    (package / f"{name.replace('-', '_')}.py").write_text("class Generator: ...\n")
     document = metadata(
         name,
         arch=arch,
@@ -40,6 +46,8 @@ def models_dir(tmp_path, monkeypatch):
     folder.mkdir()
     monkeypatch.setenv("EXTRA_MODELS_DIR", str(folder))
     monkeypatch.setenv("TT_VLLM_BUILTIN_MODELS", "0")
+    (tmp_path / "lib").mkdir()
+    monkeypatch.syspath_prepend(str(tmp_path / "lib"))
     return folder
 
 

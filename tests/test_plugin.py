@@ -51,15 +51,22 @@ def two_bundles(tmp_path, monkeypatch):
     return models
 
 
-def test_platform_activates_only_for_the_host_mesh_or_ttnn(monkeypatch):
+def test_platform_activates_where_mesh_device_is_set_or_ttnn_is_found(monkeypatch):
     from ttbundles.serving.plugin import PLATFORM_QUALNAME, platform_plugin
 
     monkeypatch.setenv("MESH_DEVICE", "HOST")
     assert platform_plugin() == PLATFORM_QUALNAME
     monkeypatch.delenv("MESH_DEVICE")
-    assert platform_plugin() is None  # no ttnn on this machine
-    monkeypatch.setenv("MESH_DEVICE", "T3K")
+    assert platform_plugin() is None  # no ttnn on this machine: inert
+    monkeypatch.setenv("MESH_DEVICE", "")
     assert platform_plugin() is None
+    # Set at all: ours, so that a missing TT-Metal or a wrong value is reported by us.
+    monkeypatch.setenv("MESH_DEVICE", "t3k")
+    assert platform_plugin() == PLATFORM_QUALNAME
+    assert os.environ["MESH_DEVICE"] == "T3K"  # canonical, for TT-Metal's exact lookups
+    monkeypatch.setenv("MESH_DEVICE", "N3000")
+    assert platform_plugin() == PLATFORM_QUALNAME
+    assert os.environ["MESH_DEVICE"] == "N3000"  # left for the startup error to name
 
 
 def test_plugin_import_is_light():
@@ -203,6 +210,13 @@ def test_plan_cli_matches_the_server_hook(tmp_path, monkeypatch, demo_checkpoint
     )
     monkeypatch.setenv("EXTRA_MODELS_DIR", str(models))
     monkeypatch.setenv("TT_VLLM_BUILTIN_MODELS", "0")
+    # The class must be importable here: the platform refuses one that is not (TTB058).
+    lib = tmp_path / "lib" / "tt_models"
+    lib.mkdir(parents=True)
+    (lib / "__init__.py").write_text("")
+    (lib / "plain.py").write_text("class Generator: ...\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "lib"))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "lib"))
     config = EngineArgs(
         model=str(demo_checkpoint), max_model_len=200, max_num_seqs=3
     ).create_engine_config()

@@ -73,6 +73,9 @@ CODES: dict[str, str] = {
     "TTB103": "bundle overridden by a TT_MODEL_CLASS_OVERRIDES entry",
     "TTB104": "TT_MODEL_CLASS_OVERRIDES is malformed",
     "TTB105": "variant selector (TT_*_TEXT_VER) names no variant",
+    "TTB106": "MESH_DEVICE (or --mesh) names no mesh preset or grid",
+    "TTB107": "a Tenstorrent mesh is asked for but ttnn (TT-Metal) is not importable here",
+    "TTB108": "the platform plugin will not activate (VLLM_PLUGINS, entry points, no mesh)",
     # The tests section (validated with the rest of the format)
     "TTB110": "a test path needs a capability the bundle does not declare",
     "TTB111": "the tests' prompt file or recorded golden is missing or invalid",

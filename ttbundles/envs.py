@@ -51,8 +51,9 @@ _VARIABLES: dict[str, Callable[[str | None], Any]] = {
     "TT_GEMMA4_TEXT_VER": _text,
     # 1: a broken bundle or an ambiguous registration is fatal instead of skipped.
     "TT_BUNDLES_STRICT": _flag(False),
-    # The mesh: a preset name (N150, T3K, TG, P150x4, BH-Galaxy, ...), a grid such as
-    # "(4,8)", or HOST for the host mesh. It replaces vLLM's tensor/pipeline parallelism.
+    # The mesh: a preset name in any case (N150, T3K, TG, P150x4, BH-Galaxy, ...), a grid
+    # such as "(4,8)", or HOST for the host mesh; parsed by `format.meshes.parse_mesh`
+    # (TTB106 otherwise). It replaces vLLM's tensor/pipeline parallelism.
     "MESH_DEVICE": _text,
     # Which chips this process may open (comma-separated ids), read by TT-Metal when the
     # mesh opens; the platform's device control variable (per data-parallel rank).

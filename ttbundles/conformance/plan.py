@@ -20,7 +20,7 @@ from ttbundles.conformance.prompts import (
     text_prompts,
 )
 from ttbundles.errors import Diagnostic, InvalidBundleError, Severity
-from ttbundles.format.meshes import HOST
+from ttbundles.format.meshes import HOST, canonical
 from ttbundles.format.metadata import (
     PATH_CAPABILITY,
     TEST_PATHS,
@@ -163,7 +163,9 @@ def resolve_plan(
     max_tokens: int | None = None,
     mesh: str = HOST,
 ) -> TestPlan:
-    """The plan for `bundle_dir`; raises InvalidBundleError (TTB110, TTB111, TTB101)."""
+    """The plan for `bundle_dir`; raises InvalidBundleError (TTB110, TTB111, TTB101), and
+    ConfigurationError for a mesh that is no preset or grid (TTB106; any case is fine)."""
+    mesh = canonical(mesh, source="--mesh") or HOST
     tests = metadata.tests or BundleTests()
     problems: list[Diagnostic] = []
     if metadata.targets and mesh not in metadata.targets:

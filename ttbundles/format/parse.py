@@ -18,6 +18,7 @@ from pydantic import BaseModel, ValidationError
 from ttbundles.errors import Diagnostic, Severity
 from ttbundles.format.jsonpos import locate, pointer
 from ttbundles.format.meshes import MESH_NAMES
+from ttbundles.format.meshes import suggest as suggest_mesh
 from ttbundles.format.metadata import (
     METADATA_FILE,
     NO_EXTENSIONS,
@@ -259,7 +260,7 @@ def diagnostics_from_validation(exc: ValidationError, fname: str | None) -> list
                         f"unknown mesh {key!r}",
                         fname,
                         pointer=pointer(loc) + "#key",
-                        hint=hint_for(str(key), MESH_NAMES, what="mesh names"),
+                        hint=_mesh_hint(str(key)),
                     )
                 )
             else:
@@ -446,3 +447,11 @@ def _located(loaded: LoadedMetadata, text: str) -> LoadedMetadata:
         located.append(d)
     loaded.diagnostics = located
     return loaded
+
+
+def _mesh_hint(name: str) -> str:
+    """Did-you-mean from the same alias table as MESH_DEVICE (T3000 -> T3K)."""
+    best = suggest_mesh(name)
+    if best is not None:
+        return f"did you mean {best!r}?"
+    return hint_for(name, MESH_NAMES, what="mesh names")

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from ttbundles import envs
 from ttbundles.errors import ConfigurationError, Diagnostic, Severity
-from ttbundles.format.meshes import HOST
+from ttbundles.format.meshes import HOST, canonical
 from ttbundles.format.metadata import METADATA_FILE, SCHEMA_VERSION, BundleMetadata, slug
 from ttbundles.format.modules import module_file
 from ttbundles.format.parse import load_metadata
@@ -52,6 +52,9 @@ class Status(str, Enum):
     SHADOWED = "shadowed"
     INACTIVE = "inactive"
     SKIPPED = "skipped"
+    # Registered, but its class cannot be imported on this machine (set by `servable`,
+    # never by registration, which does not look).
+    UNSERVABLE = "unservable"
 
 
 @dataclass
@@ -141,11 +144,15 @@ def compute(
     """Decide what registers, from the environment (EXTRA_MODELS_DIR, MESH_DEVICE, ...).
 
     Raises ConfigurationError where the reference plugin refuses to start too: a malformed
-    TT_MODEL_CLASS_OVERRIDES (TTB104) and a variant selector naming no variant (TTB105).
+    TT_MODEL_CLASS_OVERRIDES (TTB104), a variant selector naming no variant (TTB105), and
+    a mesh that is neither a preset nor a grid (TTB106). The mesh is kept in its canonical
+    spelling (`host` is HOST), so bundles' `targets` match it whatever the case.
     """
     environ = os.environ if environ is None else environ
     if mesh is None:
-        mesh = envs.read("MESH_DEVICE", environ)
+        mesh = canonical(envs.read("MESH_DEVICE", environ))
+    else:
+        mesh = canonical(mesh, source="--mesh")
     entries: list[Entry] = [override_entry(o) for o in overrides_.read(environ)]
     problems: list[Diagnostic] = []
     for source, folder in sources(environ, models_dirs):
@@ -372,7 +379,13 @@ def _select(entries: list[Entry], problems: list[Diagnostic], mesh: str | None) 
 
 def table(registry: Registry) -> list[dict]:
     """Rows for the startup log and `ttbundle list`, registered first."""
-    order = {Status.REGISTERED: 0, Status.SHADOWED: 1, Status.INACTIVE: 2, Status.SKIPPED: 3}
+    order = {
+        Status.REGISTERED: 0,
+        Status.UNSERVABLE: 1,
+        Status.SHADOWED: 2,
+        Status.INACTIVE: 3,
+        Status.SKIPPED: 4,
+    }
     rows = sorted(registry.entries, key=lambda e: (order[e.status], e.tt_arch or "", str(e.path)))
     return [e.to_dict() for e in rows]
 

@@ -34,6 +34,8 @@ class TTPlatform(Platform):
     # torch here is the CPU build: any process group vLLM makes (none for dense
     # data-parallel engines, which run independently) goes over gloo.
     dist_backend: str = "gloo"
+    # Set by `ttbundle plan`, which decides for a mesh that need not be attached here.
+    planning: bool = False
 
     def uses_host_device_handling(self) -> bool:
         return True
@@ -66,11 +68,25 @@ class TTPlatform(Platform):
         # Configuration errors are raised inside vLLM's config construction: uncaught, they
         # end `vllm serve` with their message.
         report_errors_cleanly()
+        from ttbundles import envs
+        from ttbundles.format.meshes import mesh_or_none
+        from ttbundles.registry import servable
         from ttbundles.serving.configuration import plan_config
         from ttbundles.serving.registration import current_registry
 
+        # What would otherwise fail after the engine started: a mesh this machine cannot
+        # open (TT-Metal absent), then a class it cannot import. `ttbundle plan` plans for
+        # meshes attached elsewhere: it skips the device check (and says so).
+        mesh = mesh_or_none(envs.MESH_DEVICE)
+        if not cls.planning:
+            servable.require_device(mesh)
         plan = plan_config(vllm_config, current_registry())
         if plan is not None:
+            if servable.opens_here(mesh):
+                bundle = plan.bundle
+                servable.require_importable(
+                    bundle["main_class"], f"{bundle['name']}@{bundle['version']}"
+                )
             plan.log()
 
     @classmethod

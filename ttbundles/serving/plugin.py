@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 
 # A child of vLLM's logger, so messages appear wherever vLLM's own do.
 logger = logging.getLogger("vllm.ttbundles")
@@ -16,24 +17,70 @@ logger = logging.getLogger("vllm.ttbundles")
 PLATFORM_QUALNAME = "ttbundles.serving.platform.TTPlatform"
 
 
-def platform_plugin() -> str | None:
-    """The TT platform when a Tenstorrent stack is present or the host mesh is asked for.
+def activation(environ: Mapping[str, str] | None = None) -> tuple[bool, str]:
+    """Whether the TT platform activates in `environ`, and why (for logs and doctor).
 
-    Returning None keeps ttbundles inert in any other environment (a CUDA box with
-    ttbundles installed must never select it).
+    It activates where a Tenstorrent stack is present (ttnn findable) or where
+    MESH_DEVICE is set at all: MESH_DEVICE is Tenstorrent's own variable, so whoever sets
+    it means this platform, and activating lets a wrong value or a missing TT-Metal be
+    reported by us (TTB106, TTB107) instead of vLLM's "Failed to infer device type".
+    Otherwise it stays inert (a CUDA box with ttbundles installed must never select it).
+    Never imports ttnn; only looks for it.
     """
-    from ttbundles.format.meshes import is_host  # plain constants: cheap
+    environ = os.environ if environ is None else environ
+    value = (environ.get("MESH_DEVICE") or "").strip()
+    if value:
+        from ttbundles.errors import TTBundleError
+        from ttbundles.format.meshes import parse_mesh  # plain data: cheap
 
-    if is_host(os.environ.get("MESH_DEVICE")):
-        logger.debug("ttbundles: MESH_DEVICE=HOST, activating the TT platform on the host mesh")
-        return PLATFORM_QUALNAME
+        try:
+            mesh = parse_mesh(value)
+        except TTBundleError:
+            return True, f"MESH_DEVICE={value!r} is set (not a mesh: startup reports it)"
+        if mesh.is_host:
+            return True, f"MESH_DEVICE={value} asks for the host mesh"
+        return True, f"MESH_DEVICE={value} asks for a Tenstorrent mesh ({mesh.describe()})"
+    if ttnn_origin() is not None:
+        return True, "ttnn (TT-Metal) is importable and MESH_DEVICE is unset"
+    return False, "MESH_DEVICE is unset and ttnn (TT-Metal) is not importable"
+
+
+def ttnn_origin() -> str | None:
+    """Where ttnn would be imported from, found without importing it; None if absent."""
     import importlib.util
 
-    if importlib.util.find_spec("ttnn") is not None:
-        logger.debug("ttbundles: ttnn found, activating the TT platform")
-        return PLATFORM_QUALNAME
-    logger.debug("ttbundles: neither ttnn nor MESH_DEVICE=HOST; TT platform not activated")
-    return None
+    try:
+        spec = importlib.util.find_spec("ttnn")
+    except (ImportError, ValueError):
+        return None
+    if spec is None:
+        return None
+    return spec.origin or ", ".join(spec.submodule_search_locations or []) or "ttnn"
+
+
+def platform_plugin() -> str | None:
+    """The TT platform when `activation` says so (see there); None keeps ttbundles inert.
+
+    A valid MESH_DEVICE is rewritten to its canonical spelling (`t3k` -> `T3K`) in this
+    process's environment, inherited by vLLM's child processes: TT-Metal's model code
+    looks presets up by that spelling.
+    """
+    active, why = activation()
+    if not active:
+        logger.debug("ttbundles: TT platform not activated: %s", why)
+        return None
+    from ttbundles.errors import TTBundleError
+    from ttbundles.format.meshes import canonical
+
+    value = os.environ.get("MESH_DEVICE")
+    try:
+        name = canonical(value)
+    except TTBundleError:
+        name = None
+    if value and name and name != value:
+        os.environ["MESH_DEVICE"] = name
+    logger.debug("ttbundles: activating the TT platform: %s", why)
+    return PLATFORM_QUALNAME
 
 
 def register_models() -> None:

@@ -1,0 +1,184 @@
+"""What registration cannot afford to check and the server dies on later: is this machine
+able to open the mesh, and can the selected class be imported here.
+
+Registration runs in every vLLM process and must stay at the cost of reading JSON, so it
+never looks for TT-Metal. These checks are cheap but not free (they walk `sys.path`),
+and they answer a different question: not "what registers" but "would `vllm serve` on
+this machine get past loading the model". `ttbundle list`, `plan` and `doctor` ask it,
+and the platform asks it once, when the server's configuration is decided, so the
+server fails with the same words before any engine starts. Nothing is imported.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+
+from ttbundles import envs
+from ttbundles.errors import ConfigurationError, Diagnostic, Severity
+from ttbundles.format.meshes import Mesh, mesh_or_none
+from ttbundles.registry.registry import Entry, Registry, Source, Status
+
+
+def ttnn_origin() -> str | None:
+    """Where ttnn would be imported from (found, not imported); None when absent."""
+    from ttbundles.serving.plugin import ttnn_origin as find
+
+    return find()
+
+
+def opens_here(mesh: Mesh | None) -> bool:
+    """Whether this machine can open `mesh`: the host mesh always, a device with ttnn."""
+    if mesh is not None and mesh.is_host:
+        return True
+    return ttnn_origin() is not None
+
+
+def device_problem(mesh: Mesh | None) -> Diagnostic | None:
+    """TTB107 when `mesh` is a Tenstorrent mesh and ttnn cannot be imported here."""
+    if mesh is None or mesh.is_host or ttnn_origin() is not None:
+        return None
+    return Diagnostic(
+        "TTB107",
+        Severity.ERROR,
+        f"MESH_DEVICE={mesh.name} asks for a Tenstorrent mesh, but ttnn (TT-Metal) is not "
+        "importable in this Python",
+        hint="run inside the TT-Metal environment (its python_env, PYTHONPATH set), or "
+        "use MESH_DEVICE=HOST for the host mesh",
+    )
+
+
+def require_device(mesh: Mesh | None) -> None:
+    """Raise TTB107 where `device_problem` finds one."""
+    problem = device_problem(mesh)
+    if problem is not None:
+        raise ConfigurationError(problem)
+
+
+def class_module(class_ref: str) -> str | None:
+    """The module of a `module:Class` that comes from the environment; None for one the
+    loader serves from a bundle folder (registration checked that file exists)."""
+    from ttbundles.registry.loader import PACKAGE_PREFIX
+
+    module = class_ref.partition(":")[0]
+    return None if module.startswith(PACKAGE_PREFIX) else module
+
+
+def module_findable(module: str) -> bool:
+    """Whether `module` is on this interpreter's path, found on disk without importing."""
+    from ttbundles.check.adapter import environment_roots
+
+    roots = environment_roots(module)
+    return roots is not None and roots.module_file(module) is not None
+
+
+def import_problem(entry: Entry) -> Diagnostic | None:
+    """TTB058 (as an error: the engine would die importing it) when an environment or
+    override class is not importable here."""
+    if entry.metadata is None:
+        return None
+    module = class_module(entry.class_ref())
+    if module is None or module_findable(module):
+        return None
+    where = "TT_MODEL_CLASS_OVERRIDES" if entry.source is Source.OVERRIDE else "the environment"
+    return Diagnostic(
+        "TTB058",
+        Severity.ERROR,
+        f"{entry.label} serves {entry.tt_arch} with {entry.class_ref()} from {where}, but "
+        f"module {module!r} is not importable here: loading the model would fail",
+        file=None if entry.source is Source.OVERRIDE else str(entry.path),
+        hint="run where TT-Metal is installed (PYTHONPATH includes its checkout), or serve "
+        "this architecture with a bundle that ships its module",
+    )
+
+
+def unservable(registry: Registry) -> dict[str, Diagnostic]:
+    """Each registered architecture whose class cannot be imported here, by TT name."""
+    found = {}
+    for arch, entry in registry.registered.items():
+        problem = import_problem(entry)
+        if problem is not None:
+            found[arch] = problem
+    return found
+
+
+def mark_unservable(registry: Registry) -> list[Diagnostic]:
+    """Mark each registered entry whose class cannot be imported here UNSERVABLE, where
+    this machine opens the registry's mesh (elsewhere the question is for that machine).
+
+    Returns one TTB058 warning naming them all (the server starts; serving one of them
+    fails), not one per bundle: without TT-Metal that is every TT-Metal built-in.
+    """
+    mesh = mesh_or_none(registry.mesh)
+    if not opens_here(mesh):
+        return []
+    found = []
+    for entry in registry.registered.values():
+        problem = import_problem(entry)
+        if problem is not None:
+            entry.status = Status.UNSERVABLE
+            entry.reason = "TTB058 " + problem.message.split(", but ")[-1]
+            found.append(entry)
+    if not found:
+        return []
+    names = ", ".join(e.tt_arch or e.label for e in found)
+    return [
+        Diagnostic(
+            "TTB058",
+            Severity.WARNING,
+            f"{len(found)} registered architecture{'s' * (len(found) != 1)} cannot be "
+            f"served here, their classes' modules not being importable: {names}",
+            hint="run where TT-Metal is installed (PYTHONPATH includes its checkout) to "
+            "serve them; the reason column names each module",
+        )
+    ]
+
+
+def refusals(
+    registry: Registry, *, what_if: bool = False, environ: Mapping[str, str] | None = None
+) -> list[Diagnostic]:
+    """What would stop `vllm serve` from starting in `environ` with this registry: under
+    TT_BUNDLES_STRICT=1 every skipped bundle and warning (as errors, as the plugin
+    raises them), and a Tenstorrent mesh this machine cannot open (TTB107). `what_if`:
+    the mesh was chosen for another machine (`--mesh`), so not opening it here is not
+    a refusal."""
+    found = []
+    if envs.read("TT_BUNDLES_STRICT", environ):
+        found += [replace(d, severity=Severity.ERROR) for d in registry.fatal()]
+    if not what_if:
+        device = device_problem(mesh_or_none(registry.mesh))
+        if device is not None:
+            found.append(device)
+    return found
+
+
+def require_importable(class_ref: str, label: str) -> None:
+    """Raise TTB058 when the class the plan chose cannot be imported here."""
+    module = class_module(class_ref)
+    if module is None or module_findable(module):
+        return
+    raise ConfigurationError(
+        Diagnostic(
+            "TTB058",
+            Severity.ERROR,
+            f"{label} serves this model with {class_ref}, but module {module!r} is not "
+            "importable here: loading the model would fail",
+            hint="run where TT-Metal is installed (PYTHONPATH includes its checkout), or "
+            "add a bundle for this architecture that ships its module (EXTRA_MODELS_DIR)",
+        )
+    )
+
+
+__all__ = [
+    "class_module",
+    "mark_unservable",
+    "refusals",
+    "device_problem",
+    "import_problem",
+    "module_findable",
+    "opens_here",
+    "require_device",
+    "require_importable",
+    "ttnn_origin",
+    "unservable",
+]
