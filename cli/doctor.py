@@ -22,7 +22,9 @@ def doctor(fmt: FormatOption = Format.human) -> None:
     report = diagnose()
     out = Output(fmt)
     if out.is_json:
-        out.json(report.to_dict())
+        # The one JSON shape: ok, the report's data, its problems as `diagnostics`.
+        data = {k: v for k, v in report.to_dict().items() if k not in ("ok", "problems")}
+        out.result(report.ok, report.problems, **data)
     else:
         width = max(len(c.name) for c in report.checks)
         for check in report.checks:

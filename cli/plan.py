@@ -59,9 +59,14 @@ def plan(
         else:
             out.diagnostics(exc.diagnostics, stderr=True)
         sys.exit(2)
-    problems = result.get("problems") or []
+    from ttbundles.errors import Diagnostic, Severity
+
+    problems = [
+        Diagnostic(**{**p, "severity": Severity(p["severity"])})
+        for p in result.pop("problems", None) or []
+    ]
     if out.is_json:
-        out.result(True, [], **result)
+        out.result(True, problems, **result)  # the problems as every command's diagnostics
         return
     bundle = result["bundle"]
     out.line(
@@ -75,8 +80,4 @@ def plan(
         [[d["setting"], d["requested"], d["effective"], d["reason"]] for d in result["decisions"]],
         head=3,
     )
-    from ttbundles.errors import Diagnostic, Severity
-
-    out.diagnostics(
-        [Diagnostic(**{**p, "severity": Severity(p["severity"])}) for p in problems], stderr=True
-    )
+    out.diagnostics(problems, stderr=True)

@@ -84,7 +84,7 @@ def test_without_tt_metal_a_card_is_split_from_its_shape():
     assert groups.source == "logical" and groups.groups == ((0, 1, 2, 3), (4, 5, 6, 7))
     with pytest.raises(ConfigurationError) as excinfo:
         plan_groups("not-a-mesh", 2, environ={})
-    assert code_of(excinfo) == "TTB212" and "MESH_DEVICE='not-a-mesh'" in str(excinfo.value)
+    assert code_of(excinfo) == "TTB106" and "not-a-mesh" in str(excinfo.value)
 
 
 # --- TT-Metal's split, against a ttnn twin ----------------------------------------------

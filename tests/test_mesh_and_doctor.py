@@ -112,7 +112,7 @@ def test_list_shows_environment_classes_not_importable_here_as_unservable(run_cl
     assert qwen["reason"].startswith(
         "TTB058 module 'models.tt_transformers.tt.generator_vllm' is not importable here"
     )
-    [warning] = [p for p in data["problems"] if p["code"] == "TTB058"]
+    [warning] = [p for p in data["diagnostics"] if p["code"] == "TTB058"]
     assert warning["severity"] == "warning" and "TTQwen3ForCausalLM" in warning["message"]
     human = run_cli("list", env={"MESH_DEVICE": "HOST"})
     assert "not servable" in human.stdout
@@ -122,7 +122,7 @@ def test_list_shows_environment_classes_not_importable_here_as_unservable(run_cl
 def test_list_does_not_judge_imports_for_a_mesh_of_another_machine(run_cli):
     data = as_json(run_cli("list", "--mesh", "T3K", "--format", "json"))
     assert "unservable" not in {e["status"] for e in data["entries"]}
-    assert data["problems"] == []
+    assert data["diagnostics"] == []
 
 
 @pytest.mark.parametrize(
@@ -149,7 +149,7 @@ def test_list_with_a_device_mesh_and_no_ttnn_exits_1_as_the_server_would(run_cli
     assert done.returncode == 1
     assert "error TTB107 MESH_DEVICE=T3K asks for a Tenstorrent mesh, but ttnn" in done.stdout
     data = as_json(run_cli("list", "--format", "json", env={"MESH_DEVICE": "T3K"}))
-    assert [p["code"] for p in data["problems"]] == ["TTB107"]
+    assert [p["code"] for p in data["diagnostics"]] == ["TTB107"]
     # --mesh is a what-if for the machine that has the mesh: it selects, nothing more.
     assert run_cli("list", "--mesh", "T3K").returncode == 0
 
@@ -161,7 +161,7 @@ def test_strict_list_exits_1_when_a_bundle_is_skipped(make_bundle, run_cli, tmp_
     done = run_cli("list", "--format", "json", env={**env, "TT_BUNDLES_STRICT": "1"})
     assert done.returncode == 1
     data = as_json(done)
-    assert [(p["code"], p["severity"]) for p in data["problems"]] == [("TTB030", "error")]
+    assert [(p["code"], p["severity"]) for p in data["diagnostics"]] == [("TTB030", "error")]
     assert data["entries"][0]["status"] == "skipped"
 
 
@@ -199,7 +199,7 @@ def test_doctor_on_the_host_mesh_says_the_server_would_start(run_cli):
     served = {b["bundle"]: b for b in data["bundles"]}
     assert served["demo"]["servable"] is True
     assert served["tt-qwen3"]["servable"] is False
-    assert [p["code"] for p in data["problems"]] == ["TTB058"]
+    assert [p["code"] for p in data["diagnostics"]] == ["TTB058"]
     human = run_cli("doctor", env={"MESH_DEVICE": "host"})
     assert human.returncode == 0
     assert human.stdout.splitlines()[-1] == "vllm serve would start here"
@@ -218,7 +218,7 @@ def test_doctor_on_the_host_mesh_says_the_server_would_start(run_cli):
 def test_doctor_names_what_would_fail_and_exits_1(run_cli, env, codes, failing):
     data, checks = doctor(run_cli, env)
     assert data["ok"] is False
-    assert [p["code"] for p in data["problems"] if p["severity"] == "error"] == codes
+    assert [p["code"] for p in data["diagnostics"] if p["severity"] == "error"] == codes
     assert checks[failing]["status"] == "error"
     human = run_cli("doctor", env=env)
     assert human.returncode == 1
@@ -228,7 +228,7 @@ def test_doctor_names_what_would_fail_and_exits_1(run_cli, env, codes, failing):
 
 def test_doctor_t3000_suggests_t3k(run_cli):
     data, _ = doctor(run_cli, {"MESH_DEVICE": "T3000"})
-    [problem] = data["problems"]
+    [problem] = data["diagnostics"]
     assert problem["hint"].startswith("did you mean T3K?")
 
 
@@ -354,7 +354,7 @@ def test_plan_for_a_mesh_attached_elsewhere_warns(run_cli, demo_checkpoint):
     assert done.returncode == 0, done.stderr
     plan = as_json(done)
     assert (plan["mesh"], plan["bundle"]["name"]) == ("T3K", "tt-llama")
-    [warning] = plan["problems"]
+    [warning] = plan["diagnostics"]
     assert (warning["code"], warning["severity"]) == ("TTB107", "warning")
 
 
