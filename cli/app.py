@@ -19,7 +19,9 @@ from . import archive, conformance, demo, doctor, info, init, plan, validate
 
 app = typer.Typer(
     name="ttbundle",
-    help="Validate, pack, verify and install Tenstorrent model bundles for vLLM.",
+    help="Validate, pack, verify and install Tenstorrent model bundles for vLLM.\n\n"
+    "Example: ttbundle validate ./my-bundle && ttbundle pack ./my-bundle -o dist/\n\n"
+    "Example: ttbundle demo --query",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=True,  # typer's --install-completion / --show-completion

@@ -357,14 +357,23 @@ COMMANDS = [
     "demo",
     "test",
     "plan",
+    "doctor",
 ]
+
+
+def test_the_root_help_shows_examples(run_cli):
+    done = no_traceback(run_cli("-h", env={"COLUMNS": "80"}))
+    assert done.returncode == 0
+    assert "Example: ttbundle validate ./my-bundle" in done.stdout
+    assert "Example: ttbundle demo --query" in done.stdout
 
 
 @pytest.mark.parametrize("command", COMMANDS)
 def test_help_names_values_and_shows_an_example(run_cli, command):
     done = no_traceback(run_cli(command, "-h", env={"COLUMNS": "80"}))
     assert done.returncode == 0
-    assert "Example: ttbundle " in done.stdout or "Example: EXTRA_MODELS_DIR=" in done.stdout
+    examples = ("Example: ttbundle ", "Example: EXTRA_MODELS_DIR=", "Example: MESH_DEVICE=")
+    assert any(example in done.stdout for example in examples)
     for python_type in ("<bool>", "<str>", "<int>", "<float", "<path>", "list[", "<Path"):
         assert python_type not in done.stdout, python_type
     assert max(len(line) for line in done.stdout.splitlines()) <= 80
