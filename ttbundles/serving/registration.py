@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import logging
 import os
+from pathlib import Path
 
 from ttbundles import envs
-from ttbundles.errors import ConfigurationError
-from ttbundles.registry.registry import Entry, Registry, compute, table
+from ttbundles.errors import ConfigurationError, Severity
+from ttbundles.format.metadata import tt_arch_name
+from ttbundles.registry.registry import Entry, Registry, Source, Status, compute, table
 
 # A child of vLLM's logger, so messages appear wherever vLLM's own do.
 logger = logging.getLogger("vllm.ttbundles")
@@ -52,8 +54,8 @@ def register_all() -> Registry:
     known = set(ModelRegistry.get_supported_archs())
     for arch, entry in registry.registered.items():
         ModelRegistry.register_model(arch, entry.class_ref())
-        assert entry.metadata is not None
-        bare = entry.metadata.arch
+        assert entry.facts is not None
+        bare = entry.facts.arch
         if bare == arch:
             continue
         if entry.override is not None and stands_for_vllm(entry):
@@ -87,7 +89,14 @@ VLLM_MODEL_METHODS = ("embed_input_ids", "forward", "compute_logits")
 
 
 def log_table(registry: Registry) -> None:
-    """One startup block: what registered, what was shadowed or skipped, and why."""
+    """One startup block: what registered, what was shadowed or skipped, and why.
+
+    Each problem (a skipped bundle, an ambiguity) is also one WARNING line of its own
+    (file:line, code, fix), so it shows at vLLM's default log level in every process's
+    log, the API server's included. A skipped extra bundle that would have provided an
+    architecture served by a built-in instead gets a line saying so: serving falls back
+    to the built-in (loudly), and `TT_BUNDLES_STRICT=1` refuses to start instead.
+    """
     rows = table(registry)
     lines = [f"ttbundles: TT architectures (mesh {registry.mesh or 'any'}):"]
     for r in rows:
@@ -100,11 +109,35 @@ def log_table(registry: Registry) -> None:
         )
         if caps.get("sample_on_device"):
             flags += ",sample_on_device=" + "+".join(caps["sample_on_device"])
+        # A bundle whose metadata did not validate has no name: its folder names it.
+        label = f"{r['bundle']}@{r['version']}" if r["bundle"] else Path(r["path"]).name
         lines.append(
             f"  {r['status']:<10} {r['tt_arch'] or '-':<40} "
-            f"{(r['bundle'] or '-')}@{r['version'] or '-'} [{r['source']}] "
+            f"{label} [{r['source']}] "
             f"{r['path']} caps={flags}" + (f" ({r['reason']})" if r["reason"] else "")
         )
-    for problem in registry.problems:
-        lines.append(f"  {problem}")
     logger.info("\n".join(lines))
+    for problem in registry.problems:
+        if problem.severity is not Severity.INFO:
+            logger.warning("ttbundles: %s", problem)
+    for line in fallbacks(registry):
+        logger.warning("ttbundles: %s", line)
+
+
+def fallbacks(registry: Registry) -> list[str]:
+    """For each skipped extra bundle, which bundle serves its architecture instead."""
+    registered = registry.registered
+    out = []
+    for entry in registry.entries:
+        if entry.status is not Status.SKIPPED or entry.source is not Source.EXTRA:
+            continue
+        arch = tt_arch_name(entry.claimed_arch) if entry.claimed_arch else None
+        serving = registered.get(arch) if arch else None
+        if serving is None:
+            continue
+        out.append(
+            f"{arch}: extra bundle {entry.label} ({entry.path}) was skipped; "
+            f"{serving.label} ({serving.source.value}, {serving.path}) serves {arch} instead "
+            "(fix the bundle, or set TT_BUNDLES_STRICT=1 to refuse to start)"
+        )
+    return out
