@@ -60,9 +60,13 @@ class TTPlatform(Platform):
         # end `vllm serve` with their message.
         report_errors_cleanly()
         from ttbundles.serving.configuration import plan_config
-        from ttbundles.serving.registration import current_registry
+        from ttbundles.serving.faults import report_path
+        from ttbundles.serving.registration import checked_registry
 
-        plan = plan_config(vllm_config, current_registry())
+        report_path()  # where an engine process says why it could not start
+        # The API server may not run the general plugins itself: its startup table,
+        # warnings and strict mode come from here.
+        plan = plan_config(vllm_config, checked_registry())
         if plan is not None:
             plan.log()
 

@@ -42,13 +42,22 @@ def current_registry() -> Registry:
     return _state["registry"]  # type: ignore[return-value]
 
 
-def register_all() -> Registry:
+def checked_registry() -> Registry:
+    """`current_registry`, refused under TT_BUNDLES_STRICT=1 when a bundle is broken or
+    ambiguous, and reported once per process (the startup table and its warnings)."""
     registry = current_registry()
+    if envs.TT_BUNDLES_STRICT and registry.fatal():
+        raise ConfigurationError(registry.fatal())
+    if _state.get("logged_key") != _state["key"]:
+        _state["logged_key"] = _state["key"]
+        log_table(registry)
+    return registry
+
+
+def register_all() -> Registry:
+    registry = checked_registry()
     if _state.get("registered_key") == _state["key"]:
         return registry
-    strict = envs.TT_BUNDLES_STRICT
-    if strict and registry.fatal():
-        raise ConfigurationError(registry.fatal())
     from vllm.model_executor.models.registry import ModelRegistry
 
     known = set(ModelRegistry.get_supported_archs())
@@ -63,7 +72,6 @@ def register_all() -> Registry:
         elif bare not in known:
             ModelRegistry.register_model(bare, PLACEHOLDER)
     _state["registered_key"] = _state["key"]
-    log_table(registry)
     return registry
 
 
