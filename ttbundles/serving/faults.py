@@ -19,10 +19,12 @@ is the bundle's or the configuration's, that buries the one useful fact, so:
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import os
 import signal
+import sys
 import tempfile
 import threading
 import time
@@ -39,6 +41,9 @@ REPORT_VARIABLE = "TTBUNDLES_ENGINE_REPORT"
 
 # vLLM's message when an engine core process ended during startup.
 ENGINE_START_FAILED = "Engine core initialization failed"
+
+# vLLM's API server handler for a SIGTERM during startup (launchers/api_server/entry.py).
+VLLM_STARTUP_HANDLER = "_interrupt_init"
 
 # Methods of the generator contract that run a prefill; the others run in decode steps.
 PREFILL_METHODS = frozenset({"prefill_forward"})
@@ -57,6 +62,8 @@ def report_path() -> str:
     if not path:
         path = os.path.join(tempfile.gettempdir(), f"ttbundles-engine-{os.getpid()}.report")
         os.environ[REPORT_VARIABLE] = path
+        # Registered early, so it runs last, after vLLM's own exit handlers.
+        atexit.register(exit_nonzero_after_engine_failure)
     return path
 
 
@@ -64,10 +71,7 @@ def startup_failed(error: TTBundleError) -> NoReturn:
     """End the engine process over a ttbundles error: one ERROR line, exit code 1."""
     line = " ".join(str(error).split("\n"))
     logger.error("ttbundles: the engine cannot start: %s", line)
-    path = os.environ.get(REPORT_VARIABLE)
-    if path:
-        with contextlib.suppress(OSError), open(path, "w", encoding="utf-8") as handle:
-            handle.write(line + "\n")
+    _leave_report(line)
     if debugging():
         raise error
     raise SystemExit(1)
@@ -99,7 +103,8 @@ def generator_frame(tb: TracebackType | None) -> tuple[str, str] | None:
     while tb is not None:
         bound = tb.tb_frame.f_locals.get("self")
         if isinstance(bound, BoundMethod) and tb.tb_frame.f_code.co_name == "__call__":
-            found = (bound.owner, bound.method.name)
+            # `owner` is module-qualified, under the bundle's synthetic package: the class.
+            found = (str(bound.owner).rpartition(".")[2], bound.method.name)
         tb = tb.tb_next
     return found
 
@@ -113,15 +118,37 @@ def step_failed(error: BaseException, bundle: str, batch: int, phase: str | None
         what = f"{owner}.{method}"
     else:
         kind, what = phase or "unknown", "the model runner"
-    logger.error(
-        "ttbundles: %s: %s raised %s: %s in a %s step of batch size %d; the engine stops",
-        bundle,
-        what,
-        type(error).__name__,
-        error,
-        kind,
-        batch,
+    line = (
+        f"{bundle}: {what} raised {type(error).__name__}: {error} in a {kind} step of "
+        f"batch size {batch}; the engine stops"
     )
+    logger.error("ttbundles: %s", line)
+    _leave_report(line)
+
+
+def _leave_report(line: str) -> None:
+    path = os.environ.get(REPORT_VARIABLE)
+    if path:
+        with contextlib.suppress(OSError), open(path, "w", encoding="utf-8") as handle:
+            handle.write(line + "\n")
+
+
+def exit_nonzero_after_engine_failure() -> None:
+    """At the API server's exit (the last exit handler): if its engine reported a fault
+    and vLLM is ending with status 0 (it shuts down gracefully when the engine dies),
+    exit 1 instead, so that a supervisor restarts the server."""
+    path = os.environ.get(REPORT_VARIABLE)
+    if not path or not os.path.exists(path):
+        return
+    try:
+        with open(path, encoding="utf-8") as handle:
+            line = handle.read().strip()
+        os.unlink(path)
+    except OSError:
+        line = ""
+    sys.stderr.write(f"ttbundles: the engine failed: {line}; exiting with status 1\n")
+    sys.stderr.flush()
+    os._exit(1)
 
 
 # --- the engine process and its parent ----------------------------------------------------
@@ -169,6 +196,84 @@ def stop_while_starting() -> Any:
             signal.signal(signal.SIGTERM, previous)
 
     return restore
+
+
+def stop_api_server_while_starting(grace: float = 3.0) -> bool:
+    """Make a SIGTERM to the API server stop it while its engine is still starting.
+
+    vLLM 0.33's API server waits for its engine's ready message in one blocking ZMQ
+    poll of up to `VLLM_ENGINE_READY_TIMEOUT_S` (600 s), during which its Python SIGTERM
+    handler cannot run: a stop request waits for the model to load. The signal still
+    reaches the interpreter's wakeup file descriptor, so a thread here reads it (and
+    passes every byte on to the descriptor it replaced, the event loop's). On a SIGTERM
+    while vLLM's startup handler is still the one installed, it waits `grace` seconds
+    for vLLM to act; if vLLM has not, it sends SIGTERM to the engine processes (which
+    stop at once, `stop_while_starting`), waits for them, and ends the API server with
+    status 143. Once vLLM's server has started, its own handler is installed and the
+    thread only passes bytes on. Main thread only; False where it was not installed.
+    """
+    starting = signal.getsignal(signal.SIGTERM)
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or getattr(starting, "__name__", None) != VLLM_STARTUP_HANDLER
+    ):
+        return False
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)
+    try:
+        previous = signal.set_wakeup_fd(write_end)
+    except (ValueError, OSError):
+        os.close(read_end)
+        os.close(write_end)
+        return False
+    thread = threading.Thread(
+        target=_forward_wakeups,
+        args=(read_end, previous, starting, grace),
+        daemon=True,
+        name="ttbundles-startup-stop",
+    )
+    thread.start()
+    return True
+
+
+def _forward_wakeups(read_end: int, previous: int, starting: Any, grace: float) -> None:
+    while True:
+        try:
+            data = os.read(read_end, 512)
+        except OSError:
+            return
+        if not data:
+            return
+        if previous >= 0:
+            with contextlib.suppress(OSError):
+                os.write(previous, data)
+        if signal.SIGTERM in data and signal.getsignal(signal.SIGTERM) is starting:
+            time.sleep(grace)
+            if signal.getsignal(signal.SIGTERM) is starting:
+                _stop_starting_server()
+
+
+def _stop_starting_server() -> None:
+    import multiprocessing
+
+    children = multiprocessing.active_children()
+    logger.warning(
+        "ttbundles: SIGTERM while the engine is starting (vLLM waits for it in a blocking "
+        "call); stopping %d engine process(es) and the API server",
+        len(children),
+    )
+    for child in children:
+        with contextlib.suppress(OSError):
+            child.terminate()
+    deadline = time.monotonic() + 10
+    for child in children:
+        child.join(max(0.0, deadline - time.monotonic()))
+        if child.is_alive():
+            with contextlib.suppress(OSError):
+                child.kill()
+    sys.stderr.write("ttbundles: vllm serve stopped by SIGTERM while starting\n")
+    sys.stderr.flush()
+    os._exit(128 + signal.SIGTERM)
 
 
 def _poll_parent(parent: int, poll: float) -> None:

@@ -18,6 +18,9 @@ if TYPE_CHECKING:  # importing vLLM's config here would be circular at platform 
     from vllm.config import VllmConfig
 
 
+_state: dict[str, bool] = {}
+
+
 class UnsupportedRequestError(VLLMValidationError, ValueError):
     """A request the platform cannot serve: vLLM answers it with HTTP 400 (a client
     error), the engine keeps running."""
@@ -60,10 +63,12 @@ class TTPlatform(Platform):
         # end `vllm serve` with their message.
         report_errors_cleanly()
         from ttbundles.serving.configuration import plan_config
-        from ttbundles.serving.faults import report_path
+        from ttbundles.serving.faults import report_path, stop_api_server_while_starting
         from ttbundles.serving.registration import checked_registry
 
-        report_path()  # where an engine process says why it could not start
+        if report_path() and not _state.get("stop_installed"):  # once, in the API server
+            _state["stop_installed"] = True
+            stop_api_server_while_starting()
         # The API server may not run the general plugins itself: its startup table,
         # warnings and strict mode come from here.
         plan = plan_config(vllm_config, checked_registry())

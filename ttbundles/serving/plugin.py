@@ -76,6 +76,11 @@ def report_errors_cleanly() -> None:
             return
         from ttbundles.serving.faults import debugging, engine_report
 
+        if kind is KeyboardInterrupt and str(value) == "terminated" and not debugging():
+            # vLLM's API server turns a SIGTERM during startup into this exception.
+            sys.stderr.write("ttbundles: vllm serve stopped by SIGTERM while starting\n")
+            return
+
         # vLLM's "Engine core initialization failed" after the engine said why (one
         # line, in its log): that line again, not the API server's traceback.
         line = engine_report(value)
