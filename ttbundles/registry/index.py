@@ -79,11 +79,25 @@ class Record:
     metadata: BundleMetadata | None = None
     # The metadata validated (kept when `metadata` is not built yet).
     valid: bool = True
+    # From an index: the document as JSON text (parsed only to build the model) and
+    # what selection reads of it (`summary`).
+    document_text: str | None = None
+    summary: dict | None = None
+
+    def selection(self) -> dict | None:
+        """What `registry.Facts` reads: the summary, else the document itself."""
+        return self.summary if self.summary is not None else self.document
 
     def to_json(self) -> dict:
+        document = self.document if self.valid else None
+        if document is None and self.valid and self.document_text is not None:
+            document = json.loads(self.document_text)
         return {
             "key": self.key,
-            "document": self.document if self.metadata is not None else None,
+            # Text inside the index: parsing a string is far cheaper than a structure,
+            # and only the served bundle's document is ever parsed.
+            "document": json.dumps(document) if document is not None else None,
+            "summary": _summary(document) if document is not None else None,
             "legacy": self.legacy,
             "capabilities": self.capabilities,
             "diagnostics": [d.to_dict() for d in self.diagnostics],
@@ -101,18 +115,22 @@ class Record:
         )
         record = cls(
             data["key"],
-            data["document"],
+            None,
             data["legacy"],
             data["capabilities"],
             diagnostics,
             data["arch"],
         )
         record.valid = data["valid"]
+        record.document_text = data["document"]
+        record.summary = data["summary"]
         return record
 
     def materialize(self) -> BundleMetadata | None:
         """The metadata model (validated again from the document: done only for the
         bundles a process looks into, such as the one it serves)."""
+        if self.document is None and self.document_text is not None:
+            self.document = json.loads(self.document_text)
         if self.metadata is None and self.valid and self.document is not None:
             plain = not _has_extensions(self.document)
             metadata = BundleMetadata.model_validate(self.document, context={NO_EXTENSIONS: plain})
@@ -120,6 +138,20 @@ class Record:
                 metadata.legacy_ = True
             self.metadata = metadata
         return self.metadata
+
+
+def _summary(document: dict) -> dict:
+    """The part of a valid document that selection reads (`registry.Facts`)."""
+    summary = {
+        key: document[key]
+        for key in ("name", "version", "arch", "main_class", "main_class_source", "when")
+        if key in document
+    }
+    summary["targets"] = dict.fromkeys(document.get("targets") or {})
+    requires = document.get("requires")
+    if requires:
+        summary["requires"] = requires
+    return summary
 
 
 def _has_extensions(document: Any) -> bool:

@@ -329,7 +329,7 @@ def _load(
     resolved: str | None = None,
 ) -> Entry:
     """The entry for one bundle folder, from what checking it found (`record`)."""
-    facts = Facts(record.document, record.capabilities) if record.valid else None
+    facts = Facts(record.selection(), record.capabilities) if record.valid else None
     entry = Entry(
         path,
         source,
