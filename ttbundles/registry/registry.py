@@ -2,11 +2,14 @@
 
 One computation serves `ttbundle list`, the general plugin and the platform, so what the
 CLI shows is what the server does. Registration validates each bundle's metadata and
-checks its module file exists, but never imports adapter code: the plugin runs this in
-every vLLM process, so it must stay close to the cost of reading the JSON files. Only
-what declares no capabilities has its class source read (with `ast`): a
-`TT_MODEL_CLASS_OVERRIDES` entry and a legacy two-key bundle, whose capabilities are the
-class's `model_capabilities`, as the reference plugin takes them.
+checks its adapter statically (module file present, parses, defines the main class;
+`registry.index.examine`), but never imports adapter code. The plugin runs this in every
+vLLM process, so what a check found is kept in an index keyed by the bundle's files
+(`registry.index`) and selection reads a summary of each document (`Facts`); the model
+is validated again only for the bundles a process looks into. A
+`TT_MODEL_CLASS_OVERRIDES` entry and a legacy two-key bundle declare no capabilities:
+their class source is read (with `ast`) for its `model_capabilities`, as the reference
+plugin takes them.
 
 Order of precedence for one TT architecture: an override, then extra bundles
 (EXTRA_MODELS_DIR order), then built-ins; within a source, the bundle naming the mesh,
