@@ -48,8 +48,11 @@ def checked_registry() -> Registry:
     registry = current_registry()
     if envs.TT_BUNDLES_STRICT and registry.fatal():
         raise ConfigurationError(registry.fatal())
-    if _state.get("logged_key") != _state["key"]:
-        _state["logged_key"] = _state["key"]
+    # Once per process and outcome: the environment changes under vLLM (variables the
+    # platform sets), the table need not.
+    said = (tuple(map(str, table(registry))), tuple(map(str, registry.problems)))
+    if _state.get("logged") != said:
+        _state["logged"] = said
         log_table(registry)
     return registry
 
