@@ -50,8 +50,10 @@ def checked_registry() -> Registry:
         raise ConfigurationError(registry.fatal())
     # Once per process and outcome: the environment changes under vLLM (variables the
     # platform sets), the table need not.
+    # vLLM's CLI loads the general plugins before it configures logging: said then, the
+    # table would be lost (only bare warnings reach stderr); the platform says it later.
     said = (tuple(map(str, table(registry))), tuple(map(str, registry.problems)))
-    if _state.get("logged") != said:
+    if logger.hasHandlers() and _state.get("logged") != said:
         _state["logged"] = said
         log_table(registry)
     return registry
