@@ -19,6 +19,11 @@ os.environ["MESH_DEVICE"] = "HOST"
 os.environ["VLLM_PLUGINS"] = "tt,tt_model_registry"
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
+# Registration keeps its index of checked bundles in the user cache: a session's own.
+if "TTBUNDLES_TEST_KEEP_CACHE" not in os.environ:
+    import tempfile
+
+    os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="ttbundles-test-cache-")
 
 # A generator that satisfies the whole contract, statically and at import.
 ADAPTER = contract_adapter(

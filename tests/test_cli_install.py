@@ -11,6 +11,7 @@ import pytest
 
 from tests.bundle_factory import write_bundle
 from ttbundles.build import pack
+from ttbundles.registry.index import INDEX_FILE
 
 LOCK_FILE = ".ttbundle.lock"
 
@@ -115,7 +116,7 @@ def test_uninstall_without_a_terminal_does_not_ask(run_cli, models: Path, instal
     done = no_traceback(run_cli("uninstall", "demo", "--models-dir", models, timeout=30))
     assert (done.returncode, done.stderr) == (0, "")
     assert done.stdout == f"uninstalled demo 1.0.0 from {installed}\n"
-    assert sorted(p.name for p in models.iterdir()) == [LOCK_FILE]
+    assert sorted(p.name for p in models.iterdir()) == [LOCK_FILE, INDEX_FILE]
 
 
 def test_uninstall_json(run_cli, models: Path, installed: Path):

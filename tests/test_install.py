@@ -31,6 +31,7 @@ from ttbundles.archive.manifest import MANIFEST_FILE, verify_dir
 from ttbundles.archive.reader import extract_verified, read_archive, verify
 from ttbundles.build import pack
 from ttbundles.errors import ArchiveError, InstallError, TTBundleError
+from ttbundles.registry.index import INDEX_FILE
 
 WEIGHTS = os.urandom(1 << 20) + b"end"
 
@@ -81,7 +82,7 @@ def test_install_writes_the_bundle_with_its_manifest(archive: Path, models: Path
     target = result.path
     assert target == models / "demo"
     assert (result.action, result.name, result.version) == ("installed", "demo", "1.0.0")
-    assert sorted(p.name for p in models.iterdir()) == [LOCK_FILE, "demo"]
+    assert sorted(p.name for p in models.iterdir()) == [LOCK_FILE, INDEX_FILE, "demo"]
     assert (target / "weights/w.bin").read_bytes() == WEIGHTS
     assert (target / MANIFEST_FILE).is_file()
     assert os.stat(target / "adapter.py").st_mode & 0o100  # execute bit kept
@@ -345,7 +346,7 @@ def test_concurrent_replacing_installs_leave_one_consistent_bundle(tmp_path: Pat
     models = tmp_path / "models"
     for _ in range(3):
         assert _race([first, second], models, replace=True) == ["ok", "ok"]
-        assert sorted(p.name for p in models.iterdir()) == [LOCK_FILE, "demo"]
+        assert sorted(p.name for p in models.iterdir()) == [LOCK_FILE, INDEX_FILE, "demo"]
         assert verify_dir(models / "demo").ok()
         assert installed_version(models / "demo") in {"1.0.0", "2.0.0"}
 
@@ -355,7 +356,7 @@ def test_concurrent_first_installs_let_exactly_one_win(tmp_path: Path):
     second = make_archive(tmp_path, "2.0.0")
     models = tmp_path / "models"
     assert _race([first, second], models, replace=False) == ["TTB090", "ok"]
-    assert sorted(p.name for p in models.iterdir()) == [LOCK_FILE, "demo"]
+    assert sorted(p.name for p in models.iterdir()) == [LOCK_FILE, INDEX_FILE, "demo"]
     assert verify_dir(models / "demo").ok()
 
 
@@ -366,7 +367,7 @@ def test_uninstall_removes_the_bundle(archive: Path, models: Path):
     target = install(archive, models).path
     result = uninstall("demo", models)
     assert (result.action, result.path, result.version) == ("uninstalled", target, "1.0.0")
-    assert sorted(p.name for p in models.iterdir()) == [LOCK_FILE]
+    assert sorted(p.name for p in models.iterdir()) == [LOCK_FILE, INDEX_FILE]
 
 
 def test_uninstall_of_a_missing_bundle_suggests_a_name(archive: Path, models: Path):

@@ -27,6 +27,7 @@ from ttbundles.archive.install import LOCK_FILE, install, leftover_diagnostics, 
 from ttbundles.archive.manifest import verify_dir
 from ttbundles.archive.reader import verify
 from ttbundles.build import pack
+from ttbundles.registry.index import INDEX_FILE
 from ttbundles.registry.registry import Status, compute
 
 TTBUNDLE = str(Path(sys.executable).parent / "ttbundle")  # the installed console script
@@ -49,7 +50,9 @@ def make_archive(root: Path, version: str = "1.0.0", name: str = "demo", **files
 
 
 def names(models: Path) -> list[str]:
-    return sorted(p.name for p in models.iterdir())
+    """The folder's entries but the registry's index, which every install rewrites (its
+    own tests are in test_startup_checks.py)."""
+    return sorted(p.name for p in models.iterdir() if p.name != INDEX_FILE)
 
 
 def leftovers(models: Path) -> list[str]:

@@ -503,6 +503,7 @@ def install(
             _clean_up(hold, name, target)  # after a replace: the old bundle
     if old_version is not None:
         old_version.finish()
+    refresh_index(models_dir)
     return InstallResult(
         action="replaced" if swap else "installed",
         name=name,
@@ -669,6 +670,7 @@ def uninstall(name: str, models_dir: Path | None) -> InstallResult:
             old_version.finish()
         if hold is not None:
             _clean_up(hold, name, target)  # the bundle, now under the operation's name
+    refresh_index(models_dir)
     return InstallResult(
         action="uninstalled",
         name=name,
@@ -678,6 +680,20 @@ def uninstall(name: str, models_dir: Path | None) -> InstallResult:
         removed_leftovers=tuple(removed),
         restored=tuple(sweep.restored),
     )
+
+
+def refresh_index(models_dir: Path) -> bool:
+    """Rewrite the folder's registry index (`.ttbundles-index.json`) for what is installed
+    now, under the folder lock so that the last writer has seen every change; unchanged
+    bundles keep their records. Best effort: a folder whose index cannot be written only
+    makes vLLM processes check its bundles themselves."""
+    from ttbundles.registry.index import write_folder_index
+
+    try:
+        with _locked(models_dir):
+            return write_folder_index(models_dir)
+    except OSError:
+        return False
 
 
 def _move_aside(hold: _Hold, target: Path, name: str) -> _Sweep | None:

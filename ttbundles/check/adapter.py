@@ -86,8 +86,14 @@ class SourceRoots:
         return ", ".join(str(p) for p in (*self.folders, *self.portions))
 
 
-def check_adapter(bundle_dir: Path, metadata: BundleMetadata) -> list[Diagnostic]:
-    """Every contract problem of the bundle's main class that shows in its source."""
+def check_adapter(
+    bundle_dir: Path, metadata: BundleMetadata, *, read: list[Path] | None = None
+) -> list[Diagnostic]:
+    """Every contract problem of the bundle's main class that shows in its source.
+
+    `read`, when given, receives every source file parsed: what the outcome depends on
+    (the registry's index keys a bundle's check by them).
+    """
     meta_file = str(bundle_dir / METADATA_FILE)
     roots = SourceRoots(folders=(bundle_dir,))
     if metadata.main_class_source == "environment":
@@ -126,6 +132,8 @@ def check_adapter(bundle_dir: Path, metadata: BundleMetadata) -> list[Diagnostic
             )
         ]
     finder = _ClassFinder(roots)
+    if read is not None:
+        finder.read = read
     try:
         info = finder.find(path, metadata.module, metadata.class_name)
     except _SourceError as exc:
@@ -275,6 +283,7 @@ class _ClassFinder:
         self.roots = roots
         self.follow_environment = follow_environment
         self._trees: dict[Path, ast.Module] = {}
+        self.read: list[Path] = []
 
     def locate(self, module: str) -> Path | None:
         path = self.roots.module_file(module)
@@ -285,6 +294,7 @@ class _ClassFinder:
 
     def parse(self, path: Path) -> ast.Module:
         if path not in self._trees:
+            self.read.append(path)
             try:
                 source = path.read_text(encoding="utf-8")
                 self._trees[path] = ast.parse(source, filename=str(path))

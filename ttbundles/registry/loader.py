@@ -29,9 +29,11 @@ _PACKAGE_IN_TEXT = re.compile(
 )
 
 
-def package_name(bundle_dir: Path, bundle_name: str) -> str:
-    """The synthetic package a bundle's modules import under."""
-    key = hashlib.sha256(str(Path(bundle_dir).resolve()).encode()).hexdigest()[:_KEY_LENGTH]
+def package_name(bundle_dir: Path, bundle_name: str, *, resolved: Path | None = None) -> str:
+    """The synthetic package a bundle's modules import under (`resolved`: the folder's
+    resolved path, where the caller knows it: resolving costs a system call per path component)."""
+    resolved = Path(bundle_dir).resolve() if resolved is None else resolved
+    key = hashlib.sha256(str(resolved).encode()).hexdigest()[:_KEY_LENGTH]
     stem = re.sub(r"[^0-9a-zA-Z_]", "_", bundle_name)
     return f"{PACKAGE_PREFIX}{stem}_{key}"
 
@@ -89,9 +91,11 @@ def finder() -> BundleFinder:
     return _finder
 
 
-def qualified_class(bundle_dir: Path, bundle_name: str, main_class: str) -> str:
+def qualified_class(
+    bundle_dir: Path, bundle_name: str, main_class: str, *, resolved: Path | None = None
+) -> str:
     """`pkg.module:Class` for a bundle-sourced main class, with its package mapped."""
-    package = package_name(bundle_dir, bundle_name)
+    package = package_name(bundle_dir, bundle_name, resolved=resolved)
     finder().add(package, bundle_dir)
     module, _, cls = main_class.partition(":")
     return f"{package}.{module}:{cls}"

@@ -2,11 +2,14 @@
 
 One computation serves `ttbundle list`, the general plugin and the platform, so what the
 CLI shows is what the server does. Registration validates each bundle's metadata and
-checks its module file exists, but never imports adapter code: the plugin runs this in
-every vLLM process, so it must stay close to the cost of reading the JSON files. Only
-what declares no capabilities has its class source read (with `ast`): a
-`TT_MODEL_CLASS_OVERRIDES` entry and a legacy two-key bundle, whose capabilities are the
-class's `model_capabilities`, as the reference plugin takes them.
+checks its adapter statically (module file present, parses, defines the main class;
+`registry.index.examine`), but never imports adapter code. The plugin runs this in every
+vLLM process, so what a check found is kept in an index keyed by the bundle's files
+(`registry.index`) and selection reads a summary of each document (`Facts`); the model
+is validated again only for the bundles a process looks into. A
+`TT_MODEL_CLASS_OVERRIDES` entry and a legacy two-key bundle declare no capabilities:
+their class source is read (with `ast`) for its `model_capabilities`, as the reference
+plugin takes them.
 
 Order of precedence for one TT architecture: an override, then extra bundles
 (EXTRA_MODELS_DIR order), then built-ins; within a source, the bundle naming the mesh,
@@ -15,6 +18,7 @@ then the most specific `when`.
 
 from __future__ import annotations
 
+import gc
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -25,13 +29,18 @@ from typing import TYPE_CHECKING
 from ttbundles import envs
 from ttbundles.errors import ConfigurationError, Diagnostic, Severity
 from ttbundles.format.meshes import HOST, canonical
-from ttbundles.format.metadata import METADATA_FILE, SCHEMA_VERSION, BundleMetadata, slug
-from ttbundles.format.modules import module_file
-from ttbundles.format.parse import load_metadata
+from ttbundles.format.metadata import (
+    METADATA_FILE,
+    SCHEMA_VERSION,
+    BundleMetadata,
+    slug,
+    tt_arch_name,
+)
 from ttbundles.paths import builtin_bundles_dir
 from ttbundles.registry import overrides as overrides_
+from ttbundles.registry.index import Index, Record, bundle_names, examine
 from ttbundles.registry.requirements import unmet
-from ttbundles.registry.selection import applies, rank
+from ttbundles.registry.selection import rank
 
 if TYPE_CHECKING:  # the static reader is imported only where a class source is read
     from ttbundles.check.adapter import StaticClass
@@ -57,13 +66,95 @@ class Status(str, Enum):
     UNSERVABLE = "unservable"
 
 
+class Facts:
+    """What registration reads of a bundle's metadata, straight from its document.
+
+    Selection looks at every bundle (architecture, targets, `when`, requirements), so it
+    reads these instead of building a validated model per bundle: a bundle taken from the
+    index (`registry.index`) is only validated again when a process looks into it (the
+    one it serves). The document is one that validated (the index keeps no other), so
+    the defaults below are the model's.
+    """
+
+    __slots__ = (
+        "name",
+        "version",
+        "arch",
+        "main_class",
+        "main_class_source",
+        "targets",
+        "when",
+        "requires",
+        "capabilities",
+        "any_requirement",
+    )
+
+    def __init__(self, document: dict, capabilities: dict | None):
+        self.name: str = document["name"]
+        self.version: str = document["version"]
+        self.arch: str = document["arch"]
+        self.main_class: str = document["main_class"]
+        self.main_class_source: str = document.get("main_class_source", "bundle")
+        self.targets: dict = document.get("targets") or {}
+        self.when = _When(document.get("when") or {})
+        self.requires: dict = document.get("requires") or {}
+        self.capabilities: dict = capabilities or {}
+        self.any_requirement = bool(self.requires) and _requires_any(self.requires)
+
+    @classmethod
+    def of(cls, metadata: BundleMetadata) -> Facts:
+        facts = cls.__new__(cls)
+        facts.name = metadata.name
+        facts.version = metadata.version
+        facts.arch = metadata.arch
+        facts.main_class = metadata.main_class
+        facts.main_class_source = metadata.main_class_source
+        facts.targets = metadata.targets
+        facts.when = _When({"env": metadata.when.env, "default_for": metadata.when.default_for})
+        facts.requires = metadata.requires.model_dump()
+        facts.capabilities = metadata.capabilities.model_dump(mode="json")
+        facts.any_requirement = _requires_any(facts.requires)
+        return facts
+
+    @property
+    def tt_arch(self) -> str:
+        return tt_arch_name(self.arch)
+
+    def applies_to(self, mesh: str | None, environ: Mapping[str, str]) -> bool:
+        """`BundleMetadata.applies_to`, over the document."""
+        if mesh is not None and self.targets and mesh not in self.targets:
+            return False
+        if mesh is None and self.targets and set(self.targets) == {HOST}:
+            return False
+        return self.when.matches(environ)
+
+
+def _requires_any(requires: dict) -> bool:
+    return any(requires.get(k) for k in ("python", "vllm", "ttnn", "packages"))
+
+
+class _When:
+    __slots__ = ("env", "default_for")
+
+    def __init__(self, when: dict):
+        self.env: dict[str, str] = when.get("env") or {}
+        self.default_for: dict[str, str] = when.get("default_for") or {}
+
+    def matches(self, environ: Mapping[str, str]) -> bool:
+        return all(environ.get(k) == v for k, v in self.env.items())
+
+
 @dataclass
 class Entry:
-    """One bundle as the registry sees it."""
+    """One bundle as the registry sees it.
+
+    `metadata` is the validated model; for a bundle taken from the index it is built on
+    first use from the record (`facts` serves selection meanwhile).
+    """
 
     path: Path
     source: Source
-    metadata: BundleMetadata | None
+    _metadata: BundleMetadata | None
     status: Status = Status.REGISTERED
     reason: str = ""
     diagnostics: list[Diagnostic] = field(default_factory=list)
@@ -71,38 +162,57 @@ class Entry:
     override: overrides_.Override | None = None
     # The main class as its source shows it, where it was read (overrides, legacy bundles).
     static: StaticClass | None = None
+    facts: Facts | None = None
+    record: Record | None = None
+    # The folder's resolved path, where known without resolving it again.
+    resolved: str | None = None
+    # The architecture the metadata claims, even when it did not validate.
+    claimed_arch: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.facts is None and self._metadata is not None:
+            self.facts = Facts.of(self._metadata)
+        if self.claimed_arch is None and self.facts is not None:
+            self.claimed_arch = self.facts.arch
+
+    @property
+    def metadata(self) -> BundleMetadata | None:
+        if self._metadata is None and self.record is not None:
+            self._metadata = self.record.materialize()
+        return self._metadata
 
     @property
     def tt_arch(self) -> str | None:
-        return self.metadata.tt_arch if self.metadata else None
+        return self.facts.tt_arch if self.facts else None
 
     @property
     def label(self) -> str:
-        if self.metadata is None:
+        if self.facts is None:
             return self.path.name
-        return f"{self.metadata.name}@{self.metadata.version}"
+        return f"{self.facts.name}@{self.facts.version}"
 
     def class_ref(self) -> str:
         """The `module:Class` vLLM imports lazily, with bundle modules isolated."""
-        assert self.metadata is not None
-        if self.metadata.main_class_source == "environment":
-            return self.metadata.main_class
+        assert self.facts is not None
+        if self.facts.main_class_source == "environment":
+            return self.facts.main_class
         from ttbundles.registry.loader import qualified_class
 
-        return qualified_class(self.path, self.metadata.name, self.metadata.main_class)
+        resolved = Path(self.resolved) if self.resolved is not None else None
+        return qualified_class(self.path, self.facts.name, self.facts.main_class, resolved=resolved)
 
     def to_dict(self) -> dict:
-        meta = self.metadata
+        facts = self.facts
         return {
             "tt_arch": self.tt_arch,
-            "bundle": meta.name if meta else None,
-            "version": meta.version if meta else None,
+            "bundle": facts.name if facts else None,
+            "version": facts.version if facts else None,
             "source": self.source.value,
             "path": str(self.path),
             "status": self.status.value,
             "reason": self.reason,
-            "main_class": meta.main_class if meta else None,
-            "capabilities": meta.capabilities.model_dump() if meta else None,
+            "main_class": facts.main_class if facts else None,
+            "capabilities": dict(facts.capabilities) if facts else None,
         }
 
 
@@ -140,8 +250,13 @@ def compute(
     *,
     mesh: str | None = None,
     models_dirs: list[Path] | None = None,
+    index: bool = True,
 ) -> Registry:
     """Decide what registers, from the environment (EXTRA_MODELS_DIR, MESH_DEVICE, ...).
+
+    Each bundle is checked (metadata, then its adapter statically) or taken from the
+    folder's index where its files are unchanged (`registry.index`); `index=False` checks
+    every bundle afresh and writes no cache.
 
     Raises ConfigurationError where the reference plugin refuses to start too: a malformed
     TT_MODEL_CLASS_OVERRIDES (TTB104), a variant selector naming no variant (TTB105), and
@@ -155,6 +270,33 @@ def compute(
         mesh = canonical(mesh, source="--mesh")
     entries: list[Entry] = [override_entry(o) for o in overrides_.read(environ)]
     problems: list[Diagnostic] = []
+    # Checking builds many short-lived objects (syntax trees, models): with vLLM's large
+    # heap loaded, the cyclic collector would rescan it over and over (5x the time of
+    # `ast.parse` itself). Reference counting frees them; the collector runs after.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        _scan(entries, problems, environ, models_dirs, mesh, index)
+    finally:
+        if collecting:
+            gc.enable()
+    check_selectors(entries, environ)
+    _select(entries, problems, mesh)
+    problems.extend(
+        d for e in entries if e.status is Status.SKIPPED for d in e.diagnostics if d.is_error
+    )
+    return Registry(entries, mesh, problems)
+
+
+def _scan(
+    entries: list[Entry],
+    problems: list[Diagnostic],
+    environ: Mapping[str, str],
+    models_dirs: list[Path] | None,
+    mesh: str | None,
+    index: bool,
+) -> None:
+    """Every bundle of every models folder, checked or taken from the folder's index."""
     for source, folder in sources(environ, models_dirs):
         if not folder.is_dir():
             problems.append(
@@ -166,66 +308,78 @@ def compute(
                 )
             )
             continue
-        names = sorted(
-            e.name for e in os.scandir(folder) if not e.name.startswith(".") and e.is_dir()
-        )
-        for name in names:
-            entry = _load(folder / name, source, mesh, environ)
-            if entry is not None:
-                entries.append(entry)
-    check_selectors(entries, environ)
-    _select(entries, problems, mesh)
-    problems.extend(
-        d for e in entries if e.status is Status.SKIPPED for d in e.diagnostics if d.is_error
-    )
-    return Registry(entries, mesh, problems)
+        kept = Index(folder) if index else None
+        child = getattr(folder, "_make_child_relpath", folder.joinpath)  # iterdir's own
+        for found in bundle_names(folder):
+            path = child(found.name)
+            if kept is not None:
+                record = kept.record(found.name, _stat(found))
+                resolved = None if found.is_symlink() else f"{kept.resolved}/{found.name}"
+            else:
+                record, resolved = examine(path), None
+            if record is not None:
+                entries.append(_load(path, source, record, mesh, environ, resolved))
+        if kept is not None:
+            kept.save_user()
 
 
-def _load(path: Path, source: Source, mesh: str | None, environ: Mapping[str, str]) -> Entry | None:
-    """The entry for one folder; None when it holds no metadata (not a bundle)."""
-    loaded = load_metadata(path)
-    if loaded.metadata is None and loaded.diagnostics[0].code == "TTB002":
+def _stat(found: os.DirEntry) -> os.stat_result | None:
+    try:
+        return found.stat()
+    except OSError:
         return None
-    entry = Entry(path, source, loaded.metadata, diagnostics=loaded.diagnostics)
-    errors = [d for d in loaded.diagnostics if d.is_error]
-    meta = loaded.metadata
-    if errors or meta is None:
+
+
+def _load(
+    path: Path,
+    source: Source,
+    record: Record,
+    mesh: str | None,
+    environ: Mapping[str, str],
+    resolved: str | None = None,
+) -> Entry:
+    """The entry for one bundle folder, from what checking it found (`record`)."""
+    facts = Facts(record.selection(), record.capabilities) if record.valid else None
+    entry = Entry(
+        path,
+        source,
+        record.metadata,
+        diagnostics=list(record.diagnostics) if record.diagnostics else [],
+        facts=facts,
+        record=record,
+        resolved=resolved,
+        claimed_arch=record.arch,
+    )
+    errors = [d for d in record.diagnostics if d.is_error] if record.diagnostics else None
+    if errors or facts is None:
         first = errors[0] if errors else None
         entry.status = Status.SKIPPED
-        entry.reason = f"invalid: {first.code} {first.message}" if first else "invalid"
+        if facts is None:
+            entry.reason = f"invalid: {first.code} {first.message}" if first else "invalid"
+        else:
+            entry.reason = f"{first.code} {first.message}" if first else "invalid"
         return entry
-    if meta.main_class_source == "bundle" and module_file(path, meta.module) is None:
-        entry.status = Status.SKIPPED
-        entry.reason = f"TTB050 module {meta.module!r} is not in the bundle"
-        entry.diagnostics.append(
-            Diagnostic(
-                "TTB050",
-                Severity.ERROR,
-                entry.reason,
-                file=str(path / METADATA_FILE),
-                pointer="/main_class",
+    if facts.any_requirement:
+        assert entry.metadata is not None
+        missing = unmet(entry.metadata.requires)
+        if missing:
+            entry.status = Status.SKIPPED
+            entry.reason = "TTB100 " + "; ".join(missing)
+            entry.diagnostics.append(
+                Diagnostic(
+                    "TTB100",
+                    Severity.ERROR,
+                    "; ".join(missing),
+                    file=str(path / METADATA_FILE),
+                    pointer="/requires",
+                )
             )
-        )
-        return entry
-    missing = unmet(meta.requires)
-    if missing:
-        entry.status = Status.SKIPPED
-        entry.reason = "TTB100 " + "; ".join(missing)
-        entry.diagnostics.append(
-            Diagnostic(
-                "TTB100",
-                Severity.ERROR,
-                "; ".join(missing),
-                file=str(path / METADATA_FILE),
-                pointer="/requires",
-            )
-        )
-        return entry
-    if meta.legacy:
+            return entry
+    if record.legacy:
         _capabilities_from_class(entry)
-    if not applies(meta, mesh, environ):
+    if not facts.applies_to(mesh, environ):
         entry.status = Status.INACTIVE
-        entry.reason = _why_inactive(meta, mesh, environ)
+        entry.reason = _why_inactive(facts, mesh, environ)
     return entry
 
 
@@ -247,7 +401,7 @@ def override_entry(override: overrides_.Override) -> Entry:
         }
     )
     if static is not None:
-        metadata.capabilities = static.capabilities
+        metadata.capabilities = static.capabilities  # before Entry takes its facts
     entry = Entry(
         static.file if static is not None else OVERRIDE_PATH,
         Source.OVERRIDE,
@@ -273,6 +427,8 @@ def _capabilities_from_class(entry: Entry) -> None:
     entry.static = read_bundle_class(entry.path, entry.metadata)
     if entry.static is not None:
         entry.metadata.capabilities = entry.static.capabilities
+        assert entry.facts is not None
+        entry.facts.capabilities = entry.static.capabilities.model_dump(mode="json")
 
 
 def selectors(entries: list[Entry]) -> dict[str, list[str]]:
@@ -282,19 +438,19 @@ def selectors(entries: list[Entry]) -> dict[str, list[str]]:
     variables = {
         name
         for e in entries
-        if e.source is Source.BUILTIN and e.metadata is not None
-        for name in (*e.metadata.when.env, *e.metadata.when.default_for)
+        if e.source is Source.BUILTIN and e.facts is not None
+        for name in (*e.facts.when.env, *e.facts.when.default_for)
     }
     values: dict[str, set[str]] = {name: set() for name in variables}
     for e in entries:
-        if e.metadata is None:
+        if e.facts is None:
             continue
-        for mapping in (e.metadata.when.default_for, e.metadata.when.env):
+        for mapping in (e.facts.when.default_for, e.facts.when.env):
             for name, value in mapping.items():
                 if name in values:
                     values[name].add(value)
     defaults = {
-        v for e in entries if e.metadata is not None for v in e.metadata.when.default_for.values()
+        v for e in entries if e.facts is not None for v in e.facts.when.default_for.values()
     }
     return {
         name: sorted(found, key=lambda v: (v not in defaults, v))
@@ -322,7 +478,7 @@ def check_selectors(entries: list[Entry], environ: Mapping[str, str]) -> None:
         raise ConfigurationError(problems)
 
 
-def _why_inactive(meta: BundleMetadata, mesh: str | None, environ: Mapping[str, str]) -> str:
+def _why_inactive(meta: Facts, mesh: str | None, environ: Mapping[str, str]) -> str:
     if mesh is not None and meta.targets and mesh not in meta.targets:
         return f"TTB101 targets {', '.join(meta.targets)}, not {mesh}"
     if mesh is None and set(meta.targets) == {HOST}:
@@ -343,15 +499,15 @@ def _select(entries: list[Entry], problems: list[Diagnostic], mesh: str | None) 
     for arch, candidates in by_arch.items():
         ranked = sorted(
             candidates,
-            key=lambda e: (precedence[e.source], tuple(-r for r in rank(e.metadata, mesh))),  # type: ignore[arg-type]
+            key=lambda e: (precedence[e.source], tuple(-r for r in rank(e.facts, mesh))),  # type: ignore[arg-type]
         )
         winner = ranked[0]
         tied: list[Entry] = []
         for loser in ranked[1:]:
             loser.status = Status.SHADOWED
             loser.reason = f"{arch} is provided by {winner.label} ({winner.source.value})"
-            same_rank = loser.source is winner.source and rank(loser.metadata, mesh) == rank(
-                winner.metadata, mesh
+            same_rank = loser.source is winner.source and rank(loser.facts, mesh) == rank(
+                winner.facts, mesh
             )  # type: ignore[arg-type]
             if winner.override is not None:
                 loser.reason = (

@@ -75,7 +75,7 @@ def module_findable(module: str) -> bool:
 def import_problem(entry: Entry) -> Diagnostic | None:
     """TTB058 (as an error: the engine would die importing it) when an environment or
     override class is not importable here."""
-    if entry.metadata is None:
+    if entry.facts is None:
         return None
     module = class_module(entry.class_ref())
     if module is None or module_findable(module):

@@ -18,6 +18,9 @@ if TYPE_CHECKING:  # importing vLLM's config here would be circular at platform 
     from vllm.config import VllmConfig
 
 
+_state: dict[str, bool] = {}
+
+
 class UnsupportedRequestError(VLLMValidationError, ValueError):
     """A request the platform cannot serve: vLLM answers it with HTTP 400 (a client
     error), the engine keeps running."""
@@ -72,15 +75,21 @@ class TTPlatform(Platform):
         from ttbundles.format.meshes import mesh_or_none
         from ttbundles.registry import servable
         from ttbundles.serving.configuration import plan_config
-        from ttbundles.serving.registration import current_registry
+        from ttbundles.serving.faults import report_path, stop_api_server_while_starting
+        from ttbundles.serving.registration import checked_registry
 
+        if report_path() and not _state.get("stop_installed"):  # once, in the API server
+            _state["stop_installed"] = True
+            stop_api_server_while_starting()
         # What would otherwise fail after the engine started: a mesh this machine cannot
         # open (TT-Metal absent), then a class it cannot import. `ttbundle plan` plans for
         # meshes attached elsewhere: it skips the device check (and says so).
         mesh = mesh_or_none(envs.MESH_DEVICE)
         if not cls.planning:
             servable.require_device(mesh)
-        plan = plan_config(vllm_config, current_registry())
+        # The API server may not run the general plugins itself: its startup table,
+        # warnings and strict mode come from here.
+        plan = plan_config(vllm_config, checked_registry())
         if plan is not None:
             if servable.opens_here(mesh):
                 bundle = plan.bundle

@@ -121,6 +121,19 @@ def report_errors_cleanly() -> None:
         if isinstance(value, TTBundleError):
             sys.stderr.write(f"{value}\n")
             return
+        from ttbundles.serving.faults import debugging, engine_report
+
+        if kind is KeyboardInterrupt and str(value) == "terminated" and not debugging():
+            # vLLM's API server turns a SIGTERM during startup into this exception.
+            sys.stderr.write("ttbundles: vllm serve stopped by SIGTERM while starting\n")
+            return
+
+        # vLLM's "Engine core initialization failed" after the engine said why (one
+        # line, in its log): that line again, not the API server's traceback.
+        line = engine_report(value)
+        if line is not None and not debugging():
+            sys.stderr.write(f"ttbundles: the engine did not start: {line}\n")
+            return
         previous(kind, value, traceback)
 
     hook._ttbundles = True  # type: ignore[attr-defined]

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import logging
 import os
+from pathlib import Path
 
 from ttbundles import envs
-from ttbundles.errors import ConfigurationError
-from ttbundles.registry.registry import Entry, Registry, compute, table
+from ttbundles.errors import ConfigurationError, Severity
+from ttbundles.format.metadata import tt_arch_name
+from ttbundles.registry.registry import Entry, Registry, Source, Status, compute, table
 
 # A child of vLLM's logger, so messages appear wherever vLLM's own do.
 logger = logging.getLogger("vllm.ttbundles")
@@ -40,20 +42,34 @@ def current_registry() -> Registry:
     return _state["registry"]  # type: ignore[return-value]
 
 
-def register_all() -> Registry:
+def checked_registry() -> Registry:
+    """`current_registry`, refused under TT_BUNDLES_STRICT=1 when a bundle is broken or
+    ambiguous, and reported once per process (the startup table and its warnings)."""
     registry = current_registry()
+    if envs.TT_BUNDLES_STRICT and registry.fatal():
+        raise ConfigurationError(registry.fatal())
+    # Once per process and outcome: the environment changes under vLLM (variables the
+    # platform sets), the table need not.
+    # vLLM's CLI loads the general plugins before it configures logging: said then, the
+    # table would be lost (only bare warnings reach stderr); the platform says it later.
+    said = (tuple(map(str, table(registry))), tuple(map(str, registry.problems)))
+    if logger.hasHandlers() and _state.get("logged") != said:
+        _state["logged"] = said
+        log_table(registry)
+    return registry
+
+
+def register_all() -> Registry:
+    registry = checked_registry()
     if _state.get("registered_key") == _state["key"]:
         return registry
-    strict = envs.TT_BUNDLES_STRICT
-    if strict and registry.fatal():
-        raise ConfigurationError(registry.fatal())
     from vllm.model_executor.models.registry import ModelRegistry
 
     known = set(ModelRegistry.get_supported_archs())
     for arch, entry in registry.registered.items():
         ModelRegistry.register_model(arch, entry.class_ref())
-        assert entry.metadata is not None
-        bare = entry.metadata.arch
+        assert entry.facts is not None
+        bare = entry.facts.arch
         if bare == arch:
             continue
         if entry.override is not None and stands_for_vllm(entry):
@@ -61,7 +77,6 @@ def register_all() -> Registry:
         elif bare not in known:
             ModelRegistry.register_model(bare, PLACEHOLDER)
     _state["registered_key"] = _state["key"]
-    log_table(registry)
     return registry
 
 
@@ -87,7 +102,14 @@ VLLM_MODEL_METHODS = ("embed_input_ids", "forward", "compute_logits")
 
 
 def log_table(registry: Registry) -> None:
-    """One startup block: what registered, what was shadowed or skipped, and why."""
+    """One startup block: what registered, what was shadowed or skipped, and why.
+
+    Each problem (a skipped bundle, an ambiguity) is also one WARNING line of its own
+    (file:line, code, fix), so it shows at vLLM's default log level in every process's
+    log, the API server's included. A skipped extra bundle that would have provided an
+    architecture served by a built-in instead gets a line saying so: serving falls back
+    to the built-in (loudly), and `TT_BUNDLES_STRICT=1` refuses to start instead.
+    """
     rows = table(registry)
     lines = [f"ttbundles: TT architectures (mesh {registry.mesh or 'any'}):"]
     for r in rows:
@@ -100,11 +122,35 @@ def log_table(registry: Registry) -> None:
         )
         if caps.get("sample_on_device"):
             flags += ",sample_on_device=" + "+".join(caps["sample_on_device"])
+        # A bundle whose metadata did not validate has no name: its folder names it.
+        label = f"{r['bundle']}@{r['version']}" if r["bundle"] else Path(r["path"]).name
         lines.append(
             f"  {r['status']:<10} {r['tt_arch'] or '-':<40} "
-            f"{(r['bundle'] or '-')}@{r['version'] or '-'} [{r['source']}] "
+            f"{label} [{r['source']}] "
             f"{r['path']} caps={flags}" + (f" ({r['reason']})" if r["reason"] else "")
         )
-    for problem in registry.problems:
-        lines.append(f"  {problem}")
     logger.info("\n".join(lines))
+    for problem in registry.problems:
+        if problem.severity is not Severity.INFO:
+            logger.warning("ttbundles: %s", problem)
+    for line in fallbacks(registry):
+        logger.warning("ttbundles: %s", line)
+
+
+def fallbacks(registry: Registry) -> list[str]:
+    """For each skipped extra bundle, which bundle serves its architecture instead."""
+    registered = registry.registered
+    out = []
+    for entry in registry.entries:
+        if entry.status is not Status.SKIPPED or entry.source is not Source.EXTRA:
+            continue
+        arch = tt_arch_name(entry.claimed_arch) if entry.claimed_arch else None
+        serving = registered.get(arch) if arch else None
+        if serving is None:
+            continue
+        out.append(
+            f"{arch}: extra bundle {entry.label} ({entry.path}) was skipped; "
+            f"{serving.label} ({serving.source.value}, {serving.path}) serves {arch} instead "
+            "(fix the bundle, or set TT_BUNDLES_STRICT=1 to refuse to start)"
+        )
+    return out

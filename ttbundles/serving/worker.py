@@ -10,9 +10,11 @@ get_supported_tasks; then execute_model and sample_tokens per step. The generato
 
 from __future__ import annotations
 
+import functools
 import importlib
 import json
 import logging
+import multiprocessing
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,10 +25,11 @@ from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig
 from vllm.v1.worker.worker_base import CompilationTimes, WorkerBase
 
 from ttbundles import envs
-from ttbundles.errors import ConfigurationError
+from ttbundles.errors import ConfigurationError, TTBundleError
 from ttbundles.format.contract import HostMesh
 from ttbundles.format.meshes import is_host, mesh_shape
 from ttbundles.registry.loader import PACKAGE_PREFIX, finder, package_name
+from ttbundles.serving import faults
 from ttbundles.serving.configuration import Plan, served_plan
 from ttbundles.serving.device_groups import bind_rank
 from ttbundles.serving.model_runner import TTModelRunner
@@ -37,6 +40,19 @@ if TYPE_CHECKING:  # only for annotations
     from vllm.v1.outputs import ModelRunnerOutput
 
 logger = logging.getLogger("vllm.ttbundles")
+
+
+def _starting(method):  # noqa: ANN001, ANN202 - a decorator of worker methods
+    """A ttbundles error while the engine starts ends it with one line (`faults`)."""
+
+    @functools.wraps(method)
+    def run(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        try:
+            return method(self, *args, **kwargs)
+        except TTBundleError as error:
+            faults.startup_failed(error)
+
+    return run
 
 
 class TTWorker(WorkerBase):
@@ -52,6 +68,10 @@ class TTWorker(WorkerBase):
                 hint="start the server with the tt platform plugin active (MESH_DEVICE set)",
             )
         self.plan = plan
+        if multiprocessing.parent_process() is not None:  # vLLM's engine-core process
+            faults.watch_parent()
+            self._restore_signals = faults.stop_while_starting()
+        self._batch = 0
         self.mesh_device: Any = None
         self.model_runner: TTModelRunner | None = None  # type: ignore[assignment]
         self._stats_file = envs.TT_BUNDLES_STATS_FILE
@@ -64,6 +84,7 @@ class TTWorker(WorkerBase):
 
     # --- device and model ---------------------------------------------------------------
 
+    @_starting
     def init_device(self) -> None:
         self.device = torch.device("cpu")
         self._bind_device_group()
@@ -105,6 +126,7 @@ class TTWorker(WorkerBase):
             return []
         return list(self.plan.device_groups[self.dp_rank])
 
+    @_starting
     def load_model(self, *, load_dummy_weights: bool = False) -> None:
         generator_cls = load_generator_class(self.plan)
         self.model_runner = TTModelRunner(self.vllm_config, generator_cls, self.mesh_device)
@@ -141,6 +163,7 @@ class TTWorker(WorkerBase):
         # The generator owns its cache layout; vLLM only needs a name to record.
         return ["LBHNC"]
 
+    @_starting
     def determine_available_memory(self) -> int:
         """Bytes for the KV cache: the generator's own capacity when it declares one
         (get_max_tokens_all_users), else room for every sequence at full length.
@@ -161,6 +184,7 @@ class TTWorker(WorkerBase):
         spec = next(iter(self.get_kv_cache_spec().values()))
         return num_blocks * spec.page_size_bytes * len(self.get_kv_cache_spec())
 
+    @_starting
     def initialize_from_config(self, kv_cache_config: KVCacheConfig) -> None:
         assert self.model_runner is not None
         num_layers, kv_heads, head_size = self._layer_shape()
@@ -178,6 +202,10 @@ class TTWorker(WorkerBase):
         )
 
     def compile_or_warm_up_model(self) -> CompilationTimes:
+        # Started: from here a SIGTERM is vLLM's to handle (a graceful shutdown).
+        restore, self._restore_signals = getattr(self, "_restore_signals", None), None
+        if restore is not None:
+            restore()
         return CompilationTimes(language_model=0.0, encoder=0.0)
 
     def get_supported_tasks(self) -> tuple[str, ...]:
@@ -191,14 +219,23 @@ class TTWorker(WorkerBase):
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput | None:
         assert self.model_runner is not None
-        output = self.model_runner.execute_model(scheduler_output)
+        self._batch = len(scheduler_output.num_scheduled_tokens)
+        try:
+            output = self.model_runner.execute_model(scheduler_output)
+        except Exception as error:
+            faults.step_failed(error, faults.bundle_label(self.plan), self._batch, None)
+            raise
         if output is not None:
             self._write_stats()
         return output
 
     def sample_tokens(self, grammar_output: GrammarOutput | None) -> ModelRunnerOutput:
         assert self.model_runner is not None
-        output = self.model_runner.sample_tokens(grammar_output)
+        try:
+            output = self.model_runner.sample_tokens(grammar_output)
+        except Exception as error:
+            faults.step_failed(error, faults.bundle_label(self.plan), self._batch, None)
+            raise
         self._write_stats()
         return output
 

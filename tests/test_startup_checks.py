@@ -1,0 +1,226 @@
+"""Registration checks each bundle's adapter as `validate` does statically, and keeps
+what it checked in an index keyed by the bundle's files (`ttbundles.registry.index`)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.bundle_factory import write_bundle
+from ttbundles.archive.install import install, uninstall
+from ttbundles.build import pack
+from ttbundles.errors import ConfigurationError
+from ttbundles.registry import index as index_module
+from ttbundles.registry.index import INDEX_FILE, Index, user_cache_dir
+from ttbundles.registry.registry import Status, compute
+from ttbundles.serving.registration import fallbacks, log_table
+
+LLAMA = "LlamaForCausalLM"
+
+
+@pytest.fixture(autouse=True)
+def _own_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    for name in ("EXTRA_MODELS_DIR", "TT_BUNDLES_STRICT", "TT_MODEL_CLASS_OVERRIDES"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def env(models: Path, **extra: str) -> dict[str, str]:
+    base = {"EXTRA_MODELS_DIR": str(models), "MESH_DEVICE": "HOST"}
+    return {**base, "TT_VLLM_BUILTIN_MODELS": "0", **extra}
+
+
+def by_name(registry, name):
+    (entry,) = [e for e in registry.entries if e.path.name == name]
+    return entry
+
+
+def broken(make_bundle, models: Path, name: str, adapter: str, arch: str = "BrokenForCausalLM"):
+    return make_bundle(name, metadata={"arch": arch}, adapter=adapter, parent=models)
+
+
+SYNTAX_ERROR = "class DemoGenerator:\n    def oops(:\n        pass\n"
+
+
+@pytest.mark.parametrize("index", [True, False])
+def test_an_adapter_that_does_not_parse_is_skipped_with_its_line(make_bundle, tmp_path, index):
+    models = tmp_path / "models"
+    broken(make_bundle, models, "bad", SYNTAX_ERROR)
+    make_bundle("good", parent=models)
+    registry = compute(env(models), index=index)
+    bad = by_name(registry, "bad")
+    assert bad.status is Status.SKIPPED
+    assert bad.reason.startswith("TTB051 syntax error")
+    (problem,) = [d for d in registry.problems if d.code == "TTB051"]
+    assert problem.file == str(models / "bad" / "adapter.py") and problem.line == 2
+    assert "fix the Python syntax" in str(problem)
+    assert by_name(registry, "good").status is Status.REGISTERED
+
+
+def test_a_missing_class_or_module_is_skipped(make_bundle, tmp_path):
+    models = tmp_path / "models"
+    broken(make_bundle, models, "noclass", "class Other:\n    pass\n")
+    make_bundle("nomodule", metadata={"arch": "NoModForCausalLM"}, adapter=None, parent=models)
+    registry = compute(env(models))
+    assert by_name(registry, "noclass").reason.startswith("TTB052 class 'DemoGenerator'")
+    assert by_name(registry, "nomodule").reason.startswith("TTB050 module 'adapter'")
+
+
+def test_strict_mode_refuses_a_broken_adapter(make_bundle, tmp_path, monkeypatch):
+    from ttbundles.serving import registration
+
+    models = tmp_path / "models"
+    broken(make_bundle, models, "bad", SYNTAX_ERROR)
+    monkeypatch.setenv("EXTRA_MODELS_DIR", str(models))
+    monkeypatch.setenv("TT_BUNDLES_STRICT", "1")
+    monkeypatch.setattr(registration, "_state", {})
+    with pytest.raises(ConfigurationError) as caught:
+        registration.register_all()
+    assert "TTB051" in str(caught.value) and str(models / "bad" / "adapter.py") in str(caught.value)
+
+
+def test_a_skipped_extra_bundle_says_which_built_in_serves_instead(make_bundle, tmp_path, caplog):
+    models = tmp_path / "models"
+    broken(make_bundle, models, "mine", SYNTAX_ERROR, arch=LLAMA)
+    registry = compute(env(models, TT_VLLM_BUILTIN_MODELS="1"))
+    serving = registry.registered["TTLlamaForCausalLM"]
+    assert serving.source.value == "built-in"
+    (line,) = fallbacks(registry)
+    assert f"extra bundle mine@1.0.0 ({models / 'mine'}) was skipped" in line
+    assert f"{serving.label} (built-in, {serving.path}) serves TTLlamaForCausalLM" in line
+    with caplog.at_level(logging.INFO, logger="vllm.ttbundles"):
+        log_table(registry)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("TTB051" in w and "adapter.py:2" in w for w in warnings)
+    assert any("serves TTLlamaForCausalLM instead" in w for w in warnings)
+    # One WARNING line per problem; the table itself is one INFO block.
+    assert len([w for w in warnings if "TTB051" in w]) == 1
+
+
+def test_the_table_names_an_invalid_bundle_by_its_folder(make_bundle, tmp_path, caplog):
+    models = tmp_path / "models"
+    make_bundle("nojson", metadata="{not json", parent=models)
+    with caplog.at_level(logging.INFO, logger="vllm.ttbundles"):
+        log_table(compute(env(models)))
+    (table,) = [r.getMessage() for r in caplog.records if "TT architectures" in r.getMessage()]
+    (row,) = [line for line in table.splitlines() if "nojson" in line]
+    assert "- -@-" not in row
+    assert f"nojson [extra] {models / 'nojson'}" in row and "TTB010" in row
+
+
+# --- the index --------------------------------------------------------------------------
+
+
+def test_a_second_process_takes_unchanged_bundles_from_the_user_cache(make_bundle, tmp_path):
+    models = tmp_path / "models"
+    make_bundle("good", parent=models)
+    first = compute(env(models), mesh="HOST")
+    assert by_name(first, "good")._metadata is not None  # checked in this process
+    (cache,) = user_cache_dir().glob("index-*.json")
+    assert "good" in json.loads(cache.read_text())["bundles"]
+    second = compute(env(models), mesh="HOST")
+    good = by_name(second, "good")
+    assert good.status is Status.REGISTERED and good._metadata is None  # from the index
+    # Built when asked, and equal to a fresh validation.
+    assert good.metadata == by_name(first, "good").metadata
+    assert good.class_ref() == by_name(first, "good").class_ref()
+
+
+def _rewrite(path: Path, text: str) -> None:
+    before = path.stat().st_mtime_ns
+    path.write_text(text)
+    if path.stat().st_mtime_ns == before:  # a coarse clock: make the change visible
+        os.utime(path, ns=(before + 1_000_000, before + 1_000_000))
+
+
+def test_a_changed_adapter_is_checked_afresh(make_bundle, tmp_path):
+    models = tmp_path / "models"
+    folder = make_bundle("good", parent=models)
+    assert by_name(compute(env(models)), "good").status is Status.REGISTERED
+    _rewrite(folder / "adapter.py", SYNTAX_ERROR)
+    assert by_name(compute(env(models)), "good").reason.startswith("TTB051")
+    _rewrite(folder / "adapter.py", make_bundle.adapter)
+    assert by_name(compute(env(models)), "good").status is Status.REGISTERED
+
+
+def test_a_changed_metadata_file_or_a_new_module_is_checked_afresh(make_bundle, tmp_path):
+    models = tmp_path / "models"
+    folder = make_bundle("good", parent=models)
+    compute(env(models))
+    document = json.loads((folder / "vllm_metadata.json").read_text())
+    _rewrite(folder / "vllm_metadata.json", json.dumps({**document, "version": "2.0.0"}))
+    assert by_name(compute(env(models)), "good").label == "good@2.0.0"
+    # A module the check did not read appears: the folder's own mtime changes.
+    (folder / "adapter.py").rename(folder / "other.py")
+    assert by_name(compute(env(models)), "good").reason.startswith("TTB050")
+
+
+def test_install_and_uninstall_write_the_folder_index(tmp_path):
+    models = tmp_path / "models"
+    source = write_bundle(tmp_path / "src", name="demo")
+    archive = pack(source, tmp_path / "dist")
+    install(archive, models)
+    data = json.loads((models / INDEX_FILE).read_text())
+    assert list(data["bundles"]) == ["demo"]
+    assert data["folder"] == str(models.resolve())
+    # Read by registration, so no process needs to check the bundle again.
+    fresh = Index(models)
+    assert fresh.record("demo") is not None and fresh.fresh == 0
+    registry = compute(env(models))
+    assert by_name(registry, "demo")._metadata is None
+    assert not list(user_cache_dir().glob("index-*.json"))  # nothing was checked afresh
+    install(archive, models, replace=True)  # a new folder: its record is made again
+    assert Index(models).record("demo") is not None
+    uninstall("demo", models)
+    assert json.loads((models / INDEX_FILE).read_text())["bundles"] == {}
+
+
+@pytest.mark.parametrize("damage", ["garbage", "other checker", "other folder"])
+def test_an_index_that_does_not_apply_is_ignored(make_bundle, tmp_path, damage):
+    models = tmp_path / "models"
+    folder = make_bundle("good", parent=models)
+    index_module.write_folder_index(models)
+    path = models / INDEX_FILE
+    data = json.loads(path.read_text())
+    # A record claiming the bundle is fine while its adapter is not: used only if trusted.
+    _rewrite(folder / "adapter.py", SYNTAX_ERROR)
+    data["bundles"]["good"]["key"] = index_module.examine(folder).key
+    if damage == "garbage":
+        path.write_text("{not json")
+    elif damage == "other checker":
+        data["checker"] = [[0, 0]]
+        path.write_text(json.dumps(data))
+    else:
+        data["folder"] = "/elsewhere"
+        path.write_text(json.dumps(data))
+    assert by_name(compute(env(models)), "good").reason.startswith("TTB051")
+
+
+def test_an_unwritable_cache_only_costs_the_check(make_bundle, tmp_path, monkeypatch):
+    models = tmp_path / "models"
+    make_bundle("good", parent=models)
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocker))
+    assert by_name(compute(env(models)), "good").status is Status.REGISTERED
+    assert by_name(compute(env(models)), "good")._metadata is not None  # checked again
+
+
+def test_the_index_is_replaced_atomically(make_bundle, tmp_path):
+    """Readers see a whole index or the previous one: written to a temporary file and
+    renamed (no partial file under the index's name at any time)."""
+    models = tmp_path / "models"
+    for i in range(50):
+        make_bundle(f"b{i:02d}", metadata={"arch": f"B{i}ForCausalLM"}, parent=models)
+    index_module.write_folder_index(models)
+    inode = (models / INDEX_FILE).stat().st_ino
+    time.sleep(0.01)
+    index_module.write_folder_index(models)
+    assert (models / INDEX_FILE).stat().st_ino != inode  # a new file, renamed into place
+    assert len(json.loads((models / INDEX_FILE).read_text())["bundles"]) == 50
+    assert not [p for p in models.iterdir() if p.name.endswith(".tmp")]

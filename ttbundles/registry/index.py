@@ -1,0 +1,360 @@
+"""What registration checked, kept between processes: one file read instead of 1,000 parsed.
+
+Registration runs in every vLLM process (API server, engine core, model inspection), and
+checking a bundle costs most in its adapter (`ast.parse`) and in strict validation of its
+metadata. What that check says depends only on the bundle's files, so it is kept in an
+index keyed by them: the bundle folder's own (mtime, inode), then (size, mtime, inode) of
+`vllm_metadata.json` and of every adapter source the check parsed. A bundle whose key
+still matches is taken from the index without reading its files; a changed or unknown
+one is checked afresh. What depends on the environment (requirements against installed
+versions, `when`, the mesh, selection) is never kept: it is decided in each process.
+
+Two places hold an index for a models folder, both written atomically (a temporary file
+renamed over the old one), both ignored when written by other checking code (the
+`checker` fingerprint) or for another folder:
+
+- `<folder>/.ttbundles-index.json`, written by `ttbundle install` and `uninstall`;
+- `$XDG_CACHE_HOME/ttbundles/index-<hash of the folder>.json` (`~/.cache` by default),
+  written by registration whenever it had to check a bundle afresh, so a folder nobody
+  installs into is checked once per change, not once per process.
+
+A record says what the check found, never more: an index that cannot be read or written
+(read-only folder, no home) only costs the time of checking.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ttbundles.errors import Diagnostic, Severity
+from ttbundles.format.metadata import METADATA_FILE, NO_EXTENSIONS, BundleMetadata
+from ttbundles.format.parse import load_metadata
+
+INDEX_FILE = ".ttbundles-index.json"
+FORMAT = 1
+
+# The adapter findings that make registration skip a bundle: its class cannot be found
+# (the module is missing, does not parse, cannot be read, or does not define the class).
+# The rest of the contract is `ttbundle validate`'s to report.
+SKIPPING = frozenset({"TTB003", "TTB050", "TTB051", "TTB052"})
+
+# The code whose outcome an index records: a record from other code is not trusted.
+_CHECKER_FILES = ("check/adapter.py", "format/metadata.py", "format/parse.py", "registry/index.py")
+
+
+def checker() -> list[list[int]]:
+    """(size, mtime) of the modules that decide a check: an upgrade or an edit of
+    ttbundles invalidates every index it wrote."""
+    root = Path(__file__).resolve().parent.parent
+    out = []
+    for rel in _CHECKER_FILES:
+        try:
+            st = os.stat(root / rel)
+        except OSError:
+            out.append([0, 0])
+        else:
+            out.append([st.st_size, st.st_mtime_ns])
+    return out
+
+
+@dataclass
+class Record:
+    """What checking one bundle folder found, independent of the environment."""
+
+    key: list | None  # None: the files changed while read; not kept
+    document: dict | None  # the metadata document the model was validated from
+    legacy: bool = False
+    capabilities: dict | None = None  # the validated capabilities, as JSON
+    diagnostics: list[Diagnostic] = field(default_factory=list)
+    # The architecture the document claims, even when it did not validate (to say which
+    # bundle serves in its place).
+    arch: str | None = None
+    # The model itself, when checked in this process (not stored).
+    metadata: BundleMetadata | None = None
+    # The metadata validated (kept when `metadata` is not built yet).
+    valid: bool = True
+    # From an index: the document as JSON text (parsed only to build the model) and
+    # what selection reads of it (`summary`).
+    document_text: str | None = None
+    summary: dict | None = None
+
+    def selection(self) -> dict | None:
+        """What `registry.Facts` reads: the summary, else the document itself."""
+        return self.summary if self.summary is not None else self.document
+
+    def to_json(self) -> dict:
+        document = self.document if self.valid else None
+        if document is None and self.valid and self.document_text is not None:
+            document = json.loads(self.document_text)
+        return {
+            "key": self.key,
+            # Text inside the index: parsing a string is far cheaper than a structure,
+            # and only the served bundle's document is ever parsed.
+            "document": json.dumps(document) if document is not None else None,
+            "summary": _summary(document) if document is not None else None,
+            "legacy": self.legacy,
+            "capabilities": self.capabilities,
+            "diagnostics": [d.to_dict() for d in self.diagnostics],
+            "arch": self.arch,
+            "valid": self.metadata is not None,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict) -> Record:
+        found = data["diagnostics"]
+        diagnostics = (
+            [Diagnostic(**{**d, "severity": Severity(d["severity"])}) for d in found]
+            if found
+            else []
+        )
+        record = cls(
+            data["key"],
+            None,
+            data["legacy"],
+            data["capabilities"],
+            diagnostics,
+            data["arch"],
+        )
+        record.valid = data["valid"]
+        record.document_text = data["document"]
+        record.summary = data["summary"]
+        return record
+
+    def materialize(self) -> BundleMetadata | None:
+        """The metadata model (validated again from the document: done only for the
+        bundles a process looks into, such as the one it serves)."""
+        if self.document is None and self.document_text is not None:
+            self.document = json.loads(self.document_text)
+        if self.metadata is None and self.valid and self.document is not None:
+            plain = not _has_extensions(self.document)
+            metadata = BundleMetadata.model_validate(self.document, context={NO_EXTENSIONS: plain})
+            if self.legacy:
+                metadata.legacy_ = True
+            self.metadata = metadata
+        return self.metadata
+
+
+def _summary(document: dict) -> dict:
+    """The part of a valid document that selection reads (`registry.Facts`)."""
+    summary = {
+        key: document[key]
+        for key in ("name", "version", "arch", "main_class", "main_class_source", "when")
+        if key in document
+    }
+    summary["targets"] = dict.fromkeys(document.get("targets") or {})
+    requires = document.get("requires")
+    if requires:
+        summary["requires"] = requires
+    return summary
+
+
+def _has_extensions(document: Any) -> bool:
+    if isinstance(document, dict):
+        return any(
+            (isinstance(k, str) and k.startswith("x-")) or _has_extensions(v)
+            for k, v in document.items()
+        )
+    if isinstance(document, list):
+        return any(_has_extensions(v) for v in document)
+    return False
+
+
+def _stat(path: str) -> os.stat_result | None:
+    try:
+        return os.stat(path)
+    except OSError:
+        return None
+
+
+def _key(folder: Path, files: list[Path]) -> list | None:
+    base = str(folder)
+    top = _stat(base)
+    if top is None:
+        return None
+    key: list = [[".", top.st_mtime_ns, top.st_ino]]
+    for file in files:
+        rel = os.path.relpath(file, base)
+        st = _stat(os.path.join(base, rel))
+        if st is None:
+            return None
+        key.append([rel, st.st_size, st.st_mtime_ns, st.st_ino])
+    return key
+
+
+def matches(key: list | None, folder: str, top: os.stat_result | None = None) -> bool:
+    """Whether a bundle's files are still those its record was made from."""
+    if not key:
+        return False
+    if top is None:
+        top = _stat(folder)
+    first = key[0]
+    if top is None or first[1] != top.st_mtime_ns or first[2] != top.st_ino:
+        return False
+    for rel, size, mtime, ino in key[1:]:
+        st = _stat(folder + "/" + rel)
+        if st is None or st.st_mtime_ns != mtime or st.st_size != size or st.st_ino != ino:
+            return False
+    return True
+
+
+def examine(folder: Path) -> Record | None:
+    """Check one bundle folder as registration does: metadata (strictly validated), then
+    the adapter statically (`SKIPPING`); None when the folder holds no metadata."""
+    from ttbundles.check.adapter import check_adapter
+
+    before = _key(folder, [folder / METADATA_FILE])
+    loaded = load_metadata(folder)
+    if loaded.metadata is None and loaded.diagnostics and loaded.diagnostics[0].code == "TTB002":
+        return None
+    files = [folder / METADATA_FILE]
+    diagnostics = list(loaded.diagnostics)
+    meta = loaded.metadata
+    document = loaded.document if isinstance(loaded.document, dict) else None
+    arch = document.get("arch") if document is not None else None
+    record = Record(
+        None,
+        document,
+        legacy=bool(meta is not None and meta.legacy),
+        capabilities=meta.capabilities.model_dump(mode="json") if meta is not None else None,
+        diagnostics=diagnostics,
+        arch=arch if isinstance(arch, str) else None,
+        metadata=meta,
+    )
+    record.valid = meta is not None
+    clean = meta is not None and not any(d.is_error for d in diagnostics)
+    if clean and meta.main_class_source == "bundle":
+        read: list[Path] = []
+        found = check_adapter(folder, meta, read=read)
+        diagnostics.extend(d for d in found if d.is_error and d.code in SKIPPING)
+        files.extend(read)
+    after = _key(folder, files)
+    if before is not None and after is not None and after[: len(before)] == before:
+        record.key = after
+    return record
+
+
+# --- where indexes live -----------------------------------------------------------------
+
+
+def user_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "ttbundles"
+
+
+def _user_file(resolved: str) -> Path:
+    digest = hashlib.sha256(resolved.encode()).hexdigest()[:16]
+    return user_cache_dir() / f"index-{digest}.json"
+
+
+def _read(path: Path, resolved: str, fingerprint: list) -> dict[str, dict]:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            data = json.load(handle)
+    except (OSError, ValueError):
+        return {}
+    if (
+        not isinstance(data, dict)
+        or data.get("format") != FORMAT
+        or data.get("folder") != resolved
+        or data.get("checker") != fingerprint
+        or not isinstance(data.get("bundles"), dict)
+    ):
+        return {}
+    return data["bundles"]
+
+
+def _write(path: Path, resolved: str, fingerprint: list, records: dict[str, Record]) -> bool:
+    """Write an index atomically (temporary file, then rename); False where it cannot."""
+    data = {
+        "format": FORMAT,
+        "folder": resolved,
+        "checker": fingerprint,
+        "bundles": {name: r.to_json() for name, r in sorted(records.items()) if r.key is not None},
+    }
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                # dumps, not dump: only the one-shot encoder is the C one.
+                handle.write(json.dumps(data, separators=(",", ":")))
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, path)
+        except BaseException:
+            os.unlink(tmp)
+            raise
+    except OSError:
+        return False
+    return True
+
+
+class Index:
+    """The records of one models folder: its own index, then the user cache."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        self.resolved = str(folder.resolve())
+        self.fingerprint = checker()
+        self._shared = _read(folder / INDEX_FILE, self.resolved, self.fingerprint)
+        self._user = _read(_user_file(self.resolved), self.resolved, self.fingerprint)
+        self.current: dict[str, Record] = {}
+        self.fresh = 0
+
+    def record(self, name: str, top: os.stat_result | None = None) -> Record | None:
+        """The bundle `name`'s record: kept if its files are unchanged, else checked now."""
+        path = f"{self.folder}/{name}"
+        for source in (self._shared, self._user):
+            raw = source.get(name)
+            if raw is not None and matches(raw.get("key"), path, top):
+                record = Record.from_json(raw)
+                self.current[name] = record
+                return record
+        record = examine(self.folder / name)
+        if record is not None:
+            self.fresh += 1
+            self.current[name] = record
+        return record
+
+    def save_user(self) -> bool:
+        """Keep what was checked afresh in the user cache (nothing to do when all was
+        found)."""
+        if not self.fresh:
+            return True
+        return _write(_user_file(self.resolved), self.resolved, self.fingerprint, self.current)
+
+    def save_folder(self) -> bool:
+        """Write the folder's own index (what `install` and `uninstall` do)."""
+        return _write(self.folder / INDEX_FILE, self.resolved, self.fingerprint, self.current)
+
+
+def bundle_names(folder: Path) -> list[os.DirEntry]:
+    """The folder's candidate bundle folders, in name order (hidden entries are not)."""
+    with os.scandir(folder) as it:
+        found = [e for e in it if not e.name.startswith(".") and e.is_dir()]
+    return sorted(found, key=lambda e: e.name)
+
+
+def write_folder_index(folder: Path) -> bool:
+    """Check every bundle of `folder` (reusing unchanged records) and write its index."""
+    index = Index(folder)
+    for entry in bundle_names(folder):
+        index.record(entry.name)
+    return index.save_folder()
+
+
+__all__ = [
+    "INDEX_FILE",
+    "Index",
+    "Record",
+    "bundle_names",
+    "examine",
+    "matches",
+    "user_cache_dir",
+    "write_folder_index",
+]
