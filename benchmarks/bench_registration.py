@@ -120,8 +120,9 @@ def timed(function, root: Path) -> float:
 
 def import_time() -> dict[str, float]:
     """Cumulative import time of ttbundles.serving.plugin (what vLLM loads in every process),
-    with the standard-library modules vLLM has already imported (logging) in place."""
-    code = "import logging, importlib.util; import ttbundles.serving.plugin"
+    with the standard-library modules vLLM has already imported when it loads plugins
+    (logging, typing, pathlib) in place."""
+    code = "import logging, typing, pathlib, importlib.util; import ttbundles.serving.plugin"
     done = subprocess.run(
         [sys.executable, "-X", "importtime", "-c", code], capture_output=True, text=True, check=True
     )

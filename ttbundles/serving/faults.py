@@ -55,10 +55,20 @@ def debugging() -> bool:
     return level == "DEBUG" or os.environ.get("TTBUNDLE_DEBUG", "") not in ("", "0")
 
 
-def report_path() -> str:
+def serving_process() -> bool:
+    """Whether this process is `vllm serve` itself (the API server a supervisor runs),
+    not another host of vLLM's configuration (`ttbundle plan`, tests, an in-process
+    `vllm.LLM`), whose exit status and signals are not ours to change."""
+    argv = sys.argv
+    return len(argv) > 1 and argv[1] == "serve" and os.path.basename(argv[0]) in ("vllm", "main.py")
+
+
+def report_path() -> str | None:
     """The report file for engines of this API server (set in the environment, which
-    the engine process inherits)."""
+    the engine process inherits); None outside `vllm serve` (`serving_process`)."""
     path = os.environ.get(REPORT_VARIABLE)
+    if not path and not serving_process():
+        return None
     if not path:
         path = os.path.join(tempfile.gettempdir(), f"ttbundles-engine-{os.getpid()}.report")
         os.environ[REPORT_VARIABLE] = path
