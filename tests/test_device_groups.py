@@ -278,16 +278,16 @@ def test_each_worker_binds_its_own_group_and_sizes_its_own_kv_cache(dp_config, m
 
 
 def test_a_worker_whose_rank_has_no_group_stops_before_the_mesh(dp_config, caplog):
-    """The engine stops cleanly (one error line, exit status 1: `serving.faults`)."""
+    """One error line, and (outside `vllm serve`, as here) the error to the caller."""
     from ttbundles.serving.worker import TTWorker
 
     config = dp_config()
     config.parallel_config.data_parallel_rank_local = 2
     worker = TTWorker(config, 0, 0, "tcp://127.0.0.1:0", True)
-    with pytest.raises(SystemExit) as excinfo:
+    with pytest.raises(ConfigurationError) as excinfo:
         worker.init_device()
-    assert excinfo.value.code == 1
-    assert "TTB212" in caplog.text and "rank 2 has no device group" in caplog.text
+    assert code_of(excinfo) == "TTB212"
+    assert "rank 2 has no device group" in caplog.text
     assert worker.mesh_device is None
 
 

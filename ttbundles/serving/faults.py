@@ -82,7 +82,9 @@ def startup_failed(error: TTBundleError) -> NoReturn:
     line = " ".join(str(error).split("\n"))
     logger.error("ttbundles: the engine cannot start: %s", line)
     _leave_report(line)
-    if debugging():
+    # Outside `vllm serve` (an in-process engine: `ttbundle test`, `vllm.LLM`) the caller
+    # gets the error itself, to report or handle as it does.
+    if debugging() or not os.environ.get(REPORT_VARIABLE):
         raise error
     raise SystemExit(1)
 
