@@ -21,20 +21,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 from ttbundles.demo.checkpoint import write_demo_checkpoint
-from ttbundles.demo.server import serve_environment, start_server, vllm_command
+from ttbundles.demo.server import serve_environment, start_server
 
-
-def _client_env() -> dict[str, str]:
-    """The benchmark client only talks HTTP: no TT platform in it, and no model hub."""
-    env = {k: v for k, v in os.environ.items() if k != "MESH_DEVICE"}
-    env["HF_HUB_OFFLINE"] = "1"
-    return env
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_serve import bench_client  # noqa: E402 - the same client as the serving benchmark
 
 
 def serve_and_measure(checkpoint: Path, workdir: Path, ranks: int, args) -> dict:
@@ -53,49 +48,9 @@ def serve_and_measure(checkpoint: Path, workdir: Path, ranks: int, args) -> dict
     server = start_server(checkpoint, vllm_args=serve_args, env=env, log_path=log_path)
     try:
         startup = server.wait_ready(900.0)
-        command = [
-            *vllm_command(),
-            "bench",
-            "serve",
-            "--backend",
-            "vllm",
-            "--base-url",
-            server.base_url,
-            "--model",
-            str(checkpoint),
-            "--tokenizer",
-            str(checkpoint),
-            "--dataset-name",
-            "random",
-            "--random-input-len",
-            str(args.input_len),
-            "--random-output-len",
-            str(args.output_len),
-            "--num-prompts",
-            str(args.num_prompts),
-            "--max-concurrency",
-            str(args.max_concurrency),
-            "--ignore-eos",
-            "--seed",
-            str(args.seed),
-            "--disable-tqdm",
-            "--save-result",
-            "--result-dir",
-            str(workdir),
-            "--result-filename",
-            "bench-serve.json",
-        ]
-        run = subprocess.run(command, capture_output=True, text=True, env=_client_env())
-        if run.returncode != 0:
-            sys.exit(
-                f"vllm bench serve failed ({run.returncode}):\n{run.stdout[-3000:]}\n"
-                f"{run.stderr[-3000:]}"
-            )
-        result = json.loads((workdir / "bench-serve.json").read_text())
+        result = bench_client(server.base_url, checkpoint, workdir, args)
     finally:
         server.stop()
-    if result["failed"]:
-        sys.exit(f"{result['failed']} requests failed: {set(result['errors']) - {''}}")
     # Decode steps per rank: both engines must have worked for the figure to mean anything.
     files = sorted(workdir.glob("stats*.json"))
     decode_steps = [json.loads(f.read_text()).get("step.decode", 0) for f in files]

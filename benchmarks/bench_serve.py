@@ -80,6 +80,54 @@ def transformers_throughput(checkpoint: Path, args: argparse.Namespace) -> dict:
     }
 
 
+def bench_client(base_url: str, checkpoint: Path, workdir: Path, args: argparse.Namespace) -> dict:
+    """Run `vllm bench serve` (random prompts of `args.input_len`, `args.output_len` out,
+    `args.num_prompts` at `args.max_concurrency`) against `base_url`; its JSON result.
+    Exits the benchmark if the client fails or any request did."""
+    command = [
+        *vllm_command(),
+        "bench",
+        "serve",
+        "--backend",
+        "vllm",
+        "--base-url",
+        base_url,
+        "--model",
+        str(checkpoint),
+        "--tokenizer",
+        str(checkpoint),
+        "--dataset-name",
+        "random",
+        "--random-input-len",
+        str(args.input_len),
+        "--random-output-len",
+        str(args.output_len),
+        "--num-prompts",
+        str(args.num_prompts),
+        "--max-concurrency",
+        str(args.max_concurrency),
+        "--ignore-eos",
+        "--seed",
+        str(args.seed),
+        "--disable-tqdm",
+        "--save-result",
+        "--result-dir",
+        str(workdir),
+        "--result-filename",
+        "bench-serve.json",
+    ]
+    run = subprocess.run(command, capture_output=True, text=True, env=_client_env())
+    if run.returncode != 0:
+        sys.exit(
+            f"vllm bench serve failed ({run.returncode}):\n{run.stdout[-3000:]}\n"
+            f"{run.stderr[-3000:]}"
+        )
+    result = json.loads((workdir / "bench-serve.json").read_text())
+    if result["failed"]:
+        sys.exit(f"{result['failed']} requests failed: {set(result['errors']) - {''}}")
+    return result
+
+
 def serving_throughput(checkpoint: Path, workdir: Path, args: argparse.Namespace) -> dict:
     """Output tokens/s that `vllm bench serve` measures against the demo server."""
     log_path = workdir / "server.log"
@@ -90,50 +138,10 @@ def serving_throughput(checkpoint: Path, workdir: Path, args: argparse.Namespace
     )
     try:
         startup = server.wait_ready()
-        command = [
-            *vllm_command(),
-            "bench",
-            "serve",
-            "--backend",
-            "vllm",
-            "--base-url",
-            server.base_url,
-            "--model",
-            str(checkpoint),
-            "--tokenizer",
-            str(checkpoint),
-            "--dataset-name",
-            "random",
-            "--random-input-len",
-            str(args.input_len),
-            "--random-output-len",
-            str(args.output_len),
-            "--num-prompts",
-            str(args.num_prompts),
-            "--max-concurrency",
-            str(args.max_concurrency),
-            "--ignore-eos",
-            "--seed",
-            str(args.seed),
-            "--disable-tqdm",
-            "--save-result",
-            "--result-dir",
-            str(workdir),
-            "--result-filename",
-            "bench-serve.json",
-        ]
-        run = subprocess.run(command, capture_output=True, text=True, env=_client_env())
-        if run.returncode != 0:
-            sys.exit(
-                f"vllm bench serve failed ({run.returncode}):\n{run.stdout[-3000:]}\n"
-                f"{run.stderr[-3000:]}"
-            )
-        result = json.loads((workdir / "bench-serve.json").read_text())
+        result = bench_client(server.base_url, checkpoint, workdir, args)
         steps = json.loads(stats_path.read_text())  # includes the client's warm-up request
     finally:
         server.stop()
-    if result["failed"]:
-        sys.exit(f"{result['failed']} requests failed: {set(result['errors']) - {''}}")
     return {
         "startup_s": startup,
         "completed": result["completed"],
