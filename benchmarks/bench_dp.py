@@ -29,7 +29,7 @@ from ttbundles.demo.checkpoint import write_demo_checkpoint
 from ttbundles.demo.server import serve_environment, start_server
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_serve import bench_client  # noqa: E402 - the same client as the serving benchmark
+from bench_serve import bench_client, client_summary  # noqa: E402 - the same client as the serving benchmark
 
 
 def serve_and_measure(checkpoint: Path, workdir: Path, ranks: int, args) -> dict:
@@ -57,12 +57,7 @@ def serve_and_measure(checkpoint: Path, workdir: Path, ranks: int, args) -> dict
     return {
         "ranks": ranks,
         "startup_s": startup,
-        "completed": result["completed"],
-        "output_tokens": result["total_output_tokens"],
-        "duration_s": result["duration"],
-        "output_tokens_per_s": result["output_throughput"],
-        "mean_ttft_ms": result["mean_ttft_ms"],
-        "mean_tpot_ms": result["mean_tpot_ms"],
+        **client_summary(result),
         "decode_steps_per_rank": decode_steps,
     }
 

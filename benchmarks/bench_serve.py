@@ -128,6 +128,18 @@ def bench_client(base_url: str, checkpoint: Path, workdir: Path, args: argparse.
     return result
 
 
+def client_summary(result: dict) -> dict:
+    """The figures both serving benchmarks report from a `vllm bench serve` result."""
+    return {
+        "completed": result["completed"],
+        "output_tokens": result["total_output_tokens"],
+        "duration_s": result["duration"],
+        "output_tokens_per_s": result["output_throughput"],
+        "mean_ttft_ms": result["mean_ttft_ms"],
+        "mean_tpot_ms": result["mean_tpot_ms"],
+    }
+
+
 def serving_throughput(checkpoint: Path, workdir: Path, args: argparse.Namespace) -> dict:
     """Output tokens/s that `vllm bench serve` measures against the demo server."""
     log_path = workdir / "server.log"
@@ -144,12 +156,7 @@ def serving_throughput(checkpoint: Path, workdir: Path, args: argparse.Namespace
         server.stop()
     return {
         "startup_s": startup,
-        "completed": result["completed"],
-        "output_tokens": result["total_output_tokens"],
-        "duration_s": result["duration"],
-        "output_tokens_per_s": result["output_throughput"],
-        "mean_ttft_ms": result["mean_ttft_ms"],
-        "mean_tpot_ms": result["mean_tpot_ms"],
+        **client_summary(result),
         "prefill_steps": steps.get("step.prefill", 0),
         "decode_steps": steps.get("step.decode", 0),
         "server_log": str(log_path),

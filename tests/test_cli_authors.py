@@ -14,18 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.bundle_factory import contract_adapter
-
-META = "vllm_metadata.json"
-LEGACY = '{"arch": "DemoForCausalLM", "main_class": "adapter:DemoGenerator"}\n'
-
-
-def no_traceback(done):
-    assert "Traceback" not in done.stderr and "Traceback" not in done.stdout
-    return done
-
-
-def as_json(done):
-    return json.loads(no_traceback(done).stdout)
+from tests.test_cli import META, as_json, no_traceback
 
 
 def mode(path: Path) -> int:
