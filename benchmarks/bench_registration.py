@@ -10,9 +10,11 @@ ModelRegistry. Three states of the index of checked bundles (`ttbundles.registry
 - warm index: the folder's `.ttbundles-index.json`, as `ttbundle install` writes it;
 - warm user cache: the user cache a cold start wrote, for a folder nobody installs into.
 
-Each against two baselines over the same files, in the same run, interleaved:
+Each against baselines over the same files, in the same run, interleaved:
 
 - floor: reading and `json.load`-ing every vllm_metadata.json;
+- parse bound: the floor plus reading and `ast.parse`-ing every adapter, the least any
+  start that parses each adapter can cost (what bounds the cold start from below);
 - reference loop: what the reference Tenstorrent plugin does (json.load,
   `sys.path.append`, `register_model`, no validation), for scale.
 
@@ -51,6 +53,16 @@ def floor(root: Path) -> None:
     for child in bundles(root):
         with open(child / "vllm_metadata.json", encoding="utf-8") as handle:
             json.load(handle)
+
+
+def parse_bound(root: Path) -> None:
+    import ast
+
+    for child in bundles(root):
+        with open(child / "vllm_metadata.json", encoding="utf-8") as handle:
+            json.load(handle)
+        with open(child / "adapter.py", encoding="utf-8") as handle:
+            ast.parse(handle.read())
 
 
 def reference_loop(root: Path) -> None:
@@ -145,7 +157,8 @@ def main() -> None:
     import vllm.model_executor.models.registry  # noqa: F401 - loaded before timing, as in vLLM
 
     os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="bench-registration-cache-")
-    kinds = {"floor": floor, "reference": reference_loop, "cold": cold}
+    kinds = {"floor": floor, "parse_bound": parse_bound, "reference": reference_loop}
+    kinds["cold"] = cold
     kinds.update(warm_index=warm_index, warm_user=warm_user)
     results = []
     for count in args.counts:
@@ -165,14 +178,15 @@ def main() -> None:
                 row[f"{name}_ms"] = median[name] * 1e3
                 if name != "floor":
                     row[f"{name}_ratio"] = median[name] / median["floor"]
+            row["cold_vs_parse_bound"] = median["cold"] / median["parse_bound"]
             results.append(row)
     imports = import_time()
     if args.json:
         print(json.dumps({"results": results, "import": imports}, indent=2))
         return
     print(
-        f"{'bundles':>8} {'floor':>9} {'reference':>10} {'cold':>15} {'warm index':>15} "
-        f"{'warm user':>15}  adapter imports"
+        f"{'bundles':>8} {'floor':>9} {'parse bound':>12} {'reference':>10} {'cold':>15} "
+        f"{'warm index':>15} {'warm user':>15}  adapter imports"
     )
     for r in results:
         cells = []
@@ -180,10 +194,15 @@ def main() -> None:
             ok = "" if r[f"{name}_ratio"] <= TARGETS[name] else "!"
             cells.append(f"{r[name + '_ms']:>6.1f}ms {r[name + '_ratio']:>5.2f}x{ok or ' '}")
         print(
-            f"{r['bundles']:>8} {r['floor_ms']:>7.2f}ms {r['reference_ratio']:>9.2f}x "
+            f"{r['bundles']:>8} {r['floor_ms']:>7.2f}ms {r['parse_bound_ratio']:>11.2f}x "
+            f"{r['reference_ratio']:>9.2f}x "
             + " ".join(f"{c:>15}" for c in cells)
             + f"  {r['adapter_imports']}"
         )
+    print(
+        "cold vs the parse bound: "
+        + ", ".join(f"{r['cold_vs_parse_bound']:.2f}x at {r['bundles']}" for r in results)
+    )
     print(
         "ratios vs the floor; ! = over its goal (cold 2x, warm 1x); "
         f"import ttbundles.serving.plugin: {imports['plugin_us'] / 1e3:.2f} ms cumulative, "

@@ -315,6 +315,23 @@ def test_leftovers_without_a_lock_are_removed_by_the_next_install(tmp_path: Path
     assert names(models) == [LOCK_FILE, "demo", "other"]
 
 
+def test_a_registry_index_write_cut_short_is_reported_then_removed(tmp_path: Path):
+    """Install writes the folder's index under the folder lock: a temporary index file
+    found with that lock free is a killed write's. `list` reports it; the next install
+    removes it; the index itself is whole."""
+    models = tmp_path / "models"
+    install(make_archive(tmp_path, "1.0.0"), models)
+    temp = models / f".{INDEX_FILE}.k1ll3d.tmp"
+    temp.write_text('{"format": 2, "bund')  # what a write killed midway leaves
+    (diagnostic,) = leftover_diagnostics([models])
+    assert diagnostic.code == "TTB094" and diagnostic.file == str(temp)
+    assert "registry index" in diagnostic.message
+    result = install(make_archive(tmp_path, "1.0.0", name="other"), models)
+    assert temp in result.removed_leftovers and not temp.exists()
+    assert leftover_diagnostics([models]) == []
+    assert sorted(json.loads((models / INDEX_FILE).read_text())["bundles"]) == ["demo", "other"]
+
+
 def test_a_replace_cut_between_its_renames_is_put_back(tmp_path: Path):
     """`.old-<name>-*` with `<name>` missing: the old bundle, complete: restored, not lost."""
     models = tmp_path / "models"

@@ -158,6 +158,9 @@ def test_a_changed_metadata_file_or_a_new_module_is_checked_afresh(make_bundle, 
     # A module the check did not read appears: the folder's own mtime changes.
     (folder / "adapter.py").rename(folder / "other.py")
     assert by_name(compute(env(models)), "good").reason.startswith("TTB050")
+    # A record of a module not found watches the folder: the module appearing is seen.
+    (folder / "other.py").rename(folder / "adapter.py")
+    assert by_name(compute(env(models)), "good").status is Status.REGISTERED
 
 
 def test_install_and_uninstall_write_the_folder_index(tmp_path):
@@ -189,7 +192,7 @@ def test_an_index_that_does_not_apply_is_ignored(make_bundle, tmp_path, damage):
     data = json.loads(path.read_text())
     # A record claiming the bundle is fine while its adapter is not: used only if trusted.
     _rewrite(folder / "adapter.py", SYNTAX_ERROR)
-    data["bundles"]["good"]["key"] = index_module.examine(folder).key
+    data["bundles"]["good"][0] = index_module.examine(folder).key
     if damage == "garbage":
         path.write_text("{not json")
     elif damage == "other checker":
@@ -224,3 +227,54 @@ def test_the_index_is_replaced_atomically(make_bundle, tmp_path):
     assert (models / INDEX_FILE).stat().st_ino != inode  # a new file, renamed into place
     assert len(json.loads((models / INDEX_FILE).read_text())["bundles"]) == 50
     assert not [p for p in models.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_registration_checks_that_the_class_exists_not_its_contract(make_bundle, tmp_path):
+    """A class that is found but breaks the contract is `validate`'s to report (TTB053
+    and the like): registration only skips a bundle whose class cannot be found, and
+    follows an import to where the class is defined (both files key the record)."""
+    models = tmp_path / "models"
+    make_bundle("thin", adapter="class DemoGenerator:\n    pass\n", parent=models)
+    folder = make_bundle(
+        "split",
+        metadata={"arch": "SplitForCausalLM"},
+        adapter="from .impl import DemoGenerator\n",
+        files={"impl.py": make_bundle.adapter},
+        parent=models,
+    )
+    registry = compute(env(models))
+    assert by_name(registry, "thin").status is Status.REGISTERED
+    assert by_name(registry, "split").status is Status.REGISTERED
+    assert [k for k in index_module.examine(folder).key if isinstance(k, str)] == [
+        "vllm_metadata.json",
+        "adapter.py",
+        "impl.py",
+    ]
+    _rewrite(folder / "impl.py", "class Other:\n    pass\n")
+    assert by_name(compute(env(models)), "split").reason.startswith("TTB052")
+
+
+def test_a_bundle_from_the_index_is_read_again_only_when_looked_into(make_bundle, tmp_path):
+    """The index keeps a summary of each document, not the document: the served bundle's
+    file is read and validated again. If it no longer validates although its size and
+    mtime are the same (edited behind the index's back), that is a clean configuration
+    error naming the file, not a crash."""
+    models = tmp_path / "models"
+    folder = make_bundle("good", parent=models)
+    index_module.write_folder_index(models)
+    raw = (models / INDEX_FILE).read_text()
+    assert '"description"' not in raw  # what selection does not read is not kept
+    good = by_name(compute(env(models)), "good")
+    assert good._metadata is None and good.metadata.name == "good"
+
+    file = folder / "vllm_metadata.json"
+    text, stat = file.read_text(), file.stat()
+    broken_text = text.replace('"good"', '"GOOD"', 1)  # same length; not a valid name
+    assert len(broken_text) == len(text) and broken_text != text
+    file.write_text(broken_text)
+    os.utime(file, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    good = by_name(compute(env(models)), "good")
+    assert good.status is Status.REGISTERED  # the key still matches
+    with pytest.raises(ConfigurationError) as raised:
+        good.metadata  # noqa: B018
+    assert raised.value.diagnostics[0].file == str(file)

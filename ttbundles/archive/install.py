@@ -329,16 +329,34 @@ def _complete(folder: Path) -> bool:
         return False
 
 
+def _index_temps(models_dir: Path) -> list[Path]:
+    """Temporary files of a registry index write (`registry.index`): an install or
+    uninstall writes the folder's index under the folder lock, so one found while that
+    lock is held or free is left by a process that died mid-write."""
+    from ttbundles.registry.index import INDEX_FILE
+
+    prefix = f".{INDEX_FILE}."
+    with os.scandir(models_dir) as it:
+        return sorted(
+            models_dir / e.name
+            for e in it
+            if e.name.startswith(prefix) and e.name.endswith(".tmp") and not e.is_dir()
+        )
+
+
 @dataclass
 class _Sweep:
     """Dead operations claimed under the folder lock; removed after it is released."""
 
     claims: list[tuple[_Hold, list[Path]]] = field(default_factory=list)
     restored: list[Path] = field(default_factory=list)
+    # Index writes cut short: no operation lock, dead because the folder lock is ours.
+    temps: list[Path] = field(default_factory=list)
 
     def finish(self) -> list[Path]:
         """Remove what was claimed; the entries removed."""
-        removed = []
+        removed = [p for p in self.temps if _remove(p)]
+        self.temps = []
         for hold, paths in self.claims:
             try:
                 removed.extend(p for p in paths if _remove(p))
@@ -354,7 +372,7 @@ def _sweep(models_dir: Path) -> _Sweep:
     A dead `.old-<name>-*` whose `<name>` is missing and which holds a complete bundle is
     put back: a replace was cut between its two renames.
     """
-    sweep = _Sweep()
+    sweep = _Sweep(temps=_index_temps(models_dir))
     for token, entries in _entries(models_dir).items():
         state, _ = _lock_state(_op_lock_path(models_dir, token))
         if state not in ("free", "missing"):
@@ -399,6 +417,23 @@ def leftover_diagnostics(models_dirs: Iterable[Path]) -> list[Diagnostic]:
                 if not os.path.lexists(path):
                     continue  # finished meanwhile
                 found.append(_leftover_diagnostic(kind, name, path, models_dir, why))
+        try:
+            temps = _index_temps(models_dir)
+        except OSError:
+            temps = []
+        if temps and _lock_state(models_dir / LOCK_FILE)[0] in ("free", "missing"):
+            found.extend(
+                Diagnostic(
+                    "TTB094",
+                    Severity.WARNING,
+                    "temporary file of a registry index write cut short (an install or "
+                    "uninstall was killed); not read by vLLM",
+                    file=str(path),
+                    hint="the next 'ttbundle install' or 'ttbundle uninstall' in this "
+                    "folder removes it (or delete it)",
+                )
+                for path in temps
+            )
     return sorted(found, key=lambda d: d.file or "")
 
 

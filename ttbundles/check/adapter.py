@@ -87,12 +87,19 @@ class SourceRoots:
 
 
 def check_adapter(
-    bundle_dir: Path, metadata: BundleMetadata, *, read: list[Path] | None = None
+    bundle_dir: Path,
+    metadata: BundleMetadata,
+    *,
+    read: list[Path] | None = None,
+    contract: bool = True,
 ) -> list[Diagnostic]:
     """Every contract problem of the bundle's main class that shows in its source.
 
     `read`, when given, receives every source file parsed: what the outcome depends on
-    (the registry's index keys a bundle's check by them).
+    (the registry's index keys a bundle's check by them). `contract=False` is
+    registration's check: only whether the class can be found (module present, parses,
+    defines or imports the class; TTB050-052), without walking its body and bases for the
+    contract, which is `validate`'s to report and costs as much again as the parse.
     """
     meta_file = str(bundle_dir / METADATA_FILE)
     roots = SourceRoots(folders=(bundle_dir,))
@@ -131,7 +138,7 @@ def check_adapter(
                 "TTB050", Severity.ERROR, message, file=meta_file, pointer="/main_class", hint=hint
             )
         ]
-    finder = _ClassFinder(roots)
+    finder = _ClassFinder(roots, shallow=not contract)
     if read is not None:
         finder.read = read
     try:
@@ -150,6 +157,8 @@ def check_adapter(
                 else f"define class {metadata.class_name} in {path.name}",
             )
         ]
+    if not contract:
+        return []
     return _contract_diagnostics(info, metadata, meta_file)
 
 
@@ -279,9 +288,13 @@ class _ClassFinder:
     """Follows class definitions and imports inside the source roots (and, with
     `follow_environment`, into the serving environment for modules outside them)."""
 
-    def __init__(self, roots: SourceRoots, *, follow_environment: bool = False):
+    def __init__(
+        self, roots: SourceRoots, *, follow_environment: bool = False, shallow: bool = False
+    ):
         self.roots = roots
         self.follow_environment = follow_environment
+        # Only where the class is defined, not what its body and bases hold.
+        self.shallow = shallow
         self._trees: dict[Path, ast.Module] = {}
         self.read: list[Path] = []
 
@@ -326,6 +339,8 @@ class _ClassFinder:
         tree = self.parse(path)
         for node in tree.body:
             if isinstance(node, ast.ClassDef) and node.name == name:
+                if self.shallow:
+                    return ClassInfo(file=path, line=node.lineno)
                 return self._class_info(path, module, node, depth)
         target = self._imported(tree, module, path, name)
         if target is not None:

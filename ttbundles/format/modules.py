@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 SKIP_DIRS = {"__pycache__", ".git", ".hg", ".svn", ".bzr", ".venv", "node_modules"}
@@ -9,10 +10,11 @@ SKIP_DIRS = {"__pycache__", ".git", ".hg", ".svn", ".bzr", ".venv", "node_module
 
 def module_file(root: Path, module: str) -> Path | None:
     """The file of dotted `module` under `root` (`a.b` -> a/b.py or a/b/__init__.py)."""
-    base = root.joinpath(*module.split("."))
-    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
-        if candidate.is_file():
-            return candidate
+    # Strings, not Paths: registration looks up every bundle's module in every process.
+    base = os.path.join(str(root), *module.split("."))
+    for candidate in (base + ".py", base + "/__init__.py"):
+        if os.path.isfile(candidate):
+            return Path(candidate)
     return None
 
 

@@ -5,8 +5,10 @@ checking a bundle costs most in its adapter (`ast.parse`) and in strict validati
 metadata. What that check says depends only on the bundle's files, so it is kept in an
 index keyed by them: the bundle folder's own (mtime, inode), then (size, mtime, inode) of
 `vllm_metadata.json` and of every adapter source the check parsed. A bundle whose key
-still matches is taken from the index without reading its files; a changed or unknown
-one is checked afresh. What depends on the environment (requirements against installed
+still matches is taken from the index without reading its files (a summary of its
+document serves selection; the document is read and validated again only for the bundle
+a process looks into, such as the one it serves); a changed or unknown one is checked
+afresh. What depends on the environment (requirements against installed
 versions, `when`, the mesh, selection) is never kept: it is decided in each process.
 
 Two places hold an index for a models folder, both written atomically (a temporary file
@@ -24,6 +26,7 @@ A record says what the check found, never more: an index that cannot be read or 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -32,12 +35,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ttbundles.errors import Diagnostic, Severity
+from ttbundles.errors import ConfigurationError, Diagnostic, Severity
 from ttbundles.format.metadata import METADATA_FILE, NO_EXTENSIONS, BundleMetadata
 from ttbundles.format.parse import load_metadata
 
 INDEX_FILE = ".ttbundles-index.json"
-FORMAT = 1
+FORMAT = 2
 
 # The adapter findings that make registration skip a bundle: its class cannot be found
 # (the module is missing, does not parse, cannot be read, or does not define the class).
@@ -48,9 +51,11 @@ SKIPPING = frozenset({"TTB003", "TTB050", "TTB051", "TTB052"})
 _CHECKER_FILES = ("check/adapter.py", "format/metadata.py", "format/parse.py", "registry/index.py")
 
 
+@functools.cache
 def checker() -> list[list[int]]:
     """(size, mtime) of the modules that decide a check: an upgrade or an edit of
-    ttbundles invalidates every index it wrote."""
+    ttbundles invalidates every index it wrote. Taken once a process: the code that
+    checks is the code loaded (callers do not modify the list)."""
     root = Path(__file__).resolve().parent.parent
     out = []
     for rel in _CHECKER_FILES:
@@ -63,7 +68,7 @@ def checker() -> list[list[int]]:
     return out
 
 
-@dataclass
+@dataclass(slots=True)
 class Record:
     """What checking one bundle folder found, independent of the environment."""
 
@@ -79,59 +84,77 @@ class Record:
     metadata: BundleMetadata | None = None
     # The metadata validated (kept when `metadata` is not built yet).
     valid: bool = True
-    # From an index: the document as JSON text (parsed only to build the model) and
-    # what selection reads of it (`summary`).
-    document_text: str | None = None
+    # From an index: what selection reads of the document (`summary`), and the folder
+    # the document is read from again when a process looks into the bundle.
     summary: dict | None = None
+    folder: str | None = None
 
     def selection(self) -> dict | None:
         """What `registry.Facts` reads: the summary, else the document itself."""
         return self.summary if self.summary is not None else self.document
 
-    def to_json(self) -> dict:
-        document = self.document if self.valid else None
-        if document is None and self.valid and self.document_text is not None:
-            document = json.loads(self.document_text)
-        return {
-            "key": self.key,
-            # Text inside the index: parsing a string is far cheaper than a structure,
-            # and only the served bundle's document is ever parsed.
-            "document": json.dumps(document) if document is not None else None,
-            "summary": _summary(document) if document is not None else None,
-            "legacy": self.legacy,
-            "capabilities": self.capabilities,
-            "diagnostics": [d.to_dict() for d in self.diagnostics],
-            "arch": self.arch,
-            "valid": self.metadata is not None,
-        }
+    def to_json(self, shared: dict[str, int]) -> list:
+        """The stored form: a list, not an object, and each distinct capabilities dict
+        stored once for the whole index (`shared` maps its JSON to its position), since
+        parsing the index is most of what a warm start costs."""
+        summary = self.summary
+        if summary is None and self.valid and self.document is not None:
+            summary = _summary(self.document)
+        capabilities = None
+        if self.capabilities is not None:
+            text = json.dumps(self.capabilities, sort_keys=True)
+            capabilities = shared.setdefault(text, len(shared))
+        diagnostics = [d.to_dict() for d in self.diagnostics] if self.diagnostics else 0
+        flags = (1 if self.valid else 0) | (2 if self.legacy else 0)
+        return [self.key, summary, capabilities, diagnostics, self.arch, flags]
 
     @classmethod
-    def from_json(cls, data: dict) -> Record:
-        found = data["diagnostics"]
+    def from_json(cls, data: list, shared: list[dict], folder: str) -> Record:
+        key, summary, capabilities, found, arch, flags = data
         diagnostics = (
             [Diagnostic(**{**d, "severity": Severity(d["severity"])}) for d in found]
             if found
             else []
         )
         record = cls(
-            data["key"],
+            key,
             None,
-            data["legacy"],
-            data["capabilities"],
+            bool(flags & 2),
+            shared[capabilities] if capabilities is not None else None,
             diagnostics,
-            data["arch"],
+            arch,
         )
-        record.valid = data["valid"]
-        record.document_text = data["document"]
-        record.summary = data["summary"]
+        record.valid = bool(flags & 1)
+        record.summary = summary
+        record.folder = folder
         return record
 
     def materialize(self) -> BundleMetadata | None:
-        """The metadata model (validated again from the document: done only for the
-        bundles a process looks into, such as the one it serves)."""
-        if self.document is None and self.document_text is not None:
-            self.document = json.loads(self.document_text)
-        if self.metadata is None and self.valid and self.document is not None:
+        """The metadata model: for a record from an index, validated again from the
+        bundle's file, which is done only for the bundles a process looks into (such as
+        the one it serves)."""
+        if self.metadata is not None or not self.valid:
+            return self.metadata
+        if self.document is None and self.folder is not None:
+            loaded = load_metadata(Path(self.folder))
+            errors = [d for d in loaded.diagnostics if d.is_error]
+            if loaded.metadata is None or errors:
+                # Valid when indexed, with the same files: it was changed since.
+                raise ConfigurationError(
+                    errors
+                    or [
+                        Diagnostic(
+                            "TTB003",
+                            Severity.ERROR,
+                            "the metadata changed while the server was starting",
+                            file=f"{self.folder}/{METADATA_FILE}",
+                            hint="start the server again once the bundle is in place",
+                        )
+                    ]
+                )
+            self.metadata = loaded.metadata
+            return self.metadata
+        if self.document is not None:
             plain = not _has_extensions(self.document)
             metadata = BundleMetadata.model_validate(self.document, context={NO_EXTENSIONS: plain})
             if self.legacy:
@@ -147,7 +170,9 @@ def _summary(document: dict) -> dict:
         for key in ("name", "version", "arch", "main_class", "main_class_source", "when")
         if key in document
     }
-    summary["targets"] = dict.fromkeys(document.get("targets") or {})
+    targets = document.get("targets")
+    if targets:
+        summary["targets"] = dict.fromkeys(targets)
     requires = document.get("requires")
     if requires:
         summary["requires"] = requires
@@ -165,54 +190,63 @@ def _has_extensions(document: Any) -> bool:
     return False
 
 
-def _stat(path: str) -> os.stat_result | None:
+def _key(folder: str, files: list[str]) -> list | None:
+    """(mtime, inode) of the folder, then (name, size, mtime, inode) of each file, flat.
+
+    The files' change when they are rewritten or replaced; the folder's when a file
+    appears, goes or is renamed in it, which matters only where the check looked for a
+    file and did not find it (a missing module, a class imported from a missing file).
+    For a bundle whose class was found the outcome depends only on the files read, so
+    `examine` blanks the folder's part and it is not looked at (one system call a bundle
+    less, in every process).
+    """
     try:
-        return os.stat(path)
+        top = os.stat(folder)
+        key: list = [top.st_mtime_ns, top.st_ino]
+        for rel in files:
+            st = os.stat(folder + "/" + rel)
+            key += (rel, st.st_size, st.st_mtime_ns, st.st_ino)
     except OSError:
         return None
-
-
-def _key(folder: Path, files: list[Path]) -> list | None:
-    base = str(folder)
-    top = _stat(base)
-    if top is None:
-        return None
-    key: list = [[".", top.st_mtime_ns, top.st_ino]]
-    for file in files:
-        rel = os.path.relpath(file, base)
-        st = _stat(os.path.join(base, rel))
-        if st is None:
-            return None
-        key.append([rel, st.st_size, st.st_mtime_ns, st.st_ino])
     return key
 
 
 def matches(key: list | None, folder: str, top: os.stat_result | None = None) -> bool:
-    """Whether a bundle's files are still those its record was made from."""
+    """Whether a bundle's files are still those its record was made from (`top`: the
+    folder's stat, where the caller has it)."""
     if not key:
         return False
-    if top is None:
-        top = _stat(folder)
-    first = key[0]
-    if top is None or first[1] != top.st_mtime_ns or first[2] != top.st_ino:
+    try:
+        if key[0] is not None:
+            if top is None:
+                top = os.stat(folder)
+            if key[0] != top.st_mtime_ns or key[1] != top.st_ino:
+                return False
+        for at in range(2, len(key), 4):
+            st = os.stat(folder + "/" + key[at])
+            if (
+                st.st_mtime_ns != key[at + 2]
+                or st.st_size != key[at + 1]
+                or st.st_ino != key[at + 3]
+            ):
+                return False
+    except OSError:
         return False
-    for rel, size, mtime, ino in key[1:]:
-        st = _stat(folder + "/" + rel)
-        if st is None or st.st_mtime_ns != mtime or st.st_size != size or st.st_ino != ino:
-            return False
     return True
 
 
 def examine(folder: Path) -> Record | None:
     """Check one bundle folder as registration does: metadata (strictly validated), then
-    the adapter statically (`SKIPPING`); None when the folder holds no metadata."""
+    whether the adapter's class can be found (`SKIPPING`; the rest of the contract is
+    `validate`'s); None when the folder holds no metadata."""
     from ttbundles.check.adapter import check_adapter
 
-    before = _key(folder, [folder / METADATA_FILE])
+    base = str(folder)
+    before = _key(base, [METADATA_FILE])
     loaded = load_metadata(folder)
     if loaded.metadata is None and loaded.diagnostics and loaded.diagnostics[0].code == "TTB002":
         return None
-    files = [folder / METADATA_FILE]
+    files = [METADATA_FILE]
     diagnostics = list(loaded.diagnostics)
     meta = loaded.metadata
     document = loaded.document if isinstance(loaded.document, dict) else None
@@ -230,12 +264,21 @@ def examine(folder: Path) -> Record | None:
     clean = meta is not None and not any(d.is_error for d in diagnostics)
     if clean and meta.main_class_source == "bundle":
         read: list[Path] = []
-        found = check_adapter(folder, meta, read=read)
+        found = check_adapter(folder, meta, read=read, contract=False)
         diagnostics.extend(d for d in found if d.is_error and d.code in SKIPPING)
-        files.extend(read)
-    after = _key(folder, files)
+        inside = base + "/"
+        files.extend(
+            str(p)[len(inside) :] if str(p).startswith(inside) else os.path.relpath(p, base)
+            for p in read
+        )
+    # The folder is watched unless the check found the class (see `_key`); an invalid
+    # document may become valid by a file appearing too (a legacy bundle's module).
+    found_class = clean and not any(d.code in SKIPPING for d in diagnostics)
+    after = _key(base, files)
     if before is not None and after is not None and after[: len(before)] == before:
         record.key = after
+        if found_class:
+            record.key[:2] = [None, None]
     return record
 
 
@@ -252,30 +295,36 @@ def _user_file(resolved: str) -> Path:
     return user_cache_dir() / f"index-{digest}.json"
 
 
-def _read(path: Path, resolved: str, fingerprint: list) -> dict[str, dict]:
+def _read(path: Path, resolved: str, fingerprint: list) -> tuple[dict[str, list], list[dict]]:
+    """The records of an index, and its shared capabilities; nothing when it is not one
+    this code wrote for this folder."""
     try:
         with open(path, encoding="utf-8") as handle:
-            data = json.load(handle)
+            data = json.loads(handle.read())
     except (OSError, ValueError):
-        return {}
+        return {}, []
     if (
         not isinstance(data, dict)
         or data.get("format") != FORMAT
         or data.get("folder") != resolved
         or data.get("checker") != fingerprint
         or not isinstance(data.get("bundles"), dict)
+        or not isinstance(data.get("capabilities"), list)
     ):
-        return {}
-    return data["bundles"]
+        return {}, []
+    return data["bundles"], data["capabilities"]
 
 
 def _write(path: Path, resolved: str, fingerprint: list, records: dict[str, Record]) -> bool:
     """Write an index atomically (temporary file, then rename); False where it cannot."""
+    shared: dict[str, int] = {}
+    bundles = {name: r.to_json(shared) for name, r in sorted(records.items()) if r.key is not None}
     data = {
         "format": FORMAT,
         "folder": resolved,
         "checker": fingerprint,
-        "bundles": {name: r.to_json() for name, r in sorted(records.items()) if r.key is not None},
+        "capabilities": [json.loads(text) for text in shared],
+        "bundles": bundles,
     }
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -301,18 +350,33 @@ class Index:
         self.folder = folder
         self.resolved = str(folder.resolve())
         self.fingerprint = checker()
-        self._shared = _read(folder / INDEX_FILE, self.resolved, self.fingerprint)
-        self._user = _read(_user_file(self.resolved), self.resolved, self.fingerprint)
+        self._sources = [_read(folder / INDEX_FILE, self.resolved, self.fingerprint)]
+        self._user_read = False
         self.current: dict[str, Record] = {}
         self.fresh = 0
 
     def record(self, name: str, top: os.stat_result | None = None) -> Record | None:
-        """The bundle `name`'s record: kept if its files are unchanged, else checked now."""
+        """The bundle `name`'s record: kept if its files are unchanged, else checked now.
+
+        The user cache is read only when the folder's own index lacks the bundle (never,
+        for a folder `ttbundle install` keeps).
+        """
         path = f"{self.folder}/{name}"
-        for source in (self._shared, self._user):
-            raw = source.get(name)
-            if raw is not None and matches(raw.get("key"), path, top):
-                record = Record.from_json(raw)
+        for at in range(2):
+            if at == len(self._sources):
+                if self._user_read:
+                    break
+                self._user_read = True
+                self._sources.append(
+                    _read(_user_file(self.resolved), self.resolved, self.fingerprint)
+                )
+            records, shared = self._sources[at]
+            raw = records.get(name)
+            if raw is not None and matches(raw[0], path, top):
+                try:
+                    record = Record.from_json(raw, shared, path)
+                except (TypeError, ValueError, KeyError, IndexError):
+                    continue  # not a record this code wrote: check afresh
                 self.current[name] = record
                 return record
         record = examine(self.folder / name)

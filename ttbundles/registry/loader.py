@@ -29,12 +29,15 @@ _PACKAGE_IN_TEXT = re.compile(
 )
 
 
-def package_name(bundle_dir: Path, bundle_name: str, *, resolved: Path | None = None) -> str:
+_NOT_IN_NAME = re.compile(r"[^0-9a-zA-Z_]")
+
+
+def package_name(bundle_dir: Path, bundle_name: str, *, resolved: Path | str | None = None) -> str:
     """The synthetic package a bundle's modules import under (`resolved`: the folder's
     resolved path, where the caller knows it: resolving costs a system call per path component)."""
     resolved = Path(bundle_dir).resolve() if resolved is None else resolved
     key = hashlib.sha256(str(resolved).encode()).hexdigest()[:_KEY_LENGTH]
-    stem = re.sub(r"[^0-9a-zA-Z_]", "_", bundle_name)
+    stem = _NOT_IN_NAME.sub("_", bundle_name)
     return f"{PACKAGE_PREFIX}{stem}_{key}"
 
 
@@ -56,8 +59,9 @@ class BundleFinder(importlib.abc.MetaPathFinder):
         self._lock = threading.Lock()
 
     def add(self, package: str, folder: Path) -> None:
+        folder = folder if isinstance(folder, Path) else Path(folder)
         with self._lock:
-            self._packages[package] = Path(folder)
+            self._packages[package] = folder
 
     def find_spec(self, fullname, path=None, target=None):  # noqa: ANN001 - importlib API
         folder = self._packages.get(fullname)
@@ -92,7 +96,7 @@ def finder() -> BundleFinder:
 
 
 def qualified_class(
-    bundle_dir: Path, bundle_name: str, main_class: str, *, resolved: Path | None = None
+    bundle_dir: Path, bundle_name: str, main_class: str, *, resolved: Path | str | None = None
 ) -> str:
     """`pkg.module:Class` for a bundle-sourced main class, with its package mapped."""
     package = package_name(bundle_dir, bundle_name, resolved=resolved)

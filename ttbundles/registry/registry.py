@@ -144,7 +144,7 @@ class _When:
         return all(environ.get(k) == v for k, v in self.env.items())
 
 
-@dataclass
+@dataclass(slots=True)
 class Entry:
     """One bundle as the registry sees it.
 
@@ -156,7 +156,7 @@ class Entry:
     source: Source
     _metadata: BundleMetadata | None
     status: Status = Status.REGISTERED
-    reason: str = ""
+    _reason: str = ""
     diagnostics: list[Diagnostic] = field(default_factory=list)
     # A TT_MODEL_CLASS_OVERRIDES entry: the item it comes from.
     override: overrides_.Override | None = None
@@ -168,6 +168,21 @@ class Entry:
     resolved: str | None = None
     # The architecture the metadata claims, even when it did not validate.
     claimed_arch: str | None = None
+    # Why an inactive bundle does not apply (mesh, environment), worded when first read:
+    # most bundles of a large folder are inactive and nobody reads why.
+    _inactive: tuple | None = None
+
+    @property
+    def reason(self) -> str:
+        """Why the bundle has its status ("" when registered)."""
+        if not self._reason and self._inactive is not None:
+            self._reason = _why_inactive(*self._inactive)
+        return self._reason
+
+    @reason.setter
+    def reason(self, value: str) -> None:
+        self._reason = value
+        self._inactive = None
 
     def __post_init__(self) -> None:
         if self.facts is None and self._metadata is not None:
@@ -198,8 +213,9 @@ class Entry:
             return self.facts.main_class
         from ttbundles.registry.loader import qualified_class
 
-        resolved = Path(self.resolved) if self.resolved is not None else None
-        return qualified_class(self.path, self.facts.name, self.facts.main_class, resolved=resolved)
+        return qualified_class(
+            self.path, self.facts.name, self.facts.main_class, resolved=self.resolved
+        )
 
     def to_dict(self) -> dict:
         facts = self.facts
@@ -263,7 +279,9 @@ def compute(
     a mesh that is neither a preset nor a grid (TTB106). The mesh is kept in its canonical
     spelling (`host` is HOST), so bundles' `targets` match it whatever the case.
     """
-    environ = os.environ if environ is None else environ
+    # One snapshot: os.environ encodes each lookup, and selection looks up `when` variables
+    # for every bundle.
+    environ = dict(os.environ if environ is None else environ)
     if mesh is None:
         mesh = canonical(envs.read("MESH_DEVICE", environ))
     else:
@@ -313,7 +331,7 @@ def _scan(
         for found in bundle_names(folder):
             path = child(found.name)
             if kept is not None:
-                record = kept.record(found.name, _stat(found))
+                record = kept.record(found.name)
                 resolved = None if found.is_symlink() else f"{kept.resolved}/{found.name}"
             else:
                 record, resolved = examine(path), None
@@ -321,13 +339,6 @@ def _scan(
                 entries.append(_load(path, source, record, mesh, environ, resolved))
         if kept is not None:
             kept.save_user()
-
-
-def _stat(found: os.DirEntry) -> os.stat_result | None:
-    try:
-        return found.stat()
-    except OSError:
-        return None
 
 
 def _load(
@@ -379,7 +390,7 @@ def _load(
         _capabilities_from_class(entry)
     if not facts.applies_to(mesh, environ):
         entry.status = Status.INACTIVE
-        entry.reason = _why_inactive(facts, mesh, environ)
+        entry._inactive = (facts, mesh, environ)
     return entry
 
 
