@@ -119,3 +119,24 @@ def demo_checkpoint(tmp_path_factory) -> Path:
     from ttbundles.demo.checkpoint import write_checkpoint
 
     return write_checkpoint(tmp_path_factory.mktemp("checkpoint") / "tiny-llama")
+
+
+@pytest.fixture(scope="session")
+def moe_checkpoint(demo_checkpoint, tmp_path_factory) -> Path:
+    """The demo checkpoint relabelled as a Mixtral (a mixture-of-experts config), for the
+    refusals that look only at the config."""
+    import shutil
+
+    moe = tmp_path_factory.mktemp("checkpoint") / "tiny-mixtral"
+    shutil.copytree(demo_checkpoint, moe)
+    config = json.loads((moe / "config.json").read_text())
+    config.update(
+        {
+            "architectures": ["MixtralForCausalLM"],
+            "model_type": "mixtral",
+            "num_local_experts": 4,
+            "num_experts_per_tok": 2,
+        }
+    )
+    (moe / "config.json").write_text(json.dumps(config))
+    return moe

@@ -13,6 +13,9 @@ import pytest
 META = "vllm_metadata.json"
 LEGACY = '{"arch": "DemoForCausalLM", "main_class": "adapter:DemoGenerator"}\n'
 
+# Every diagnostic in a JSON document has exactly these keys (null where not known).
+DIAGNOSTIC_KEYS = {"code", "severity", "message", "file", "pointer", "line", "column", "hint"}
+
 
 def no_traceback(done):
     assert "Traceback" not in done.stderr and "Traceback" not in done.stdout
@@ -100,16 +103,7 @@ def test_validate_json(make_bundle, run_cli):
     ]
     assert all(d["file"] == str(folder / META) for d in path["diagnostics"])
     assert path["diagnostics"][0]["hint"] == "did you mean 'T3K'?"
-    assert set(path["diagnostics"][0]) == {
-        "code",
-        "severity",
-        "message",
-        "file",
-        "pointer",
-        "line",
-        "column",
-        "hint",
-    }
+    assert set(path["diagnostics"][0]) == DIAGNOSTIC_KEYS
 
 
 def test_validate_json_valid_bundle_lists_it(make_bundle, run_cli):

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.bundle_factory import contract_adapter
-from tests.test_cli import META, as_json, no_traceback
+from tests.test_cli import DIAGNOSTIC_KEYS, META, as_json, no_traceback
 
 
 def mode(path: Path) -> int:
@@ -386,16 +386,7 @@ def _envelope(done, code: int) -> dict:
     data = as_json(done)
     assert list(data)[0] == "ok" and list(data)[-1] == "diagnostics"
     for d in data["diagnostics"]:
-        assert set(d) == {
-            "code",
-            "severity",
-            "message",
-            "file",
-            "pointer",
-            "line",
-            "column",
-            "hint",
-        }
+        assert set(d) == DIAGNOSTIC_KEYS
     return data
 
 

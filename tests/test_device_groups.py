@@ -339,22 +339,9 @@ def test_ttbundle_plan_refuses_an_uneven_split_and_a_server_wide_binding(run_cli
 
 
 def test_ttbundle_plan_keeps_refusing_moe_with_several_engines(
-    run_cli, demo_checkpoint, tmp_path, make_bundle
+    run_cli, moe_checkpoint, tmp_path, make_bundle
 ):
-    import shutil
-
-    moe = tmp_path / "tiny-mixtral"
-    shutil.copytree(demo_checkpoint, moe)
-    config = json.loads((moe / "config.json").read_text())
-    config.update(
-        {
-            "architectures": ["MixtralForCausalLM"],
-            "model_type": "mixtral",
-            "num_local_experts": 4,
-            "num_experts_per_tok": 2,
-        }
-    )
-    (moe / "config.json").write_text(json.dumps(config))
+    moe = moe_checkpoint
     make_bundle("mixtral", metadata={"arch": "MixtralForCausalLM"}, parent=tmp_path / "models")
     done = run_cli(
         "plan",
