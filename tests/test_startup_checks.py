@@ -278,3 +278,21 @@ def test_a_bundle_from_the_index_is_read_again_only_when_looked_into(make_bundle
     with pytest.raises(ConfigurationError) as raised:
         good.metadata  # noqa: B018
     assert raised.value.diagnostics[0].file == str(file)
+
+
+def test_requirements_are_checked_from_the_index_without_validating_again(
+    make_bundle, tmp_path
+):
+    models = tmp_path / "models"
+    make_bundle("old-python", metadata={"requires": {"python": "<3"}}, parent=models)
+    make_bundle(
+        "any-python",
+        metadata={"arch": "OtherForCausalLM", "requires": {"python": ">=3"}},
+        parent=models,
+    )
+    index_module.write_folder_index(models)
+    registry = compute(env(models))
+    old, fine = by_name(registry, "old-python"), by_name(registry, "any-python")
+    assert old.status is Status.SKIPPED and old.reason.startswith("TTB100 requires python<3")
+    assert fine.status is Status.REGISTERED
+    assert old._metadata is None and fine._metadata is None  # read from the summary

@@ -371,8 +371,7 @@ def _load(
             entry.reason = f"{first.code} {first.message}" if first else "invalid"
         return entry
     if facts.any_requirement:
-        assert entry.metadata is not None
-        missing = unmet(entry.metadata.requires)
+        missing = unmet(facts.requires)
         if missing:
             entry.status = Status.SKIPPED
             entry.reason = "TTB100 " + "; ".join(missing)

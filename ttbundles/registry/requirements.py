@@ -7,8 +7,10 @@ Versions are read from installed distributions' metadata, never by importing the
 from __future__ import annotations
 
 import platform
+from collections.abc import Mapping
 from functools import lru_cache
 from importlib import metadata as importlib_metadata
+from typing import Any
 
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
@@ -27,11 +29,17 @@ def installed_version(distribution: str) -> str | None:
         return None
 
 
-def unmet(requires: Requires) -> list[str]:
-    """One message per requirement the environment does not meet, naming both versions."""
+def unmet(requires: Requires | Mapping[str, Any]) -> list[str]:
+    """One message per requirement the environment does not meet, naming both versions.
+
+    `requires` is the model or its validated JSON form (what the registry's index keeps,
+    so a bundle with requirements is not validated again just to read them).
+    """
+    if not isinstance(requires, Mapping):
+        requires = requires.model_dump()
     problems: list[str] = []
     for dist in ("python", "vllm", "ttnn"):
-        spec = getattr(requires, dist)
+        spec = requires.get(dist)
         if spec is None:
             continue
         have = installed_version(dist)
@@ -39,7 +47,7 @@ def unmet(requires: Requires) -> list[str]:
             problems.append(f"requires {dist}{spec}, but {dist} is not installed")
         elif not _satisfies(have, SpecifierSet(spec)):
             problems.append(f"requires {dist}{spec}, but {dist} {have} is installed")
-    for item in requires.packages:
+    for item in requires.get("packages") or ():
         req = Requirement(item)
         have = installed_version(req.name)
         if have is None:
