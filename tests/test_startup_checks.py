@@ -280,9 +280,7 @@ def test_a_bundle_from_the_index_is_read_again_only_when_looked_into(make_bundle
     assert raised.value.diagnostics[0].file == str(file)
 
 
-def test_requirements_are_checked_from_the_index_without_validating_again(
-    make_bundle, tmp_path
-):
+def test_requirements_are_checked_from_the_index_without_validating_again(make_bundle, tmp_path):
     models = tmp_path / "models"
     make_bundle("old-python", metadata={"requires": {"python": "<3"}}, parent=models)
     make_bundle(
@@ -296,3 +294,21 @@ def test_requirements_are_checked_from_the_index_without_validating_again(
     assert old.status is Status.SKIPPED and old.reason.startswith("TTB100 requires python<3")
     assert fine.status is Status.REGISTERED
     assert old._metadata is None and fine._metadata is None  # read from the summary
+
+
+def test_a_killed_cache_write_is_cleaned_up_by_a_later_one(make_bundle, tmp_path):
+    """The user cache has no lock: a temporary file older than a write could take is a
+    killed writer's, removed when registration next writes the cache; a fresh one (a
+    writer in another process right now) is left alone."""
+    models = tmp_path / "models"
+    make_bundle("good", parent=models)
+    cache = user_cache_dir()
+    cache.mkdir(parents=True)
+    stale, fresh = cache / ".index-0123.json.dead.tmp", cache / ".index-0123.json.live.tmp"
+    for path in (stale, fresh):
+        path.write_text('{"format": 2, "bund')
+    old = time.time() - index_module.STALE_TEMP_SECONDS - 60
+    os.utime(stale, (old, old))
+    compute(env(models))  # checks the bundle afresh, so writes the cache
+    assert not stale.exists() and fresh.exists()
+    assert len(list(cache.glob("index-*.json"))) == 1

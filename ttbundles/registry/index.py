@@ -26,11 +26,13 @@ A record says what the check found, never more: an index that cannot be read or 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
 import os
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -343,6 +345,30 @@ def _write(path: Path, resolved: str, fingerprint: list, records: dict[str, Reco
     return True
 
 
+# A temporary cache file older than this was left by a process killed while writing it
+# (a write takes milliseconds; processes writing the cache hold no lock to ask).
+STALE_TEMP_SECONDS = 600
+
+
+def _remove_stale_temps(cache_dir: Path) -> None:
+    """Remove the user cache's temporary files that killed writers left behind."""
+    limit = time.time() - STALE_TEMP_SECONDS
+    try:
+        with os.scandir(cache_dir) as it:
+            stale = [
+                e.path
+                for e in it
+                if e.name.startswith(".index-")
+                and e.name.endswith(".tmp")
+                and e.stat(follow_symlinks=False).st_mtime < limit
+            ]
+    except OSError:
+        return
+    for path in stale:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+
+
 class Index:
     """The records of one models folder: its own index, then the user cache."""
 
@@ -390,7 +416,11 @@ class Index:
         found)."""
         if not self.fresh:
             return True
-        return _write(_user_file(self.resolved), self.resolved, self.fingerprint, self.current)
+        path = _user_file(self.resolved)
+        saved = _write(path, self.resolved, self.fingerprint, self.current)
+        if saved:
+            _remove_stale_temps(path.parent)
+        return saved
 
     def save_folder(self) -> bool:
         """Write the folder's own index (what `install` and `uninstall` do)."""
