@@ -213,15 +213,13 @@ def _key(folder: str, files: list[str]) -> list | None:
     return key
 
 
-def matches(key: list | None, folder: str, top: os.stat_result | None = None) -> bool:
-    """Whether a bundle's files are still those its record was made from (`top`: the
-    folder's stat, where the caller has it)."""
+def matches(key: list | None, folder: str) -> bool:
+    """Whether a bundle's files are still those its record was made from."""
     if not key:
         return False
     try:
         if key[0] is not None:
-            if top is None:
-                top = os.stat(folder)
+            top = os.stat(folder)
             if key[0] != top.st_mtime_ns or key[1] != top.st_ino:
                 return False
         for at in range(2, len(key), 4):
@@ -381,35 +379,39 @@ class Index:
         self.current: dict[str, Record] = {}
         self.fresh = 0
 
-    def record(self, name: str, top: os.stat_result | None = None) -> Record | None:
+    def record(self, name: str) -> Record | None:
         """The bundle `name`'s record: kept if its files are unchanged, else checked now.
 
         The user cache is read only when the folder's own index lacks the bundle (never,
         for a folder `ttbundle install` keeps).
         """
         path = f"{self.folder}/{name}"
-        for at in range(2):
-            if at == len(self._sources):
-                if self._user_read:
-                    break
-                self._user_read = True
-                self._sources.append(
-                    _read(_user_file(self.resolved), self.resolved, self.fingerprint)
-                )
-            records, shared = self._sources[at]
-            raw = records.get(name)
-            if raw is not None and matches(raw[0], path, top):
-                try:
-                    record = Record.from_json(raw, shared, path)
-                except (TypeError, ValueError, KeyError, IndexError):
-                    continue  # not a record this code wrote: check afresh
-                self.current[name] = record
-                return record
+        kept = self._kept(self._sources[0], name, path)
+        if kept is None and not self._user_read:
+            self._user_read = True
+            self._sources.append(_read(_user_file(self.resolved), self.resolved, self.fingerprint))
+        if kept is None and len(self._sources) > 1:
+            kept = self._kept(self._sources[1], name, path)
+        if kept is not None:
+            self.current[name] = kept
+            return kept
         record = examine(self.folder / name)
         if record is not None:
             self.fresh += 1
             self.current[name] = record
         return record
+
+    @staticmethod
+    def _kept(source: tuple[dict[str, list], list[dict]], name: str, path: str) -> Record | None:
+        """The bundle's record in one index, if its files still match it."""
+        records, shared = source
+        raw = records.get(name)
+        if raw is None or not matches(raw[0], path):
+            return None
+        try:
+            return Record.from_json(raw, shared, path)
+        except (TypeError, ValueError, KeyError, IndexError):
+            return None  # not a record this code wrote: check afresh
 
     def save_user(self) -> bool:
         """Keep what was checked afresh in the user cache (nothing to do when all was
