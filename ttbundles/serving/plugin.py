@@ -91,9 +91,13 @@ def register_models() -> None:
     With VLLM_PLUGINS unset vLLM calls each name, so this runs twice in one process; the
     registration itself runs once per process and environment (`register_all`).
     """
+    from ttbundles import torchvision_compat
     from ttbundles.errors import TTBundleError
     from ttbundles.serving.registration import register_all
 
+    # Every vLLM process passes here first (the model-inspection subprocess included), so
+    # vLLM's vision modules import torchvision in each of them (see torchvision_compat).
+    torchvision_compat.install()
     try:
         register_all()
     except TTBundleError:
