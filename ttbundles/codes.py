@@ -43,6 +43,7 @@ CODES: dict[str, str] = {
     "TTB060": "importing the adapter failed",
     "TTB061": "importing the adapter timed out",
     "TTB062": "a contract method has an incompatible signature",
+    "TTB063": "the generator refused the configuration while loading (it raised)",
     # Across bundles
     "TTB070": "two bundles share a name",
     "TTB071": (

@@ -557,11 +557,30 @@ class DeepseekV3ForCausalLM(_Wrapped):
 # --------------------------------------------------------------------------------------
 
 
-class T3000LlamaLegacy(_Wrapped):
+class T3000GenerationBase(_Wrapped):
+    """`models/demos/t3000/llama2_70b/tt/llama_generation.py` (stored @01143c81)
+    `TtLlamaModelForGeneration`, the base both adapter versions derive from:
+    `decode_forward(tokens, start_pos, page_table=None, kv_cache=None)` returning logits
+    `[B, 1, V]`, and `prefill_forward(tokens, start_pos, page_table=None, kv_cache=None,
+    prompt_lens=None)`. No `enable_trace`, no `read_from_device`: a keyword the worker
+    forwards through the adapter's `**kwargs` raises TypeError here, as on a card."""
+
+    def decode_forward(self, tokens, start_pos, page_table=None, kv_cache=None):
+        record("decode_forward")
+        return self.core.decode_forward(tokens, start_pos, page_table, kv_cache, reset_batch=True)[
+            0
+        ]
+
+    def prefill_forward(self, tokens, start_pos, page_table=None, kv_cache=None, prompt_lens=None):
+        assert start_pos == 0
+        record("prefill_forward")
+        return self.core.prefill_forward(tokens, page_table, kv_cache, prompt_lens)
+
+
+class T3000LlamaLegacy(T3000GenerationBase):
     """`models/demos/t3000/llama2_70b/tt/generator_vllm.py` @6f2ab0bf `TtLlamaForCausalLM`:
     `initialize_vllm_model(hf_config, t3k_mesh_device, max_batch_size)` and nothing else;
-    prefill of four arguments; the base's decode `(tokens, start_pos, page_table=None,
-    kv_cache=None, enable_trace=False, read_from_device=True)` returning logits."""
+    prefill of four arguments into the base's with `start_pos=0`; the base's decode."""
 
     @classmethod
     def initialize_vllm_model(cls, hf_config, t3k_mesh_device, max_batch_size):
@@ -572,28 +591,14 @@ class T3000LlamaLegacy(_Wrapped):
         return self.core.allocate_kv_cache(kv_cache_shape, dtype, num_layers)
 
     def prefill_forward(self, tokens: torch.Tensor, page_table, kv_cache, prompt_lens):
-        record("prefill_forward")
-        return self.core.prefill_forward(tokens, page_table, kv_cache, prompt_lens)
-
-    def decode_forward(
-        self,
-        tokens,
-        start_pos,
-        page_table=None,
-        kv_cache=None,
-        enable_trace=False,
-        read_from_device=True,
-    ):
-        record("decode_forward", enable_trace=enable_trace)
-        return self.core.decode_forward(tokens, start_pos, page_table, kv_cache, reset_batch=True)[
-            0
-        ]
+        return super().prefill_forward(tokens, 0, page_table, kv_cache, prompt_lens)
 
 
 class T3000LlamaV1(T3000LlamaLegacy):
     """The same file @0b1e81be: decode contract v1 with the four commands keyword-only
     and required, anything but a full host reload refused (`require_full_input_reload`),
-    `slot_remap` accepted and ignored; the mesh parameter renamed `mesh_device`."""
+    `slot_remap` accepted and ignored, and the rest forwarded whole to the base's
+    `decode_forward(*args, **kwargs)`; the mesh parameter renamed `mesh_device`."""
 
     decode_input_update_contract = 1
 

@@ -255,7 +255,10 @@ def _contract_diagnostics(
         )
     if info.capabilities is not None:
         out.extend(agreement(info.capabilities, caps, name, meta_file))
-    elif partial:
+    elif not partial:
+        # Every base was read and none defines the dict: nothing is supported.
+        out.extend(agreement(ClassCapabilities(absent=True), caps, name, meta_file))
+    else:
         # The dict may come from a base outside the bundle; say so where it matters.
         out.extend(
             agreement(

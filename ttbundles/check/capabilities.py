@@ -42,6 +42,9 @@ class ClassCapabilities:
     open: tuple[str, str] | None = None
     where: str | None = None
     """`file:line` of the definition, for hints."""
+    absent: bool = False
+    """No class seen defines the attribute at all: TT-Metal and the reference plugin read
+    that as "nothing supported", so every declared capability is compared with False."""
 
     def update(self, other: ClassCapabilities) -> None:
         """Apply `other` over these, as a later `**other` entry of a dict literal does."""
@@ -92,12 +95,19 @@ def agreement(
             continue
         supported = caps.values.get(key, False)
         if on and not supported:
-            state = (
-                f"has {key!r}: False"
-                if key in caps.values
-                else f"does not list {key!r} (TT-Metal reads an absent key as not supported, "
-                "and a class's dict replaces the one it inherits)"
-            )
+            if caps.absent:
+                state = (
+                    f"is not defined: {class_name} and its bases have no "
+                    f"{CAPABILITIES_ATTRIBUTE}, which TT-Metal and the reference plugin read as "
+                    f"nothing supported, so {key!r} is off"
+                )
+            elif key in caps.values:
+                state = f"has {key!r}: False"
+            else:
+                state = (
+                    f"does not list {key!r} (TT-Metal reads an absent key as not supported, "
+                    "and a class's dict replaces the one it inherits)"
+                )
             out.append(
                 Diagnostic(
                     "TTB056",
@@ -125,8 +135,13 @@ def agreement(
     return out
 
 
-def from_mapping(values: Mapping[str, object], where: str | None = None) -> ClassCapabilities:
-    """A real `model_capabilities` dict (read by `--import`), as TT-Metal reads it."""
+def from_mapping(
+    values: Mapping[str, object] | None, where: str | None = None
+) -> ClassCapabilities:
+    """A real `model_capabilities` dict (read by `--import`), as TT-Metal reads it; None
+    when the class has no such attribute (nothing supported)."""
+    if values is None:
+        return ClassCapabilities(absent=True, where=where)
     return ClassCapabilities(
         values={key: bool(values[key]) for key in CAPABILITY_KEYS if key in values},
         where=where,

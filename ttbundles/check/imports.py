@@ -96,7 +96,7 @@ def import_check(
         for problem in result.get("problems", [])
     ]
     capabilities = result.get("capabilities")
-    if capabilities is not None:
+    if capabilities is not None or result.get("has_capabilities") is False:
         out.extend(
             agreement(
                 from_mapping(capabilities),
@@ -125,11 +125,14 @@ def _check_in_this_process(bundle_dir: Path, metadata: BundleMetadata) -> dict:
         message = f"importing {metadata.main_class} failed: {type(exc).__name__}: {exc}"
         return {"problems": [{"code": "TTB060", "message": message}]}
     caps = getattr(cls, CAPABILITIES_ATTRIBUTE, None)
+    problems = check_class(cls, metadata)
     return {
-        "problems": check_class(cls, metadata),
+        "problems": problems,
+        # None: the class has no dict at all, which TT-Metal reads as nothing supported.
         "capabilities": {k: bool(caps[k]) for k in CAPABILITY_KEYS if k in caps}
         if isinstance(caps, Mapping)
         else None,
+        "has_capabilities": isinstance(caps, Mapping),
     }
 
 

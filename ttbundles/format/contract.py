@@ -84,7 +84,8 @@ class Method:
     """One method of the contract and the keywords the worker may pass to it.
 
     `passes`: every keyword the worker can supply (it passes those the signature accepts,
-    all of them to a `**kwargs` method); `aliases`: other names TT-Metal classes use for
+    all of them to a `**kwargs` method, or what the method it forwards `**kwargs` to
+    accepts: `format.forwarding`); `aliases`: other names TT-Metal classes use for
     the same value (the legacy Llama-2-70B generator names the mesh `t3k_mesh_device`).
     `group`: methods of one group are alternatives (one of them is required).
     `needs`: the declared capability that makes the method required.

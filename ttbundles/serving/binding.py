@@ -5,8 +5,10 @@ Llama-2-70B class takes `(hf_config, t3k_mesh_device, max_batch_size)` only, sev
 classes assert `optimizations is None`, v1 classes reject `reset_batch`, Mllama's prefill
 requires images. So every call goes through a `BoundMethod` built once at load from the
 method's real signature: it passes the keywords the signature accepts (all of them to a
-`**kwargs` method), under the name the class uses, and a required parameter the worker
-cannot supply is refused at load, naming it, instead of a TypeError on the first request.
+`**kwargs` method, unless its source shows the `**kwargs` only forwarded to a method that
+accepts fewer: `format.forwarding`), under the name the class uses, and a required
+parameter the worker cannot supply is refused at load, naming it, instead of a TypeError
+on the first request.
 
 Return forms are normalised here too (`split_output`), so the model runner sees one shape
 whichever generation of TT-Metal class it drives.
@@ -19,9 +21,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from ttbundles.errors import ConfigurationError
+from ttbundles.errors import ConfigurationError, TTBundleError
 from ttbundles.format import contract
 from ttbundles.format.contract import Method
+from ttbundles.format.forwarding import accepted_keywords
 
 
 class GeneratorContractError(ConfigurationError):
@@ -37,7 +40,7 @@ class BoundMethod:
     method: Method
     function: Callable[..., Any]
     names: dict[str, str]  # worker keyword -> the parameter name the class uses
-    takes_any: bool  # the method has **kwargs
+    takes_any: bool  # the method has **kwargs that is not only forwarded (format.forwarding)
 
     def __call__(self, *leading: Any, **values: Any) -> Any:
         kwargs = {}
@@ -80,6 +83,11 @@ def bind(
         return BoundMethod(class_name, method, function, {k: k for k in offered}, True)
     parameters = signature.parameters
     takes_any = any(p.kind is p.VAR_KEYWORD for p in parameters.values())
+    forwarded: frozenset[str] = frozenset()
+    if takes_any:
+        # A **kwargs only handed on to another method accepts what that one accepts.
+        accepted = accepted_keywords(owner if isinstance(owner, type) else type(owner), function)
+        takes_any, forwarded = accepted.any, accepted.names
     names: dict[str, str] = {}
     for keyword in offered:
         for name in (keyword, *method.aliases.get(keyword, ())):
@@ -89,6 +97,9 @@ def bind(
                 parameter.VAR_POSITIONAL,
                 parameter.VAR_KEYWORD,
             ):
+                names[keyword] = name
+                break
+            if name in forwarded:
                 names[keyword] = name
                 break
     supplied = set(names.values())
@@ -120,6 +131,26 @@ def bind(
             "`ttbundle validate --import`",
         )
     return BoundMethod(class_name, method, function, names, takes_any)
+
+
+def call_at_load(bound: BoundMethod, context: str, **values: Any) -> Any:
+    """Call a load-time method (`get_max_tokens_all_users`), turning what it raises into a
+    load error naming the class, the method and `context` (the model and mesh asked for).
+
+    TT-Metal's model-specific KV budgets raise outside the checkpoints and meshes they
+    know (DeepSeek-V3's accepts only DeepSeek-R1-0528 on Wormhole): that is a
+    configuration the generator refuses, to be said as such before any request."""
+    try:
+        return bound(**values)
+    except TTBundleError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any refusal of the generator's own code
+        raise GeneratorContractError.single(
+            "TTB063",
+            f"{bound.owner}.{bound.method.name} refused {context}: {type(exc).__name__}: {exc}",
+            hint="serve a checkpoint and mesh this generator supports, or size the KV cache "
+            "yourself with --kv-cache-memory-bytes (then the worker does not ask it)",
+        ) from exc
 
 
 def decode_offer(version: int) -> tuple[str, ...]:

@@ -46,6 +46,7 @@ from ttbundles.serving.binding import (
     BoundMethod,
     GeneratorContractError,
     bind,
+    call_at_load,
     decode_offer,
     split_output,
 )
@@ -312,9 +313,12 @@ class TTModelRunner:
         if self._max_tokens is None:
             return None
         num_devices = getattr(self.mesh_device, "get_num_devices", lambda: 1)()
+        model = str(self.model_config.model)
         return int(
-            self._max_tokens(
-                model_name=str(self.model_config.model),
+            call_at_load(
+                self._max_tokens,
+                f"model {model!r} on {num_devices} device(s)",
+                model_name=model,
                 num_devices=num_devices,
                 tt_data_parallel=tt_data_parallel(self.generator_cls, self.lanes, self.mesh_device),
                 max_model_len=self.max_model_len,
