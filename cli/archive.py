@@ -13,7 +13,7 @@ from .options import FormatOption, ModelsDirOption
 from .output import Format, Output, summary
 
 if TYPE_CHECKING:
-    from ttbundles.archive.install import InstallResult
+    from ttbundles.installer.operations import InstallResult
 
 
 @contextmanager
@@ -105,7 +105,7 @@ def install(
 
     Example: EXTRA_MODELS_DIR=/opt/tt-bundles ttbundle install my-bundle-1.0.0.ttbundle
     """
-    from ttbundles.archive.install import install as install_archive
+    from ttbundles.installer.operations import install as install_archive
 
     _report(Output(fmt), install_archive(archive, models_dir, replace=replace))
 
@@ -122,8 +122,8 @@ def uninstall(
 
     Example: ttbundle uninstall my-bundle --models-dir /opt/tt-bundles --yes
     """
-    from ttbundles.archive.install import find_installed
-    from ttbundles.archive.install import uninstall as uninstall_bundle
+    from ttbundles.installer.operations import find_installed
+    from ttbundles.installer.operations import uninstall as uninstall_bundle
 
     out = Output(fmt)
     if not yes and sys.stdin.isatty():

@@ -34,7 +34,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ttbundles.errors import Diagnostic, Severity
-from ttbundles.registry.loader import public_names
+from ttbundles.format.loader import public_names
 
 
 class Format(str, Enum):

@@ -1,4 +1,10 @@
-"""The architecture as a test: one vLLM/torch boundary, and no import cycles.
+"""The architecture as a test: layers that depend one way, one vLLM/torch boundary, and
+no import cycles.
+
+Layers: every top-level module and package of `ttbundles` sits in one layer (`LAYERS`),
+and a module imports only its own package, the base, and packages of lower layers;
+function-level and type-checking imports count too. Packages that share a layer are
+peers and import neither each other. The README's "Layout" draws the same layers.
 
 Only `serving/` and `reference/` may import vLLM or torch (and `demo/checkpoint`, which
 writes weights with torch when asked, inside the function that does). Every other package
@@ -12,6 +18,8 @@ import ast
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 import ttbundles
 
@@ -27,12 +35,15 @@ LIGHT = [
     "ttbundles.check.imports",
     "ttbundles.archive.reader",
     "ttbundles.archive.writer",
-    "ttbundles.archive.install",
+    "ttbundles.installer.operations",
     "ttbundles.archive.inspect",
     "ttbundles.build",
     "ttbundles.registry.registry",
-    "ttbundles.registry.loader",
     "ttbundles.registry.requirements",
+    "ttbundles.format.loader",
+    "ttbundles.format.selection",
+    "ttbundles.check.tests_section",
+    "ttbundles.tt_metal",
     "ttbundles.registry.servable",
     "ttbundles.doctor",
     "ttbundles.scaffold",
@@ -42,7 +53,8 @@ LIGHT = [
     "ttbundles.demo.query",
     "ttbundles.demo.checkpoint",
     "ttbundles.conformance.plan",
-    "ttbundles.conformance.golden_file",
+    "ttbundles.format.golden_file",
+    "ttbundles.format.prompts",
     "ttbundles.conformance.metrics",
     "ttbundles.conformance.compare",
     "ttbundles.conformance.session",
@@ -128,3 +140,117 @@ def test_no_module_imports_itself_through_others():
 
     assert [m for m in graph if reaches(m, m)] == []
     assert len(graph) > 30  # the walk saw the package
+
+
+# Lowest first. A module may import the base, its own package, and lower layers.
+LAYERS: list[set[str]] = [
+    # The base: small utilities every layer uses (codes, errors, environment, paths,
+    # writes, did-you-mean, where TT-Metal is); they import only each other.
+    {"codes", "errors", "envs", "fsutil", "paths", "suggest", "tt_metal"},
+    {"format"},  # the bundle format, its contract, selection rule and module loader
+    {"archive"},  # `.ttbundle` files: manifest, writer, reader
+    {"check"},  # validate: a bundle, an archive, a folder; the static adapter check
+    {"registry"},  # what registers, the index of checked bundles, servability
+    {"build", "installer", "scaffold"},  # pack, install/uninstall, init/migrate
+    {"reference", "serving"},  # the only two that import torch and vLLM
+    {"conformance", "doctor"},  # `ttbundle test` and `ttbundle doctor`
+    {"demo"},
+    {"cli"},  # the typer app, thin over all of the above
+    # `python -m ttbundles`, and the package's lazy public API, which reaches everything.
+    {"__main__", "__init__"},
+]
+
+# Deliberate edges against the layers, each with its reason: (importer, imported).
+ALLOWED: set[tuple[str, str]] = set()
+
+
+def _layer_of(module: str) -> tuple[int, str]:
+    """The layer index and the top-level part (`ttbundles.format.meshes` -> format)."""
+    parts = module.split(".")
+    top = parts[1] if len(parts) > 1 else "__init__"
+    for index, members in enumerate(LAYERS):
+        if top in members:
+            return index, top
+    raise AssertionError(
+        f"ttbundles.{top} is in no layer: place it in LAYERS in tests/test_architecture.py "
+        "(and in the README's Layout)"
+    )
+
+
+def _imports(path: Path, name: str, modules: set[str]) -> list[tuple[str, int]]:
+    """Every ttbundles module `path` imports, at any depth of its code, with the line."""
+    found = []
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        targets: list[str] = []
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            for alias in node.names:
+                # `from ttbundles import envs` imports the module ttbundles.envs.
+                full = f"{base}.{alias.name}"
+                targets.append(full if full in modules else base)
+        elif isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif (
+            isinstance(node, ast.Call)
+            and getattr(node.func, "attr", getattr(node.func, "id", None)) == "import_module"
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+        ):
+            targets = [node.args[0].value]
+        found += [(t, node.lineno) for t in targets if t.split(".")[0] == "ttbundles"]
+    return found
+
+
+def upward_imports(package: Path) -> list[str]:
+    """Each import in `package` (a `ttbundles` folder) of a higher layer or of a peer."""
+    files = {}
+    for path in package.rglob("*.py"):
+        rel = path.relative_to(package.parent).with_suffix("")
+        if rel.parts[1:2] == ("_data",):
+            continue  # the built-in bundles' own code (adapters), data to ttbundles
+        files[".".join(rel.parts).removesuffix(".__init__")] = path
+    modules = set(files)
+    problems = []
+    for name, path in sorted(files.items()):
+        mine, my_top = _layer_of(name) if name != "ttbundles" else (len(LAYERS) - 1, "__init__")
+        for target, line in _imports(path, name, modules):
+            theirs, their_top = _layer_of(target)
+            if their_top == my_top or theirs == 0 or (name, target) in ALLOWED:
+                continue
+            if theirs >= mine:
+                kind = "a peer" if theirs == mine else "a higher layer"
+                problems.append(f"{name} (line {line}) imports {target}, {kind}")
+    return problems
+
+
+def test_every_import_points_down_the_layers():
+    assert upward_imports(PACKAGE) == []
+
+
+def test_the_layer_check_sees_function_level_imports(tmp_path):
+    package = tmp_path / "ttbundles"
+    (package / "format").mkdir(parents=True)
+    (package / "serving").mkdir()
+    for init in ("__init__.py", "format/__init__.py", "serving/__init__.py"):
+        (package / init).write_text("")
+    (package / "serving" / "plugin.py").write_text("from ttbundles.format import meshes\n")
+    (package / "format" / "meshes.py").write_text(
+        "def f():\n    from ttbundles.serving.plugin import g\n    return g\n"
+    )
+    assert upward_imports(package) == [
+        "ttbundles.format.meshes (line 2) imports ttbundles.serving.plugin, a higher layer"
+    ]
+
+
+def test_the_layer_check_refuses_a_module_in_no_layer(tmp_path):
+    package = tmp_path / "ttbundles"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "newthing.py").write_text("")
+    with pytest.raises(AssertionError, match="ttbundles.newthing is in no layer"):
+        upward_imports(package)

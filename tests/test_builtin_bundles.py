@@ -24,9 +24,9 @@ import pytest
 
 from ttbundles.format.contract import CAPABILITY_KEYS
 from ttbundles.format.metadata import METADATA_FILE, BundleMetadata, Capabilities, Target, When
+from ttbundles.format.selection import overlaps
 from ttbundles.format.tt_options import TTOptions
 from ttbundles.registry.registry import compute
-from ttbundles.registry.selection import overlaps
 
 BUNDLES = Path(__file__).parents[1] / "bundles"
 

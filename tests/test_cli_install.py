@@ -186,9 +186,9 @@ def test_the_question_keeps_stdout_for_json(run_cli, models: Path, installed: Pa
 )
 def test_a_replace_by_two_renames_is_owned_up_to(capsys, tmp_path: Path, layout: str, said: str):
     """Only without RENAME_EXCHANGE on a plain folder (see test_install_faults)."""
-    from ttbundles.archive.install import InstallResult
     from ttbundles.cli.archive import _report
     from ttbundles.cli.output import Output
+    from ttbundles.installer.operations import InstallResult
 
     result = InstallResult(
         "replaced", "demo", "2.0.0", tmp_path / "demo", tmp_path, "1.0.0", "rename", layout

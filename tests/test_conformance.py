@@ -27,11 +27,11 @@ from ttbundles.conformance.compare import (
     compare_perplexity,
     compare_seeded,
 )
-from ttbundles.conformance.golden_file import GoldenFile, GoldenFileError
 from ttbundles.conformance.plan import resolve_plan
 from ttbundles.conformance.report import to_json, to_junit
 from ttbundles.conformance.session import TestReport, golden_choices
 from ttbundles.errors import InvalidBundleError
+from ttbundles.format.golden_file import GoldenFile, GoldenFileError
 from ttbundles.format.metadata import Thresholds
 from ttbundles.format.parse import parse_metadata
 from ttbundles.format.schema import generate_schema
@@ -435,7 +435,7 @@ def test_perplexity_ratio_is_checked_both_ways():
 
 
 def recorded(golden, prompts, steps, top_k=8):
-    from ttbundles.conformance.golden_file import RecordedPrompt
+    from ttbundles.format.golden_file import RecordedPrompt
 
     out = []
     for name, ids in prompts.items():
@@ -542,9 +542,9 @@ def test_the_recorded_reference_golden_round_trips_against_the_live_one(tmp_path
 
 
 def test_pack_includes_the_golden_and_verify_covers_it(tmp_path, make_bundle):
-    from ttbundles.archive.install import install
     from ttbundles.archive.reader import read_archive, verify
     from ttbundles.build import pack
+    from ttbundles.installer.operations import install
 
     golden = recorded(ArrayGolden(), {"a": [1, 2]}, 4)
     folder = make_bundle("t", metadata={"tests": {"golden": "tests/golden.json.gz"}})

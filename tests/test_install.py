@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-import ttbundles.archive.install as install_module
 import ttbundles.archive.reader as reader_module
+import ttbundles.installer.operations as install_module
 from tests.bundle_factory import (
     CRAFTED_CASES,
     Entry,
@@ -21,16 +21,16 @@ from tests.bundle_factory import (
     write_bundle,
     write_entries,
 )
-from ttbundles.archive.install import (
+from ttbundles.archive.manifest import MANIFEST_FILE, verify_dir
+from ttbundles.archive.reader import extract_verified, read_archive, verify
+from ttbundles.build import pack
+from ttbundles.errors import ArchiveError, InstallError, TTBundleError
+from ttbundles.installer.operations import (
     LOCK_FILE,
     install,
     resolve_models_dir,
     uninstall,
 )
-from ttbundles.archive.manifest import MANIFEST_FILE, verify_dir
-from ttbundles.archive.reader import extract_verified, read_archive, verify
-from ttbundles.build import pack
-from ttbundles.errors import ArchiveError, InstallError, TTBundleError
 from ttbundles.registry.index import INDEX_FILE
 
 WEIGHTS = os.urandom(1 << 20) + b"end"

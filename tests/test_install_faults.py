@@ -21,12 +21,12 @@ from pathlib import Path
 import pytest
 from filelock import FileLock
 
-import ttbundles.archive.install as install_module
+import ttbundles.installer.operations as install_module
 from tests.bundle_factory import write_bundle
-from ttbundles.archive.install import LOCK_FILE, install, leftover_diagnostics, uninstall
 from ttbundles.archive.manifest import verify_dir
 from ttbundles.archive.reader import verify
 from ttbundles.build import pack
+from ttbundles.installer.operations import LOCK_FILE, install, leftover_diagnostics, uninstall
 from ttbundles.registry.index import INDEX_FILE
 from ttbundles.registry.registry import Status, compute
 
@@ -375,7 +375,7 @@ PAUSED_INSTALL = """
 import sys, time
 from pathlib import Path
 import ttbundles.archive.reader as reader
-from ttbundles.archive.install import install
+from ttbundles.installer.operations import install
 
 archive, models, ready, go = sys.argv[1:5]
 real_copy = reader._copy_capped

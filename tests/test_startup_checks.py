@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from tests.bundle_factory import write_bundle
-from ttbundles.archive.install import install, uninstall
 from ttbundles.build import pack
 from ttbundles.errors import ConfigurationError
+from ttbundles.installer.operations import install, uninstall
 from ttbundles.registry import index as index_module
 from ttbundles.registry.index import INDEX_FILE, Index, user_cache_dir
 from ttbundles.registry.registry import Status, compute

@@ -12,7 +12,7 @@ import pytest
 from tests.bundle_factory import contract_adapter
 from ttbundles.check.validate import validate_bundle, validate_path
 from ttbundles.errors import Severity
-from ttbundles.registry.loader import PACKAGE_PREFIX, package_name, qualified_class
+from ttbundles.format.loader import PACKAGE_PREFIX, package_name, qualified_class
 
 ERROR, WARNING, INFO = Severity.ERROR, Severity.WARNING, Severity.INFO
 META = "vllm_metadata.json"

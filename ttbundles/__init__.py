@@ -10,31 +10,24 @@ that vLLM loads in every process:
 - `install(archive, models_dir)` / `uninstall(name, models_dir)`: an `InstallResult`;
 - `compute_registry()`: what vLLM would register, and why not the rest.
 
-Stages live in packages of their own: `format`, `check`, `archive`, `registry`,
-`serving` (the only one, with `reference`, that imports vLLM and torch), `reference`,
-`demo`.
+Stages live in packages of their own, each importing only those below it (the
+README's "Layout" draws them; tests/test_architecture.py keeps it so): `format`,
+`archive`, `check`, `registry`, `installer`, `serving` and `reference` (the only ones
+that import vLLM and torch), `conformance`, `demo`, and `cli` on top.
 """
 
 from __future__ import annotations
 
 from importlib import import_module
-from pathlib import Path
 from typing import Any
-
-# In a source checkout (an editable install, or PYTHONPATH at the repository), the typer
-# app lives in the repository's top-level `cli/` rather than in `ttbundles/cli/`, where
-# the wheel puts it: map it, so `ttbundles.cli` is the same module either way.
-_CHECKOUT_CLI = Path(__file__).resolve().parent.parent / "cli"
-if (_CHECKOUT_CLI / "app.py").is_file() and not (Path(__file__).parent / "cli").exists():
-    __path__.append(str(_CHECKOUT_CLI.parent))  # noqa: F821 - a package's own __path__
 
 _API = {
     "load_metadata": ("ttbundles.format.parse", "load_metadata"),
     "validate": ("ttbundles.check.validate", "validate_path"),
     "pack": ("ttbundles.build", "pack"),
     "verify": ("ttbundles.archive.reader", "verify"),
-    "install": ("ttbundles.archive.install", "install"),
-    "uninstall": ("ttbundles.archive.install", "uninstall"),
+    "install": ("ttbundles.installer.operations", "install"),
+    "uninstall": ("ttbundles.installer.operations", "uninstall"),
     "compute_registry": ("ttbundles.registry.registry", "compute"),
 }
 

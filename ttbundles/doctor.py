@@ -92,7 +92,8 @@ def diagnose(environ: Mapping[str, str] | None = None) -> Report:
 
 def _ttnn_and_mesh(report: Report, environ: Mapping[str, str]) -> None:
     from ttbundles.format.meshes import parse_mesh
-    from ttbundles.registry.servable import device_problem, ttnn_origin
+    from ttbundles.registry.servable import device_problem
+    from ttbundles.tt_metal import ttnn_origin
 
     origin = ttnn_origin()
     if origin is not None:

@@ -111,7 +111,7 @@ def import_check(
 def _check_in_this_process(bundle_dir: Path, metadata: BundleMetadata) -> dict:
     import importlib
 
-    from ttbundles.registry.loader import qualified_class
+    from ttbundles.format.loader import qualified_class
 
     if metadata.main_class_source == "bundle":
         target = qualified_class(bundle_dir, metadata.name, metadata.main_class)

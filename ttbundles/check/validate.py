@@ -12,11 +12,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ttbundles.check.adapter import check_adapter
-from ttbundles.conformance.plan import check_tests
+from ttbundles.check.tests_section import check_tests
 from ttbundles.errors import Diagnostic, Report, Severity
 from ttbundles.format.metadata import METADATA_FILE, BundleMetadata
 from ttbundles.format.parse import load_metadata
-from ttbundles.registry.selection import overlaps
+from ttbundles.format.selection import overlaps
 
 
 @dataclass

@@ -23,8 +23,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from ttbundles.conformance import metrics
-from ttbundles.conformance.golden_file import GoldenFile
 from ttbundles.errors import Diagnostic, Severity, TTBundleError
+from ttbundles.format.golden_file import GoldenFile
 
 
 @dataclass(frozen=True)

@@ -12,21 +12,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ttbundles.conformance.prompts import (
+from ttbundles.check.tests_section import declares, path_problems
+from ttbundles.errors import Diagnostic, InvalidBundleError, Severity
+from ttbundles.format.meshes import HOST, canonical
+from ttbundles.format.metadata import TEST_PATHS, BundleMetadata, BundleTests, Capabilities
+from ttbundles.format.prompts import (
     DEFAULT_PROMPTS,
     Prompt,
     PromptFileError,
     read_prompt_file,
     text_prompts,
-)
-from ttbundles.errors import Diagnostic, InvalidBundleError, Severity
-from ttbundles.format.meshes import HOST, canonical
-from ttbundles.format.metadata import (
-    PATH_CAPABILITY,
-    TEST_PATHS,
-    BundleMetadata,
-    BundleTests,
-    Capabilities,
 )
 
 # The paths whose logits are read on the host (sampling on the host); perplexity runs
@@ -34,79 +29,9 @@ from ttbundles.format.metadata import (
 HOST_PATHS = ("prefill", "decode", "prefix_cache")
 
 
-def declares(capabilities: Capabilities, path: str) -> bool:
-    """Whether the capabilities allow `path` to run."""
-    capability = PATH_CAPABILITY.get(path)
-    return capability is None or bool(getattr(capabilities, capability))
-
-
 def default_paths(capabilities: Capabilities) -> list[str]:
     """Every path the capabilities declare, in TEST_PATHS order."""
     return [p for p in TEST_PATHS if declares(capabilities, p)]
-
-
-def path_problems(
-    metadata: BundleMetadata, paths: list[str], *, file: str | None, pointer: str | None
-) -> list[Diagnostic]:
-    """TTB110 for each path whose capability the bundle does not declare; `pointer` is
-    the JSON pointer of the list in the metadata file (None: the command line)."""
-    out = []
-    for index, path in enumerate(paths):
-        if declares(metadata.capabilities, path):
-            continue
-        capability = PATH_CAPABILITY[path]
-        out.append(
-            Diagnostic(
-                "TTB110",
-                Severity.ERROR,
-                f"test path {path!r} needs capabilities.{capability}, which "
-                f"{metadata.name} does not declare",
-                file=file if pointer is not None else None,
-                pointer=f"{pointer}/{index}" if pointer is not None else None,
-                hint=f"declare capabilities.{capability}, or drop {path!r} from the paths",
-            )
-        )
-    return out
-
-
-def check_tests(bundle_dir: Path, metadata: BundleMetadata, file: str) -> list[Diagnostic]:
-    """The tests section's rules beyond the schema (run by `ttbundle validate`)."""
-    tests = metadata.tests
-    if tests is None:
-        return []
-    out: list[Diagnostic] = []
-    if tests.paths is not None:
-        out.extend(path_problems(metadata, tests.paths, file=file, pointer="/tests/paths"))
-    if tests.prompt_file is not None:
-        try:
-            read_prompt_file(
-                bundle_dir / tests.prompt_file, display=str(bundle_dir / tests.prompt_file)
-            )
-        except PromptFileError as exc:
-            out.append(_pointing_from(exc.diagnostic, file, "/tests/prompt_file"))
-    if tests.golden is not None:
-        from ttbundles.conformance.golden_file import GoldenFile, GoldenFileError
-
-        try:
-            GoldenFile.read(bundle_dir / tests.golden)
-        except GoldenFileError as exc:
-            out.extend(_pointing_from(d, file, "/tests/golden") for d in exc.diagnostics)
-    return out
-
-
-def _pointing_from(d: Diagnostic, file: str, pointer: str) -> Diagnostic:
-    """A problem of a file the metadata names, reported at the key that names it when the
-    file itself cannot be pointed into (missing, unreadable)."""
-    if d.pointer is not None and "does not exist" not in d.message:
-        return d
-    return Diagnostic(
-        d.code,
-        d.severity,
-        f"{pointer.rsplit('/', 1)[1]}: {d.message}",
-        file=file,
-        pointer=pointer,
-        hint=d.hint,
-    )
 
 
 @dataclass

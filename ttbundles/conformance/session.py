@@ -22,15 +22,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ttbundles.conformance.golden_file import (
+from ttbundles.conformance.plan import TestPlan, resolve_plan
+from ttbundles.errors import Diagnostic, InvalidBundleError, Severity, TTBundleError
+from ttbundles.format.golden_file import (
     DEFAULT_TOP_K,
     GoldenFile,
     RecordedPerplexity,
     RecordedPrompt,
     model_identity,
 )
-from ttbundles.conformance.plan import TestPlan, resolve_plan
-from ttbundles.errors import Diagnostic, InvalidBundleError, Severity, TTBundleError
 from ttbundles.format.meshes import HOST
 
 LIVE = ("reference", "transformers")

@@ -301,6 +301,14 @@ SAMPLING_PARAM_FIELDS = (
 )
 
 
+def seed_for_position(seed: int, position: int) -> int:
+    """The generator seed a seeded request draws the token at `position` with: the same
+    seed, the same token, whatever else is in the batch and however it is ordered. The
+    worker's host sampler and the reference (`ttbundles.reference.sampling`) both draw
+    with it, so both paths draw alike."""
+    return (seed * 1000003 + position) % 2**63
+
+
 # --- what the checks and the template need besides the above --------------------------
 # (ttbundles.check reads these to judge a signature, ttbundles.scaffold to write one;
 # the readback methods' positional device output is `Method.leading`.)

@@ -28,17 +28,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ttbundles.format.contract import SamplingParams
+from ttbundles.format.contract import SamplingParams, seed_for_position
 
 MAX_DEVICE_TOP_K = 20
 """How many top log-probabilities the reference returns per row that asks for them."""
-
-
-def seed_for_position(seed: int, position: int) -> int:
-    """The generator seed a seeded request draws the token at `position` with: the same
-    seed, the same token, whatever else is in the batch and however it is ordered. The
-    worker's host sampler uses the same rule, so both paths draw alike (`draw`)."""
-    return (seed * 1000003 + position) % 2**63
 
 
 def seeded_generator(seed: int, position: int) -> torch.Generator:

@@ -36,11 +36,11 @@ from ttbundles.format.metadata import (
     slug,
     tt_arch_name,
 )
+from ttbundles.format.selection import rank
 from ttbundles.paths import builtin_bundles_dir
 from ttbundles.registry import overrides as overrides_
 from ttbundles.registry.index import Index, Record, bundle_names, examine
 from ttbundles.registry.requirements import unmet
-from ttbundles.registry.selection import rank
 
 if TYPE_CHECKING:  # the static reader is imported only where a class source is read
     from ttbundles.check.adapter import StaticClass
@@ -211,7 +211,7 @@ class Entry:
         assert self.facts is not None
         if self.facts.main_class_source == "environment":
             return self.facts.main_class
-        from ttbundles.registry.loader import qualified_class
+        from ttbundles.format.loader import qualified_class
 
         return qualified_class(
             self.path, self.facts.name, self.facts.main_class, resolved=self.resolved

@@ -18,13 +18,7 @@ from ttbundles import envs
 from ttbundles.errors import ConfigurationError, Diagnostic, Severity
 from ttbundles.format.meshes import Mesh, mesh_or_none
 from ttbundles.registry.registry import Entry, Registry, Source, Status
-
-
-def ttnn_origin() -> str | None:
-    """Where ttnn would be imported from (found, not imported); None when absent."""
-    from ttbundles.serving.plugin import ttnn_origin as find
-
-    return find()
+from ttbundles.tt_metal import ttnn_origin
 
 
 def opens_here(mesh: Mesh | None) -> bool:
@@ -58,7 +52,7 @@ def require_device(mesh: Mesh | None) -> None:
 def class_module(class_ref: str) -> str | None:
     """The module of a `module:Class` that comes from the environment; None for one the
     loader serves from a bundle folder (registration checked that file exists)."""
-    from ttbundles.registry.loader import PACKAGE_PREFIX
+    from ttbundles.format.loader import PACKAGE_PREFIX
 
     module = class_ref.partition(":")[0]
     return None if module.startswith(PACKAGE_PREFIX) else module
@@ -179,6 +173,5 @@ __all__ = [
     "opens_here",
     "require_device",
     "require_importable",
-    "ttnn_origin",
     "unservable",
 ]

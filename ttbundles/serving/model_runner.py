@@ -40,8 +40,7 @@ from vllm.v1.sample.sampler import Sampler
 from vllm.v1.worker.gpu_input_batch import CachedRequestState, InputBatch
 
 from ttbundles.format import contract
-from ttbundles.format.contract import SamplingParams
-from ttbundles.reference.sampling import seed_for_position
+from ttbundles.format.contract import SamplingParams, seed_for_position
 from ttbundles.serving.binding import (
     BoundMethod,
     GeneratorContractError,

@@ -11,6 +11,8 @@ import logging
 import os
 from collections.abc import Mapping
 
+from ttbundles.tt_metal import ttnn_origin
+
 # A child of vLLM's logger, so messages appear wherever vLLM's own do.
 logger = logging.getLogger("vllm.ttbundles")
 
@@ -43,19 +45,6 @@ def activation(environ: Mapping[str, str] | None = None) -> tuple[bool, str]:
     if ttnn_origin() is not None:
         return True, "ttnn (TT-Metal) is importable and MESH_DEVICE is unset"
     return False, "MESH_DEVICE is unset and ttnn (TT-Metal) is not importable"
-
-
-def ttnn_origin() -> str | None:
-    """Where ttnn would be imported from, found without importing it; None if absent."""
-    import importlib.util
-
-    try:
-        spec = importlib.util.find_spec("ttnn")
-    except (ImportError, ValueError):
-        return None
-    if spec is None:
-        return None
-    return spec.origin or ", ".join(spec.submodule_search_locations or []) or "ttnn"
 
 
 def platform_plugin() -> str | None:

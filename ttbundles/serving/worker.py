@@ -27,8 +27,8 @@ from vllm.v1.worker.worker_base import CompilationTimes, WorkerBase
 from ttbundles import envs
 from ttbundles.errors import ConfigurationError, TTBundleError
 from ttbundles.format.contract import HostMesh
+from ttbundles.format.loader import PACKAGE_PREFIX, finder, package_name
 from ttbundles.format.meshes import is_host, mesh_shape
-from ttbundles.registry.loader import PACKAGE_PREFIX, finder, package_name
 from ttbundles.serving import faults
 from ttbundles.serving.configuration import Plan, served_plan
 from ttbundles.serving.device_groups import bind_rank

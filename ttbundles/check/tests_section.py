@@ -1,0 +1,83 @@
+"""The `tests` section's rules beyond the schema: each path it names is one the bundle's
+capabilities declare (TTB110), its prompt file and recorded golden read cleanly.
+
+`ttbundle validate` runs them; `ttbundle test` resolves its plan with the same
+`path_problems`, so both refuse the same paths with the same words.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ttbundles.errors import Diagnostic, Severity
+from ttbundles.format.golden_file import GoldenFile, GoldenFileError
+from ttbundles.format.metadata import PATH_CAPABILITY, BundleMetadata, Capabilities
+from ttbundles.format.prompts import PromptFileError, read_prompt_file
+
+
+def declares(capabilities: Capabilities, path: str) -> bool:
+    """Whether the capabilities allow `path` to run."""
+    capability = PATH_CAPABILITY.get(path)
+    return capability is None or bool(getattr(capabilities, capability))
+
+
+def path_problems(
+    metadata: BundleMetadata, paths: list[str], *, file: str | None, pointer: str | None
+) -> list[Diagnostic]:
+    """TTB110 for each path whose capability the bundle does not declare; `pointer` is
+    the JSON pointer of the list in the metadata file (None: the command line)."""
+    out = []
+    for index, path in enumerate(paths):
+        if declares(metadata.capabilities, path):
+            continue
+        capability = PATH_CAPABILITY[path]
+        out.append(
+            Diagnostic(
+                "TTB110",
+                Severity.ERROR,
+                f"test path {path!r} needs capabilities.{capability}, which "
+                f"{metadata.name} does not declare",
+                file=file if pointer is not None else None,
+                pointer=f"{pointer}/{index}" if pointer is not None else None,
+                hint=f"declare capabilities.{capability}, or drop {path!r} from the paths",
+            )
+        )
+    return out
+
+
+def check_tests(bundle_dir: Path, metadata: BundleMetadata, file: str) -> list[Diagnostic]:
+    """The tests section's rules beyond the schema (run by `ttbundle validate`)."""
+    tests = metadata.tests
+    if tests is None:
+        return []
+    out: list[Diagnostic] = []
+    if tests.paths is not None:
+        out.extend(path_problems(metadata, tests.paths, file=file, pointer="/tests/paths"))
+    if tests.prompt_file is not None:
+        try:
+            read_prompt_file(
+                bundle_dir / tests.prompt_file, display=str(bundle_dir / tests.prompt_file)
+            )
+        except PromptFileError as exc:
+            out.append(_pointing_from(exc.diagnostic, file, "/tests/prompt_file"))
+    if tests.golden is not None:
+        try:
+            GoldenFile.read(bundle_dir / tests.golden)
+        except GoldenFileError as exc:
+            out.extend(_pointing_from(d, file, "/tests/golden") for d in exc.diagnostics)
+    return out
+
+
+def _pointing_from(d: Diagnostic, file: str, pointer: str) -> Diagnostic:
+    """A problem of a file the metadata names, reported at the key that names it when the
+    file itself cannot be pointed into (missing, unreadable)."""
+    if d.pointer is not None and "does not exist" not in d.message:
+        return d
+    return Diagnostic(
+        d.code,
+        d.severity,
+        f"{pointer.rsplit('/', 1)[1]}: {d.message}",
+        file=file,
+        pointer=pointer,
+        hint=d.hint,
+    )
