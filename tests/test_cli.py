@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -629,12 +630,30 @@ def test_inspect_invalid_bundle(make_bundle, run_cli):
     assert "error TTB034" in done.stderr
 
 
-def test_version_and_python_dash_m(run_cli):
+def test_version_and_python_dash_m(run_cli, tmp_path):
     from importlib.metadata import version
 
     done = run_cli("--version")
     assert done.returncode == 0 and done.stdout.strip() == f"ttbundle {version('ttbundles')}"
+    # cwd elsewhere: `python -m` puts the current folder first on sys.path.
     module = subprocess.run(
-        [sys.executable, "-m", "ttbundles", "--version"], capture_output=True, text=True
+        [sys.executable, "-m", "ttbundles", "--version"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
     )
     assert module.returncode == 0 and module.stdout == done.stdout
+
+
+def test_python_dash_m_in_the_source_tree_says_what_to_run():
+    """The checkout's ttbundles/ has no cli/ (only the wheel maps it there): `python -m`
+    from the repository root imports that tree, and says so instead of a traceback."""
+    module = subprocess.run(
+        [sys.executable, "-m", "ttbundles", "--version"],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).parents[1],
+    )
+    assert module.returncode == 1
+    assert "is the source tree of ttbundles, without its CLI" in module.stderr
+    assert "Traceback" not in module.stderr
