@@ -40,7 +40,7 @@ def list_bundles(
 
     Example: EXTRA_MODELS_DIR=/opt/tt-bundles ttbundle list --mesh T3K
     """
-    from ttbundles.installer.operations import leftover_diagnostics
+    from ttbundles.installer.leftovers import leftover_diagnostics
     from ttbundles.registry.registry import Source, compute, sources, table
     from ttbundles.registry.servable import mark_unservable, refusals
 

@@ -12,6 +12,7 @@ import pytest
 
 import ttbundles.archive.reader as reader_module
 import ttbundles.installer.operations as install_module
+import ttbundles.installer.publish as publish_module
 from tests.bundle_factory import (
     CRAFTED_CASES,
     Entry,
@@ -25,12 +26,8 @@ from ttbundles.archive.manifest import MANIFEST_FILE, verify_dir
 from ttbundles.archive.reader import extract_verified, read_archive, verify
 from ttbundles.build import pack
 from ttbundles.errors import ArchiveError, InstallError, TTBundleError
-from ttbundles.installer.operations import (
-    LOCK_FILE,
-    install,
-    resolve_models_dir,
-    uninstall,
-)
+from ttbundles.installer.leftovers import LOCK_FILE
+from ttbundles.installer.operations import install, resolve_models_dir, uninstall
 from ttbundles.registry.index import INDEX_FILE
 
 WEIGHTS = os.urandom(1 << 20) + b"end"
@@ -168,7 +165,7 @@ def test_replace_leaves_the_old_bundle_when_the_exchange_fails(
     def failing_exchange(a, b):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(install_module, "exchange", failing_exchange)
+    monkeypatch.setattr(publish_module, "exchange", failing_exchange)
     with pytest.raises(InstallError) as info:
         install(newer, models, replace=True)
     monkeypatch.undo()
@@ -187,7 +184,7 @@ def test_replace_restores_the_old_bundle_when_the_two_renames_fail(
     real_rename = os.rename
 
     def no_exchange(a, b):
-        raise install_module.ExchangeUnsupported(22, "Invalid argument")
+        raise publish_module.ExchangeUnsupported(22, "Invalid argument")
 
     def no_links(*args, **kwargs):
         raise OSError(1, "Operation not permitted")
@@ -197,9 +194,9 @@ def test_replace_restores_the_old_bundle_when_the_two_renames_fail(
             raise OSError(28, "No space left on device")
         return real_rename(src, dst)
 
-    monkeypatch.setattr(install_module, "exchange", no_exchange)
-    monkeypatch.setattr(install_module.os, "symlink", no_links)
-    monkeypatch.setattr(install_module.os, "rename", failing_rename)
+    monkeypatch.setattr(publish_module, "exchange", no_exchange)
+    monkeypatch.setattr(publish_module.os, "symlink", no_links)
+    monkeypatch.setattr(publish_module.os, "rename", failing_rename)
     with pytest.raises(InstallError) as info:
         install(newer, models, replace=True)
     monkeypatch.undo()

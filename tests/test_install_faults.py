@@ -21,12 +21,13 @@ from pathlib import Path
 import pytest
 from filelock import FileLock
 
-import ttbundles.installer.operations as install_module
+import ttbundles.installer.publish as publish_module
 from tests.bundle_factory import write_bundle
 from ttbundles.archive.manifest import verify_dir
 from ttbundles.archive.reader import verify
 from ttbundles.build import pack
-from ttbundles.installer.operations import LOCK_FILE, install, leftover_diagnostics, uninstall
+from ttbundles.installer.leftovers import LOCK_FILE, leftover_diagnostics
+from ttbundles.installer.operations import install, uninstall
 from ttbundles.registry.index import INDEX_FILE
 from ttbundles.registry.registry import Status, compute
 
@@ -64,9 +65,9 @@ def no_exchange(monkeypatch):
     """A file system without RENAME_EXCHANGE (NFS, older ZFS, not Linux)."""
 
     def unsupported(a, b):
-        raise install_module.ExchangeUnsupported(22, "Invalid argument", str(a))
+        raise publish_module.ExchangeUnsupported(22, "Invalid argument", str(a))
 
-    monkeypatch.setattr(install_module, "exchange", unsupported)
+    monkeypatch.setattr(publish_module, "exchange", unsupported)
 
 
 # --- renameat2 --------------------------------------------------------------------------
@@ -77,17 +78,17 @@ def test_exchange_swaps_two_folders(tmp_path: Path):
     (tmp_path / "a").mkdir()
     (tmp_path / "a" / "one").write_text("1")
     (tmp_path / "b").mkdir()
-    install_module.exchange(tmp_path / "a", tmp_path / "b")
+    publish_module.exchange(tmp_path / "a", tmp_path / "b")
     assert names(tmp_path / "b") == ["one"] and names(tmp_path / "a") == []
     with pytest.raises(FileNotFoundError):
-        install_module.exchange(tmp_path / "a", tmp_path / "missing")
+        publish_module.exchange(tmp_path / "a", tmp_path / "missing")
 
 
 def test_replace_uses_the_exchange_where_it_exists(tmp_path: Path):
     models = tmp_path / "models"
     install(make_archive(tmp_path, "1.0.0"), models)
     result = install(make_archive(tmp_path, "2.0.0"), models, replace=True)
-    expected = "exchange" if install_module._renameat2() else "symlink"
+    expected = "exchange" if publish_module._renameat2() else "symlink"
     assert (result.swap, result.previous_version, result.version) == (expected, "1.0.0", "2.0.0")
 
 
@@ -152,7 +153,7 @@ def _replace_while_polling(models: Path, archives: list[Path], times: int) -> tu
 def test_a_reader_never_misses_the_bundle_during_replaces(layout: str, tmp_path: Path, request):
     if layout == "link":
         request.getfixturevalue("no_exchange")
-    elif not install_module._renameat2():
+    elif not publish_module._renameat2():
         pytest.skip("no renameat2 here")
     archives = [make_archive(tmp_path, "1.0.0"), make_archive(tmp_path, "2.0.0")]
     models = tmp_path / "models"
@@ -182,9 +183,9 @@ def test_the_reader_does_see_the_gap_of_two_renames(tmp_path: Path, no_exchange,
         if Path(dst).name.startswith(".old-"):
             time.sleep(0.05)
 
-    monkeypatch.setattr(install_module.os, "symlink", no_links)
+    monkeypatch.setattr(publish_module.os, "symlink", no_links)
     install(archives[0], models)
-    monkeypatch.setattr(install_module.os, "rename", slow_rename)
+    monkeypatch.setattr(publish_module.os, "rename", slow_rename)
     swaps, reads, missing, torn, versions = _replace_while_polling(models, archives, 4)
     assert swaps == {"rename"} and torn == 0
     assert missing > 0, f"no miss in {reads} reads"
@@ -237,17 +238,17 @@ def test_link_layout_uninstall_removes_the_link_and_its_version(tmp_path: Path, 
 
 
 def test_an_exchange_over_a_link_layout_bundle_removes_its_version(tmp_path: Path, monkeypatch):
-    if not install_module._renameat2():
+    if not publish_module._renameat2():
         pytest.skip("no renameat2 here")
     models = tmp_path / "models"
-    real_exchange = install_module.exchange
+    real_exchange = publish_module.exchange
 
     def unsupported(a, b):
-        raise install_module.ExchangeUnsupported(22, "Invalid argument", str(a))
+        raise publish_module.ExchangeUnsupported(22, "Invalid argument", str(a))
 
-    monkeypatch.setattr(install_module, "exchange", unsupported)
+    monkeypatch.setattr(publish_module, "exchange", unsupported)
     install(make_archive(tmp_path, "1.0.0"), models)  # made where there was no exchange
-    monkeypatch.setattr(install_module, "exchange", real_exchange)
+    monkeypatch.setattr(publish_module, "exchange", real_exchange)
     result = install(make_archive(tmp_path, "2.0.0"), models, replace=True)
     assert (result.swap, result.layout) == ("exchange", "folder")
     assert names(models) == [LOCK_FILE, "demo"]
@@ -259,9 +260,9 @@ def test_a_folder_without_exchange_is_replaced_once_by_two_renames(tmp_path: Pat
     assert not (models / "demo").is_symlink()
 
     def unsupported(a, b):
-        raise install_module.ExchangeUnsupported(22, "Invalid argument", str(a))
+        raise publish_module.ExchangeUnsupported(22, "Invalid argument", str(a))
 
-    monkeypatch.setattr(install_module, "exchange", unsupported)
+    monkeypatch.setattr(publish_module, "exchange", unsupported)
     result = install(make_archive(tmp_path, "2.0.0"), models, replace=True)
     assert (result.swap, result.layout) == ("rename", "link")
     assert names(models) == [LOCK_FILE, _version_folder(models), "demo"]
@@ -277,7 +278,7 @@ def test_a_replaced_link_to_elsewhere_leaves_its_target(tmp_path: Path):
     install(make_archive(tmp_path, "2.0.0"), models, replace=True)
     assert verify_dir(elsewhere).ok() and installed(tmp_path / "elsewhere")["version"] == "1.0.0"
     assert installed(models)["version"] == "2.0.0"
-    assert leftovers(models) == ([] if install_module._renameat2() else [_version_folder(models)])
+    assert leftovers(models) == ([] if publish_module._renameat2() else [_version_folder(models)])
 
 
 # --- the folder lock is a filelock ------------------------------------------------------
