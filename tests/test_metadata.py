@@ -440,7 +440,7 @@ def test_schema_version_must_be_the_number_1(value):
 # --- schema_version ----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("version", [0, 2, 99])
+@pytest.mark.parametrize("version", [0, 3, 99])
 def test_unsupported_schema_version(version):
     d = only(with_(schema_version=version, unknown_key_ignored="x"))
     assert (d.code, d.pointer, d.line) == ("TTB020", "/schema_version", 2)
@@ -696,7 +696,8 @@ INVALID_CORPUS = {
     "bad main_class": with_(main_class="adapter.Gen"),
     "bad env name": with_(targets={"N150": {"env": {"1BAD": "x"}}}),
     "bad when env name": with_(when={"env": {"A-B": "x"}}),
-    "unsupported version": with_(schema_version=2),
+    "unsupported version": with_(schema_version=3),
+    "modalities in schema 1": with_(capabilities={"modalities": {"image": 1}}),
 }
 
 
@@ -720,3 +721,38 @@ def test_schema_and_model_reject(schema_validator, name):
     loaded = parse(document)
     assert loaded.metadata is None, "the model accepts it"
     assert loaded.diagnostics and all(d.is_error for d in loaded.diagnostics)
+
+
+def test_modalities_need_schema_version_2():
+    d = only(with_(capabilities={"modalities": {"image": 2}}))
+    assert (d.code, d.pointer) == ("TTB020", "/schema_version")
+    assert "needs schema_version 2" in d.message
+
+
+def test_modalities_with_schema_version_2_set_the_input_limits():
+    loaded = parse({**MINIMAL, "schema_version": 2, "capabilities": {"modalities": {"image": 3}}})
+    assert loaded.diagnostics == []
+    assert loaded.metadata.capabilities.input_limits() == {"image": 3}
+
+
+def test_multimodal_alone_means_one_image_and_text_only_means_none():
+    caps = parse({**MINIMAL, "capabilities": {"multimodal": True}}).metadata.capabilities
+    assert caps.input_limits() == {"image": 1}
+    assert parse(MINIMAL).metadata.capabilities.input_limits() == {}
+
+
+def test_an_unknown_modality_gets_a_did_you_mean():
+    doc = {**MINIMAL, "schema_version": 2, "capabilities": {"modalities": {"imgae": 1}}}
+    d = only(doc)
+    assert (d.code, d.pointer) == ("TTB033", "/capabilities/modalities/imgae")
+    assert "did you mean 'image'" in d.hint
+
+
+def test_modalities_contradicting_multimodal_false_are_refused():
+    doc = {
+        **MINIMAL,
+        "schema_version": 2,
+        "capabilities": {"multimodal": False, "modalities": {"image": 1}},
+    }
+    d = only(doc)
+    assert d.code == "TTB033" and "multimodal is false" in d.message

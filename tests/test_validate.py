@@ -843,7 +843,8 @@ def test_import_required_parameters_the_worker_does_not_pass(make_bundle):
             "TTB062",
             19,
             "DemoGenerator.prefill_forward requires images, cross_page_table, which the "
-            "worker does not pass: multimodal inputs are not supported yet",
+            "worker does not pass: it sends images as pixel_values and image_grid_thw, not "
+            "Mllama-style cross-attention inputs",
         ),
         (
             "TTB062",

@@ -103,6 +103,7 @@ CODES: dict[str, str] = {
     "TTB212": "data-parallel device groups cannot be formed or bound",
     "TTB213": "the mesh could not be split into data-parallel submeshes",
     "TTB214": "the KV cache is too small for every data-parallel lane",
+    "TTB215": "a multimodal limit beyond what the bundle declares",
 }
 
 UNVERIFIABLE: frozenset[str] = frozenset({"TTB040", "TTB057", "TTB058"})

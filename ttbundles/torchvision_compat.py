@@ -18,20 +18,21 @@ again. Any other import error propagates untouched. Image preprocessing (PIL, te
 `torchvision.transforms.v2`) works; detection operators do not, and nothing we serve
 uses them.
 
-`install()` is cheap (no import of torch or torchvision): the vLLM general plugin calls
-it in every vLLM process (the API server, the engine core, the model-inspection
-subprocess), and so does any of our modules that imports a vision stack in-process.
+Where it runs: installing torchvision 0.28.0 breaks `import torchvision` in the whole
+environment, so the fix has the same scope: the wheel ships `ttbundles-torchvision-
+compat.pth`, which Python executes at start-up in every process of the environment
+(vLLM's API server, engine core and model-inspection subprocess, tests, a user's own
+script). The vLLM general plugin calls `install()` too, for interpreters that skip .pth
+files (`python -S`). `install()` is cheap: no import of torch or torchvision, nothing
+but `sys` at module level.
 """
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
-import logging
 import sys
-from types import ModuleType
 
-logger = logging.getLogger("vllm.ttbundles")
+# Nothing else at module level: the .pth file imports this in every Python process of
+# the environment, before anything else runs.
 
 # The exact failure this module answers, as torch words it.
 _MISSING_OPERATOR = "operator torchvision::{} does not exist"
@@ -61,7 +62,7 @@ def is_compat_failure(error: BaseException) -> bool:
     }
 
 
-class _TorchvisionFinder(importlib.abc.MetaPathFinder):
+class _TorchvisionFinder:
     """Finds `torchvision` the usual way and wraps its loader; passes on everything else."""
 
     def find_spec(self, fullname, path=None, target=None):  # noqa: ANN001, ANN201
@@ -78,21 +79,23 @@ class _TorchvisionFinder(importlib.abc.MetaPathFinder):
         return None
 
 
-class _RetryingLoader(importlib.abc.Loader):
-    def __init__(self, loader: importlib.abc.Loader) -> None:
+class _RetryingLoader:
+    def __init__(self, loader: object) -> None:
         self._loader = loader
 
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+    def create_module(self, spec: object) -> object:
         return self._loader.create_module(spec)
 
-    def exec_module(self, module: ModuleType) -> None:
+    def exec_module(self, module: object) -> None:
         try:
             self._loader.exec_module(module)
         except RuntimeError as error:
             if not is_compat_failure(error) or _extension_loaded():
                 raise
             _define_schemas()
-            logger.info(
+            import logging
+
+            logging.getLogger("vllm.ttbundles").info(
                 "ttbundles: torchvision's C++ operators do not load with this torch (CPU "
                 "build); defined the torchvision::nms/qnms schemas so its Python part "
                 "imports (image preprocessing works; detection operators stay unavailable)"

@@ -35,6 +35,8 @@ from ttbundles.format.contract import (
     LEGACY_RESET_KEYWORD,
     METHODS,
     MULTIMODAL_PARAMETERS,
+    PREFILL,
+    PREFILL_IMAGE_INPUTS,
     REQUIRED_METHODS,
     SAFE_COMMAND_DEFAULTS,
     Method,
@@ -156,7 +158,10 @@ def check_class(cls: type, metadata: BundleMetadata) -> list[dict]:
             continue
         if method.needs and not getattr(declared, method.needs):
             continue  # the worker never calls it
-        problems.extend(_check_method(cls, name, method, bool(declared.sample_on_device)))
+        images = bool(declared.input_limits().get("image"))
+        problems.extend(
+            _check_method(cls, name, method, bool(declared.sample_on_device), images=images)
+        )
     if not any(hasattr(cls, m) for m in KV_CACHE_METHODS):
         problems.append(
             {"code": "TTB053", "message": f"{name} lacks {' or '.join(KV_CACHE_METHODS)}"}
@@ -164,7 +169,9 @@ def check_class(cls: type, metadata: BundleMetadata) -> list[dict]:
     return problems
 
 
-def _check_method(cls: type, class_name: str, method: Method, sample_on_device: bool) -> list[dict]:
+def _check_method(
+    cls: type, class_name: str, method: Method, sample_on_device: bool, *, images: bool = False
+) -> list[dict]:
     static = inspect.getattr_static(cls, method.name)
     member = getattr(cls, method.name)
     file, line = _line_of(member)
@@ -181,6 +188,8 @@ def _check_method(cls: type, class_name: str, method: Method, sample_on_device: 
         return out  # a builtin or an object whose signature Python cannot tell
     version = contract_version(cls)
     keywords = decode_keywords(version) if method is DECODE else frozenset(method.passes)
+    if method is PREFILL and images:
+        keywords |= frozenset(PREFILL_IMAGE_INPUTS)
     supplied = set(keywords)
     for keyword in keywords:
         supplied.update(method.aliases.get(keyword, ()))
@@ -193,6 +202,8 @@ def _check_method(cls: type, class_name: str, method: Method, sample_on_device: 
     essential = list(ESSENTIAL_KEYWORDS.get(method.name, ()))
     if method is DECODE and sample_on_device:
         essential.append("sampling_params")
+    if method is PREFILL and images:
+        essential.append("pixel_values")  # the bundle serves images: they must get in
     refused = [k for k in essential if not accepts(k)]
     if refused:
         out.append(
@@ -242,7 +253,12 @@ def _check_method(cls: type, class_name: str, method: Method, sample_on_device: 
 
 def _why_unfilled(parameter: str, version: int) -> str:
     if parameter in MULTIMODAL_PARAMETERS:
-        return "which the worker does not pass: multimodal inputs are not supported yet"
+        return (
+            "which the worker does not pass: it sends images as pixel_values and "
+            "image_grid_thw, not Mllama-style cross-attention inputs"
+        )
+    if parameter in PREFILL_IMAGE_INPUTS:
+        return "which the worker passes only to a bundle that declares image input"
     if parameter in DECODE_COMMANDS and version < CONTRACT_V1:
         return (
             f"which the worker passes only to a class declaring {CONTRACT_MARKER} = {CONTRACT_V1}"

@@ -218,12 +218,17 @@ def decode_keywords(version: int) -> frozenset[str]:
     return frozenset(base)
 
 
+PREFILL_IMAGE_INPUTS = ("pixel_values", "image_grid_thw")
+"""What prefill_forward gets for a bundle that serves images, as the reference plugin sends
+them: per batch row None (a text-only row) or a list with one entry per image of that
+request: the processed tensor, or None where vLLM dropped it (a prefix-cache hit covering
+the image keeps `image_grid_thw`, which M-RoPE positions need, and drops `pixel_values`).
+Prefill steps only; decode gets `rope_deltas_all_users` instead."""
+
 MULTIMODAL_PARAMETERS = frozenset(
     {
         "images",
         "cross_page_table",
-        "pixel_values",
-        "image_grid_thw",
         "image_sizes",
         "prefill_cross_attention_masks",
         "prefill_full_text_row_masked_out_mask",
@@ -231,7 +236,8 @@ MULTIMODAL_PARAMETERS = frozenset(
         "decode_full_text_row_masked_out_mask",
     }
 )
-"""Inputs only multimodal requests have: a class that requires one cannot be served yet."""
+"""Multimodal inputs the worker does not supply (Mllama's cross-attention, the V0-era
+`images`): a class that requires one cannot be served."""
 
 
 # --- data the worker hands to generators ---------------------------------------------

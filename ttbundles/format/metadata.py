@@ -28,11 +28,21 @@ from ttbundles.format.meshes import HOST, MESH_NAMES
 from ttbundles.format.tt_options import SampleOnDeviceMode, TTOptions
 
 METADATA_FILE = "vllm_metadata.json"
+# The version `init` and `migrate` write: the lowest that expresses a text bundle, so
+# every ttbundles release reads it. A document needs a higher one only for what that
+# version added (see `needs_version`).
 SCHEMA_VERSION = 1
+LATEST_SCHEMA_VERSION = 2
 # Every schema version this release reads, with what it changed.
 SUPPORTED_SCHEMA_VERSIONS: dict[int, str] = {
     1: "first versioned format: identity, capabilities, targets, when, requires",
+    2: "capabilities.modalities: the input modalities and their per-prompt limits",
 }
+# Input modalities vLLM's multimodal processors know; a bundle lists those it serves.
+Modality = Literal["image", "video", "audio"]
+# What `multimodal: true` alone means (schema 1): one image per prompt, as TT-Metal's
+# vision classes cap it (`get_supported_mm_limits`: {"image": 1, "video": 0}).
+DEFAULT_MODALITIES: dict[str, int] = {"image": 1}
 SCHEMA_ID = "https://ttbundles.dev/schemas/vllm_metadata/v1.schema.json"
 
 EXTENSION_PREFIX = "x-"
@@ -162,7 +172,32 @@ class Capabilities(_Strict):
         description="'single': one execution over the whole mesh, data parallelism runs as "
         "in-process lanes; 'submesh': one generator per submesh.",
     )
-    multimodal: bool = Field(False, description="Generator takes image inputs.")
+    multimodal: bool = Field(
+        False,
+        description="Generator takes image inputs (one per prompt unless 'modalities' says more).",
+    )
+    modalities: dict[Modality, Annotated[int, Field(gt=0, le=64)]] = Field(
+        default_factory=dict,
+        description="Schema 2: the input modalities prefill_forward takes besides text, "
+        'each with the most items one prompt may carry, e.g. {"image": 2}. Modalities not '
+        "listed are refused by the API server (HTTP 400). Implies multimodal.",
+    )
+
+    def input_limits(self) -> dict[str, int]:
+        """Items per prompt for each modality the generator takes; {} for text only."""
+        if self.modalities:
+            return dict(self.modalities)
+        return dict(DEFAULT_MODALITIES) if self.multimodal else {}
+
+    @model_validator(mode="after")
+    def _modalities_imply_multimodal(self) -> Capabilities:
+        if self.modalities and "multimodal" in self.model_fields_set and not self.multimodal:
+            raise PydanticCustomError(
+                "TTB033",
+                "modalities are listed but multimodal is false",
+                {"hint": "drop 'multimodal: false' (modalities imply it) or the modalities"},
+            )
+        return self
 
     @field_validator("sample_on_device")
     @classmethod
@@ -413,13 +448,18 @@ class BundleMetadata(_Strict):
 
     model_config = ConfigDict(
         title="ttbundles vllm_metadata.json",
-        json_schema_extra={"patternProperties": {"^x-": {}}},
+        json_schema_extra={
+            "patternProperties": {"^x-": {}},
+            # What schema 2 added is refused in a schema 1 document (`needs_version`).
+            "if": {"properties": {"schema_version": {"const": 1}}},
+            "then": {"properties": {"capabilities": {"properties": {"modalities": False}}}},
+        },
     )
 
     schema_uri: str | None = Field(
         None, alias="$schema", description="Schema URI, so editors can validate the file."
     )
-    schema_version: Literal[1] = Field(description="Version of this format.")
+    schema_version: Literal[1, 2] = Field(description="Version of this format.")
     name: str = Field(
         pattern=NAME_PATTERN, max_length=64, description="Bundle name, unique in a folder."
     )
@@ -489,10 +529,26 @@ class BundleMetadata(_Strict):
         if isinstance(value, bool):
             raise PydanticCustomError(
                 "TTB032",
-                "schema_version must be the number 1, not a boolean",
+                "schema_version must be a number (1 or 2), not a boolean",
                 {"hint": f'write "schema_version": {SCHEMA_VERSION}'},
             )
         return value
+
+    @model_validator(mode="after")
+    def _version_has_the_keys(self) -> BundleMetadata:
+        needed = needs_version(self)
+        if needed > self.schema_version:
+            raise PydanticCustomError(
+                "TTB020",
+                "capabilities.modalities needs schema_version {needed} (the file says {version})",
+                {
+                    "needed": needed,
+                    "version": self.schema_version,
+                    "hint": f'write "schema_version": {needed}; ttbundles releases before '
+                    "it refuse the file by its version instead of misreading it",
+                },
+            )
+        return self
 
     @field_validator("version")
     @classmethod
@@ -534,6 +590,11 @@ class BundleMetadata(_Strict):
 
     def target(self, mesh: str | None) -> Target | None:
         return self.targets.get(mesh) if mesh is not None else None
+
+
+def needs_version(metadata: BundleMetadata) -> int:
+    """The lowest schema version that expresses `metadata` (what `init` would write)."""
+    return 2 if metadata.capabilities.modalities else 1
 
 
 def tt_arch_name(arch: str) -> str:

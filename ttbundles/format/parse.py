@@ -11,7 +11,7 @@ import json
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from pydantic import BaseModel, ValidationError
 
@@ -27,6 +27,7 @@ from ttbundles.format.metadata import (
     BundleMetadata,
     BundleTests,
     Capabilities,
+    Modality,
     ModelRef,
     Requires,
     SeededSampling,
@@ -263,6 +264,17 @@ def diagnostics_from_validation(exc: ValidationError, fname: str | None) -> list
                         hint=_mesh_hint(str(key)),
                     )
                 )
+            elif loc[-2:-1] == ("modalities",):
+                known = list(get_args(Modality))
+                out.append(
+                    _diag(
+                        "TTB033",
+                        f"unknown modality {key!r}",
+                        fname,
+                        pointer=pointer(loc) + "#key",
+                        hint=hint_for(str(key), known, what="modalities"),
+                    )
+                )
             else:
                 out.append(
                     _diag(
@@ -278,6 +290,8 @@ def diagnostics_from_validation(exc: ValidationError, fname: str | None) -> list
         field_name = str(loc[-1]) if loc else ""
         label = _label(loc)
         if kind.startswith("TTB"):
+            if kind == "TTB020" and not loc:
+                where = "/schema_version"  # the version check spans the document
             out.append(_diag(kind, error["msg"], fname, pointer=where, hint=ctx.get("hint")))
         elif kind == "missing":
             out.append(

@@ -73,6 +73,8 @@ class Plan:
     # and the shape of the submesh it opens; empty with one engine.
     device_groups: list[list[int]] = field(default_factory=list)
     submesh_shape: list[int] = field(default_factory=list)
+    # Items per prompt for each modality served besides text ({}: text only).
+    inputs: dict[str, int] = field(default_factory=dict)
 
     def decide(self, setting: str, requested: Any, effective: Any, reason: str) -> Any:
         self.decisions.append(Decision(setting, requested, effective, reason))
@@ -248,6 +250,7 @@ def plan_config(vllm_config: VllmConfig, registry: Registry) -> Plan | None:
         )
 
     _plan_lengths(vllm_config, plan, target)
+    _plan_inputs(vllm_config, plan, meta.name, caps.input_limits())
     _plan_logprobs(vllm_config, plan)
     _plan_lanes(vllm_config, plan, caps.execution, target)
     _plan_device_groups(vllm_config, plan)
@@ -397,6 +400,71 @@ def _plan_lengths(vllm_config: VllmConfig, plan: Plan, target: Any) -> None:
             length,
             "the model's own limit (default)" if length == limit else "as requested",
         )
+
+
+# The modalities vLLM's processors take; each is capped explicitly (vLLM's default is 999).
+MODALITIES = ("image", "video", "audio")
+
+
+def _plan_inputs(vllm_config: VllmConfig, plan: Plan, bundle: str, limits: dict[str, int]) -> None:
+    """What one prompt may carry besides text: the bundle's modalities and limits.
+
+    vLLM preprocesses images in the API server with its own processor for the
+    checkpoint's architecture, as TT-Metal's vision classes have it do, and refuses a
+    prompt over `limit_mm_per_prompt` there (HTTP 400, the engine never sees it). So the
+    bundle's declaration becomes that limit: every modality it does not list is 0 (a
+    video to an image-only bundle, an image to a text-only one), and a user's
+    `--limit-mm-per-prompt` may lower a limit, never raise it past the generator's.
+    """
+    mm = vllm_config.model_config.multimodal_config
+    if mm is None:
+        reason = (
+            f"{bundle} declares {_limits_text(limits)}, but vLLM has no multimodal "
+            "processor for this checkpoint's architecture"
+            if limits
+            else f"{bundle} declares no modalities"
+        )
+        plan.inputs = {}
+        plan.decide("inputs", None, "text only", reason)
+        return
+    from vllm.config.multimodal import MultiModalConfig
+
+    configured = mm.limit_per_prompt
+    requested = {
+        m: o.count for m in sorted(set(MODALITIES) | set(configured)) if (o := configured.get(m))
+    }
+    over = {m: n for m, n in requested.items() if n > limits.get(m, 0)}
+    if over:
+        asked = ", ".join(f"{m}={n}" for m, n in over.items())
+        raise _error(
+            "TTB215",
+            f"--limit-mm-per-prompt {asked}: {bundle} takes at most "
+            f"{_limits_text(limits) if limits else 'text only'}",
+            "lower the limit or drop --limit-mm-per-prompt (the bundle's limits apply)",
+        )
+    effective = {m: min(requested.get(m, limits.get(m, 0)), limits.get(m, 0)) for m in MODALITIES}
+    effective.update({m: 0 for m in configured if m not in effective})
+    fresh = MultiModalConfig._validate_limit_per_prompt(effective)
+    for modality, count in effective.items():
+        options = configured.get(modality)
+        if options is None:
+            configured[modality] = fresh[modality]
+        else:
+            options.count = count
+    served = {m: n for m, n in effective.items() if n}
+    plan.inputs = served
+    plan.decide(
+        "inputs",
+        requested or None,
+        _limits_text(served) if served else "text only",
+        ("as requested, within " if requested else "")
+        + (f"what {bundle} declares" if limits else f"{bundle} declares no modalities")
+        + "; other modalities are refused by the API server",
+    )
+
+
+def _limits_text(limits: dict[str, int]) -> str:
+    return "text + " + ", ".join(f"{n} {m}(s) per prompt" for m, n in limits.items())
 
 
 def _plan_lanes(vllm_config: VllmConfig, plan: Plan, execution: str, target: Any) -> None:

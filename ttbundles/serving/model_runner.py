@@ -190,6 +190,8 @@ class TTModelRunner:
         # In-process data-parallel lanes (single-execute generators): device rows are
         # lane x per_lane + slot, each lane's requests in its own rows and KV cache.
         self.lanes = plan.lanes if plan is not None else 1
+        # The bundle serves images (the plan allowed some per prompt): prefill gets them.
+        self.image_inputs = bool(plan is not None and plan.inputs.get("image"))
         self.per_lane = self.max_num_reqs // self.lanes
         self.options = effective_options(vllm_config)
         self.version = contract.contract_version(generator_cls)
@@ -260,7 +262,10 @@ class TTModelRunner:
 
     def _bind_instance_methods(self) -> None:
         model, name = self.generator, self.class_name
-        self._prefill = bind(model, contract.PREFILL, contract.PREFILL.passes, class_name=name)
+        prefill_offer = contract.PREFILL.passes
+        if self.image_inputs:
+            prefill_offer += contract.PREFILL_IMAGE_INPUTS
+        self._prefill = bind(model, contract.PREFILL, prefill_offer, class_name=name)
         self._decode = bind(model, contract.DECODE, decode_offer(self.version), class_name=name)
         per_layer = bind(
             model,
@@ -534,7 +539,9 @@ class TTModelRunner:
         tokens = torch.from_numpy(self.input_batch.token_ids_cpu[:rows, : max(ends)].copy())
         slots = [self.slot_of[r] for r in step.req_ids]
         params = self._row_params(step.req_ids) if device else None
+        images = self._image_inputs(step.req_ids) if self.image_inputs else {}
         out = self._prefill(
+            **images,
             tokens=tokens.long(),
             page_table=self._page_table(step.req_ids, None, rows),
             kv_cache=self.kv_cache,
@@ -561,6 +568,28 @@ class TTModelRunner:
             step.logprobs = _rows_of(extra, list(range(rows)))
         if self.observer is not None:
             self.observer("prefill", step.req_ids, computed, ends, step.logits)
+
+    def _image_inputs(self, req_ids: list[str]) -> dict[str, list[Any]]:
+        """`contract.PREFILL_IMAGE_INPUTS` for these prefill rows, from each request's
+        processed multimodal features (vLLM's processor ran in the API server)."""
+        inputs: dict[str, list[Any]] = {name: [] for name in contract.PREFILL_IMAGE_INPUTS}
+        for req_id in req_ids:
+            features = self.requests[req_id].mm_features
+            for name, rows in inputs.items():
+                if not features:
+                    rows.append(None)
+                    continue
+                row = []
+                for feature in features:
+                    if feature.modality != "image":  # the API server refuses these
+                        raise ValueError(
+                            f"request {req_id} carries a {feature.modality} input; "
+                            "this bundle serves images only"
+                        )
+                    element = feature.data.get(name) if feature.data is not None else None
+                    row.append(None if element is None else element.data)
+                rows.append(row)
+        return inputs
 
     def sample_tokens(
         self, grammar_output: GrammarOutput | None
