@@ -32,6 +32,7 @@ LIGHT = [
     "ttbundles.format.schema",
     "ttbundles.check.validate",
     "ttbundles.check.adapter",
+    "ttbundles.check.static_reader",
     "ttbundles.check.imports",
     "ttbundles.archive.reader",
     "ttbundles.archive.writer",
@@ -255,3 +256,29 @@ def test_the_layer_check_refuses_a_module_in_no_layer(tmp_path):
     (package / "newthing.py").write_text("")
     with pytest.raises(AssertionError, match="ttbundles.newthing is in no layer"):
         upward_imports(package)
+
+
+def test_the_index_key_names_every_module_a_cached_verdict_depends_on():
+    """The registry index trusts a record only while the code that made it is unchanged
+    (`registry.index.checker`): the files it watches are exactly the modules its check
+    runs, so a new import there cannot slip past the key."""
+    from ttbundles.registry.index import _CHECKER_FILES
+
+    graph = _module_graph()
+    seen, todo = set(), ["ttbundles.registry.index"]
+    while todo:
+        name = todo.pop()
+        if name not in seen:
+            seen.add(name)
+            todo.extend(graph[name])
+    files = set()
+    for name in seen:
+        path = PACKAGE.parent.joinpath(*name.split("."))
+        files.add(
+            str(
+                (path / "__init__.py" if path.is_dir() else path.with_suffix(".py")).relative_to(
+                    PACKAGE
+                )
+            )
+        )
+    assert sorted(files) == sorted(_CHECKER_FILES)

@@ -6,11 +6,15 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
+import ttbundles
 from tests.bundle_factory import write_bundle
 from ttbundles.build import pack
 from ttbundles.errors import ConfigurationError
@@ -136,6 +140,51 @@ def _rewrite(path: Path, text: str) -> None:
     path.write_text(text)
     if path.stat().st_mtime_ns == before:  # a coarse clock: make the change visible
         os.utime(path, ns=(before + 1_000_000, before + 1_000_000))
+
+
+# Registration in a process of its own: whether bundle `good` was checked there or taken
+# from an index, and its status.
+REGISTER_CHILD = """
+import sys
+from ttbundles.registry.registry import compute
+env = {"EXTRA_MODELS_DIR": sys.argv[1], "MESH_DEVICE": "HOST", "TT_VLLM_BUILTIN_MODELS": "0"}
+(good,) = [e for e in compute(env, mesh="HOST").entries if e.path.name == "good"]
+print("checked" if good._metadata is not None else "kept", good.status.name)
+"""
+
+
+def test_an_edit_of_a_contract_rule_invalidates_the_user_cache(make_bundle, tmp_path):
+    """An upgrade that changes any module the check runs (here a rule of the contract)
+    makes every process check afresh instead of serving the old code's verdict."""
+    lib = tmp_path / "lib"
+    shutil.copytree(
+        Path(ttbundles.__file__).parent,
+        lib / "ttbundles",
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
+    models = tmp_path / "models"
+    make_bundle("good", parent=models)
+
+    def register() -> str:
+        done = subprocess.run(
+            [sys.executable, "-c", REGISTER_CHILD, str(models)],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(lib)},
+            cwd=tmp_path,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        return done.stdout.strip()
+
+    assert register() == "checked REGISTERED"
+    assert register() == "kept REGISTERED"
+    contract = lib / "ttbundles" / "format" / "contract.py"
+    rule = "FALLBACK_MAX_TOKENS_ALL_USERS = 131_072"
+    assert rule in contract.read_text()
+    _rewrite(contract, contract.read_text().replace(rule, "FALLBACK_MAX_TOKENS_ALL_USERS = 65_536"))
+    assert register() == "checked REGISTERED"
+    assert register() == "kept REGISTERED"
 
 
 def test_a_changed_adapter_is_checked_afresh(make_bundle, tmp_path):

@@ -621,7 +621,13 @@ def test_strict_unverifiable_fails_an_environment_class_not_importable_here(make
 
 
 @pytest.mark.parametrize(
-    "module", ["ttbundles.check.adapter", "ttbundles.check.imports", "ttbundles.scaffold"]
+    "module",
+    [
+        "ttbundles.check.adapter",
+        "ttbundles.check.static_reader",
+        "ttbundles.check.imports",
+        "ttbundles.scaffold",
+    ],
 )
 def test_contract_names_come_from_format_contract(module):
     """No module repeats the contract's method names, capability keys or commands: they

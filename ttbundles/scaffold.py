@@ -440,7 +440,7 @@ def migrate_bundle(folder: Path, *, dry_run: bool = False) -> Migration:
             for key in clashes
         )
     # The registry takes a legacy bundle's capabilities from its class; v1 declares them.
-    from ttbundles.check.adapter import read_bundle_class
+    from ttbundles.check.static_reader import read_bundle_class
 
     found = read_bundle_class(folder, meta)
     capabilities = found.capabilities.model_dump(exclude_defaults=True) if found else {}

@@ -43,7 +43,7 @@ from ttbundles.registry.index import Index, Record, bundle_names, examine
 from ttbundles.registry.requirements import unmet
 
 if TYPE_CHECKING:  # the static reader is imported only where a class source is read
-    from ttbundles.check.adapter import StaticClass
+    from ttbundles.check.static_reader import StaticClass
 
 
 class Source(str, Enum):
@@ -396,7 +396,7 @@ def _load(
 def override_entry(override: overrides_.Override) -> Entry:
     """The registry's entry for one TT_MODEL_CLASS_OVERRIDES item: registered whatever
     the mesh, `when` or requirements, with the class's own capabilities."""
-    from ttbundles.check.adapter import read_class
+    from ttbundles.check.static_reader import read_class
 
     static = read_class(override.module, override.class_name)
     metadata = BundleMetadata.model_validate(
@@ -431,7 +431,7 @@ def _capabilities_from_class(entry: Entry) -> None:
     """A legacy bundle declares no capabilities: take the class's `model_capabilities`
     (read from source, TT-Metal's absent-means-unsupported rule), as the reference
     plugin does by importing it."""
-    from ttbundles.check.adapter import read_bundle_class
+    from ttbundles.check.static_reader import read_bundle_class
 
     assert entry.metadata is not None
     entry.static = read_bundle_class(entry.path, entry.metadata)

@@ -60,7 +60,7 @@ def class_module(class_ref: str) -> str | None:
 
 def module_findable(module: str) -> bool:
     """Whether `module` is on this interpreter's path, found on disk without importing."""
-    from ttbundles.check.adapter import environment_roots
+    from ttbundles.check.static_reader import environment_roots
 
     roots = environment_roots(module)
     return roots is not None and roots.module_file(module) is not None
