@@ -45,9 +45,21 @@ def test_real_torchvision_imports_and_preprocesses_but_its_cpp_ops_stay_unavaila
     assert lines[1] == "nms: Couldn't load custom C++ ops"
 
 
+def test_the_start_up_hook_puts_the_step_in_place():
+    done = run("import torchvision, ttbundles.torchvision_compat as c; print(c.applied())")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "True"
+
+
 def test_without_the_step_the_known_failure_happens():
     # Guards the premise: if a future torchvision fixes this, the step must not be needed.
-    done = run("import torchvision")
+    done = run(
+        """
+        import sys
+        sys.meta_path[:] = [f for f in sys.meta_path if type(f).__name__ != "_TorchvisionFinder"]
+        import torchvision
+        """
+    )
     assert done.returncode != 0
     assert "operator torchvision::nms does not exist" in done.stderr
 
@@ -110,3 +122,18 @@ def test_the_same_message_is_not_answered_when_the_extension_loaded(tmp_path):
     )
     assert done.returncode != 0
     assert "operator torchvision::nms does not exist" in done.stderr
+
+
+def test_the_start_up_hook_loads_two_small_modules_and_nothing_heavy():
+    # The .pth runs in every Python process of the environment: it must stay cheap.
+    done = run(
+        """
+        import sys
+        ours = sorted(m for m in sys.modules if m.startswith("ttbundles"))
+        heavy = sorted(m for m in ("torch", "torchvision", "typing", "pathlib", "logging")
+                       if m in sys.modules)
+        print(ours, heavy)
+        """
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "['ttbundles', 'ttbundles.torchvision_compat'] []"

@@ -19,7 +19,9 @@ that import vLLM and torch), `conformance`, `demo`, and `cli` on top.
 from __future__ import annotations
 
 from importlib import import_module
-from typing import Any
+
+# Nothing heavier than importlib here (not even typing): every Python process of the
+# environment imports this package at start-up (ttbundles/torchvision_compat.pth).
 
 _API = {
     "load_metadata": ("ttbundles.format.parse", "load_metadata"),
@@ -34,7 +36,7 @@ _API = {
 __all__ = sorted(_API)
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     try:
         module, attribute = _API[name]
     except KeyError:
