@@ -647,9 +647,11 @@ def test_version_and_python_dash_m(run_cli, tmp_path):
 
 def test_python_dash_m_in_the_source_tree_says_what_to_run():
     """The checkout's ttbundles/ has no cli/ (only the wheel maps it there): `python -m`
-    from the repository root imports that tree, and says so instead of a traceback."""
+    from the repository root imports that tree, and says so instead of a traceback.
+    (-S: no site-packages, whose torchvision .pth would import the installed package
+    first.)"""
     module = subprocess.run(
-        [sys.executable, "-m", "ttbundles", "--version"],
+        [sys.executable, "-S", "-m", "ttbundles", "--version"],
         capture_output=True,
         text=True,
         cwd=Path(__file__).parents[1],

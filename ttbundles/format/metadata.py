@@ -8,6 +8,7 @@ neither vLLM nor torch, so validation and registration stay cheap.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 from packaging.requirements import InvalidRequirement, Requirement
@@ -24,7 +25,8 @@ from pydantic import (
 from pydantic.json_schema import SkipJsonSchema
 from pydantic_core import PydanticCustomError
 
-from ttbundles.format.meshes import HOST, MESH_NAMES
+from ttbundles.format.meshes import MESH_NAMES
+from ttbundles.format.selection import applies
 from ttbundles.format.tt_options import SampleOnDeviceMode, TTOptions
 
 METADATA_FILE = "vllm_metadata.json"
@@ -260,9 +262,6 @@ class When(_Strict):
                 },
             )
         return self
-
-    def matches(self, environ: dict[str, str] | Any) -> bool:
-        return all(environ.get(k) == v for k, v in self.env.items())
 
 
 class Requires(_Strict):
@@ -580,13 +579,10 @@ class BundleMetadata(_Strict):
     def legacy(self) -> bool:
         return self.legacy_
 
-    def applies_to(self, mesh: str | None, environ: Any) -> bool:
-        """Whether the bundle applies on `mesh` (None: any) under `environ`."""
-        if mesh is not None and self.targets and mesh not in self.targets:
-            return False
-        if mesh is None and self.targets and set(self.targets) == {HOST}:
-            return False  # the host mesh is only ever chosen explicitly (MESH_DEVICE=HOST)
-        return self.when.matches(environ)
+    def applies_to(self, mesh: str | None, environ: Mapping[str, str]) -> bool:
+        """Whether the bundle applies on `mesh` (None: no mesh set) under `environ`: the
+        selection rule (`format.selection`)."""
+        return applies(self, mesh, environ)
 
     def target(self, mesh: str | None) -> Target | None:
         return self.targets.get(mesh) if mesh is not None else None

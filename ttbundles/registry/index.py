@@ -64,6 +64,7 @@ _CHECKER_FILES = (
     "format/metadata.py",
     "format/modules.py",
     "format/parse.py",
+    "format/selection.py",
     "format/tt_options.py",
     "registry/index.py",
     "suggest.py",

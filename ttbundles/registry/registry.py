@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 from ttbundles import envs
 from ttbundles.errors import ConfigurationError, Diagnostic, Severity
-from ttbundles.format.meshes import HOST, canonical
+from ttbundles.format.meshes import canonical
 from ttbundles.format.metadata import (
     METADATA_FILE,
     SCHEMA_VERSION,
@@ -36,7 +36,7 @@ from ttbundles.format.metadata import (
     slug,
     tt_arch_name,
 )
-from ttbundles.format.selection import rank
+from ttbundles.format.selection import applies, rank, why_inactive
 from ttbundles.paths import builtin_bundles_dir
 from ttbundles.registry import overrides as overrides_
 from ttbundles.registry.index import Index, Record, bundle_names, examine
@@ -120,14 +120,6 @@ class Facts:
     def tt_arch(self) -> str:
         return tt_arch_name(self.arch)
 
-    def applies_to(self, mesh: str | None, environ: Mapping[str, str]) -> bool:
-        """`BundleMetadata.applies_to`, over the document."""
-        if mesh is not None and self.targets and mesh not in self.targets:
-            return False
-        if mesh is None and self.targets and set(self.targets) == {HOST}:
-            return False
-        return self.when.matches(environ)
-
 
 def _requires_any(requires: dict) -> bool:
     return any(requires.get(k) for k in ("python", "vllm", "ttnn", "packages"))
@@ -139,9 +131,6 @@ class _When:
     def __init__(self, when: dict):
         self.env: dict[str, str] = when.get("env") or {}
         self.default_for: dict[str, str] = when.get("default_for") or {}
-
-    def matches(self, environ: Mapping[str, str]) -> bool:
-        return all(environ.get(k) == v for k, v in self.env.items())
 
 
 @dataclass(slots=True)
@@ -176,7 +165,7 @@ class Entry:
     def reason(self) -> str:
         """Why the bundle has its status ("" when registered)."""
         if not self._reason and self._inactive is not None:
-            self._reason = _why_inactive(*self._inactive)
+            self._reason = why_inactive(*self._inactive)
         return self._reason
 
     @reason.setter
@@ -387,7 +376,7 @@ def _load(
             return entry
     if record.legacy:
         _capabilities_from_class(entry)
-    if not facts.applies_to(mesh, environ):
+    if not applies(facts, mesh, environ):
         entry.status = Status.INACTIVE
         entry._inactive = (facts, mesh, environ)
     return entry
@@ -488,15 +477,6 @@ def check_selectors(entries: list[Entry], environ: Mapping[str, str]) -> None:
         raise ConfigurationError(problems)
 
 
-def _why_inactive(meta: Facts, mesh: str | None, environ: Mapping[str, str]) -> str:
-    if mesh is not None and meta.targets and mesh not in meta.targets:
-        return f"TTB101 targets {', '.join(meta.targets)}, not {mesh}"
-    if mesh is None and set(meta.targets) == {HOST}:
-        return "TTB101 targets only the host mesh; set MESH_DEVICE=HOST to use it"
-    unmatched = [f"{k}={v}" for k, v in meta.when.env.items() if environ.get(k) != v]
-    return f"TTB101 applies only when {', '.join(unmatched)}"
-
-
 def _select(entries: list[Entry], problems: list[Diagnostic], mesh: str | None) -> None:
     """Pick one bundle per TT architecture: extras before built-ins, then by `rank` (names
     the mesh, most specific `when`), then the first in EXTRA_MODELS_DIR order (ambiguity
@@ -506,19 +486,22 @@ def _select(entries: list[Entry], problems: list[Diagnostic], mesh: str | None) 
         if entry.status is Status.REGISTERED and entry.tt_arch:
             by_arch.setdefault(entry.tt_arch, []).append(entry)
     precedence = {Source.OVERRIDE: 0, Source.EXTRA: 1, Source.BUILTIN: 2}
+
+    def rank_of(entry: Entry) -> tuple[int, int]:
+        assert entry.facts is not None  # it has an architecture: it was read
+        return rank(entry.facts, mesh)
+
     for arch, candidates in by_arch.items():
         ranked = sorted(
             candidates,
-            key=lambda e: (precedence[e.source], tuple(-r for r in rank(e.facts, mesh))),  # type: ignore[arg-type]
+            key=lambda e: (precedence[e.source], tuple(-r for r in rank_of(e))),
         )
         winner = ranked[0]
         tied: list[Entry] = []
         for loser in ranked[1:]:
             loser.status = Status.SHADOWED
             loser.reason = f"{arch} is provided by {winner.label} ({winner.source.value})"
-            same_rank = loser.source is winner.source and rank(loser.facts, mesh) == rank(
-                winner.facts, mesh
-            )  # type: ignore[arg-type]
+            same_rank = loser.source is winner.source and rank_of(loser) == rank_of(winner)
             if winner.override is not None:
                 loser.reason = (
                     f"TTB103 overridden by {overrides_.VARIABLE} ({winner.override.item})"
