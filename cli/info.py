@@ -8,6 +8,8 @@ from typing import Annotated
 
 import typer
 
+from ttbundles.format.metadata import capability_flags
+
 from .options import FormatOption
 from .output import Format, Output, short_path
 
@@ -81,16 +83,7 @@ def list_bundles(
 def _caps(caps: dict | None) -> str:
     if not caps:
         return ""
-    flags = [
-        k
-        for k in ("prefix_caching", "async_decode", "chunked_prefill", "multimodal")
-        if caps.get(k)
-    ]
-    if caps.get("sample_on_device"):
-        flags.append("sample_on_device=" + "+".join(caps["sample_on_device"]))
-    if caps.get("execution") == "single":
-        flags.append("single-execute")
-    return ", ".join(flags) or "-"
+    return ", ".join(capability_flags(caps)) or "-"
 
 
 def inspect(

@@ -23,7 +23,14 @@ from pathlib import Path
 import pytest
 
 from ttbundles.format.contract import CAPABILITY_KEYS
-from ttbundles.format.metadata import METADATA_FILE, BundleMetadata, Capabilities, Target, When
+from ttbundles.format.metadata import (
+    METADATA_FILE,
+    BundleMetadata,
+    Capabilities,
+    Target,
+    When,
+    needs_version,
+)
 from ttbundles.format.selection import overlaps
 from ttbundles.format.tt_options import TTOptions
 from ttbundles.registry.registry import compute
@@ -129,6 +136,8 @@ NEW_BUILTINS = (
 TT_PREFIXED_ARCH = {"tt-qwen3.8-27b"}
 
 SOD_ALL = ["decode_only", "all"]
+# TT-Metal's vision classes cap images at one per prompt (get_supported_mm_limits).
+ONE_IMAGE = {"image": 1}
 TEXT = {"prefix_caching": True, "async_decode": True, "sample_on_device": SOD_ALL}
 # name -> capabilities that differ from the defaults (checked against x-tt-metal below).
 CAPABILITIES: dict[str, dict] = {
@@ -139,16 +148,17 @@ CAPABILITIES: dict[str, dict] = {
     "tt-qwen2": {**TEXT, "chunked_prefill": True},
     "tt-qwen3": {**TEXT, "chunked_prefill": True},
     "tt-qwen3-galaxy": {"execution": "single"},
-    "tt-qwen3.5": {"sample_on_device": ["decode_only"], "multimodal": True},
+    "tt-qwen3.5": {"sample_on_device": ["decode_only"], "modalities": ONE_IMAGE},
     "tt-qwen2.5-vl": {
         "async_decode": True,
         "sample_on_device": ["decode_only"],
-        "multimodal": True,
+        "modalities": ONE_IMAGE,
     },
-    "tt-qwen3-vl": {"multimodal": True},
+    "tt-qwen3-vl": {"modalities": ONE_IMAGE},
     "tt-mistral": {**TEXT, "chunked_prefill": True},
-    "tt-mistral3": {"sample_on_device": ["decode_only"], "multimodal": True},
-    "tt-gemma3": {"async_decode": True, "sample_on_device": SOD_ALL, "multimodal": True},
+    # Text only: its prefill reads the V0 `images` keyword no V1 worker sends (x-notes).
+    "tt-mistral3": {"sample_on_device": ["decode_only"]},
+    "tt-gemma3": {"async_decode": True, "sample_on_device": SOD_ALL, "modalities": ONE_IMAGE},
     "tt-deepseek-v3": {"sample_on_device": SOD_ALL},
     "tt-gpt-oss": {"async_decode": True, "sample_on_device": SOD_ALL, "execution": "single"},
     "tt-gemma4": {"sample_on_device": SOD_ALL, "chunked_prefill": True},
@@ -204,7 +214,8 @@ def builtins() -> dict[str, BundleMetadata]:
 def test_parses(folder: Path) -> None:
     meta = _load(folder)
     assert meta.name == folder.name, "folder name must equal the bundle name"
-    assert meta.schema_version == 1
+    # Each built-in is written in the lowest version that expresses it.
+    assert meta.schema_version == needs_version(meta)
     assert meta.version == "1.0.0"
     assert meta.main_class_source == "environment"
     assert meta.schema_uri is None, "$schema would point nowhere once installed"

@@ -187,9 +187,7 @@ class Capabilities(_Strict):
 
     def input_limits(self) -> dict[str, int]:
         """Items per prompt for each modality the generator takes; {} for text only."""
-        if self.modalities:
-            return dict(self.modalities)
-        return dict(DEFAULT_MODALITIES) if self.multimodal else {}
+        return input_limits(self.model_dump(include={"multimodal", "modalities"}))
 
     @model_validator(mode="after")
     def _modalities_imply_multimodal(self) -> Capabilities:
@@ -586,6 +584,30 @@ class BundleMetadata(_Strict):
 
     def target(self, mesh: str | None) -> Target | None:
         return self.targets.get(mesh) if mesh is not None else None
+
+
+def input_limits(capabilities: dict[str, Any]) -> dict[str, int]:
+    """`Capabilities.input_limits` of capabilities in their JSON form (index, `list`)."""
+    if capabilities.get("modalities"):
+        return dict(capabilities["modalities"])
+    return dict(DEFAULT_MODALITIES) if capabilities.get("multimodal") else {}
+
+
+def capability_flags(capabilities: dict[str, Any] | None) -> list[str]:
+    """Capabilities in a few words, for the startup table, `list` and `inspect`."""
+    if not capabilities:
+        return []
+    flags = [
+        k for k in ("prefix_caching", "async_decode", "chunked_prefill") if capabilities.get(k)
+    ]
+    if capabilities.get("sample_on_device"):
+        flags.append("sample_on_device=" + "+".join(capabilities["sample_on_device"]))
+    if capabilities.get("execution") == "single":
+        flags.append("single-execute")
+    limits = input_limits(capabilities)
+    if limits:
+        flags.append("inputs=text+" + "+".join(f"{m}:{n}" for m, n in limits.items()))
+    return flags
 
 
 def needs_version(metadata: BundleMetadata) -> int:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ttbundles import envs
 from ttbundles.errors import ConfigurationError, Severity
-from ttbundles.format.metadata import tt_arch_name
+from ttbundles.format.metadata import capability_flags, tt_arch_name
 from ttbundles.registry.registry import Entry, Registry, Source, Status, compute, table
 
 # A child of vLLM's logger, so messages appear wherever vLLM's own do.
@@ -113,15 +113,7 @@ def log_table(registry: Registry) -> None:
     rows = table(registry)
     lines = [f"ttbundles: TT architectures (mesh {registry.mesh or 'any'}):"]
     for r in rows:
-        caps = r["capabilities"] or {}
-        flags = (
-            ",".join(
-                k for k in ("prefix_caching", "async_decode", "chunked_prefill") if caps.get(k)
-            )
-            or "-"
-        )
-        if caps.get("sample_on_device"):
-            flags += ",sample_on_device=" + "+".join(caps["sample_on_device"])
+        flags = ",".join(capability_flags(r["capabilities"])) or "-"
         # A bundle whose metadata did not validate has no name: its folder names it.
         label = f"{r['bundle']}@{r['version']}" if r["bundle"] else Path(r["path"]).name
         lines.append(
