@@ -52,6 +52,7 @@ def pack(
     output_dir: Annotated[
         Path, typer.Option("--output-dir", "-o", help="Where to write the archive.")
     ] = Path("."),
+    fmt: FormatOption = Format.human,
 ) -> None:
     """Write <name>-<version>.ttbundle: a deterministic, verifiable archive.
 
@@ -63,7 +64,20 @@ def pack(
 
     with _progress(f"packing {bundle.name}", True) as progress:
         path = pack_bundle(bundle, output_dir, progress=progress)
-    Output().plain(str(path))
+    out = Output(fmt)
+    if out.is_json:
+        from ttbundles.archive.reader import read_archive
+
+        manifest = read_archive(path)
+        out.result(
+            True,
+            path=str(path),
+            name=manifest.name,
+            version=manifest.version,
+            root_digest=manifest.root_digest,
+        )
+    else:
+        out.plain(str(path))
 
 
 def verify(

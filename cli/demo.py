@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import signal
 import sys
+from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from .output import Output
+from .options import FormatOption
+from .output import Format, Output
 
 
 def demo(
@@ -78,6 +80,7 @@ def demo(
             "print its folder.",
         ),
     ] = False,
+    fmt: FormatOption = Format.human,
 ) -> None:
     """Serve a real small model through vLLM on the host mesh (MESH_DEVICE=HOST): no hardware.
 
@@ -96,17 +99,37 @@ def demo(
     from ttbundles.demo import model
     from ttbundles.demo.checkpoint import write_demo_checkpoint
     from ttbundles.demo.flow import run_demo
+    from ttbundles.demo.query import DemoAnswers
 
-    out = Output()
+    out = Output(fmt)
+
+    def say(line: str) -> None:  # progress: stdout for people, stderr beside JSON
+        (out.err if out.is_json else out.out).print(line, style="dim", markup=False)
+
     if write_checkpoint is not None:
-        out.plain(str(write_demo_checkpoint(write_checkpoint)))
+        folder = write_demo_checkpoint(write_checkpoint)
+        out.result(True, path=str(folder)) if out.is_json else out.plain(str(folder))
         return
     if prepare:
-        folder, _ = model.prepare(checkpoint_dir, say=lambda line: out.line(line, style="dim"))
-        out.plain(str(folder))
+        folder, _ = model.prepare(checkpoint_dir, say=say)
+        out.result(True, path=str(folder)) if out.is_json else out.plain(str(folder))
         return
     # A plain `kill` of this command must still stop the server it started.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+
+    def show(answers: DemoAnswers) -> None:  # before the server stops and says so
+        if out.is_json:
+            return
+        out.line(f"model: {answers.model}", style="bold")
+        for kind, answer in (("completion", answers.completion), ("chat", answers.chat)):
+            out.line(f"{kind}: {answer.prompt!r} -> {answer.text!r} ({answer.summary()})")
+        if tiny:
+            out.line(
+                "(The tiny checkpoint has seeded random weights: its text is noise. What it "
+                "shows is the serving path, greedy-identical to transformers.)",
+                style="dim",
+            )
+
     try:
         answers = run_demo(
             host=host,
@@ -116,18 +139,10 @@ def demo(
             tiny=tiny,
             vllm_args=vllm_args or (),
             lanes=lanes,
-            say=lambda line: out.line(line, style="dim"),
+            say=say,
+            show=show,
         )
     except KeyboardInterrupt:
-        return  # Ctrl-C is how a foreground server is meant to end; it has stopped
-    if answers is None:
-        return
-    out.line(f"model: {answers.model}", style="bold")
-    for kind, answer in (("completion", answers.completion), ("chat", answers.chat)):
-        out.line(f"{kind}: {answer.prompt!r} -> {answer.text!r} ({answer.summary()})")
-    if tiny:
-        out.line(
-            "(The tiny checkpoint has seeded random weights: its text is noise. What it "
-            "shows is the serving path, greedy-identical to transformers.)",
-            style="dim",
-        )
+        answers = None  # Ctrl-C is how a foreground server is meant to end; it has stopped
+    if out.is_json:
+        out.result(True, answers=None if answers is None else asdict(answers))

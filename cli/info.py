@@ -45,6 +45,7 @@ def list_bundles(
     from ttbundles.installer.leftovers import leftover_diagnostics
     from ttbundles.registry.registry import Source, compute, sources, table
     from ttbundles.registry.servable import mark_unservable, refusals
+    from ttbundles.serving.registration import fallbacks
 
     registry = compute(mesh=mesh, models_dirs=models_dir or None)
     unservable = mark_unservable(registry)
@@ -55,9 +56,9 @@ def list_bundles(
     problems = refused or (registry.problems + unservable + leftover_diagnostics(extra))
     out = Output(fmt)
     if out.is_json:
-        out.result(
-            not any(d.is_error for d in problems), problems, mesh=registry.mesh, entries=rows
-        )
+        # `ok` is the exit status: false exactly when list exits 1 (where vllm serve
+        # would not start); errors about single bundles are in the diagnostics.
+        out.result(not refused, problems, mesh=registry.mesh, entries=rows)
     else:
         out.table(
             f"TT architectures (mesh: {registry.mesh or 'any'})",
@@ -65,7 +66,7 @@ def list_bundles(
             [
                 [
                     r["tt_arch"] or "-",
-                    f"{r['bundle'] or '-'}@{r['version'] or '-'}",
+                    _label(r),
                     r["source"],
                     "not servable" if r["status"] == "unservable" else r["status"],
                     _caps(r["capabilities"]),
@@ -76,8 +77,18 @@ def list_bundles(
             head=4,
         )
         out.diagnostics(problems)
+        for line in fallbacks(registry):
+            out.line(f"note: {line}")
     if refused:
         raise typer.Exit(1)
+
+
+def _label(row: dict) -> str:
+    """bundle@version; a bundle whose metadata did not validate has neither, and its
+    folder names it (as in the startup table)."""
+    if row["bundle"]:
+        return f"{row['bundle']}@{row['version'] or '-'}"
+    return f"{Path(row['path']).name if row['path'] else '-'} (folder)"
 
 
 def _caps(caps: dict | None) -> str:
@@ -119,11 +130,18 @@ def inspect(
     )
 
 
-def schema() -> None:
+def schema(fmt: FormatOption = Format.human) -> None:
     """Print the JSON Schema of vllm_metadata.json (point editors at it with "$schema").
 
     Example: ttbundle schema > vllm_metadata.schema.json
     """
+    import json
+
     from ttbundles.paths import schema_file
 
-    sys.stdout.write(schema_file().read_text(encoding="utf-8"))
+    text = schema_file().read_text(encoding="utf-8")
+    out = Output(fmt)
+    if out.is_json:  # the one envelope: the schema under "schema"
+        out.result(True, schema=json.loads(text))
+    else:
+        sys.stdout.write(text)

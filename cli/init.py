@@ -25,6 +25,7 @@ def init(
         ),
     ] = None,
     name: Annotated[str | None, typer.Option(help="Bundle name (default: folder).")] = None,
+    fmt: FormatOption = Format.human,
 ) -> None:
     """Create a bundle that validates: vllm_metadata.json plus an adapter template.
 
@@ -35,7 +36,10 @@ def init(
     if arch is None and from_hf is None:
         raise typer.BadParameter("give --arch, --from-hf, or both", param_hint="--arch")
     created = init_bundle(folder, arch=arch, from_hf=from_hf, name=name)
-    out = Output()
+    out = Output(fmt)
+    if out.is_json:
+        out.result(True, folder=str(created.folder), notes=list(created.notes))
+        return
     for note in created.notes:
         out.err.print(f"note: {note}", highlight=False, markup=False)
     out.plain(str(created.folder))

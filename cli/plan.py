@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -9,7 +10,7 @@ from typing import Annotated
 import typer
 
 from .options import FormatOption
-from .output import Format, Output
+from .output import Format, Output, short_path
 from .usage import no_such_option
 
 
@@ -36,6 +37,9 @@ def plan(
             file_okay=False,
         ),
     ] = None,
+    verbose: Annotated[
+        bool, typer.Option("--verbose", "-v", help="Also show vLLM's log (on stderr).")
+    ] = False,
     fmt: FormatOption = Format.human,
 ) -> None:
     """Print what `vllm serve MODEL ...` would decide, and fail with the error it would give.
@@ -47,10 +51,15 @@ def plan(
     from ttbundles.serving.dry_run import ServeOptionsError, make_plan
 
     out = Output(fmt)
+    log = io.StringIO()  # vLLM's log: the plan is the output; -v shows the log too
     try:
-        result = make_plan(model, list(ctx.args), mesh=mesh, models_dirs=models_dir or None)
+        result = make_plan(
+            model, list(ctx.args), mesh=mesh, models_dirs=models_dir or None, log=log
+        )
     except ServeOptionsError as exc:  # a usage error: one line and exit 2, not vLLM's usage
-        if exc.unknown:
+        if out.is_json:
+            out.result(False, exc.diagnostics)
+        elif exc.unknown:
             ours = [o for p in ctx.command.params for o in getattr(p, "opts", [])]
             text = no_such_option(
                 ctx.command_path, exc.unknown[0], ours + exc.known, also="vllm serve --help"
@@ -59,6 +68,9 @@ def plan(
         else:
             out.diagnostics(exc.diagnostics, stderr=True)
         sys.exit(2)
+    finally:
+        if verbose:
+            sys.stderr.write(log.getvalue())
     from ttbundles.errors import Diagnostic, Severity
 
     problems = [
@@ -71,7 +83,7 @@ def plan(
     bundle = result["bundle"]
     out.line(
         f"{result['tt_arch']}: {bundle['name']}@{bundle['version']} ({bundle['source']}, "
-        f"{bundle['path']}) on mesh {result['mesh'] or 'unset'}",
+        f"{short_path(bundle['path'])}) on mesh {result['mesh'] or 'unset'}",
         style="bold",
     )
     out.table(

@@ -393,12 +393,16 @@ def _envelope(done, code: int) -> dict:
 @pytest.mark.parametrize(
     ("args", "code", "ttb"),
     [
+        # A missing path is TTB001 whatever the command (one code per condition).
         (["validate", "{missing}"], 1, "TTB001"),
-        (["verify", "{missing}"], 1, None),
-        (["inspect", "{missing}"], 1, None),
-        (["install", "{missing}", "--models-dir", "{tmp}"], 1, None),
+        (["verify", "{missing}"], 1, "TTB001"),
+        (["inspect", "{missing}"], 1, "TTB001"),
+        (["install", "{missing}", "--models-dir", "{tmp}"], 1, "TTB001"),
+        (["pack", "{missing}"], 1, "TTB001"),
+        (["migrate", "{missing}"], 1, "TTB001"),
+        (["plan", "{missing}", "--mesh", "HOST"], 1, "TTB001"),
+        (["test", "{missing}", "--model", "{tmp}"], 1, "TTB001"),
         (["uninstall", "nothing-here", "--models-dir", "{tmp}"], 1, "TTB092"),
-        (["migrate", "{missing}"], 1, "TTB002"),
         (["list", "--bogus"], 2, "TTB004"),
         (["validate"], 2, "TTB004"),
         (["inspect", "{missing}", "--no-such-flag"], 2, "TTB004"),
@@ -410,7 +414,7 @@ def test_json_on_error_paths(run_cli, tmp_path, args, code, ttb):
     assert data["ok"] is False and data["diagnostics"]
     assert all(d["severity"] == "error" for d in data["diagnostics"] if d["code"] == ttb)
     if ttb is not None:
-        assert ttb in [d["code"] for d in data["diagnostics"]]
+        assert [d["code"] for d in data["diagnostics"]] == [ttb]
     if ttb == "TTB004":
         assert data["diagnostics"][0]["hint"].startswith("see ttbundle ")
 

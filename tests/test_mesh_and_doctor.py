@@ -250,7 +250,7 @@ def test_plan_refuses_an_unknown_mesh_before_importing_vllm(run_cli):
 def test_plan_without_a_model_is_a_usage_error(run_cli):
     done = run_cli("plan", "--mesh", "HOST")
     assert done.returncode == 2
-    assert done.stderr.splitlines()[0] == "error TTB209 no model given"
+    assert done.stderr.splitlines()[0] == "error TTB004 no model given"
     assert "ttbundle plan MODEL [vllm serve options]" in done.stderr
 
 

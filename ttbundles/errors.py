@@ -162,3 +162,15 @@ class InstallError(TTBundleError):
 
 class ConfigurationError(TTBundleError):
     """A vLLM configuration cannot be served by the selected bundle."""
+
+
+def missing_path(path: str | Path, *, what: str = "file or folder") -> Diagnostic:
+    """The one diagnostic for a path the user gave that does not exist (TTB001), whatever
+    the command: scripts match one code for one condition."""
+    return Diagnostic(
+        "TTB001",
+        Severity.ERROR,
+        f"no such {what}",
+        file=str(path),
+        hint="check the path (relative paths are read from the current folder)",
+    )

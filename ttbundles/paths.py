@@ -23,3 +23,22 @@ def builtin_bundles_dir() -> Path:
 
 def schema_file() -> Path:
     return _data_dir("schemas") / SCHEMA_FILE_NAME
+
+
+def model_argument(text: str) -> str:
+    """A `--model` as the user typed it, made safe to hand to another process.
+
+    A folder that exists here becomes absolute: the process it goes to may run in
+    another folder (the test harness runs in a temporary one), where `./ckpt` names
+    nothing and reads as a malformed hub repository id. Something written as a path
+    (`./x`, `../x`, `/x`, `~/x`) that does not exist is TTB001, the code every command
+    gives for a missing path; anything else is a hub repository id and stays as it is.
+    """
+    path = Path(text).expanduser()
+    if path.exists():
+        return str(path.absolute())
+    if text.startswith((".", "/", "~")) or text.endswith(("/", "\\")):
+        from ttbundles.errors import TTBundleError, missing_path
+
+        raise TTBundleError(missing_path(text, what="model checkpoint folder"))
+    return text

@@ -255,7 +255,10 @@ def run_test(
     progress: Progress = _quiet,
     timeout: float = 1800.0,
 ) -> TestReport:
+    from ttbundles.paths import model_argument
+
     started = time.perf_counter()
+    checkpoint = model_argument(str(checkpoint))  # the harness runs in another folder
     workdir = Path(tempfile.mkdtemp(prefix="ttbundle-test-"))
     keep = False
     try:

@@ -39,6 +39,7 @@ def run_demo(
     vllm_args: Sequence[str] = (),
     lanes: int = 1,
     say: Callable[[str], None] = lambda line: None,
+    show: Callable[[DemoAnswers], None] = lambda answers: None,
 ) -> DemoAnswers | None:
     """Serve the demo checkpoint; with `with_query`, query it once and stop it.
 
@@ -46,7 +47,8 @@ def run_demo(
     caller is interrupted (KeyboardInterrupt propagates once the server has stopped).
     With `with_query` the server's output goes to `cache_dir()/demo-server.log` and the
     port defaults to a free one; in the foreground it is the terminal's, on port 8000.
-    `say` receives one line per stage. `lanes` > 1 serves the demo bundle's
+    `say` receives one line per stage; `show` the answers, while the server still runs
+    (so they come before "server stopped"). `lanes` > 1 serves the demo bundle's
     single-execute variant with `--data-parallel-size lanes`: that many in-process lanes
     in one engine (`demo.variants`).
     """
@@ -91,7 +93,9 @@ def run_demo(
         ready = True
         say(f"ready after {seconds:.1f} s")
         if with_query:
-            return query(server.api_url)
+            answers = query(server.api_url)
+            show(answers)
+            return answers
         say(f"serving {checkpoint} at {server.api_url}; press Ctrl-C to stop")
         say(
             f"try: curl {server.api_url}/completions -H 'Content-Type: application/json' "

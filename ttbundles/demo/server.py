@@ -113,7 +113,10 @@ def free_port(host: str = DEFAULT_HOST) -> int:
 
 
 def port_is_free(host: str, port: int) -> bool:
+    """Whether a server could listen on `port` now. Like uvicorn (SO_REUSEADDR), a port
+    held only by closed connections (TIME_WAIT, after a server stopped) is free."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((_client_host(host), port))
         except OSError:

@@ -15,7 +15,7 @@ from typing import Any, get_args
 
 from pydantic import BaseModel, ValidationError
 
-from ttbundles.errors import Diagnostic, Severity
+from ttbundles.errors import Diagnostic, Severity, missing_path
 from ttbundles.format.jsonpos import locate, pointer
 from ttbundles.format.meshes import MESH_NAMES
 from ttbundles.format.meshes import suggest as suggest_mesh
@@ -76,6 +76,8 @@ def load_metadata(bundle_dir: Path) -> LoadedMetadata:
     try:
         text = file.read_text(encoding="utf-8")
     except FileNotFoundError:
+        if not bundle_dir.exists():
+            return LoadedMetadata(file, None, [missing_path(bundle_dir, what="bundle folder")])
         return LoadedMetadata(
             file,
             None,

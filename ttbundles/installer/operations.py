@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ttbundles import envs
 from ttbundles.archive.reader import extract_into, extraction_failed, verified_manifest
-from ttbundles.errors import InstallError, TTBundleError
+from ttbundles.errors import InstallError, TTBundleError, missing_path
 from ttbundles.format.metadata import METADATA_FILE, NAME_PATTERN
 from ttbundles.installer.leftovers import TEMP_PREFIX, _Hold, _locked, _Sweep, _sweep
 from ttbundles.installer.publish import (
@@ -109,6 +109,8 @@ def _refuse_unsupported_source(archive: str | os.PathLike[str]) -> Path:
             hint="download it (e.g. curl -fLO URL), then: ttbundle install ./FILE.ttbundle",
         )
     path = Path(archive)
+    if not os.path.lexists(path):
+        raise InstallError(missing_path(path, what=".ttbundle archive"))
     if path.is_dir():
         raise InstallError.single(
             "TTB001",

@@ -8,10 +8,30 @@ hook that decides in the server decides here: one code path, the same errors.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
 from ttbundles.errors import Diagnostic, Severity, TTBundleError
+
+
+class _LogSink:
+    """The stream vLLM's log handler writes to during a plan: forwards to `target`."""
+
+    def __init__(self) -> None:
+        self.target: Any = sys.stderr
+
+    def write(self, text: str) -> int:
+        return self.target.write(text)
+
+    def flush(self) -> None:
+        self.target.flush()
+
+    def isatty(self) -> bool:
+        return False
+
+
+LOG_SINK = _LogSink()
 
 
 class ServeOptionsError(TTBundleError):
@@ -32,14 +52,18 @@ def make_plan(
     *,
     mesh: str | None = None,
     models_dirs: list[Path] | None = None,
+    log: Any = None,
 ) -> dict[str, Any]:
     """The plan as a dict: bundle, mesh, effective device options, decisions, problems.
 
     `serve_args` are `vllm serve`'s own arguments, the model positional among them when
     `model` is None (`ttbundle plan MODEL --max-model-len 2048` reads like `vllm serve`).
     `models_dirs` replaces EXTRA_MODELS_DIR, as `ttbundle list --models-dir` does.
+    vLLM's log (and ours, its child) goes to `log`, a text stream, instead of stderr:
+    the plan is the output; a caller shows the log on request (`plan -v`).
     """
     from ttbundles.format.meshes import mesh_or_none
+    from ttbundles.paths import model_argument
     from ttbundles.registry import servable
 
     # The mesh and the model first: either missing or wrong is the one error, before
@@ -54,10 +78,16 @@ def make_plan(
         os.environ["MESH_DEVICE"] = chosen.name
     else:
         os.environ.pop("MESH_DEVICE", None)
+    for typed in [model] if model is not None else serve_args[:1]:
+        if not typed.startswith("-"):
+            model_argument(typed)  # a missing local folder: TTB001 before vLLM loads
     if models_dirs is not None:
         os.environ["EXTRA_MODELS_DIR"] = os.pathsep.join(str(p) for p in models_dirs)
-    # vLLM logs to stdout by default; stdout carries the plan (JSON for machines).
-    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+    # vLLM logs to stdout by default; stdout carries the plan (JSON for machines), and
+    # the log goes to `log` (vLLM configures its logging again while it builds the
+    # config, each time from this variable).
+    LOG_SINK.target = log if log is not None else sys.stderr
+    os.environ["VLLM_LOGGING_STREAM"] = f"ext://{__name__}.LOG_SINK"
     import vllm.platforms
 
     from ttbundles.serving.platform import TTPlatform
@@ -67,6 +97,7 @@ def make_plan(
     vllm.platforms._current_platform = TTPlatform()
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.entrypoints.common.cli_args import make_arg_parser
+    from vllm.usage.usage_lib import UsageContext
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     from ttbundles.serving.configuration import PLAN_KEY
@@ -75,16 +106,18 @@ def make_plan(
     register_all()
     parser = make_arg_parser(FlexibleArgumentParser(prog="ttbundle plan"))
     args = _parse(parser, serve_args, model)
+    args.model = model_argument(args.model)  # what the user typed, from where they typed it
     try:
-        config = AsyncEngineArgs.from_cli_args(args).create_engine_config()
+        # The server's call, with the server's usage context: its defaults (max_num_seqs
+        # 256 rather than the offline 128) are the server's.
+        config = AsyncEngineArgs.from_cli_args(args).create_engine_config(
+            usage_context=UsageContext.OPENAI_API_SERVER
+        )
     except TTBundleError:
         raise
     except Exception as exc:  # noqa: BLE001 - vLLM's own validation errors, reported cleanly
         code = "TTB208" if not Path(args.model).exists() and "/" not in args.model else "TTB209"
-        message = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
-        raise TTBundleError(
-            Diagnostic(code, Severity.ERROR, f"{type(exc).__name__}: {message}")
-        ) from None
+        raise TTBundleError(Diagnostic(code, Severity.ERROR, server_error_text(exc))) from None
     plan = dict((config.additional_config or {}).get(PLAN_KEY) or {})
     plan["model"] = args.model
     plan["mesh"] = chosen.name if chosen is not None else None
@@ -105,6 +138,36 @@ def make_plan(
     return plan
 
 
+def server_error_text(exc: BaseException) -> str:
+    """What `vllm serve` says when its configuration fails, without the noise.
+
+    vLLM's configs are pydantic dataclasses: their errors read "1 validation error for
+    ModelConfig / Value error, <the reason> [type=..., input_value=...] / For further
+    information visit <url>". The reason is the message; the rest is pydantic's."""
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        try:
+            items = errors()
+        except Exception:  # noqa: BLE001 - not pydantic's errors() after all
+            items = None
+        if items:
+            reasons = []
+            for item in items:
+                text = str(item.get("msg", "")).strip()
+                for prefix in ("Value error, ", "Assertion failed, "):
+                    text = text.removeprefix(prefix)
+                where = ".".join(str(part) for part in item.get("loc", ()) if part != "__root__")
+                reasons.append(f"{where}: {text}" if where and text else text)
+            title = getattr(exc, "title", "") or type(exc).__name__
+            return f"{title}: " + "; ".join(r for r in reasons if r)
+    lines = [
+        line.strip()
+        for line in str(exc).strip().splitlines()
+        if line.strip() and "errors.pydantic.dev" not in line
+    ]
+    return f"{type(exc).__name__}: {' '.join(lines)}" if lines else type(exc).__name__
+
+
 def _parse(parser: Any, serve_args: list[str], model: str | None) -> Any:
     """vllm serve's parse, with its errors as one line (and a did-you-mean) instead of
     argparse's usage of every vLLM option."""
@@ -123,7 +186,7 @@ def _parse(parser: Any, serve_args: list[str], model: str | None) -> Any:
                 hint = f"did you mean {best}? ({hint})"
                 break
         raise ServeOptionsError(
-            Diagnostic("TTB209", Severity.ERROR, f"vllm serve options: {message}", hint=hint),
+            Diagnostic("TTB004", Severity.ERROR, f"vllm serve options: {message}", hint=hint),
             unknown,
             [k for k in known if k.startswith("--")],
         )
@@ -142,7 +205,7 @@ def _parse(parser: Any, serve_args: list[str], model: str | None) -> Any:
 def _no_model() -> None:
     raise ServeOptionsError(
         Diagnostic(
-            "TTB209",
+            "TTB004",
             Severity.ERROR,
             "no model given",
             hint="ttbundle plan MODEL [vllm serve options], as for vllm serve; "
