@@ -360,3 +360,17 @@ def test_lanes_refuse_request_specific_rope():
     assert "request-specific RoPE" in str(excinfo.value) and "not supported yet" in str(
         excinfo.value
     )
+
+
+def test_mllama_is_refused_before_any_weights_load(models_dir, demo_checkpoint):
+    """vLLM 0.33 has no Mllama (encoder-decoder models left in 0.10.2): the configuration
+    is refused with the reason, before a worker, a class import or a weight."""
+    bundle(models_dir, "mllama", arch="MllamaForConditionalGeneration")
+    with pytest.raises(ConfigurationError) as excinfo:
+        configure(
+            demo_checkpoint, hf_overrides={"architectures": ["MllamaForConditionalGeneration"]}
+        )
+    assert error_of(excinfo) == "TTB202"
+    message = str(excinfo.value)
+    assert "TTMllamaForConditionalGeneration (mllama) cannot be served" in message
+    assert "0.10.2" in message and "encoder-decoder" in message

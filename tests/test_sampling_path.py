@@ -12,6 +12,7 @@ from ttbundles.serving.sampling_path import (  # noqa: E402
     DeviceSupport,
     batch_host_reason,
     device_params,
+    device_support,
     host_reason,
 )
 
@@ -122,3 +123,63 @@ def test_what_a_generator_declares_keeps_on_the_device(params, expected):
     # A generator declaring nothing: penalties and logprobs go to the host.
     if params.logprobs is not None or params.presence_penalty or params.repetition_penalty != 1.0:
         assert host_reason(params) in ("logprobs", "penalties")
+
+
+# TT's sampler keeps a fixed top-32 candidate set (vllm-tt-plugin docs/MODEL_CAPABILITIES.md:
+# a row with temperature > 0 and top_k < 1 or top_k > max_device_top_k samples on the host).
+BOUNDED = DeviceSupport(penalties=True, top_k=32)
+
+
+@pytest.mark.parametrize(
+    "params,expected",
+    [
+        (SamplingParams(temperature=0.8, top_k=1), None),  # greedy by top_k
+        (SamplingParams(temperature=0.8, top_k=31), None),
+        (SamplingParams(temperature=0.8, top_k=32), None),  # K itself: on the device
+        (SamplingParams(temperature=0.8, top_k=33), "top_k"),  # above K
+        (SamplingParams(temperature=0.8, top_k=0), "top_k"),  # no cut: the whole vocabulary
+        (SamplingParams(temperature=0.8, top_k=-1), "top_k"),
+        (SamplingParams(temperature=0.0, top_k=0), None),  # greedy rows are not bounded
+        (SamplingParams(temperature=0.0, top_k=500), None),
+    ],
+)
+def test_max_device_top_k_bounds_stochastic_rows(params, expected):
+    assert host_reason(params, BOUNDED) == expected
+    # Without the key (None) the device takes any top-k.
+    assert host_reason(params, DeviceSupport(penalties=True)) is None
+
+
+def test_one_row_beyond_max_device_top_k_sends_the_batch_to_the_host():
+    rows = [SamplingParams(temperature=0.0), SamplingParams(temperature=0.7, top_k=8)]
+    common = dict(
+        is_prefill=False,
+        mode="all",
+        always_host=False,
+        custom_logits_processors=False,
+        structured=False,
+        support=BOUNDED,
+    )
+    assert batch_host_reason(rows, **common) is None
+    rows.append(SamplingParams(temperature=0.7, top_k=0))
+    assert batch_host_reason(rows, **common) == "top_k"
+
+
+@pytest.mark.parametrize(
+    "capabilities,history,expected",
+    [
+        # The reference plugin's defaults: penalties on, no top-k bound, no top log-probs.
+        ({}, True, DeviceSupport(penalties=True)),
+        ({}, False, DeviceSupport(penalties=False)),  # decode takes no history
+        ({"supports_device_penalties": False}, True, DeviceSupport(penalties=False)),
+        # Qwen3.6-27B autoport: max_device_top_k 32, penalties off.
+        (
+            {"max_device_top_k": 32, "supports_device_penalties": False},
+            True,
+            DeviceSupport(penalties=False, top_k=32),
+        ),
+        # The torch reference generator: 20 top log-probs, any top-k.
+        ({"max_device_logprobs": 20}, True, DeviceSupport(penalties=True, top_logprobs=20)),
+    ],
+)
+def test_device_support_reads_the_keys_with_the_plugins_defaults(capabilities, history, expected):
+    assert device_support(capabilities, takes_history=history) == expected

@@ -195,3 +195,129 @@ def test_declared_capabilities_over_a_class_without_a_dict_are_errors(make_bundl
         assert sorted((d.code, d.pointer) for d in found) == expected
         assert "no model_capabilities" in found[0].message
         assert "nothing supported" in found[0].message
+
+
+# --- the environment's class, read from source that cannot be imported here ---------------
+
+MLLAMA_SOURCE = '''import ttnn  # absent here: the class is read, never imported
+
+
+class MllamaForConditionalGeneration:
+    """tt_transformers generator_vllm.py @21a4db48: prefill requires images and
+    cross_page_table, and takes no **kwargs."""
+
+    model_capabilities = {
+        "supports_prefix_caching": False,
+        "supports_async_decode": True,
+        "supports_sample_on_device": False,
+    }
+
+    @classmethod
+    def initialize_vllm_model(
+        cls, hf_config, mesh_device, max_batch_size, max_seq_len, tt_data_parallel=1,
+        optimizations: str = None,
+    ):
+        return cls()
+
+    def allocate_kv_cache(self, kv_cache_shape, dtype, num_layers):
+        return None
+
+    def prefill_forward(self, tokens, images, page_table, kv_cache, prompt_lens, cross_page_table):
+        return None
+
+    def decode_forward(self, *args, **kwargs):
+        return None
+'''
+LLAMA2_70B_SOURCE = """import ttnn  # absent here
+
+
+class TtLlamaModelForGeneration:
+    def decode_forward(self, tokens, start_pos, page_table=None, kv_cache=None):
+        return None
+
+    def prefill_forward(self, tokens, start_pos, page_table=None, kv_cache=None, prompt_lens=None):
+        return None
+
+
+class TtLlamaForCausalLM(TtLlamaModelForGeneration):
+    decode_input_update_contract = 1
+
+    @classmethod
+    def initialize_vllm_model(cls, hf_config, mesh_device, max_batch_size):
+        return cls()
+
+    def prefill_forward(self, tokens, page_table, kv_cache, prompt_lens):
+        return super().prefill_forward(tokens, 0, page_table, kv_cache, prompt_lens)
+
+    def decode_forward(
+        self, *args, reload_inputs: bool, reload_page_table: bool,
+        reload_sampling_params: bool, reset_sampling_state: bool, slot_remap=None, **kwargs,
+    ):
+        return super().decode_forward(*args, **kwargs)
+
+    def allocate_kv_cache(self, kv_cache_shape, dtype, num_layers):
+        return None
+"""
+
+
+def _environment_bundle(tmp_path, monkeypatch, name, arch, module_source, class_name, caps):
+    from tests.bundle_factory import metadata, write_bundle
+
+    lib = tmp_path / "lib" / "tt_metal_like"
+    lib.mkdir(parents=True, exist_ok=True)
+    (lib / "__init__.py").touch()
+    (lib / f"{name}.py").write_text(module_source)
+    monkeypatch.syspath_prepend(str(tmp_path / "lib"))
+    document = metadata(
+        name,
+        arch=arch,
+        main_class=f"tt_metal_like.{name}:{class_name}",
+        main_class_source="environment",
+        capabilities=caps,
+    )
+    return write_bundle(tmp_path / "models" / name, document=document)
+
+
+def test_validate_gives_the_workers_mllama_refusal_without_importing(tmp_path, monkeypatch):
+    folder = _environment_bundle(
+        tmp_path,
+        monkeypatch,
+        "mllama",
+        "MllamaForConditionalGeneration",
+        MLLAMA_SOURCE,
+        "MllamaForConditionalGeneration",
+        {},
+    )
+    errors = validate_bundle(folder).errors
+    assert [(d.code, d.pointer) for d in errors] == [("TTB202", "/arch"), ("TTB202", None)]
+    assert "vLLM removed in 0.10.2" in errors[0].message
+    # The signature, as the worker's binding refuses it (serving.binding: TTB202).
+    assert "prefill_forward requires images, cross_page_table" in errors[1].message
+    assert "multimodal inputs are not supported yet" in errors[1].message
+
+
+def test_validate_llama2_70b_shape_without_capabilities(tmp_path, monkeypatch):
+    folder = _environment_bundle(
+        tmp_path,
+        monkeypatch,
+        "llama2_70b",
+        "LlamaForCausalLM",
+        LLAMA2_70B_SOURCE,
+        "TtLlamaForCausalLM",
+        {"prefix_caching": True},
+    )
+    errors = validate_bundle(folder).errors
+    assert [(d.code, d.pointer) for d in errors] == [("TTB056", "/capabilities/prefix_caching")]
+    assert "no model_capabilities" in errors[0].message
+    # Declaring nothing over the same class is valid: the v1 decode takes the commands
+    # (keyword-only, no defaults: the worker always sends them).
+    clean = _environment_bundle(
+        tmp_path,
+        monkeypatch,
+        "llama2_ok",
+        "LlamaForCausalLM",
+        LLAMA2_70B_SOURCE,
+        "TtLlamaForCausalLM",
+        {},
+    )
+    assert validate_bundle(clean).errors == []

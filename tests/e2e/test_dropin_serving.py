@@ -42,7 +42,7 @@ class LaunchGenerator(ReferenceLlamaGenerator):
         "supports_sample_on_device": True,
         "supports_chunked_prefill": True,
         "supports_device_penalties": True,
-        "max_device_top_k": 20,
+        "max_device_logprobs": 20,
     }
 '''
 

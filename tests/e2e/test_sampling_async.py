@@ -290,7 +290,7 @@ def test_a_request_needing_the_host_sampler_takes_its_batch_to_the_host_once(
 
 
 # What the demo generator does on the device (it declares supports_device_penalties and
-# max_device_top_k): these stay there, asynchronous like any plain batch.
+# max_device_logprobs): these stay there, asynchronous like any plain batch.
 DEVICE_CASES = {
     "logprobs": ({"logprobs": 5, **TOKEN_IDS}, _check_logprobs),
     "logprobs-top_k": (

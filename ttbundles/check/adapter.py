@@ -11,6 +11,7 @@ The class is read by `check.static_reader`; this module holds the contract check
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 
 from ttbundles.check.capabilities import ClassCapabilities, agreement
@@ -25,9 +26,16 @@ from ttbundles.check.static_reader import (
 from ttbundles.errors import Diagnostic, Severity
 from ttbundles.format.contract import (
     ASYNC_METHODS,
+    CONTRACT_MARKER,
+    CONTRACT_V1,
     DECODE,
+    DECODE_COMMANDS,
+    INITIALIZE,
     KV_CACHE_METHODS,
+    METHODS,
+    MULTIMODAL_PARAMETERS,
     REQUIRED_METHODS,
+    decode_keywords,
 )
 from ttbundles.format.metadata import METADATA_FILE, BundleMetadata
 from ttbundles.format.modules import bundle_modules
@@ -201,6 +209,7 @@ def _contract_diagnostics(
                 **where,
             )
         )
+    out.extend(_unfillable(info, name))
     if info.capabilities is not None:
         out.extend(agreement(info.capabilities, caps, name, meta_file))
     elif not partial:
@@ -223,6 +232,95 @@ def _contract_diagnostics(
             )
         )
     return out
+
+
+def _unfillable(info: ClassInfo, class_name: str) -> list[Diagnostic]:
+    """Required parameters of a contract method the worker never supplies, read from the
+    signature as the worker's binding reads it at load (`serving.binding`): multimodal
+    inputs are TTB202 (Mllama's `images`, `cross_page_table`), anything else TTB062. The
+    worker refuses such a class before it loads weights; `validate` says so first."""
+    out = []
+    for method in METHODS:
+        definition = info.methods.get(method.name)
+        if definition is None or definition.node is None:
+            continue
+        offered = set(decode_keywords(info.contract) if method is DECODE else method.passes)
+        for keyword in list(offered):
+            offered.update(method.aliases.get(keyword, ()))
+        missing = [p for p in _required(definition.node, method.leading) if p not in offered]
+        if method is INITIALIZE:
+            missing = [p for p in missing if p != "optimizations"]  # passed when set
+        if method is DECODE and info.contract >= CONTRACT_V1:
+            out.extend(_lacking_commands(definition, class_name))
+        if not missing:
+            continue
+        multimodal = [p for p in missing if p in MULTIMODAL_PARAMETERS]
+        title = f"{class_name}.{method.name}"
+        if multimodal:
+            message = (
+                f"{title} requires {', '.join(multimodal)}: multimodal inputs are not "
+                "supported yet, so the worker refuses this class at load"
+            )
+            code, hint = "TTB202", "serve a text-only generator class for this architecture"
+        else:
+            message = (
+                f"{title} requires {', '.join(missing)}, which the worker does not supply "
+                f"(it passes: {', '.join(k for k in method.passes if k in offered)})"
+            )
+            code, hint = "TTB062", "give those parameters defaults"
+        out.append(
+            Diagnostic(
+                code,
+                Severity.ERROR,
+                message,
+                file=str(definition.file),
+                line=definition.line,
+                hint=hint,
+            )
+        )
+    return out
+
+
+def _lacking_commands(definition: Definition, class_name: str) -> list[Diagnostic]:
+    """A v1 class's decode must take the four commands the worker sends on every decode."""
+    node = definition.node
+    assert node is not None
+    if node.args.kwarg is not None:
+        return []  # may take them through **kwargs
+    named = {a.arg for a in (*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs)}
+    lacking = [c for c in DECODE_COMMANDS if c not in named]
+    if not lacking:
+        return []
+    return [
+        Diagnostic(
+            "TTB062",
+            Severity.ERROR,
+            f"{class_name} declares {CONTRACT_MARKER} = {CONTRACT_V1}, but decode_forward does "
+            f"not accept {', '.join(lacking)}: the worker sends all four commands on every "
+            "decode",
+            file=str(definition.file),
+            line=definition.line,
+            hint="take them as keyword-only parameters with defaults, or drop the marker",
+        )
+    ]
+
+
+def _required(function: Function, leading: int) -> list[str]:
+    """The parameters a caller must fill by name: no default, not `*args` / `**kwargs`,
+    without `self`/`cls` and the `leading` ones the worker passes by position."""
+    args = function.args
+    positional = [*args.posonlyargs, *args.args]
+    with_default = len(args.defaults)
+    required = [a.arg for a in positional[: len(positional) - with_default]]
+    if not isinstance(function, ast.Lambda) or positional:
+        required = required[1:] if positional else required  # self or cls
+    required = required[leading:]
+    posonly = {a.arg for a in args.posonlyargs}
+    required = [a for a in required if a not in posonly]
+    for arg, default in zip(args.kwonlyargs, args.kw_defaults):
+        if default is None:
+            required.append(arg.arg)
+    return required
 
 
 def _takes_keyword(function: Function, keyword: str) -> bool:

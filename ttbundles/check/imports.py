@@ -228,13 +228,14 @@ def _check_method(
         unfilled.setdefault(_why_unfilled(param.name, version), []).append(param.name)
     passed = ", ".join(k for k in method.passes if k in keywords)
     for why, names in unfilled.items():
-        out.append(
-            problem(
-                f"{title} requires {', '.join(names)}, {why}",
-                f"give {'it' if len(names) == 1 else 'them'} a default; the worker passes "
-                f"{passed or 'no keywords'}",
-            )
+        found = problem(
+            f"{title} requires {', '.join(names)}, {why}",
+            f"give {'it' if len(names) == 1 else 'them'} a default; the worker passes "
+            f"{passed or 'no keywords'}",
         )
+        if all(n in MULTIMODAL_PARAMETERS for n in names):
+            found["code"] = "TTB202"  # the worker's own refusal (serving.binding)
+        out.append(found)
     if method is DECODE and version >= CONTRACT_V1 and not takes_any:
         lacking = [c for c in DECODE_COMMANDS if c not in named]
         if lacking:

@@ -26,6 +26,8 @@ from ttbundles.errors import Diagnostic, Severity
 from ttbundles.format.contract import (
     CAPABILITIES_ATTRIBUTE,
     CAPABILITY_KEYS,
+    CONTRACT_MARKER,
+    CONTRACT_V1,
     METHODS_BY_NAME,
 )
 from ttbundles.format.metadata import BundleMetadata, Capabilities
@@ -54,6 +56,7 @@ class ClassInfo:
     methods: dict[str, Definition] = field(default_factory=dict)
     capabilities: ClassCapabilities | None = None
     unresolved_bases: list[str] = field(default_factory=list)
+    contract: int = 0  # its decode_input_update_contract, where a literal shows it
 
 
 @dataclass(frozen=True)
@@ -193,6 +196,7 @@ class _ClassFinder:
                 info.unresolved_bases[:0] = resolved.unresolved_bases
                 if resolved.capabilities is not None:
                     info.capabilities = resolved.capabilities
+                info.contract = resolved.contract
         for item in node.body:
             if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef):
                 info.methods[item.name] = Definition(path, item.lineno, item)
@@ -205,6 +209,12 @@ class _ClassFinder:
                         # A class's dict replaces the inherited one (TT-Metal's rule).
                         info.capabilities = self._capabilities(item.value, path, module, depth)
                         info.capabilities.where = f"{path.name}:{item.lineno}"
+                    elif target.id == CONTRACT_MARKER:
+                        try:
+                            value = ast.literal_eval(item.value)
+                        except (ValueError, TypeError, SyntaxError, RecursionError):
+                            value = 0
+                        info.contract = CONTRACT_V1 if isinstance(value, int) and value >= 1 else 0
                     elif target.id in METHODS_BY_NAME:
                         # `decode_forward = _decode`: an alias defines the method too.
                         info.methods[target.id] = self._alias(

@@ -14,6 +14,7 @@ from pathlib import Path
 from ttbundles.check.adapter import check_adapter
 from ttbundles.check.tests_section import check_tests
 from ttbundles.errors import Diagnostic, Report, Severity
+from ttbundles.format.contract import unservable_reason
 from ttbundles.format.metadata import METADATA_FILE, BundleMetadata
 from ttbundles.format.parse import load_metadata
 from ttbundles.format.selection import overlaps
@@ -98,6 +99,19 @@ def semantic_checks(metadata: BundleMetadata, file: str) -> list[Diagnostic]:
                     "serves the weights it was validated with",
                 )
             )
+    reason = unservable_reason(metadata.arch)
+    if reason is not None:
+        out.append(
+            Diagnostic(
+                "TTB202",
+                Severity.ERROR,
+                f"{metadata.arch} cannot be served: {reason}",
+                file=file,
+                pointer="/arch",
+                hint="serve a model the pinned vLLM knows (for images: Qwen2.5-VL, Qwen3-VL, "
+                "Gemma 3); the worker refuses this one before loading weights",
+            )
+        )
     declared = metadata.capabilities.sample_on_device
     for mesh, target in metadata.targets.items():
         mode = target.additional_config.sample_on_device_mode

@@ -69,9 +69,20 @@ CAPABILITY_KEYS: dict[str, str] = {
 a subclass dict replaces the inherited one, so an absent key means "not supported"."""
 DEVICE_PENALTIES_KEY = "supports_device_penalties"
 """The generator applies presence/frequency/repetition penalties on the device, from the
-`prompt_tokens` / `output_tokens` history the worker passes."""
+`prompt_tokens` / `output_tokens` history the worker passes. Absent means True (the
+reference plugin's default, kept for classes that predate the key: vllm-tt-plugin
+`docs/MODEL_CAPABILITIES.md`); the worker also needs decode to take that history."""
+DEVICE_PENALTIES_DEFAULT = True
 MAX_DEVICE_TOP_K_KEY = "max_device_top_k"
-"""How many top log-probabilities the device returns per row (0 or absent: none)."""
+"""The largest top-k the device sampler draws from (TT's sampler keeps a fixed top-32
+candidate set; `format_sampling_params` clamps above it). A row with temperature > 0 and
+`top_k < 1` (no cut) or `top_k > K` samples on the host; greedy rows are not bounded.
+Absent (None): no bound (vllm-tt-plugin `check_perform_device_sampling`)."""
+MAX_DEVICE_LOGPROBS_KEY = "max_device_logprobs"
+"""ttbundles' own key (TT-Metal has none: the reference plugin keys top-K device log-probs
+on the GPT-OSS class): how many top log-probabilities the device returns per row, as
+`(top_logprobs [B, K], top_token_ids [B, K])`. Absent or 0: log-prob requests sample on
+the host. The torch reference generator declares it."""
 FALLBACK_MAX_TOKENS_ALL_USERS = 131_072
 """TT-Metal's KV budget when a generator has no model-specific one."""
 
@@ -238,6 +249,24 @@ MULTIMODAL_PARAMETERS = frozenset(
 )
 """Multimodal inputs the worker does not supply (Mllama's cross-attention, the V0-era
 `images`): a class that requires one cannot be served."""
+
+UNSERVABLE_ARCHITECTURES: dict[str, str] = {
+    "MllamaForConditionalGeneration": (
+        "Llama 3.2 Vision (Mllama) is an encoder-decoder model (cross-attention over the "
+        "image), which vLLM removed in 0.10.2 with its V0 engine; the pinned vLLM 0.33 has "
+        "no Mllama, and TT-Metal's class requires images and cross_page_table in every "
+        "prefill, which a text-only engine never has"
+    ),
+}
+"""Architectures the pinned vLLM cannot serve whatever the generator, with the reason.
+`validate`, `plan` and the platform's configuration refuse them (TTB202) before any class
+is imported or weight loaded."""
+
+
+def unservable_reason(arch: str) -> str | None:
+    """Why `arch` (bare, or with the `TT` prefix registration adds) cannot be served."""
+    bare = arch[2:] if arch.startswith("TT") and arch[2:] in UNSERVABLE_ARCHITECTURES else arch
+    return UNSERVABLE_ARCHITECTURES.get(bare)
 
 
 # --- data the worker hands to generators ---------------------------------------------

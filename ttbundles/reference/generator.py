@@ -112,7 +112,7 @@ class ReferenceLlamaGenerator:
         "supports_sample_on_device": True,
         "supports_chunked_prefill": True,
         "supports_device_penalties": True,
-        "max_device_top_k": MAX_DEVICE_TOP_K,
+        "max_device_logprobs": MAX_DEVICE_TOP_K,
     }
     decode_input_update_contract = 1
 

@@ -19,7 +19,7 @@ long as the worker sends the commands that keep seed and counter right.
 
 Penalties follow vLLM's (`vllm/model_executor/layers/utils.py`): repetition over prompt
 and output tokens, then frequency and presence over output tokens. Log-probabilities are
-of the raw logits (vLLM's default `raw_logprobs`), top `max_device_top_k` per row.
+of the raw logits (vLLM's default `raw_logprobs`), top `max_device_logprobs` per row.
 """
 
 from __future__ import annotations

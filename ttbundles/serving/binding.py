@@ -81,6 +81,10 @@ def bind(
         signature = inspect.signature(function)
     except (TypeError, ValueError):  # a builtin or C extension: trust it with everything
         return BoundMethod(class_name, method, function, {k: k for k in offered}, True)
+    if method.kind == "method" and isinstance(owner, type) and inspect.isfunction(function):
+        # An instance method checked on the class, before any instance (and any weights)
+        # exists: `self` is not the worker's to fill.
+        signature = signature.replace(parameters=list(signature.parameters.values())[1:])
     parameters = signature.parameters
     takes_any = any(p.kind is p.VAR_KEYWORD for p in parameters.values())
     forwarded: frozenset[str] = frozenset()

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from ttbundles.errors import ConfigurationError, Diagnostic, Severity
+from ttbundles.format.contract import unservable_reason
 from ttbundles.format.metadata import tt_arch_name
 from ttbundles.format.tt_options import TT_OPTION_NAMES, TTOptions
 from ttbundles.registry.registry import Registry
@@ -179,6 +180,13 @@ def plan_config(vllm_config: VllmConfig, registry: Registry) -> Plan | None:
     entry = select_entry(architectures, registry)
     meta = entry.metadata
     assert meta is not None
+    reason = unservable_reason(meta.arch)
+    if reason is not None:
+        raise _error(
+            "TTB202",
+            f"{meta.tt_arch} ({meta.name}) cannot be served: {reason}",
+            "serve a model the pinned vLLM knows (for images: Qwen2.5-VL, Qwen3-VL, Gemma 3)",
+        )
     caps = meta.capabilities
     mesh = registry.mesh
     target = meta.target(mesh)
@@ -353,7 +361,7 @@ def effective_options(vllm_config: VllmConfig) -> TTOptions:
 MAX_LOGPROBS = 20
 DEFAULT_MAX_LOGPROBS = 20  # vLLM's ModelConfig.max_logprobs default
 """Log-probabilities per token Tenstorrent serves at most (the reference plugin's clamp;
-TT-Metal devices return at most their `max_device_top_k`, the host sampler more)."""
+devices return at most their `max_device_logprobs`, the host sampler more)."""
 
 
 def _plan_logprobs(vllm_config: VllmConfig, plan: Plan) -> None:

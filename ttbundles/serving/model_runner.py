@@ -51,7 +51,11 @@ from ttbundles.serving.binding import (
 )
 from ttbundles.serving.configuration import effective_options, served_plan
 from ttbundles.serving.lanes import lane_of
-from ttbundles.serving.sampling_path import DeviceSupport, batch_host_reason, device_params
+from ttbundles.serving.sampling_path import (
+    batch_host_reason,
+    device_params,
+    device_support,
+)
 from ttbundles.serving.stats import STATS
 
 if TYPE_CHECKING:  # vLLM's config and scheduler types are only needed for annotations
@@ -259,6 +263,11 @@ class TTModelRunner:
         self._max_tokens = bind(
             cls, contract.MAX_TOKENS, contract.MAX_TOKENS.passes, class_name=name
         )
+        # Prefill and decode read on the class too, so that a parameter the worker cannot
+        # supply (Mllama's images) is refused before initialize_vllm_model loads weights;
+        # bound again on the instance after it.
+        bind(cls, contract.PREFILL, contract.PREFILL.passes, class_name=name, optional=True)
+        bind(cls, contract.DECODE, decode_offer(self.version), class_name=name, optional=True)
 
     def _bind_instance_methods(self) -> None:
         model, name = self.generator, self.class_name
@@ -294,11 +303,10 @@ class TTModelRunner:
             read, process = contract.READ_DECODE_OUTPUT, contract.PROCESS_DECODE_OUTPUT
             self._read = bind(model, read, read.passes, class_name=name)
             self._process = bind(model, process, process.passes, class_name=name)
-        self.device_support = DeviceSupport(
-            penalties=bool(self.capabilities.get(contract.DEVICE_PENALTIES_KEY))
-            and self._decode.accepts("prompt_tokens")
+        self.device_support = device_support(
+            self.capabilities,
+            takes_history=self._decode.accepts("prompt_tokens")
             and self._decode.accepts("output_tokens"),
-            top_logprobs=int(self.capabilities.get(contract.MAX_DEVICE_TOP_K_KEY) or 0),
         )
 
     def load_model(self) -> None:
@@ -668,7 +676,7 @@ class TTModelRunner:
                 "TTB062",
                 f"{self.class_name} returned no top log-probabilities for a request that "
                 "asked for them (enable_log_probs)",
-                hint="declare max_device_top_k in model_capabilities only where the device "
+                hint="declare max_device_logprobs in model_capabilities only where the device "
                 "returns (top_logprobs, top_token_ids)",
             )
         top_values, top_ids = (torch.as_tensor(t) for t in raw)

@@ -1,9 +1,11 @@
 """Which sampler serves a batch: the generator's on-device sampler, or vLLM's on the host.
 
-On-device sampling covers temperature, top-k, top-p and seeds; penalties too where the
-generator declares `supports_device_penalties` (and takes the prompt/output history), and
-log-probabilities where it declares `max_device_top_k` and the sampled token is sure to
-be among the top ones it returns (greedy, or top_k no larger). Any request that needs
+On-device sampling covers temperature, top-k, top-p and seeds, with top-k bounded where the
+generator declares `max_device_top_k` (a stochastic row with no top-k cut or a larger one
+samples on the host, as the reference plugin decides); penalties too unless the generator
+declares `supports_device_penalties: False` (and where it takes the prompt/output history),
+and log-probabilities where it declares `max_device_logprobs` and the sampled token is sure
+to be among the top ones it returns (greedy, or top_k no larger). Any request that needs
 more falls back to vLLM's `Sampler` on host logits, for that batch only; the next batch
 that can go back to the device does. Users never pick a mode per request and no request
 is refused because the fast path cannot express it.
@@ -11,11 +13,17 @@ is refused because the fast path cannot express it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ttbundles.format.contract import SamplingParams
+from ttbundles.format.contract import (
+    DEVICE_PENALTIES_DEFAULT,
+    DEVICE_PENALTIES_KEY,
+    MAX_DEVICE_LOGPROBS_KEY,
+    MAX_DEVICE_TOP_K_KEY,
+    SamplingParams,
+)
 
 
 @dataclass(frozen=True)
@@ -24,6 +32,20 @@ class DeviceSupport:
 
     penalties: bool = False
     top_logprobs: int = 0  # how many top log-probs the device returns per row
+    top_k: int | None = None  # max_device_top_k: the largest stochastic top-k; None: any
+
+
+def device_support(capabilities: Mapping[str, Any], *, takes_history: bool) -> DeviceSupport:
+    """What a class's `model_capabilities` lets the device sample (`format.contract` says
+    what each key means and its default when absent). Penalties need the class to take the
+    `prompt_tokens` / `output_tokens` history too (`takes_history`)."""
+    top_k = capabilities.get(MAX_DEVICE_TOP_K_KEY)
+    penalties = capabilities.get(DEVICE_PENALTIES_KEY, DEVICE_PENALTIES_DEFAULT)
+    return DeviceSupport(
+        penalties=bool(penalties) and takes_history,
+        top_logprobs=int(capabilities.get(MAX_DEVICE_LOGPROBS_KEY) or 0),
+        top_k=None if top_k is None else int(top_k),
+    )
 
 
 def _has_penalties(params: Any) -> bool:
@@ -38,8 +60,11 @@ def host_reason(params: Any, support: DeviceSupport = DeviceSupport()) -> str | 
     """Why this request needs vLLM's host sampler, or None when the device can sample it."""
     if params is None:
         return None
+    greedy = params.temperature < 1e-5 or params.top_k == 1
+    bound = support.top_k
+    if bound is not None and not greedy and not 0 < params.top_k <= bound:
+        return "top_k"
     if params.logprobs is not None:
-        greedy = params.temperature < 1e-5 or params.top_k == 1
         bounded = 0 < params.top_k <= support.top_logprobs
         returned = support.top_logprobs > 0 and params.logprobs <= support.top_logprobs
         if not (returned and (greedy or bounded)):
