@@ -17,6 +17,7 @@ from pathlib import Path
 from ttbundles.check.capabilities import ClassCapabilities, agreement
 from ttbundles.check.static_reader import (
     ClassInfo,
+    Definition,
     Function,
     SourceRoots,
     _ClassFinder,
