@@ -122,6 +122,15 @@ def demo_checkpoint(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def vision_checkpoint(tmp_path_factory) -> Path:
+    """The tiny Qwen2.5-VL checkpoint (random weights, Qwen's special tokens, chat
+    template, processor files), written once per session."""
+    from ttbundles.demo.vision_checkpoint import write_vision_checkpoint
+
+    return write_vision_checkpoint(tmp_path_factory.mktemp("checkpoint") / "tiny-qwen2_5-vl")
+
+
+@pytest.fixture(scope="session")
 def moe_checkpoint(demo_checkpoint, tmp_path_factory) -> Path:
     """The demo checkpoint relabelled as a Mixtral (a mixture-of-experts config), for the
     refusals that look only at the config."""

@@ -11,7 +11,9 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from ttbundles.fsutil import apply_umask
 
@@ -36,21 +38,29 @@ The capital of France is Paris. The sky is blue. Water is wet. Once upon a time.
 """
 
 
-def build_tokenizer(out_dir: Path):
-    """A byte-level BPE tokenizer with a chat template, saved as tokenizer.json."""
+def train_bpe(special_tokens: list[str], unk_token: str | None = "<unk>") -> Any:
+    """A byte-level BPE `tokenizers.Tokenizer` trained on the fixed corpus; the special
+    tokens take the first ids, in order (deterministic: same arguments, same ids)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
 
-    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
+    tokenizer = Tokenizer(models.BPE(unk_token=unk_token))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=VOCAB_SIZE,
-        special_tokens=SPECIAL_TOKENS,
+        special_tokens=special_tokens,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tokenizer.train_from_iterator(_CORPUS.splitlines(), trainer=trainer)
+    return tokenizer
+
+
+def build_tokenizer(out_dir: Path):
+    """A byte-level BPE tokenizer with a chat template, saved as tokenizer.json."""
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = train_bpe(SPECIAL_TOKENS)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
         bos_token="<s>",
@@ -65,7 +75,6 @@ def build_tokenizer(out_dir: Path):
 
 def write_checkpoint(out_dir: Path, *, architecture: str = "LlamaForCausalLM") -> Path:
     """Write the tiny Llama checkpoint (safetensors) into `out_dir`."""
-    import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     out_dir = Path(out_dir)
@@ -87,14 +96,8 @@ def write_checkpoint(out_dir: Path, *, architecture: str = "LlamaForCausalLM") -
         tie_word_embeddings=False,
         torch_dtype="float32",
     )
-    generator = torch.Generator().manual_seed(SEED)
     model = LlamaForCausalLM(config)
-    with torch.no_grad():
-        for _, param in sorted(model.named_parameters()):
-            if param.dim() > 1:
-                param.copy_(torch.randn(param.shape, generator=generator) * 0.2)
-            else:
-                param.copy_(1.0 + 0.1 * torch.randn(param.shape, generator=generator))
+    fill_random(model, SEED)
     model.config.architectures = [architecture]
     model.save_pretrained(out_dir, safe_serialization=True)
     generation = out_dir / "generation_config.json"
@@ -102,6 +105,21 @@ def write_checkpoint(out_dir: Path, *, architecture: str = "LlamaForCausalLM") -
         generation.unlink()  # keep sampling defaults vLLM's own, not transformers'
     _normalise_config(out_dir / "config.json")
     return out_dir
+
+
+def fill_random(model: Any, seed: int) -> None:
+    """Overwrite every parameter from a seeded generator, in name order: matrices
+    N(0, 0.2), vectors (norm scales, biases) 1 + N(0, 0.1). The same seed and parameter
+    names give the same weights on any machine."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _, param in sorted(model.named_parameters()):
+            if param.dim() > 1:
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.2)
+            else:
+                param.copy_(1.0 + 0.1 * torch.randn(param.shape, generator=generator))
 
 
 def _normalise_config(path: Path) -> None:
@@ -136,8 +154,9 @@ def checkpoint_is_complete(folder: Path) -> bool:
     return all((folder / name).is_file() for name in CHECKPOINT_FILES)
 
 
-def write_demo_checkpoint(folder: Path) -> Path:
-    """Write the demo checkpoint into `folder`, whole or not at all.
+def write_demo_checkpoint(folder: Path, writer: Callable[[Path], Path] = write_checkpoint) -> Path:
+    """Write the demo checkpoint (or what `writer` writes) into `folder`, whole or not
+    at all.
 
     The files are written into a sibling temporary folder first and moved in at the end,
     so an interrupted write never leaves a folder that looks complete.
@@ -150,7 +169,7 @@ def write_demo_checkpoint(folder: Path) -> Path:
     bars = transformers_logging.is_progress_bar_enabled()
     transformers_logging.disable_progress_bar()  # a bar for one small file is noise
     try:
-        write_checkpoint(staging)
+        writer(staging)
         # mkdtemp made the folder 0700 and save_pretrained writes some files 0600: give
         # them the modes of any new file, so a service account can read the checkpoint.
         apply_umask(staging)

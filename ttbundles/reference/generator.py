@@ -235,6 +235,16 @@ class ReferenceLlamaGenerator:
         """cos and sin `[T, D]` of the tokens' absolute positions `[T]`."""
         return rope_cos_sin(positions, self.inv_freq, self.attention_scaling)
 
+    def segment_inputs(
+        self, segments: list[Segment], token_ids: torch.Tensor, positions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """What enters the first layer for the flattened tokens `[T]` at cache positions
+        `[T]`: embeddings `[T, hidden]` and RoPE cos, sin `[T, D]`. Here the token
+        embeddings and the positions' rotation; a vision-language generator substitutes
+        image embeddings and multimodal positions (`reference.vl_generator`)."""
+        cos, sin = self.rope(positions)
+        return self.weights.embed_tokens[token_ids], cos, sin
+
     @torch.no_grad()
     def forward_segments(
         self,
@@ -261,10 +271,9 @@ class ReferenceLlamaGenerator:
         block_size = kv_cache[0][0].shape[2]
         block_of_token = page_table[rows, positions // block_size]  # [T]
         slot_of_token = positions % block_size  # [T]
-        cos, sin = self.rope(positions)
         groups = attention_groups(segments, positions, page_table, kv_cache[0][0].shape)
 
-        x = self.weights.embed_tokens[token_ids]  # [T, hidden]
+        x, cos, sin = self.segment_inputs(segments, token_ids, positions)
         for layer, (k_cache, v_cache) in zip(self.weights.layers, kv_cache, strict=True):
             h = rms_norm(x, layer.input_norm, dims.rms_norm_eps)
             q = layer.q_proj(h).view(-1, dims.num_heads, dims.head_dim)  # [T, H, D]

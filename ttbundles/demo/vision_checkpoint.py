@@ -1,0 +1,230 @@
+"""The tiny vision-language checkpoint: a Qwen2.5-VL with random weights, made locally.
+
+No package here ships a small trained vision-language model, so the vision path is tested
+the honest way: a random-weight `Qwen2_5_VLForConditionalGeneration` small enough to run
+in a second, with everything a real Qwen2.5-VL checkpoint folder has for serving:
+`config.json`, `model.safetensors`, a tokenizer carrying Qwen's special tokens
+(`<|im_start|>`, `<|im_end|>`, `<|endoftext|>`, `<|vision_start|>`, `<|image_pad|>`,
+`<|vision_end|>`, `<|video_pad|>`), a Qwen-style chat template that puts
+`<|vision_start|><|image_pad|><|vision_end|>` where a message has an image, and the
+processor files (`preprocessor_config.json` for `Qwen2VLImageProcessor`, the video
+processor, the processor's chat template). transformers' `AutoProcessor` and vLLM's
+Qwen2.5-VL processor read it as they read `Qwen/Qwen2.5-VL-3B-Instruct`.
+
+The shapes keep the real model's structure at toy sizes: 14-pixel patches, 2-frame
+temporal patches, 2x2 spatial merge, windowed attention (a 56-pixel window: 2x2 merged
+tokens, so images larger than 56 pixels on a side really use several windows) with one
+full-attention block, and 3-section M-RoPE on a head size of 16. Images are resized to
+between 56x56 and 224x224 pixels, 4 to 64 image tokens each. Same arguments, same
+files: weights come from a fixed seed, the tokenizer from a fixed corpus. About 1 MB.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ttbundles.demo.checkpoint import (
+    cache_dir,
+    fill_random,
+    train_bpe,
+    write_demo_checkpoint,
+)
+
+SEED = 2501
+RECORD = "ttbundles-vision-checkpoint.json"
+# Bump when the files this module writes change: a cached folder with another version is
+# rewritten, so a cache never serves an older checkpoint than the tests expect.
+VERSION = 1
+
+# Qwen's special tokens, first ids in this order (Qwen puts them after the BPE vocabulary;
+# their ids differ here, and the config names them, as a real checkpoint's does).
+SPECIAL_TOKENS = [
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+]
+IMAGE_TOKEN = "<|image_pad|>"
+
+# Qwen2-VL's template, without the default system prompt: string content as is; list
+# content item by item, an image (or image_url) item as the vision placeholder.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for content in message['content'] %}"
+    "{% if content['type'] == 'image' or 'image' in content or 'image_url' in content %}"
+    "<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif content['type'] == 'video' or 'video' in content %}"
+    "<|vision_start|><|video_pad|><|vision_end|>"
+    "{% elif 'text' in content %}{{ content['text'] }}"
+    "{% endif %}{% endfor %}{% endif %}"
+    "<|im_end|>\n"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+PATCH_SIZE = 14
+MERGE_SIZE = 2
+TEMPORAL_PATCH_SIZE = 2
+MIN_PIXELS = 56 * 56
+MAX_PIXELS = 224 * 224
+
+TEXT_CONFIG = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 1024,
+    "rms_norm_eps": 1e-6,
+    # Head size 16: 8 rotary frequencies, split temporal / height / width.
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]},
+    "use_sliding_window": False,
+}
+VISION_CONFIG = {
+    "depth": 2,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_heads": 2,
+    "out_hidden_size": 64,
+    "patch_size": PATCH_SIZE,
+    "spatial_merge_size": MERGE_SIZE,
+    "temporal_patch_size": TEMPORAL_PATCH_SIZE,
+    "window_size": 56,
+    "fullatt_block_indexes": [1],
+    "tokens_per_second": 2,
+}
+
+
+def build_processor(out_dir: Path):
+    """The tokenizer and the Qwen2.5-VL processor (image and video processors, chat
+    template), saved into `out_dir`; returns the processor."""
+    from ttbundles import torchvision_compat
+
+    torchvision_compat.install()  # transformers' Qwen2-VL processors import torchvision
+    from transformers import (
+        PreTrainedTokenizerFast,
+        Qwen2_5_VLProcessor,
+        Qwen2VLImageProcessor,
+        Qwen2VLVideoProcessor,
+    )
+
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=train_bpe(SPECIAL_TOKENS, unk_token=None),
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        extra_special_tokens={"image_token": IMAGE_TOKEN, "video_token": "<|video_pad|>"},
+    )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    sizes = {
+        "patch_size": PATCH_SIZE,
+        "merge_size": MERGE_SIZE,
+        "temporal_patch_size": TEMPORAL_PATCH_SIZE,
+        "min_pixels": MIN_PIXELS,
+        "max_pixels": MAX_PIXELS,
+    }
+    processor = Qwen2_5_VLProcessor(
+        image_processor=Qwen2VLImageProcessor(**sizes),
+        tokenizer=tokenizer,
+        video_processor=Qwen2VLVideoProcessor(**sizes),
+        chat_template=CHAT_TEMPLATE,
+    )
+    processor.save_pretrained(out_dir)
+    # transformers 5 keeps the image processor inside processor_config.json; older readers
+    # (and tools that load the image processor alone) look for preprocessor_config.json.
+    processor.image_processor.save_pretrained(out_dir)
+    return processor
+
+
+def write_vision_checkpoint(out_dir: Path) -> Path:
+    """Write the tiny Qwen2.5-VL checkpoint and its processor into `out_dir`."""
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    processor = build_processor(out_dir)
+    tokenizer = processor.tokenizer
+    ids = {token: tokenizer.convert_tokens_to_ids(token) for token in SPECIAL_TOKENS}
+    config = Qwen2_5_VLConfig(
+        text_config={
+            **TEXT_CONFIG,
+            "vocab_size": len(tokenizer),
+            "eos_token_id": ids["<|im_end|>"],
+            "pad_token_id": ids["<|endoftext|>"],
+            "bos_token_id": None,
+        },
+        vision_config=VISION_CONFIG,
+        image_token_id=ids[IMAGE_TOKEN],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+        tie_word_embeddings=False,
+    )
+    model = Qwen2_5_VLForConditionalGeneration(config)
+    fill_random(model, SEED)
+    model.config.architectures = ["Qwen2_5_VLForConditionalGeneration"]
+    model.save_pretrained(out_dir, safe_serialization=True)
+    generation = out_dir / "generation_config.json"
+    if generation.exists():
+        generation.unlink()  # keep sampling defaults vLLM's own, not transformers'
+    _normalise_config(out_dir / "config.json")
+    (out_dir / RECORD).write_text(json.dumps({"version": VERSION}) + "\n")
+    return out_dir
+
+
+def _normalise_config(path: Path) -> None:
+    data = json.loads(path.read_text())
+    data.pop("transformers_version", None)
+    for sub in ("text_config", "vision_config"):
+        if isinstance(data.get(sub), dict):
+            data[sub].pop("transformers_version", None)
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+# --- the cached copy ----------------------------------------------------------------------
+
+CHECKPOINT_FILES = (
+    "config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "preprocessor_config.json",
+    RECORD,
+)
+
+
+def default_vision_checkpoint_dir() -> Path:
+    return cache_dir() / "demo-vision-checkpoint"
+
+
+def vision_checkpoint_is_complete(folder: Path) -> bool:
+    """Every file present and written by this version of the module."""
+    if not all((folder / name).is_file() for name in CHECKPOINT_FILES):
+        return False
+    try:
+        return json.loads((folder / RECORD).read_text()).get("version") == VERSION
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def ensure_vision_checkpoint(folder: Path | None = None) -> tuple[Path, bool]:
+    """The tiny vision checkpoint in `folder` (default: the cache), written only when
+    missing or stale; whole or not at all (see `write_demo_checkpoint`).
+
+    Returns the folder and whether it was written now.
+    """
+    folder = Path(folder or default_vision_checkpoint_dir()).expanduser().absolute()
+    if vision_checkpoint_is_complete(folder):
+        return folder, False
+    return write_demo_checkpoint(folder, writer=write_vision_checkpoint), True
+
+
+if __name__ == "__main__":
+    import sys
+
+    print(write_vision_checkpoint(Path(sys.argv[1])))
