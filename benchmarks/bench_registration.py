@@ -93,7 +93,8 @@ def ours(root: Path) -> None:
 
 
 def _forget(root: Path) -> None:
-    from ttbundles.registry.index import INDEX_FILE, user_cache_dir
+    from ttbundles.paths import user_cache_dir
+    from ttbundles.registry.index import INDEX_FILE
 
     (root / INDEX_FILE).unlink(missing_ok=True)
     shutil.rmtree(user_cache_dir(), ignore_errors=True)

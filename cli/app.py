@@ -2,7 +2,7 @@
 
 Library errors are typed (`TTBundleError` with diagnostics); here they become clean
 messages and exit codes: 0 success, 1 invalid input, 2 usage, 3 internal error (with the
-traceback only under TTBUNDLE_DEBUG=1).
+traceback only under TT_BUNDLES_DEBUG=1).
 """
 
 from __future__ import annotations
@@ -103,10 +103,10 @@ def main(argv: list[str] | None = None) -> None:
     except (KeyboardInterrupt, typer.Abort):
         sys.exit(130)
     except Exception as exc:  # noqa: BLE001 - the last line of defence: no tracebacks
-        if envs.TTBUNDLE_DEBUG:
+        if envs.TT_BUNDLES_DEBUG:
             raise
         message = f"internal error: {type(exc).__name__}: {exc}"
-        hint = "set TTBUNDLE_DEBUG=1 to see the traceback, and please report it"
+        hint = "set TT_BUNDLES_DEBUG=1 to see the traceback, and please report it"
         if out.is_json:
             out.result(False, [Diagnostic("TTB005", Severity.ERROR, message, hint=hint)])
         else:

@@ -282,3 +282,44 @@ def test_the_index_key_names_every_module_a_cached_verdict_depends_on():
             )
         )
     assert sorted(files) == sorted(_CHECKER_FILES)
+
+
+def _literal_environment_reads(path: Path) -> list[str]:
+    """`os.getenv("X")`, `<...>environ.get("X")` and `<...>environ["X"]` read in `path`,
+    as "<line> reads X"."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        target, key = None, None
+        if isinstance(node, ast.Call) and node.args and isinstance(node.func, ast.Attribute):
+            owner = node.func.value
+            named = getattr(owner, "attr", getattr(owner, "id", None))
+            if (node.func.attr == "get" and named == "environ") or (
+                node.func.attr == "getenv" and named == "os"
+            ):
+                target, key = node, node.args[0]
+        elif (
+            isinstance(node, ast.Subscript)
+            and isinstance(node.ctx, ast.Load)
+            and getattr(node.value, "attr", getattr(node.value, "id", None)) == "environ"
+        ):
+            target, key = node, node.slice
+        if target is not None and isinstance(key, ast.Constant) and isinstance(key.value, str):
+            found.append(f"{target.lineno} reads {key.value}")
+    return found
+
+
+def test_envs_is_the_one_reader_of_environment_variables():
+    """Every variable ttbundles reads is in `ttbundles.envs`' table, read one way there
+    (its parser, its deprecated name); other modules may only set variables for their
+    children, or copy the whole environment."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.name != "envs.py" and "_data" not in path.relative_to(PACKAGE).parts:
+            found += [f"{path.relative_to(PACKAGE)}:{r}" for r in _literal_environment_reads(path)]
+    assert found == []
+
+
+def test_the_reader_check_sees_a_raw_read(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text('import os\nA = os.environ.get("MESH_DEVICE")\nB = os.getenv("X")\n')
+    assert _literal_environment_reads(module) == ["2 reads MESH_DEVICE", "3 reads X"]

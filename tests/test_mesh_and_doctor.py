@@ -4,6 +4,7 @@ doctor`, and usage errors: all through the installed commands, as users call the
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -436,3 +437,49 @@ def test_bundle_test_parses_its_mesh_the_same_way(run_cli, tmp_path):
     assert done.returncode == 1
     assert done.stderr.splitlines()[0] == "error TTB106 --mesh 'T3000' is not a mesh"
     assert "did you mean T3K?" in done.stderr
+
+
+# --- the environment, read in one place --------------------------------------------------
+
+
+def test_an_old_variable_name_is_still_read_with_a_deprecation_note(monkeypatch, caplog):
+    from ttbundles import envs
+
+    monkeypatch.delenv("TT_BUNDLES_DEBUG", raising=False)
+    monkeypatch.setenv("TTBUNDLE_DEBUG", "1")
+    monkeypatch.setattr(envs, "_noted", set())
+    with caplog.at_level(logging.WARNING, logger="ttbundles"):
+        assert envs.TT_BUNDLES_DEBUG is True
+        assert envs.TT_BUNDLES_DEBUG is True
+    assert [r.getMessage() for r in caplog.records] == [
+        "ttbundles: TTBUNDLE_DEBUG is deprecated and will stop working; set TT_BUNDLES_DEBUG "
+        "instead"
+    ]  # once a process
+    monkeypatch.setenv("TT_BUNDLES_DEBUG", "0")
+    assert envs.TT_BUNDLES_DEBUG is False  # the new name wins
+
+
+@pytest.mark.parametrize(
+    "value, shown", [("1", True), ("yes", True), ("false", False), ("0", False), ("", False)]
+)
+def test_the_engine_and_the_cli_read_the_debug_switch_alike(monkeypatch, value, shown):
+    from ttbundles import envs
+    from ttbundles.serving import faults
+
+    monkeypatch.delenv("VLLM_LOGGING_LEVEL", raising=False)
+    monkeypatch.delenv("TTBUNDLE_DEBUG", raising=False)
+    monkeypatch.setenv("TT_BUNDLES_DEBUG", value)
+    assert faults.debugging() is shown  # the engine's tracebacks
+    assert envs.TT_BUNDLES_DEBUG is shown  # the CLI's (cli/app.py)
+
+
+@pytest.mark.parametrize("value", ["", "  ", None])
+def test_a_blank_mesh_device_is_unset_everywhere(monkeypatch, value):
+    from ttbundles import doctor, envs
+    from ttbundles.serving.plugin import activation
+
+    environ = {} if value is None else {"MESH_DEVICE": value}
+    assert envs.read("MESH_DEVICE", environ) is None
+    assert not doctor._mesh_set(environ)
+    active, why = activation(environ)
+    assert "MESH_DEVICE is unset" in why or "ttnn" in why

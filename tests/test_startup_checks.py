@@ -19,8 +19,9 @@ from tests.bundle_factory import write_bundle
 from ttbundles.build import pack
 from ttbundles.errors import ConfigurationError
 from ttbundles.installer.operations import install, uninstall
+from ttbundles.paths import user_cache_dir
 from ttbundles.registry import index as index_module
-from ttbundles.registry.index import INDEX_FILE, Index, user_cache_dir
+from ttbundles.registry.index import INDEX_FILE, Index
 from ttbundles.registry.registry import Status, compute
 from ttbundles.serving.registration import fallbacks, log_table
 

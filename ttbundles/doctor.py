@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
 
+from ttbundles import envs
 from ttbundles.errors import Diagnostic, Severity, TTBundleError
 
 # The entry points vLLM must load for ttbundles to serve (VLLM_PLUGINS filters by name).
@@ -101,7 +102,7 @@ def _ttnn_and_mesh(report: Report, environ: Mapping[str, str]) -> None:
         report.add("ttnn", "ok", f"{origin}" + (f" ({version})" if version else ""))
     else:
         report.add("ttnn", "info", "not importable (TT-Metal is not in this Python)")
-    raw = (environ.get("MESH_DEVICE") or "").strip()
+    raw = envs.read("MESH_DEVICE", environ)
     if not raw:
         report.add("mesh", "info", "MESH_DEVICE is unset")
         return
@@ -154,7 +155,7 @@ def _platform(report: Report, environ: Mapping[str, str]) -> None:
         for e in metadata.entry_points(group="vllm.platform_plugins")
         if not e.value.startswith("ttbundles.")
     )
-    allowed = environ.get("VLLM_PLUGINS")
+    allowed = envs.read("VLLM_PLUGINS", environ)
     detail = "entry points installed" if not missing else "missing: " + ", ".join(missing)
     detail += (
         f"; VLLM_PLUGINS={allowed}" if allowed is not None else "; VLLM_PLUGINS unset (all load)"
@@ -255,7 +256,7 @@ def _bundles(report: Report, environ: Mapping[str, str]) -> None:
 
 
 def _mesh_set(environ: Mapping[str, str]) -> bool:
-    return bool((environ.get("MESH_DEVICE") or "").strip())
+    return envs.read("MESH_DEVICE", environ) is not None
 
 
 def _as_warning(d: Diagnostic) -> Diagnostic:

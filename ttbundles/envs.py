@@ -1,15 +1,19 @@
 """Every environment variable ttbundles reads, with its default, in one table.
 
-Read lazily (attribute access reads `os.environ` each time), so tests and subprocesses
-that change the environment are seen without reloading anything. The variables the
-reference Tenstorrent plugin reads keep its names and meanings, so a deployment written
-for it runs unchanged. Code that decides for
-an environment other than its own process (the registry computing for `ttbundle list`,
-tests) calls `read(name, environ)`.
+The one reader: no other module looks a variable up in `os.environ` (they may set one
+for their child processes). Read lazily (attribute access reads `os.environ` each time),
+so tests and subprocesses that change the environment are seen without reloading
+anything. The variables the reference Tenstorrent plugin reads keep its names and
+meanings, so a deployment written for it runs unchanged; ttbundles' own are named
+`TT_BUNDLES_*`, and the names earlier releases used (`RENAMED`) are still read when the
+new one is unset, with a deprecation note in the log once a process. Code that decides
+for an environment other than its own process (the registry computing for `ttbundle
+list`, tests) calls `read(name, environ)`.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -34,6 +38,10 @@ def _text(value: str | None) -> str | None:
     return value or None
 
 
+def _stripped(value: str | None) -> str | None:
+    return (value or "").strip() or None
+
+
 _VARIABLES: dict[str, Callable[[str | None], Any]] = {
     # os.pathsep-separated folders, each holding bundle folders; searched in order.
     "EXTRA_MODELS_DIR": _paths,
@@ -53,8 +61,8 @@ _VARIABLES: dict[str, Callable[[str | None], Any]] = {
     "TT_BUNDLES_STRICT": _flag(False),
     # The mesh: a preset name in any case (N150, T3K, TG, P150x4, BH-Galaxy, ...), a grid
     # such as "(4,8)", or HOST for the host mesh; parsed by `format.meshes.parse_mesh`
-    # (TTB106 otherwise). It replaces vLLM's tensor/pipeline parallelism.
-    "MESH_DEVICE": _text,
+    # (TTB106 otherwise). It replaces vLLM's tensor/pipeline parallelism. Blank is unset.
+    "MESH_DEVICE": _stripped,
     # Which chips this process may open (comma-separated ids), read by TT-Metal when the
     # mesh opens; the platform's device control variable (per data-parallel rank).
     "TT_VISIBLE_DEVICES": _text,
@@ -66,14 +74,45 @@ _VARIABLES: dict[str, Callable[[str | None], Any]] = {
     "TT_BUNDLES_STATS_FILE": _text,
     # Seconds since the epoch for archive entry times (reproducible builds).
     "SOURCE_DATE_EPOCH": _text,
-    # 1: the CLI shows tracebacks of internal errors.
-    "TTBUNDLE_DEBUG": _flag(False),
+    # 1: the CLI shows tracebacks of internal errors, and so does the engine.
+    "TT_BUNDLES_DEBUG": _flag(False),
+    # Set by `vllm serve`'s API server for its engine processes: the file an engine that
+    # cannot start writes its one-line reason to (serving.faults; not for users).
+    "TT_BUNDLES_ENGINE_REPORT": _text,
+    # Others' variables ttbundles reads. The user cache's base folder (XDG).
+    "XDG_CACHE_HOME": _text,
+    # vLLM's: DEBUG shows the engine's tracebacks; which plugins vLLM loads (doctor).
+    "VLLM_LOGGING_LEVEL": _text,
+    "VLLM_PLUGINS": _text,
 }
+
+# Deprecated names, still read when the new name is unset: new name -> old name.
+RENAMED = {
+    "TT_BUNDLES_DEBUG": "TTBUNDLE_DEBUG",
+    "TT_BUNDLES_ENGINE_REPORT": "TTBUNDLES_ENGINE_REPORT",
+}
+_noted: set[str] = set()
+
+
+def raw(name: str, environ: Mapping[str, str] | None = None) -> str | None:
+    """The text of `name` in `environ` (default: this process's environment), from its
+    deprecated name (`RENAMED`) when only that is set."""
+    environ = os.environ if environ is None else environ
+    value = environ.get(name)
+    old = RENAMED.get(name)
+    if value is None and old is not None:
+        value = environ.get(old)
+        if value is not None and old not in _noted:
+            _noted.add(old)
+            logging.getLogger("ttbundles").warning(
+                "ttbundles: %s is deprecated and will stop working; set %s instead", old, name
+            )
+    return value
 
 
 def read(name: str, environ: Mapping[str, str] | None = None) -> Any:
     """The parsed value of `name` in `environ` (default: this process's environment)."""
-    return _VARIABLES[name]((os.environ if environ is None else environ).get(name))
+    return _VARIABLES[name](raw(name, environ))
 
 
 def __getattr__(name: str) -> Any:
@@ -83,4 +122,4 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return [*_VARIABLES, "read"]
+    return [*_VARIABLES, "RENAMED", "raw", "read"]

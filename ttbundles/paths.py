@@ -1,12 +1,18 @@
-"""Where the files shipped with ttbundles are: the schema and the built-in bundles.
+"""Where ttbundles' own files are: those shipped with it (the schema, the built-in
+bundles), the user cache, and a `--model` path as the user typed it.
 
-Installed, they live in `ttbundles/_data/`; in a source checkout, at the repo root
-(`schemas/`, `bundles/`), which is where they are edited.
+Installed, the shipped files live in `ttbundles/_data/`; in a source checkout, at the
+repo root (`schemas/`, `bundles/`), which is where they are edited. The user cache is
+one folder for everything ttbundles keeps between runs (the registry's index of checked
+bundles, the demo's checkpoints and logs).
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+
+from ttbundles import envs
 
 _PACKAGE = Path(__file__).resolve().parent
 SCHEMA_FILE_NAME = "vllm_metadata.schema.json"
@@ -42,3 +48,9 @@ def model_argument(text: str) -> str:
 
         raise TTBundleError(missing_path(text, what="model checkpoint folder"))
     return text
+
+
+def user_cache_dir() -> Path:
+    """`$XDG_CACHE_HOME/ttbundles`, else `~/.cache/ttbundles`."""
+    base = envs.XDG_CACHE_HOME or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "ttbundles"

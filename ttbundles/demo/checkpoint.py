@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ttbundles.fsutil import apply_umask
+from ttbundles.paths import user_cache_dir
 
 SEED = 1234
 VOCAB_SIZE = 384
@@ -140,14 +141,8 @@ if __name__ == "__main__":
 CHECKPOINT_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
 
 
-def cache_dir() -> Path:
-    """`$XDG_CACHE_HOME/ttbundles`, else `~/.cache/ttbundles`."""
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "ttbundles"
-
-
 def default_checkpoint_dir() -> Path:
-    return cache_dir() / "demo-checkpoint"
+    return user_cache_dir() / "demo-checkpoint"
 
 
 def checkpoint_is_complete(folder: Path) -> bool:

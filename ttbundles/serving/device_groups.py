@@ -31,6 +31,7 @@ import sys
 from collections.abc import MutableMapping
 from dataclasses import dataclass
 
+from ttbundles import envs
 from ttbundles.errors import ConfigurationError
 from ttbundles.format.meshes import is_host, mesh_shape
 
@@ -141,7 +142,7 @@ def plan_groups(mesh: str | None, ranks: int, *, environ: MutableMapping[str, st
 
 
 def _cached(environ: MutableMapping[str, str], mesh: str, ranks: int) -> DeviceGroups | None:
-    raw = environ.get(CACHE_VARIABLE)
+    raw = envs.read(CACHE_VARIABLE, environ)
     if not raw:
         return None
     try:
@@ -211,7 +212,7 @@ def discover_submeshes(
 def check_no_user_binding(environ: MutableMapping[str, str], device_ids: object, ranks: int):
     """Refuse a device choice the user made for the whole server when each rank gets
     its own: it would either be overwritten or give every rank the same chips."""
-    user = environ.get(VISIBLE_DEVICES)
+    user = envs.read(VISIBLE_DEVICES, environ)
     if user:
         raise _error(
             f"{VISIBLE_DEVICES}={user} is set for the whole server, but with "
@@ -246,7 +247,7 @@ def bind_rank(
             "every rank's group",
         )
     value = ",".join(str(i) for i in groups[local_rank])
-    current = environ.get(VISIBLE_DEVICES)
+    current = envs.read(VISIBLE_DEVICES, environ)
     if current and current != value:
         raise _error(
             f"{VISIBLE_DEVICES}={current} in data-parallel rank {local_rank}'s environment "

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ttbundles import envs
 from ttbundles.errors import Diagnostic, Severity, TTBundleError
 
 
@@ -73,7 +74,7 @@ def make_plan(
     if mesh is not None:
         chosen = mesh_or_none(mesh, source="--mesh")
     else:
-        chosen = mesh_or_none(os.environ.get("MESH_DEVICE"))
+        chosen = mesh_or_none(envs.MESH_DEVICE)
     if chosen is not None:
         os.environ["MESH_DEVICE"] = chosen.name
     else:

@@ -8,7 +8,7 @@ is the bundle's or the configuration's, that buries the one useful fact, so:
   is one ERROR line, then the engine exits with code 1 (`SystemExit`, which vLLM lets
   through without a dump); the API server, whose `sys.excepthook` knows (through the
   report file named by `REPORT_VARIABLE`) that the engine said why, ends with one line
-  too. With debug logging (`VLLM_LOGGING_LEVEL=DEBUG` or `TTBUNDLE_DEBUG=1`) the error
+  too. With debug logging (`VLLM_LOGGING_LEVEL=DEBUG` or `TT_BUNDLES_DEBUG=1`) the error
   propagates as before, tracebacks included;
 - a generator exception inside a step gets one ERROR line naming the bundle, the
   generator method, the step kind and the batch size, before vLLM's own report (the
@@ -31,13 +31,14 @@ import time
 from types import TracebackType
 from typing import Any, NoReturn
 
+from ttbundles import envs
 from ttbundles.errors import TTBundleError
 
 logger = logging.getLogger("vllm.ttbundles")
 
 # Names the file where the engine process leaves the line it reported on a startup
 # failure; set by the API server (platform configuration) before the engine starts.
-REPORT_VARIABLE = "TTBUNDLES_ENGINE_REPORT"
+REPORT_VARIABLE = "TT_BUNDLES_ENGINE_REPORT"
 
 # vLLM's message when an engine core process ended during startup.
 ENGINE_START_FAILED = "Engine core initialization failed"
@@ -51,8 +52,8 @@ PREFILL_METHODS = frozenset({"prefill_forward"})
 
 def debugging() -> bool:
     """Whether tracebacks are wanted (vLLM's debug logging, or ttbundles' own switch)."""
-    level = os.environ.get("VLLM_LOGGING_LEVEL", "").upper()
-    return level == "DEBUG" or os.environ.get("TTBUNDLE_DEBUG", "") not in ("", "0")
+    level = (envs.VLLM_LOGGING_LEVEL or "").upper()
+    return level == "DEBUG" or envs.TT_BUNDLES_DEBUG
 
 
 def serving_process() -> bool:
@@ -66,7 +67,7 @@ def serving_process() -> bool:
 def report_path() -> str | None:
     """The report file for engines of this API server (set in the environment, which
     the engine process inherits); None outside `vllm serve` (`serving_process`)."""
-    path = os.environ.get(REPORT_VARIABLE)
+    path = envs.read(REPORT_VARIABLE)
     if not path and not serving_process():
         return None
     if not path:
@@ -84,7 +85,7 @@ def startup_failed(error: TTBundleError) -> NoReturn:
     _leave_report(line)
     # Outside `vllm serve` (an in-process engine: `ttbundle test`, `vllm.LLM`) the caller
     # gets the error itself, to report or handle as it does.
-    if debugging() or not os.environ.get(REPORT_VARIABLE):
+    if debugging() or not envs.read(REPORT_VARIABLE):
         raise error
     raise SystemExit(1)
 
@@ -94,7 +95,7 @@ def engine_report(value: BaseException) -> str | None:
     reported a ttbundles error (read once; the file is removed)."""
     if not isinstance(value, RuntimeError) or not str(value).startswith(ENGINE_START_FAILED):
         return None
-    path = os.environ.get(REPORT_VARIABLE)
+    path = envs.read(REPORT_VARIABLE)
     if not path:
         return None
     try:
@@ -139,7 +140,7 @@ def step_failed(error: BaseException, bundle: str, batch: int, phase: str | None
 
 
 def _leave_report(line: str) -> None:
-    path = os.environ.get(REPORT_VARIABLE)
+    path = envs.read(REPORT_VARIABLE)
     if path:
         with contextlib.suppress(OSError), open(path, "w", encoding="utf-8") as handle:
             handle.write(line + "\n")
@@ -149,7 +150,7 @@ def exit_nonzero_after_engine_failure() -> None:
     """At the API server's exit (the last exit handler): if its engine reported a fault
     and vLLM is ending with status 0 (it shuts down gracefully when the engine dies),
     exit 1 instead, so that a supervisor restarts the server."""
-    path = os.environ.get(REPORT_VARIABLE)
+    path = envs.read(REPORT_VARIABLE)
     if not path or not os.path.exists(path):
         return
     try:

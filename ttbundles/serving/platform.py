@@ -57,9 +57,9 @@ class TTPlatform(Platform):
 
     @classmethod
     def get_device_name(cls, device_id: int = 0) -> str:
-        import os
+        from ttbundles import envs
 
-        return f"Tenstorrent {os.environ.get('MESH_DEVICE') or 'mesh'}"
+        return f"Tenstorrent {envs.MESH_DEVICE or 'mesh'}"
 
     @classmethod
     def check_and_update_config(cls, vllm_config: VllmConfig) -> None:

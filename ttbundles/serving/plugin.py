@@ -29,8 +29,9 @@ def activation(environ: Mapping[str, str] | None = None) -> tuple[bool, str]:
     Otherwise it stays inert (a CUDA box with ttbundles installed must never select it).
     Never imports ttnn; only looks for it.
     """
-    environ = os.environ if environ is None else environ
-    value = (environ.get("MESH_DEVICE") or "").strip()
+    from ttbundles import envs
+
+    value = envs.read("MESH_DEVICE", environ)
     if value:
         from ttbundles.errors import TTBundleError
         from ttbundles.format.meshes import parse_mesh  # plain data: cheap
@@ -58,10 +59,11 @@ def platform_plugin() -> str | None:
     if not active:
         logger.debug("ttbundles: TT platform not activated: %s", why)
         return None
+    from ttbundles import envs
     from ttbundles.errors import TTBundleError
     from ttbundles.format.meshes import canonical
 
-    value = os.environ.get("MESH_DEVICE")
+    value = envs.raw("MESH_DEVICE")
     try:
         name = canonical(value)
     except TTBundleError:
