@@ -111,17 +111,23 @@ def install(
     replace: Annotated[
         bool, typer.Option("--replace", help="Replace an installed bundle of the same name.")
     ] = False,
+    force: Annotated[
+        bool,
+        typer.Option("--force", help="Install even if the bundle fails validate's checks."),
+    ] = False,
     fmt: FormatOption = Format.human,
 ) -> None:
-    """Verify, then install atomically into the models folder.
+    """Verify, check as `validate` does, then install atomically into the models folder.
 
-    Says what it did on standard output: name, version (old -> new for --replace), path.
+    Says what it did on standard output: name, version (old -> new for --replace, with
+    upgrade or downgrade and both digests), path. The same archive again is "up to date"
+    (exit 0); another version of an installed bundle needs --replace.
 
     Example: EXTRA_MODELS_DIR=/opt/tt-bundles ttbundle install my-bundle-1.0.0.ttbundle
     """
     from ttbundles.installer.operations import install as install_archive
 
-    _report(Output(fmt), install_archive(archive, models_dir, replace=replace))
+    _report(Output(fmt), install_archive(archive, models_dir, replace=replace, force=force))
 
 
 def uninstall(
@@ -162,6 +168,8 @@ def _version(version: str | None) -> str:
 
 def _report(out: Output, result: InstallResult) -> None:
     """What install, replace or uninstall did: JSON, or lines of plain text."""
+    from ttbundles.installer.operations import short_digest
+
     if out.is_json:
         out.result(True, [], **result.to_dict())
         return
@@ -182,8 +190,15 @@ def _report(out: Output, result: InstallResult) -> None:
     version = _version(result.version)
     if result.action == "installed":
         out.plain(f"installed {result.name} {version} at {result.path}")
+    elif result.action == "up to date":
+        digest = short_digest(result.digest)
+        out.plain(f"up to date: {result.name} {version} ({digest}) at {result.path}")
     elif result.action == "replaced":
         previous = _version(result.previous_version)
-        out.plain(f"replaced {result.name} {previous} -> {version} at {result.path}")
+        digests = f"{short_digest(result.previous_digest)} -> {short_digest(result.digest)}"
+        change = f"{result.change}; " if result.change else ""
+        out.plain(
+            f"replaced {result.name} {previous} -> {version} at {result.path} ({change}{digests})"
+        )
     else:
         out.plain(f"uninstalled {result.name} {version} from {result.path}")

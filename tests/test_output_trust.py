@@ -137,3 +137,63 @@ def test_a_missing_model_folder_is_ttb001_before_vllm_loads(run_cli, workdir):
     done = run_cli("plan", "./nope", "--mesh", "HOST", cwd=workdir)
     assert done.returncode == 1
     assert done.stderr.splitlines()[0] == "./nope: error TTB001 no such model checkpoint folder"
+
+
+# --- install: idempotent, explicit about versions, checked like validate -----------------
+
+
+def _pack(run_cli, cwd, folder: str, version: str) -> tuple[str, str]:
+    """Pack ./folder at `version` into ./dist; (archive path, root digest)."""
+    meta = cwd / folder / "vllm_metadata.json"
+    data = json.loads(meta.read_text())
+    data["version"] = version
+    meta.write_text(json.dumps(data))
+    packed = envelope(run_cli("pack", folder, "-o", "dist", "-f", "json", cwd=cwd), 0)
+    return packed["path"], packed["root_digest"]
+
+
+def test_install_is_idempotent_and_names_versions_and_digests(run_cli, workdir):
+    old, old_digest = _pack(run_cli, workdir, "demo", "1.0.0")
+    new, new_digest = _pack(run_cli, workdir, "demo", "1.1.0")
+    first = run_cli("install", old, "--models-dir", "models", cwd=workdir)
+    assert first.stdout == "installed demo 1.0.0 at models/demo\n", first.stderr
+    again = run_cli("install", old, "--models-dir", "models", cwd=workdir)
+    assert (again.returncode, again.stderr) == (0, "")
+    assert again.stdout == f"up to date: demo 1.0.0 ({old_digest[:19]}) at models/demo\n"
+    data = envelope(run_cli("install", old, "--models-dir", "models", "-f", "json", cwd=workdir), 0)
+    assert data["action"] == "up to date" and data["digest"] == old_digest
+    upgrade = run_cli("install", new, "--models-dir", "models", cwd=workdir)
+    assert (upgrade.returncode, upgrade.stdout) == (1, "")
+    assert (
+        f"models/demo: error TTB090 demo 1.0.0 ({old_digest[:19]}) is installed; "
+        f"this archive is demo 1.1.0 ({new_digest[:19]}): an upgrade" in upgrade.stderr
+    )
+    done = run_cli("install", new, "--models-dir", "models", "--replace", cwd=workdir)
+    assert done.stdout == (
+        "replaced demo 1.0.0 -> 1.1.0 at models/demo "
+        f"(upgrade; {old_digest[:19]} -> {new_digest[:19]})\n"
+    )
+    back = run_cli("install", old, "--models-dir", "models", cwd=workdir)
+    assert "demo 1.0.0" in back.stderr and ": a downgrade" in back.stderr
+    assert "fix: pass --replace to downgrade" in back.stderr
+    down = run_cli("install", old, "--models-dir", "models", "--replace", cwd=workdir)
+    assert "replaced demo 1.1.0 -> 1.0.0 at models/demo (downgrade; " in down.stdout
+
+
+def test_install_refuses_what_validate_refuses_unless_forced(run_cli, workdir):
+    """A consistent manifest around an adapter with a syntax error: the archive verifies,
+    and install refuses it with validate's error (not a server failing later)."""
+    from ttbundles.archive.writer import write_archive  # pack itself refuses such a bundle
+
+    adapter = workdir / "demo" / "adapter.py"
+    adapter.write_text(adapter.read_text() + "\ndef broken(:\n")
+    write_archive(workdir / "demo", workdir / "dist")
+    archive = "dist/demo-1.0.0.ttbundle"
+    assert run_cli("verify", archive, cwd=workdir).returncode == 0
+    done = run_cli("install", archive, "--models-dir", "models", cwd=workdir)
+    assert (done.returncode, done.stdout) == (1, "")
+    assert "error TTB051" in done.stderr and "error TTB093 install refused" in done.stderr
+    assert "dist/demo-1.0.0.ttbundle!/adapter.py" in done.stderr
+    assert not (workdir / "models" / "demo").exists()
+    forced = run_cli("install", archive, "--models-dir", "models", "--force", cwd=workdir)
+    assert forced.returncode == 0 and forced.stdout.startswith("installed demo 1.0.0")

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ttbundles import envs
+from ttbundles.archive.manifest import Manifest, read_manifest, verify_dir
 from ttbundles.archive.reader import extract_into, extraction_failed, verified_manifest
 from ttbundles.errors import InstallError, TTBundleError, missing_path
 from ttbundles.format.metadata import METADATA_FILE, NAME_PATTERN
@@ -64,6 +65,15 @@ class InstallResult:
     layout: str | None = None
     removed_leftovers: tuple[Path, ...] = ()
     restored: tuple[Path, ...] = ()
+    digest: str | None = None
+    previous_digest: str | None = None
+
+    @property
+    def change(self) -> str | None:
+        """For a replace: "upgrade", "downgrade" or "same version" (another build)."""
+        if self.action != "replaced":
+            return None
+        return version_change(self.previous_version, self.version)
 
     def to_dict(self) -> dict:
         return {
@@ -71,6 +81,9 @@ class InstallResult:
             "name": self.name,
             "version": self.version,
             "previous_version": self.previous_version,
+            "digest": self.digest,
+            "previous_digest": self.previous_digest,
+            "change": self.change,
             "path": str(self.path),
             "models_dir": str(self.models_dir),
             "swap": self.swap,
@@ -122,7 +135,11 @@ def _refuse_unsupported_source(archive: str | os.PathLike[str]) -> Path:
 
 
 def install(
-    archive: str | os.PathLike[str], models_dir: Path | None, *, replace: bool = False
+    archive: str | os.PathLike[str],
+    models_dir: Path | None,
+    *,
+    replace: bool = False,
+    force: bool = False,
 ) -> InstallResult:
     """Verify `archive` and install it as `models_dir/<name>`; what was done.
 
@@ -130,14 +147,34 @@ def install(
     when missing. The installed folder keeps `MANIFEST.json`, so `ttbundle verify` works
     on it and packing it again gives the same archive, byte for byte. Leftovers of dead
     installs in the folder are removed first (`removed_leftovers`).
+
+    Idempotent: the same root digest already installed (and intact) is "up to date" and
+    changes nothing, so a deployment script can run it every time. Another version or
+    build needs `replace` (the error names both versions and digests). The extracted
+    bundle gets `ttbundle validate`'s static checks before it is published: an archive
+    whose manifest is consistent can still hold an adapter with a syntax error, which
+    would otherwise fail only when a server loads it; `force` skips them.
     """
     archive = _refuse_unsupported_source(archive)
     models_dir = resolve_models_dir(models_dir)
     manifest = verified_manifest(archive)
     name = manifest.name
     target = models_dir / name
+    installed = _installed_manifest(target)
+    same = installed is not None and installed.root_digest == manifest.root_digest
+    if same and verify_dir(target).ok():
+        return InstallResult(
+            action="up to date",
+            name=name,
+            version=manifest.version,
+            path=target,
+            models_dir=models_dir,
+            digest=manifest.root_digest,
+            previous_version=manifest.version,
+            previous_digest=manifest.root_digest,
+        )
     if not replace and os.path.lexists(target):
-        raise _already_installed(target)  # early: spare the extraction
+        raise _installed_differs(target, installed, manifest)  # early: spare the extraction
     sweep = _Sweep()
     hold: _Hold | None = None
     try:
@@ -151,6 +188,8 @@ def install(
             tmp.mkdir()  # permissions from the umask (mkdtemp would make it 0o700)
         removed = tuple(sweep.finish())  # before extracting: a leftover may take the room
         extract_into(archive, manifest, tmp)
+        if not force:
+            _static_checks(tmp, archive)
         with _locked(models_dir):
             swap, previous, old_version = _publish(hold, tmp, target, name, replace)
     except OSError as exc:
@@ -173,7 +212,104 @@ def install(
         layout="link" if target.is_symlink() else "folder",
         removed_leftovers=removed,
         restored=tuple(sweep.restored),
+        digest=manifest.root_digest,
+        previous_digest=installed.root_digest if installed is not None and swap else None,
     )
+
+
+def version_change(old: str | None, new: str | None) -> str | None:
+    """ "upgrade", "downgrade" or "same version" from `old` to `new` (PEP 440 order);
+    None when either cannot be read."""
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        before, after = Version(old or ""), Version(new or "")
+    except InvalidVersion:
+        return None
+    if after > before:
+        return "upgrade"
+    if after < before:
+        return "downgrade"
+    return "same version"
+
+
+def short_digest(digest: str | None) -> str:
+    """`sha256:` and the first 12 hex digits: enough to tell builds apart in a line."""
+    if not digest:
+        return "unknown digest"
+    kind, _, hexdigits = digest.partition(":")
+    return f"{kind}:{hexdigits[:12]}" if hexdigits else digest[:19]
+
+
+def _installed_manifest(target: Path) -> Manifest | None:
+    """The manifest an installed bundle kept; None when there is none to read."""
+    if not target.is_dir():
+        return None
+    try:
+        return read_manifest(target)
+    except TTBundleError:
+        return None
+
+
+def _installed_differs(target: Path, installed: Manifest | None, new: Manifest) -> TTBundleError:
+    """TTB090, naming what is installed and what the archive holds."""
+    name = target.name
+    if installed is None:
+        return _already_installed(target)
+    old = f"{installed.version} ({short_digest(installed.root_digest)})"
+    fresh = f"{new.version} ({short_digest(new.root_digest)})"
+    change = version_change(installed.version, new.version)
+    if installed.root_digest == new.root_digest:
+        what = "the installed copy was modified since it was installed"
+        verb = "restore it"
+    elif change == "same version":
+        what = "another build of the same version"
+        verb = "replace it"
+    elif change is not None:
+        what = f"an {change}" if change == "upgrade" else f"a {change}"
+        verb = change
+    else:
+        what = "another version"
+        verb = "replace it"
+    return InstallError.single(
+        "TTB090",
+        f"{name} {old} is installed; this archive is {name} {fresh}: {what}",
+        file=target,
+        hint=f"pass --replace to {verb}",
+    )
+
+
+def _static_checks(folder: Path, archive: Path) -> None:
+    """`ttbundle validate`'s static checks on the extracted bundle; raises TTB093 with
+    the errors (located in the archive) when it has any."""
+    from dataclasses import replace as with_file
+
+    from ttbundles.check.validate import check_bundle
+    from ttbundles.errors import Diagnostic, Severity
+
+    checked = check_bundle(folder)
+    prefix = str(folder)
+    errors = [
+        with_file(d, file=d.file.replace(prefix, f"{archive}!", 1))
+        if d.file and d.file.startswith(prefix)
+        else d
+        for d in checked.diagnostics
+        if d.is_error
+    ]
+    if errors:
+        raise InstallError(
+            [
+                *errors,
+                Diagnostic(
+                    "TTB093",
+                    Severity.ERROR,
+                    "install refused: the bundle does not pass ttbundle validate; "
+                    "nothing was changed",
+                    file=str(archive),
+                    hint="fix the bundle and pack it again, or pass --force to install it as it is",
+                ),
+            ]
+        )
 
 
 def find_installed(name: str, models_dir: Path | None) -> tuple[Path, str | None]:
