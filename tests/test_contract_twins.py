@@ -169,8 +169,11 @@ def _check_v1_tt_transformers(result: dict) -> None:
 
 
 def _check_hybrid(result: dict) -> None:
-    assert calls(result, "allocate_kv_cache_per_layer")
+    (allocated,) = calls(result, "allocate_kv_cache_per_layer")
     assert not calls(result, "allocate_kv_cache")
+    per_layer = calls(result, "page_tables_per_layer")
+    assert {p["step"] for p in per_layer} == {"prefill", "decode"}
+    assert all(p["layers"] == allocated["layers"] and p["same"] for p in per_layer)
 
 
 def _check_qwen_vl(result: dict) -> None:

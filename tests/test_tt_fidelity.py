@@ -321,3 +321,48 @@ def test_validate_llama2_70b_shape_without_capabilities(tmp_path, monkeypatch):
         {},
     )
     assert validate_bundle(clean).errors == []
+
+
+# --- keys the contract does not mirror ------------------------------------------------------
+
+
+def _with_capabilities(body: str) -> str:
+    return contract_adapter("DemoGenerator", attributes=f"    model_capabilities = {body}\n")
+
+
+def test_every_key_a_class_carries_is_accounted_for(make_bundle):
+    """Gemma-4 26B-A4B autoport keys (a test pins them in TT-Metal) plus two the plugin
+    documents: known keys say nothing, an unknown one is a note (`validate -v`), and a
+    fabric_config the worker does not apply is a warning."""
+    adapter = _with_capabilities(
+        '{"supports_prefix_caching": False, "supports_async_decode": True,'
+        ' "supports_async_decode_overlap": True, "supports_sample_on_device": True,'
+        ' "supports_device_penalties": False, "supports_device_seeded_sampling": False,'
+        ' "max_device_top_k": 32, "state_slots_are_stateless": True,'
+        ' "fabric_config": {"fabric": "FABRIC_1D"}, "output_tokens_per_step": 1}'
+    )
+    folder = make_bundle("demo", adapter=adapter)
+    notes = [
+        (d.severity.value, d.message)
+        for d in validate_bundle(folder).diagnostics
+        if d.code == "TTB064"
+    ]
+    assert [severity for severity, _ in notes] == ["warning", "info", "info"]
+    assert "declares fabric_config, which this worker does not apply" in notes[0][1]
+    assert "'state_slots_are_stateless', a key ttbundles does not know" in notes[1][1]
+    assert "'supports_device_seeded_sampling', a key ttbundles" in notes[2][1]
+
+
+def test_block_output_is_refused_by_validate_and_at_load(make_bundle):
+    folder = make_bundle("demo", adapter=_with_capabilities('{"output_tokens_per_step": 4}'))
+    [error] = validate_bundle(folder).errors
+    assert error.code == "TTB202" and "output_tokens_per_step'] is 4" in error.message
+
+
+def test_known_keys_are_documented_with_what_the_worker_does():
+    for key, handling in contract.KNOWN_CAPABILITY_KEYS.items():
+        assert handling.split(":")[0] in ("used", "ignored", "not applied") or handling.startswith(
+            "mirrored by"
+        ), key
+    for key in contract.CAPABILITY_KEYS:
+        assert key in contract.KNOWN_CAPABILITY_KEYS

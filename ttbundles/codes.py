@@ -44,6 +44,7 @@ CODES: dict[str, str] = {
     "TTB061": "importing the adapter timed out",
     "TTB062": "a contract method has an incompatible signature",
     "TTB063": "the generator refused the configuration while loading (it raised)",
+    "TTB064": "a model_capabilities key the worker does not apply or does not know",
     # Across bundles
     "TTB070": "two bundles share a name",
     "TTB071": (

@@ -326,10 +326,24 @@ class HybridGptOssForCausalLM(TTTransformersLlamaForCausalLM):
         return self.core.allocate_kv_cache(shape, dtype, len(per_layer_specs))
 
     def prefill_forward(self, *args, page_tables_per_layer=None, **kwargs):
+        _record_per_layer("prefill", page_tables_per_layer, kwargs)
         return self.prefill_forward_text(*args, **kwargs)
 
     def decode_forward(self, *args, page_tables_per_layer=None, **kwargs):
+        _record_per_layer("decode", page_tables_per_layer, kwargs)
         return self._generator_decode_forward(*args, **kwargs)
+
+
+def _record_per_layer(step: str, tables, kwargs: dict[str, Any]) -> None:
+    """What the Gemma-4 26B-A4B autoport checks (it raises without the per-layer tables):
+    one table per layer, each the step's page table while there is one KV group."""
+    same = tables is not None and all(torch.equal(t, kwargs["page_table"]) for t in tables)
+    record(
+        "page_tables_per_layer",
+        step=step,
+        layers=None if tables is None else len(tables),
+        same=same,
+    )
 
 
 # --------------------------------------------------------------------------------------

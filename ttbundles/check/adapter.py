@@ -14,7 +14,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from ttbundles.check.capabilities import ClassCapabilities, agreement
+from ttbundles.check.capabilities import ClassCapabilities, agreement, key_notes
 from ttbundles.check.static_reader import (
     ClassInfo,
     Definition,
@@ -213,6 +213,7 @@ def _contract_diagnostics(
     out.extend(_unfillable(info, name))
     if info.capabilities is not None:
         out.extend(agreement(info.capabilities, caps, name, meta_file))
+        out.extend(key_notes(info.capabilities, name, meta_file))
     elif not partial:
         # Every base was read and none defines the dict: nothing is supported.
         out.extend(agreement(ClassCapabilities(absent=True), caps, name, meta_file))

@@ -23,7 +23,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ttbundles.errors import Diagnostic, Severity
-from ttbundles.format.contract import CAPABILITIES_ATTRIBUTE, CAPABILITY_KEYS
+from ttbundles.format.contract import (
+    CAPABILITIES_ATTRIBUTE,
+    CAPABILITY_KEYS,
+    KNOWN_CAPABILITY_KEYS,
+    OUTPUT_TOKENS_PER_STEP_KEY,
+)
 from ttbundles.format.metadata import Capabilities
 
 
@@ -42,6 +47,8 @@ class ClassCapabilities:
     open: tuple[str, str] | None = None
     where: str | None = None
     """`file:line` of the definition, for hints."""
+    literals: dict[str, object] = field(default_factory=dict)
+    """The literal value of each key in `values` (numbers such as max_device_top_k)."""
     absent: bool = False
     """No class seen defines the attribute at all: TT-Metal and the reference plugin read
     that as "nothing supported", so every declared capability is compared with False."""
@@ -57,9 +64,14 @@ class ClassCapabilities:
         for key, value in other.values.items():
             self.values[key] = value
             self.unknown.pop(key, None)
+            if key in other.literals:
+                self.literals[key] = other.literals[key]
+            else:
+                self.literals.pop(key, None)
         for key, why in other.unknown.items():
             self.unknown[key] = why
             self.values.pop(key, None)
+            self.literals.pop(key, None)
 
 
 def agreement(
@@ -132,6 +144,50 @@ def agreement(
                     f"in the class{where}",
                 )
             )
+    return out
+
+
+def key_notes(caps: ClassCapabilities, class_name: str, meta_file: str) -> list[Diagnostic]:
+    """What the class's other keys mean here (`contract.KNOWN_CAPABILITY_KEYS`): block
+    output refused (TTB202, as at load), a `fabric_config` not applied (warning), a key
+    ttbundles does not know (a note, for `validate -v`)."""
+    out: list[Diagnostic] = []
+    attribute = f"{class_name}.{CAPABILITIES_ATTRIBUTE}"
+    steps = caps.literals.get(OUTPUT_TOKENS_PER_STEP_KEY, 1)
+    if isinstance(steps, int) and not isinstance(steps, bool) and steps > 1:
+        out.append(
+            Diagnostic(
+                "TTB202",
+                Severity.ERROR,
+                f"{attribute}[{OUTPUT_TOKENS_PER_STEP_KEY!r}] is {steps}: block-output "
+                "decode is not supported yet (the worker commits one token per step and "
+                "refuses the class at load)",
+                file=meta_file,
+                hint="serve a one-token-per-step generator for this architecture",
+            )
+        )
+    if "fabric_config" in caps.values or "fabric_config" in caps.unknown:
+        out.append(
+            Diagnostic(
+                "TTB064",
+                Severity.WARNING,
+                f"{attribute} declares fabric_config, which this worker does not apply: the "
+                "mesh opens with the device option tt.fabric_config (or the default)",
+                file=meta_file,
+                hint="set --additional-config.tt.fabric_config to the fabric the class needs",
+            )
+        )
+    for key in sorted({*caps.values, *caps.unknown} - set(KNOWN_CAPABILITY_KEYS)):
+        out.append(
+            Diagnostic(
+                "TTB064",
+                Severity.INFO,
+                f"{attribute} has {key!r}, a key ttbundles does not know: it has no effect "
+                "here (the reference plugin ignores keys it does not read too)",
+                file=meta_file,
+                hint="check the key against vllm-tt-plugin docs/MODEL_CAPABILITIES.md",
+            )
+        )
     return out
 
 

@@ -276,12 +276,13 @@ class _ClassFinder:
             if not isinstance(key, str):
                 continue
             try:
-                known = bool(ast.literal_eval(value_node))
+                literal = ast.literal_eval(value_node)
+                known = bool(literal)
             except (ValueError, TypeError, SyntaxError, RecursionError):
                 reason = f"is computed ({_source(value_node)}), not a literal"
                 caps.update(ClassCapabilities(unknown={key: ("TTB040", reason)}))
             else:
-                caps.update(ClassCapabilities(values={key: known}))
+                caps.update(ClassCapabilities(values={key: known}, literals={key: literal}))
         return caps
 
     def _referenced(

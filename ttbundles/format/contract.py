@@ -83,6 +83,50 @@ MAX_DEVICE_LOGPROBS_KEY = "max_device_logprobs"
 on the GPT-OSS class): how many top log-probabilities the device returns per row, as
 `(top_logprobs [B, K], top_token_ids [B, K])`. Absent or 0: log-prob requests sample on
 the host. The torch reference generator declares it."""
+OUTPUT_TOKENS_PER_STEP_KEY = "output_tokens_per_step"
+"""Block-output models commit more than one token per decode (> 1); the worker commits
+one per step, so such a class is refused at load (TTB202). Default 1."""
+REQUIRED_BLOCK_SIZE_KEY = "required_block_size"
+"""The KV block size the class's cache layout needs (the executor-based Llama3 generator
+in `models/common/models`); another `--block-size` is refused at load (TTB063)."""
+
+KNOWN_CAPABILITY_KEYS: dict[str, str] = {
+    **{
+        key: f"mirrored by the bundle's capabilities.{name}"
+        for key, name in CAPABILITY_KEYS.items()
+    },
+    DEVICE_PENALTIES_KEY: "used: penalties on the device (default True, as the reference plugin)",
+    MAX_DEVICE_TOP_K_KEY: "used: the largest stochastic top-k sampled on the device",
+    MAX_DEVICE_LOGPROBS_KEY: "used: top log-probs the device returns (ttbundles' own key)",
+    OUTPUT_TOKENS_PER_STEP_KEY: "used: a value above 1 (block output) is refused at load",
+    REQUIRED_BLOCK_SIZE_KEY: "used: another --block-size is refused at load",
+    "supports_device_grammar": "ignored: structured-output batches sample on the host here",
+    "resumed_prefill_token_alignment": (
+        "ignored: chunks resume where vLLM's scheduler ends them; a class needing an "
+        "alignment declares no chunked prefill for ttbundles"
+    ),
+    "accepts_trace_mode": "ignored: the worker passes enable_trace on every call",
+    "fabric_config": (
+        "not applied: the worker opens the mesh with the device option tt.fabric_config "
+        "(the class's ttnn.set_fabric_config keywords are not read); validate warns"
+    ),
+    "supports_spec_decode": "ignored: speculative decoding is refused at configuration",
+    "supports_async_spec_decode": "ignored: speculative decoding is refused at configuration",
+    "spec_requirements": "ignored: speculative decoding is refused at configuration",
+    "spec_hidden_handoff": "ignored: speculative decoding is refused at configuration",
+    "tt_adaptive_block_output": "ignored: block output (output_tokens_per_step > 1) is refused",
+    "tt_adaptive_block_max_prompt_tokens": "ignored: block output is refused",
+    "tt_block_kv_extent_tokens": "ignored: block output is refused",
+    "supports_request_specific_rope": (
+        "ignored: request-specific RoPE is recognised from prefill's (logits, rope_deltas)"
+    ),
+    "supports_async_decode_overlap": "ignored: async decode overlaps whenever it is declared",
+    "tt_async_decode_allows_overlap": "ignored: async decode overlaps whenever it is declared",
+}
+"""Every `model_capabilities` key ttbundles knows, from TT-Metal's classes and the reference
+plugin's `docs/MODEL_CAPABILITIES.md`, with what the worker does with it. A key a class
+carries that is not here is reported by `validate -v` (TTB064), never silently dropped."""
+
 FALLBACK_MAX_TOKENS_ALL_USERS = 131_072
 """TT-Metal's KV budget when a generator has no model-specific one."""
 

@@ -210,9 +210,11 @@ class TTModelRunner:
         self.resident_inputs = bool(self.capabilities.get("supports_async_decode")) and (
             self.decode_trace
         )
+        self._refuse_unsupported_keys()
         self._bind_class_methods()
         self.generator: Any = None
         self.kv_cache: Any = None
+        self.cache_layers = 0  # layers of a per-layer cache: page_tables_per_layer is sent
         self.requests: dict[str, CachedRequestState] = {}
         custom = self.model_config.logits_processors or ()
         self.input_batch = InputBatch(
@@ -251,6 +253,27 @@ class TTModelRunner:
         self.observer: StepObserver | None = None
 
     # --- set-up -----------------------------------------------------------------------
+
+    def _refuse_unsupported_keys(self) -> None:
+        """Keys that make a class impossible to drive as configured, refused before any
+        weight loads (`format.contract.KNOWN_CAPABILITY_KEYS`)."""
+        name, caps = self.class_name, self.capabilities
+        steps = caps.get(contract.OUTPUT_TOKENS_PER_STEP_KEY, 1)
+        if isinstance(steps, int) and not isinstance(steps, bool) and steps > 1:
+            raise GeneratorContractError.single(
+                "TTB202",
+                f"{name} declares output_tokens_per_step={steps}: block-output decode is "
+                "not supported yet (the worker commits one token per step)",
+                hint="serve a one-token-per-step generator for this architecture",
+            )
+        required = caps.get(contract.REQUIRED_BLOCK_SIZE_KEY)
+        if isinstance(required, int) and required != self.block_size:
+            raise GeneratorContractError.single(
+                "TTB063",
+                f"{name} requires KV blocks of {required} tokens (required_block_size), "
+                f"but the engine uses {self.block_size}",
+                hint=f"serve with --block-size {required}",
+            )
 
     def _bind_class_methods(self) -> None:
         """Bind initialize_vllm_model and get_max_tokens_all_users; refuse at load what
@@ -355,6 +378,7 @@ class TTModelRunner:
             # and are preferred through it where they offer it.
             specs = [(shape, dtype, layer) for layer in range(num_layers)]
             self.kv_cache = self._allocate_per_layer(per_layer_specs=specs)
+            self.cache_layers = num_layers
         else:
             assert self._allocate is not None
             self.kv_cache = self._allocate(kv_cache_shape=shape, dtype=dtype, num_layers=num_layers)
@@ -476,6 +500,7 @@ class TTModelRunner:
             read_from_device=not use_async,
             sampling_params=None,
             slot_remap=list(range(capacity)),
+            **self._per_layer(page_table),
         )
         if device:
             values["sampling_params"] = self._slot_params(step.req_ids, slots, capacity)
@@ -524,6 +549,14 @@ class TTModelRunner:
         if self.observer is not None:
             self.observer("decode", step.req_ids, computed, [c + 1 for c in computed], step.logits)
 
+    def _per_layer(self, page_table: torch.Tensor) -> dict[str, Any]:
+        """`page_tables_per_layer` for a generator whose cache was allocated per layer:
+        one KV group here, so every layer's table is the step's one (the reference plugin
+        sends one per layer too; Gemma-4 26B-A4B's autoport raises without it)."""
+        if not self.cache_layers:
+            return {}
+        return {"page_tables_per_layer": [page_table] * self.cache_layers}
+
     def _decode_commands(
         self, layout: tuple[str | None, ...], page_table: torch.Tensor, device: bool
     ) -> DecodeCommands:
@@ -548,10 +581,12 @@ class TTModelRunner:
         slots = [self.slot_of[r] for r in step.req_ids]
         params = self._row_params(step.req_ids) if device else None
         images = self._image_inputs(step.req_ids) if self.image_inputs else {}
+        page_table = self._page_table(step.req_ids, None, rows)
         out = self._prefill(
             **images,
+            **self._per_layer(page_table),
             tokens=tokens.long(),
-            page_table=self._page_table(step.req_ids, None, rows),
+            page_table=page_table,
             kv_cache=self.kv_cache,
             prompt_lens=torch.tensor(ends),
             empty_slots=slots,
