@@ -104,6 +104,16 @@ BUILTINS: dict[str, tuple[str, str, dict[str, str]]] = {
         "models.demos.gemma4.tt.generator_vllm:Gemma4ForCausalLM",
         {},
     ),
+    "tt-gemma4-text": (
+        "TTGemma4ForCausalLM",
+        "models.demos.gemma4.tt.generator_vllm:Gemma4ForCausalLM",
+        {},
+    ),
+    "tt-gemma4-unified": (
+        "TTGemma4UnifiedForConditionalGeneration",
+        "models.demos.gemma4.tt.generator_vllm:Gemma4ForCausalLM",
+        {},
+    ),
     "tt-gemma-4-31b": (
         "TTGemma4ForConditionalGeneration",
         f"{AUTOPORTS}.google_gemma_4_31b.tt.generator_vllm:Gemma4ForCausalLM",
@@ -127,6 +137,8 @@ BUILTINS: dict[str, tuple[str, str, dict[str, str]]] = {
 }
 NEW_BUILTINS = (
     "tt-gemma4",
+    "tt-gemma4-text",
+    "tt-gemma4-unified",
     "tt-gemma-4-31b",
     "tt-gemma-4-26b-a4b",
     "tt-qwen3.6-27b",
@@ -162,6 +174,8 @@ CAPABILITIES: dict[str, dict] = {
     "tt-deepseek-v3": {"sample_on_device": SOD_ALL},
     "tt-gpt-oss": {"async_decode": True, "sample_on_device": SOD_ALL, "execution": "single"},
     "tt-gemma4": {"sample_on_device": SOD_ALL, "chunked_prefill": True},
+    "tt-gemma4-text": {"sample_on_device": SOD_ALL, "chunked_prefill": True},
+    "tt-gemma4-unified": {"sample_on_device": SOD_ALL, "chunked_prefill": True},
     "tt-gemma-4-31b": {"async_decode": True},
     "tt-gemma-4-26b-a4b": {"async_decode": True, "sample_on_device": ["all"]},
     "tt-qwen3.6-27b": {"sample_on_device": SOD_ALL},
@@ -477,3 +491,24 @@ def test_registry_selects_without_ambiguity(mesh: str | None, environ: dict[str,
     """The registry over the bundles folder reports no TTB071 on any mesh or selector."""
     registry = compute({"TT_VLLM_BUILTIN_MODELS": "0", **environ}, mesh=mesh, models_dirs=[BUNDLES])
     assert [d for d in registry.problems if d.code == "TTB071"] == []
+
+
+def test_readme_conformance_table_lists_every_builtin(builtins: dict[str, BundleMetadata]) -> None:
+    """README "Built-ins: contract form and outcome": one row per built-in with its
+    TT-Metal file and commit, its contract form (v1 exactly where the class declares
+    it) and whether it is served or refused (refused exactly for REFUSED)."""
+    readme = (BUNDLES.parent / "README.md").read_text(encoding="utf-8")
+    section = readme.split("### Built-ins: contract form and outcome")[1].split("\n## ")[0]
+    rows = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 4 and cells[0].startswith("`tt-"):
+            rows[cells[0].strip("`")] = cells[1:]
+    assert sorted(rows) == sorted(builtins)
+    for name, meta in builtins.items():
+        source, form, outcome = rows[name]
+        record = meta.extensions[TT_METAL]
+        assert source == f"`{record['file']}` @{record['commit'][:8]}", name
+        assert form.startswith("v1") == (record.get("decode_input_update_contract") == 1), name
+        assert outcome.startswith("refused") == (name in REFUSED), name
+        assert outcome.startswith(("served", "refused")), name
