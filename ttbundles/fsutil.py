@@ -5,13 +5,21 @@ secrets and wrong for a bundle or a checkpoint that a vLLM service account must 
 what ttbundles writes for users (`init`, `migrate`, the demo checkpoint) is created with
 0666 / 0777 lowered by the umask, like `open()` and `mkdir`, and an existing file being
 rewritten keeps its own mode.
+
+It is also the one atomic writer (`atomic_file`, `write_text_atomic`, `write_bytes_atomic`):
+every file ttbundles replaces (bundles' metadata, archives, registry indexes, goldens,
+the worker's counters) is written under a fresh temporary name next to it and renamed
+over it, so a reader sees the old file or the new one, never a part, and two writers
+never share a temporary file.
 """
 
 from __future__ import annotations
 
 import os
-import secrets
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
+from typing import IO, Any
 
 
 def current_umask() -> int:
@@ -29,35 +37,61 @@ def current_umask() -> int:
     return mask
 
 
-def write_text_atomic(path: Path, text: str, *, keep_mode: bool = True) -> None:
-    """Write `path` so that a reader sees the old file or the new one, never a part.
+@contextmanager
+def atomic_file(
+    path: Path,
+    *,
+    binary: bool = False,
+    keep_mode: bool = False,
+    mode: int | None = None,
+    suffix: str = ".tmp",
+    fsync: bool = False,
+) -> Iterator[IO[Any]]:
+    """A file to write that replaces `path` when the block ends without an error.
 
-    The new file gets the mode an `open()` would give it (0666 lowered by the umask);
-    with `keep_mode`, a file that already exists keeps its mode instead.
+    It is `.<name>.<random><suffix>` in `path`'s folder (the same file system, so the
+    rename is atomic; the leading dot keeps it out of listings that skip hidden names),
+    created exclusively, and removed when the block raises. It gets the mode an `open()`
+    would give it (0666 lowered by the umask); `mode` sets one instead, and with
+    `keep_mode` a file that already exists keeps its own. `fsync` flushes it to disk
+    before the rename (archives: a crash leaves the old file or the whole new one).
     """
     path = Path(path)
-    mode = None
     if keep_mode:
-        try:
+        with suppress(FileNotFoundError):
             mode = path.stat().st_mode & 0o7777
-        except FileNotFoundError:
-            mode = None
     while True:
-        tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+        tmp = path.with_name(f".{path.name}.{os.urandom(6).hex()}{suffix}")
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
             break
         except FileExistsError:
             continue
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
+        with os.fdopen(fd, "wb" if binary else "w", encoding=None if binary else "utf-8") as f:
+            yield f
+            if fsync:
+                f.flush()
+                os.fsync(f.fileno())
         if mode is not None:
             os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def write_text_atomic(path: Path, text: str, *, keep_mode: bool = True, **options: Any) -> None:
+    """Write `text` to `path` with `atomic_file`; by default an existing file keeps its
+    mode."""
+    with atomic_file(path, keep_mode=keep_mode, **options) as handle:
+        handle.write(text)
+
+
+def write_bytes_atomic(path: Path, data: bytes, **options: Any) -> None:
+    """Write `data` to `path` with `atomic_file`."""
+    with atomic_file(path, binary=True, **options) as handle:
+        handle.write(data)
 
 
 def apply_umask(root: Path) -> None:
@@ -77,4 +111,10 @@ def apply_umask(root: Path) -> None:
             os.chmod(path, (0o777 if executable else 0o666) & ~mask)
 
 
-__all__ = ["apply_umask", "current_umask", "write_text_atomic"]
+__all__ = [
+    "apply_umask",
+    "atomic_file",
+    "current_umask",
+    "write_bytes_atomic",
+    "write_text_atomic",
+]

@@ -33,7 +33,6 @@ from __future__ import annotations
 import hashlib
 import io
 import os
-import secrets
 import stat
 import struct
 import tarfile
@@ -59,6 +58,7 @@ from ttbundles.errors import (
     TTBundleError,
 )
 from ttbundles.format.metadata import METADATA_FILE
+from ttbundles.fsutil import atomic_file
 
 # 1980-01-01T00:00:00Z: the earliest date zip can store, the usual reproducible default.
 DEFAULT_MTIME = 315532800
@@ -184,16 +184,6 @@ def _open_regular(path: Path, rel: str) -> tuple[BinaryIO, os.stat_result]:
         handle.close()
         raise ArchiveError.single("TTB085", f"{rel}: no longer a regular file", file=path)
     return handle, st
-
-
-def _create_temp(directory: Path, prefix: str) -> tuple[Path, int]:
-    """A new file next to the final one (so os.replace is atomic), umask-respecting."""
-    while True:
-        path = directory / f"{prefix}{secrets.token_hex(6)}.part"
-        try:
-            return path, os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-        except FileExistsError:
-            continue
 
 
 # gzip member header: deflate, no flags (no file name), mtime 0, XFL 4 ("fastest"), OS 255.
@@ -371,11 +361,7 @@ def write_archive(
 
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
-        tmp, fd = _create_temp(out_dir, f".{out.name}.")
-    except OSError as exc:
-        raise _write_error(out, exc) from None
-    try:
-        with os.fdopen(fd, "wb") as raw:
+        with atomic_file(out, binary=True, suffix=".part", fsync=True) as raw:
             _write_archive(
                 raw,
                 bundle_dir,
@@ -385,16 +371,9 @@ def write_archive(
                 mtime=mtime,
                 progress=progress,
             )
-            raw.flush()
-            os.fsync(raw.fileno())
-        os.replace(tmp, out)
-    except BaseException as exc:
-        with suppress(OSError):
-            os.unlink(tmp)
+    except OSError as exc:
         # Reading the bundle reports its own errors: an OSError here is the output side.
-        if isinstance(exc, OSError):
-            raise _write_error(out, exc) from None
-        raise
+        raise _write_error(out, exc) from None
     return out
 
 

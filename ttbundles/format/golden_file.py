@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ttbundles.errors import Diagnostic, Severity, TTBundleError
+from ttbundles.fsutil import write_bytes_atomic
 
 FORMAT = "ttbundles-golden"
 FORMAT_VERSION = 1
@@ -87,9 +88,7 @@ class GoldenFile:
         with gzip.GzipFile(filename="", mode="wb", fileobj=buffer, mtime=0, compresslevel=9) as gz:
             gz.write(text.encode("utf-8"))
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_bytes(buffer.getvalue())
-        tmp.replace(path)
+        write_bytes_atomic(path, buffer.getvalue())
         return path
 
     @classmethod

@@ -31,7 +31,6 @@ import functools
 import hashlib
 import json
 import os
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +39,7 @@ from typing import Any
 from ttbundles.errors import ConfigurationError, Diagnostic, Severity
 from ttbundles.format.metadata import METADATA_FILE, NO_EXTENSIONS, BundleMetadata
 from ttbundles.format.parse import load_metadata
+from ttbundles.fsutil import write_text_atomic
 from ttbundles.paths import user_cache_dir
 
 INDEX_FILE = ".ttbundles-index.json"
@@ -68,6 +68,7 @@ _CHECKER_FILES = (
     "format/parse.py",
     "format/selection.py",
     "format/tt_options.py",
+    "fsutil.py",
     "paths.py",
     "registry/index.py",
     "suggest.py",
@@ -344,16 +345,10 @@ def _write(path: Path, resolved: str, fingerprint: list, records: dict[str, Reco
     }
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                # dumps, not dump: only the one-shot encoder is the C one.
-                handle.write(json.dumps(data, separators=(",", ":")))
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, path)
-        except BaseException:
-            os.unlink(tmp)
-            raise
+        # dumps, not dump: only the one-shot encoder is the C one.
+        write_text_atomic(
+            path, json.dumps(data, separators=(",", ":")), keep_mode=False, mode=0o644
+        )
     except OSError:
         return False
     return True

@@ -15,7 +15,6 @@ import importlib
 import json
 import logging
 import multiprocessing
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -29,6 +28,7 @@ from ttbundles.errors import ConfigurationError, TTBundleError
 from ttbundles.format.contract import HostMesh
 from ttbundles.format.loader import PACKAGE_PREFIX, finder, package_name
 from ttbundles.format.meshes import is_host, mesh_shape
+from ttbundles.fsutil import write_text_atomic
 from ttbundles.serving import faults
 from ttbundles.serving.configuration import Plan, served_plan
 from ttbundles.serving.device_groups import bind_rank
@@ -242,10 +242,7 @@ class TTWorker(WorkerBase):
     def _write_stats(self) -> None:
         if not self._stats_file:
             return
-        tmp = f"{self._stats_file}.tmp"
-        with open(tmp, "w", encoding="utf-8") as handle:
-            json.dump(STATS.snapshot(), handle)
-        os.replace(tmp, self._stats_file)
+        write_text_atomic(Path(self._stats_file), json.dumps(STATS.snapshot()), keep_mode=False)
 
     def check_health(self) -> None:
         return
