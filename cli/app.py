@@ -15,7 +15,7 @@ import typer
 from ttbundles import envs
 from ttbundles.errors import Diagnostic, Severity, TTBundleError
 
-from . import archive, conformance, demo, doctor, info, init, plan, validate
+from . import archive, conformance, demo, distribution, doctor, info, init, plan, validate
 
 app = typer.Typer(
     name="ttbundle",
@@ -54,6 +54,9 @@ app.command()(archive.pack)
 app.command()(archive.verify)
 app.command()(archive.install)
 app.command()(archive.uninstall)
+app.command()(distribution.push)
+app.command()(distribution.pull)
+app.command()(distribution.sign)
 app.command("list")(info.list_bundles)
 app.command()(info.inspect)
 app.command()(info.schema)

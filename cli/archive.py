@@ -82,22 +82,59 @@ def pack(
 
 def verify(
     path: Annotated[Path, typer.Argument(help="A .ttbundle archive or an installed bundle.")],
+    key: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--key",
+            help="Also verify the signature: a trusted public key (repeat).",
+            dir_okay=False,
+        ),
+    ] = None,
+    chain: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--certificate-chain",
+            help="Also verify the signature: a certificate chain, root last (repeat).",
+            dir_okay=False,
+        ),
+    ] = None,
     fmt: FormatOption = Format.human,
 ) -> None:
     """Recompute every digest; name each mismatched, missing or extra file.
 
-    Example: ttbundle verify dist/my-bundle-1.0.0.ttbundle
+    With --key or --certificate-chain, also verify the bundle's signature (model.sig).
+
+    Example: ttbundle verify dist/my-bundle-1.0.0.ttbundle --key signer.pub
     """
+    from ttbundles.archive.files import MANIFEST_FILE
     from ttbundles.archive.reader import verify as verify_path
+    from ttbundles.errors import Report
 
     out = Output(fmt)
-    report = verify_path(path)
+    source_folder = path.is_dir() and not (path / MANIFEST_FILE).exists()
+    # A bundle folder before packing has no manifest: its signature is what to verify.
+    report = Report() if (key or chain) and source_folder else verify_path(path)
+    signer = None
+    if report.ok() and (key or chain):
+        from ttbundles.errors import TTBundleError
+        from ttbundles.trust.verification import trusted_from, verify_archive, verify_folder
+
+        trusted = trusted_from(key or [], [chain] if chain else [])
+        check = verify_folder if path.is_dir() else verify_archive
+        try:
+            signer = check(path, trusted)
+        except TTBundleError as exc:
+            report.extend(exc.diagnostics)
     if out.is_json:
-        out.result(report.ok(), report.diagnostics, path=str(path), valid=report.ok())
+        out.result(
+            report.ok(), report.diagnostics, path=str(path), valid=report.ok(), signer=signer
+        )
     else:
         out.diagnostics(report.diagnostics)
+        state = "verified" if report.ok() else "FAILED"
+        signed = f", signed by {signer}" if signer else ""
         out.line(
-            f"{path}: {'verified' if report.ok() else 'FAILED'} ({summary(report.diagnostics)})",
+            f"{path}: {state}{signed} ({summary(report.diagnostics)})",
             style="green" if report.ok() else "bold red",
         )
     raise typer.Exit(0 if report.ok() else 1)

@@ -62,7 +62,15 @@ def list_bundles(
     else:
         out.table(
             f"TT architectures (mesh: {registry.mesh or 'any'})",
-            ["architecture", "bundle", "source", "status", "capabilities", "path / reason"],
+            [
+                "architecture",
+                "bundle",
+                "source",
+                "status",
+                "capabilities",
+                "signer",
+                "path / reason",
+            ],
             [
                 [
                     r["tt_arch"] or "-",
@@ -70,6 +78,7 @@ def list_bundles(
                     r["source"],
                     "not servable" if r["status"] == "unservable" else r["status"],
                     _caps(r["capabilities"]),
+                    r["signer"] or "-",
                     r["reason"] or short_path(r["path"], verbose=verbose),
                 ]
                 for r in rows
@@ -106,9 +115,18 @@ def inspect(
     Example: ttbundle inspect dist/my-bundle-1.0.0.ttbundle --format json
     """
     from ttbundles.archive.inspect import describe
+    from ttbundles.trust.provenance import read_beside, read_installed
+    from ttbundles.trust.signature import signer_of, signer_of_archive
 
     out = Output(fmt)
     data = describe(path)
+    if path.is_dir():
+        record = read_installed(path)
+        data["signer"] = signer_of(path)
+    else:
+        record = read_beside(path)
+        data["signer"] = signer_of_archive(path)
+    data["provenance"] = record.to_dict() if record is not None else None
     if out.is_json:
         out.result(True, [], **data)
         return
@@ -118,6 +136,12 @@ def inspect(
         out.line(meta["description"])
     out.line(f"main class:   {meta['main_class']} (from the {meta['main_class_source']})")
     out.line(f"digest:       {data['root_digest']}")
+    out.line(f"signer:       {data['signer']} (claimed; ttbundle verify --key checks it)")
+    record = data["provenance"]
+    if record is not None:
+        pulled = f" ({record['digest']})" if record.get("digest") else ""
+        out.line(f"from:         {record['source']}{pulled}")
+        out.line(f"installed:    {record['time'] or '-'} (signer then: {record['signer']})")
     out.line(f"capabilities: {_caps(meta['capabilities'])}")
     targets = meta.get("targets") or {}
     out.line(f"targets:      {', '.join(targets) if targets else 'any mesh'}")

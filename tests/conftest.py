@@ -87,6 +87,11 @@ _TTBUNDLE_ENV = (
     "TT_QWEN35_TEXT_VER",
     "TT_GEMMA4_TEXT_VER",
     "TT_MODEL_CLASS_OVERRIDES",
+    "TT_BUNDLES_TRUST",
+    "TT_BUNDLES_REGISTRY_USERNAME",
+    "TT_BUNDLES_REGISTRY_PASSWORD",
+    "TT_BUNDLES_REGISTRY_TIMEOUT",
+    "DOCKER_CONFIG",
 )
 # The console script next to this interpreter: it imports the installed package, never the
 # source tree (which `python -m` from the repo root would put first on sys.path).

@@ -39,6 +39,12 @@ LIGHT = [
     "ttbundles.installer.operations",
     "ttbundles.archive.inspect",
     "ttbundles.build",
+    "ttbundles.distribution.push",
+    "ttbundles.distribution.pull",
+    "ttbundles.trust.policy",
+    "ttbundles.trust.signing",
+    "ttbundles.trust.verification",
+    "ttbundles.installer.admission",
     "ttbundles.registry.registry",
     "ttbundles.registry.requirements",
     "ttbundles.format.loader",
@@ -151,9 +157,11 @@ LAYERS: list[set[str]] = [
     {"codes", "errors", "envs", "fsutil", "paths", "suggest", "tt_metal", "torchvision_compat"},
     {"format"},  # the bundle format, its contract, selection rule and module loader
     {"archive"},  # `.ttbundle` files: manifest, writer, reader
+    {"trust"},  # signatures (model-signing), the trust policy, provenance records
     {"check"},  # validate: a bundle, an archive, a folder; the static adapter check
     {"registry"},  # what registers, the index of checked bundles, servability
     {"build", "installer", "scaffold"},  # pack, install/uninstall, init/migrate
+    {"distribution"},  # push and pull through OCI registries
     {"reference", "serving"},  # the only two that import torch and vLLM
     {"conformance", "doctor"},  # `ttbundle test` and `ttbundle doctor`
     {"demo"},

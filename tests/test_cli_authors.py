@@ -469,16 +469,17 @@ def test_list_piped_is_plain(make_bundle, run_cli, tmp_path):
         "source",
         "status",
         "capabilities",
+        "signer",
         "path",
         "/",
         "reason",
     ]
     row = lines[2].split()
-    assert row[:5] == ["TTDemoForCausalLM", "demo@1.0.0", "extra", "registered", "-"]
-    assert len(row[5]) <= 40 and row[5].endswith("/models/demo") and "..." in row[5]
+    assert row[:6] == ["TTDemoForCausalLM", "demo@1.0.0", "extra", "registered", "-", "unsigned"]
+    assert len(row[6]) <= 40 and row[6].endswith("/models/demo") and "..." in row[6]
     assert not any(ch in done.stdout for ch in "│─┃━╭")
     whole = no_traceback(run_cli("list", "-v", env=env)).stdout.splitlines()[2].split()
-    assert whole[5] == str(models / "demo")
+    assert whole[6] == str(models / "demo")
 
 
 def test_list_on_an_80_column_terminal(run_cli):

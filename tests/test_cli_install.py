@@ -93,7 +93,7 @@ def test_install_refuses_a_url(run_cli, models: Path, url: str):
     done = no_traceback(run_cli("install", url, "--models-dir", models))
     assert (done.returncode, done.stdout) == (1, "")
     assert f"{url}: error TTB095" in done.stderr  # the URL as given, not mangled into a path
-    assert "distribution is not supported yet; download the archive first" in done.stderr
+    assert "install takes a file; download the archive first, or pull it" in done.stderr
     assert not models.exists()
 
 

@@ -67,7 +67,7 @@ CODES: dict[str, str] = {
     "TTB092": "bundle not installed",
     "TTB093": "install failed; nothing was changed",
     "TTB094": "leftover of an interrupted install or uninstall (removed by the next one)",
-    "TTB095": "archive given as a URL: distribution is not supported yet",
+    "TTB095": "archive given as a URL: install takes a file (registries: ttbundle pull)",
     # Registry and compatibility
     "TTB100": "bundle requirement not met by the running environment",
     "TTB101": "bundle skipped: does not apply to this mesh or environment",
@@ -90,6 +90,19 @@ CODES: dict[str, str] = {
     "TTB125": "no golden for this checkpoint (reference does not cover it, transformers failed)",
     "TTB126": "the golden file was recorded for other prompts, settings or checkpoint",
     "TTB127": "serving the bundle for the test failed (engine start or a request)",
+    # Distribution: OCI registries (push, pull)
+    "TTB130": "registry reference is malformed",
+    "TTB131": "registry unreachable or not answering in time",
+    "TTB132": "registry refused the credentials (401/403)",
+    "TTB133": "tag or digest not found in the registry",
+    "TTB134": "the artifact is not a ttbundle (wrong artifact or media type)",
+    "TTB135": "a pulled blob or manifest does not match its digest",
+    "TTB136": "the registry answered with an error",
+    # Trust: signatures and the policy
+    "TTB140": "signature missing where the trust policy requires one",
+    "TTB141": "signature invalid: files changed, wrong key or not a model-signing bundle",
+    "TTB142": "signing failed (key or certificate unreadable)",
+    "TTB143": "trust policy (TT_BUNDLES_TRUST) unreadable or invalid",
     # Configuration (plan and the platform)
     "TTB200": "no registered TT architecture serves this checkpoint",
     "TTB201": "parallelism is provided by the mesh, not by vLLM options",

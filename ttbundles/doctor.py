@@ -87,8 +87,23 @@ def diagnose(environ: Mapping[str, str] | None = None) -> Report:
             )
     _ttnn_and_mesh(report, environ)
     _platform(report, environ)
+    _trust(report, environ)
     _bundles(report, environ)
     return report
+
+
+def _trust(report: Report, environ: Mapping[str, str]) -> None:
+    """The trust policy: permissive, or which keys and chains it trusts (TTB143 if the
+    policy cannot be read: registration would refuse to start)."""
+    from ttbundles.trust.policy import describe
+
+    try:
+        text = describe(environ)
+    except TTBundleError as exc:
+        report.add("trust policy", "error", "unusable: registration fails")
+        report.problems.extend(exc.diagnostics)
+        return
+    report.add("trust policy", "info" if text.startswith("permissive") else "ok", text)
 
 
 def _ttnn_and_mesh(report: Report, environ: Mapping[str, str]) -> None:
@@ -211,7 +226,7 @@ def _bundles(report: Report, environ: Mapping[str, str]) -> None:
         registry = compute(environ)
     except TTBundleError as exc:
         report.add("bundles", "error", "registration fails")
-        report.problems.extend(exc.diagnostics)
+        report.problems.extend(d for d in exc.diagnostics if d not in report.problems)
         return
     unservable = mark_unservable(registry)
     refused = [d for d in refusals(registry, environ=environ) if d.code != "TTB107"]
@@ -225,6 +240,7 @@ def _bundles(report: Report, environ: Mapping[str, str]) -> None:
             "source": e.source.value,
             "servable": e.status.value == "registered",
             "reason": e.reason,
+            "signer": e.signer,
         }
         for e in registered
     ]

@@ -84,6 +84,18 @@ _VARIABLES: dict[str, Callable[[str | None], Any]] = {
     # vLLM's: DEBUG shows the engine's tracebacks; which plugins vLLM loads (doctor).
     "VLLM_LOGGING_LEVEL": _text,
     "VLLM_PLUGINS": _text,
+    # The trust policy (ttbundles.trust.policy): a folder of trusted public keys (*.pem,
+    # *.pub), one key file, or a policy file (*.json). Unset: every bundle may be served
+    # (its signer is shown). Set: install, pull and registration refuse bundles not
+    # signed by a trusted key or certificate chain.
+    "TT_BUNDLES_TRUST": _text,
+    # Registry credentials for `ttbundle push`/`pull` (every registry), before the docker
+    # config; DOCKER_CONFIG is the docker config folder (default ~/.docker).
+    "TT_BUNDLES_REGISTRY_USERNAME": _text,
+    "TT_BUNDLES_REGISTRY_PASSWORD": _text,
+    "DOCKER_CONFIG": _text,
+    # Seconds to wait for a registry to connect or answer (default 30).
+    "TT_BUNDLES_REGISTRY_TIMEOUT": _text,
 }
 
 # Deprecated names, still read when the new name is unset: new name -> old name.

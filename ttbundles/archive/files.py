@@ -35,6 +35,9 @@ IGNORE_FILE = ".ttbundleignore"
 VCS_DIRS = frozenset({".git", ".hg", ".svn", ".bzr"})
 CACHE_DIR = "__pycache__"
 BYTECODE_SUFFIX = ".pyc"
+# Where install and pull record where an installed bundle came from (ttbundles.trust.
+# provenance): about the installed copy, not part of the bundle, so never packed.
+PROVENANCE_FILE = ".ttbundle-provenance.json"
 
 
 @dataclass(frozen=True)
@@ -132,7 +135,7 @@ def always_skipped(path: str, is_dir: bool) -> bool:
         return True
     if is_dir:
         return base == CACHE_DIR
-    return base.endswith(BYTECODE_SUFFIX) or path == MANIFEST_FILE
+    return base.endswith(BYTECODE_SUFFIX) or path in (MANIFEST_FILE, PROVENANCE_FILE)
 
 
 def unsafe_reason(name: str) -> str | None:

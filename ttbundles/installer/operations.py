@@ -20,6 +20,7 @@ from ttbundles.archive.manifest import Manifest, read_manifest, verify_dir
 from ttbundles.archive.reader import extract_into, extraction_failed, verified_manifest
 from ttbundles.errors import InstallError, TTBundleError, missing_path
 from ttbundles.format.metadata import METADATA_FILE, NAME_PATTERN
+from ttbundles.installer.admission import admit
 from ttbundles.installer.leftovers import TEMP_PREFIX, _Hold, _locked, _Sweep, _sweep
 from ttbundles.installer.publish import (
     _already_installed,
@@ -29,6 +30,7 @@ from ttbundles.installer.publish import (
     _publish,
 )
 from ttbundles.suggest import hint_for
+from ttbundles.trust.provenance import Provenance
 
 MODELS_DIR_ENV = "EXTRA_MODELS_DIR"
 # A scheme of two letters or more, then "://" (so a Windows drive "C:/" is a path).
@@ -116,10 +118,11 @@ def _refuse_unsupported_source(archive: str | os.PathLike[str]) -> Path:
     if isinstance(archive, str) and _URL.match(text):
         raise InstallError.single(
             "TTB095",
-            "a URL, not a local file: distribution is not supported yet; "
-            "download the archive first",
+            "a URL, not a local file: install takes a file; download the archive "
+            "first, or pull it from an OCI registry",
             file=text,
-            hint="download it (e.g. curl -fLO URL), then: ttbundle install ./FILE.ttbundle",
+            hint="ttbundle pull HOST/REPOSITORY:TAG --install, or download it (curl -fLO URL) "
+            "and ttbundle install ./FILE.ttbundle",
         )
     path = Path(archive)
     if not os.path.lexists(path):
@@ -140,6 +143,7 @@ def install(
     *,
     replace: bool = False,
     force: bool = False,
+    provenance: Provenance | None = None,
 ) -> InstallResult:
     """Verify `archive` and install it as `models_dir/<name>`; what was done.
 
@@ -154,6 +158,9 @@ def install(
     bundle gets `ttbundle validate`'s static checks before it is published: an archive
     whose manifest is consistent can still hold an adapter with a syntax error, which
     would otherwise fail only when a server loads it; `force` skips them.
+
+    Before publishing, `installer.admission` enforces the trust policy on the extracted
+    copy and writes its provenance record (`provenance`, as `pull` knows it).
     """
     archive = _refuse_unsupported_source(archive)
     models_dir = resolve_models_dir(models_dir)
@@ -190,6 +197,7 @@ def install(
         extract_into(archive, manifest, tmp)
         if not force:
             _static_checks(tmp, archive)
+        admit(tmp, archive, name, manifest.root_digest, provenance)
         with _locked(models_dir):
             swap, previous, old_version = _publish(hold, tmp, target, name, replace)
     except OSError as exc:

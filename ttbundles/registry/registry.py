@@ -44,6 +44,7 @@ from ttbundles.registry.requirements import unmet
 
 if TYPE_CHECKING:  # the static reader is imported only where a class source is read
     from ttbundles.check.static_reader import StaticClass
+    from ttbundles.trust.verification import Trusted
 
 
 class Source(str, Enum):
@@ -157,6 +158,9 @@ class Entry:
     resolved: str | None = None
     # The architecture the metadata claims, even when it did not validate.
     claimed_arch: str | None = None
+    # The signer the trust policy verified (TT_BUNDLES_TRUST), "key FILE" or "certificate ...".
+    verified_signer: str | None = None
+    _claimed_signer: str | None = None
     # Why an inactive bundle does not apply (mesh, environment), worded when first read:
     # most bundles of a large folder are inactive and nobody reads why.
     _inactive: tuple | None = None
@@ -218,7 +222,22 @@ class Entry:
             "reason": self.reason,
             "main_class": facts.main_class if facts else None,
             "capabilities": dict(facts.capabilities) if facts else None,
+            "signer": self.signer,
         }
+
+    @property
+    def signer(self) -> str | None:
+        """Who signed the bundle: verified under a trust policy, else as its signature
+        claims ("unsigned" when it has none); None for overrides and built-ins."""
+        if self.verified_signer is not None:
+            return self.verified_signer
+        if self.source is not Source.EXTRA:
+            return None
+        if self._claimed_signer is None:  # read once: the table is built more than once
+            from ttbundles.trust.signature import signer_of
+
+            self._claimed_signer = signer_of(self.path)
+        return self._claimed_signer
 
 
 @dataclass
@@ -277,13 +296,14 @@ def compute(
         mesh = canonical(mesh, source="--mesh")
     entries: list[Entry] = [override_entry(o) for o in overrides_.read(environ)]
     problems: list[Diagnostic] = []
+    trusted = _trust(environ)
     # Checking builds many short-lived objects (syntax trees, models): with vLLM's large
     # heap loaded, the cyclic collector would rescan it over and over (5x the time of
     # `ast.parse` itself). Reference counting frees them; the collector runs after.
     collecting = gc.isenabled()
     gc.disable()
     try:
-        _scan(entries, problems, environ, models_dirs, mesh, index)
+        _scan(entries, problems, environ, models_dirs, mesh, index, trusted)
     finally:
         if collecting:
             gc.enable()
@@ -302,6 +322,7 @@ def _scan(
     models_dirs: list[Path] | None,
     mesh: str | None,
     index: bool,
+    trusted: Trusted | None = None,
 ) -> None:
     """Every bundle of every models folder, checked or taken from the folder's index."""
     for source, folder in sources(environ, models_dirs):
@@ -325,7 +346,10 @@ def _scan(
             else:
                 record, resolved = examine(path), None
             if record is not None:
-                entries.append(_load(path, source, record, mesh, environ, resolved))
+                entry = _load(path, source, record, mesh, environ, resolved)
+                if trusted is not None and source is Source.EXTRA:
+                    _enforce(entry, trusted)
+                entries.append(entry)
         if kept is not None:
             kept.save_user()
 
@@ -380,6 +404,40 @@ def _load(
         entry.status = Status.INACTIVE
         entry._inactive = (facts, mesh, environ)
     return entry
+
+
+def _trust(environ: Mapping[str, str]) -> Trusted | None:
+    """The trust policy's keys and chains, or None without a policy (nothing imported).
+
+    An unusable policy (TTB143) stops registration: serving everything because the
+    policy file has a typo would defeat it."""
+    from ttbundles.trust.policy import active
+
+    if not active(environ):
+        return None
+    from ttbundles.errors import TTBundleError
+    from ttbundles.trust.policy import load
+
+    try:
+        return load(environ)
+    except TTBundleError as exc:
+        raise ConfigurationError(exc.diagnostics) from None
+
+
+def _enforce(entry: Entry, trusted: Trusted) -> None:
+    """Skip an extra bundle whose signature the policy does not accept (TTB140/TTB141)."""
+    if entry.status is Status.SKIPPED or entry.facts is None:
+        return
+    from ttbundles.errors import TTBundleError
+    from ttbundles.trust.verification import verify_folder
+
+    try:
+        entry.verified_signer = verify_folder(entry.path, trusted, name=entry.facts.name)
+    except TTBundleError as exc:
+        first = exc.diagnostics[0]
+        entry.status = Status.SKIPPED
+        entry.reason = f"{first.code} {first.message}"
+        entry.diagnostics.extend(exc.diagnostics)
 
 
 def override_entry(override: overrides_.Override) -> Entry:

@@ -119,7 +119,9 @@ def log_table(registry: Registry) -> None:
         lines.append(
             f"  {r['status']:<10} {r['tt_arch'] or '-':<40} "
             f"{label} [{r['source']}] "
-            f"{r['path']} caps={flags}" + (f" ({r['reason']})" if r["reason"] else "")
+            f"{r['path']} caps={flags}"
+            + (f" signer={r['signer']}" if r.get("signer") else "")
+            + (f" ({r['reason']})" if r["reason"] else "")
         )
     logger.info("\n".join(lines))
     for problem in registry.problems:

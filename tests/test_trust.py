@@ -1,0 +1,366 @@
+"""Signatures (OpenSSF model signing), the trust policy and provenance.
+
+Signed with real EC keys and a real certificate chain made here; pushed to and pulled
+from a real registry where one is installed. Each refusal is one clear line with a code,
+and nothing is installed or written.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests import oci_registry
+from tests.bundle_factory import metadata, snapshot, write_bundle
+from tests.trust_keys import certificate_chain, key_pair
+from ttbundles.build import pack
+from ttbundles.distribution import artifact
+from ttbundles.registry.registry import Status, compute
+from ttbundles.trust.signature import SIGNATURE_FILE, read_claim
+from ttbundles.trust.signing import sign
+
+needs_registry = pytest.mark.skipif(not oci_registry.available(), reason=oci_registry.MISSING)
+
+
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("keys")
+    return {"alice": key_pair(folder, "alice"), "mallory": key_pair(folder, "mallory")}
+
+
+@pytest.fixture(scope="module")
+def trust_alice(tmp_path_factory, keys):
+    """A policy folder trusting alice's public key."""
+    folder = tmp_path_factory.mktemp("trusted")
+    (folder / "alice.pub").write_bytes(keys["alice"].public.read_bytes())
+    return folder
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory):
+    if not oci_registry.available():
+        pytest.skip(oci_registry.MISSING)
+    with oci_registry.running(tmp_path_factory.mktemp("registry")) as running:
+        yield running
+
+
+def _bundle(parent: Path, name: str = "demo", **files: str) -> Path:
+    document = metadata(name, "1.0.0", main_class="adapter:Generator")
+    return write_bundle(parent / name, name=name, document=document, files=files)
+
+
+def _signed_archive(tmp_path: Path, key: Path, name: str = "demo") -> Path:
+    folder = _bundle(tmp_path / "src", name)
+    sign(folder, key)
+    return pack(folder, tmp_path / "dist")
+
+
+def _no_bundle_installed(models: Path, name: str = "demo") -> None:
+    assert not (models / name).exists()
+    if models.exists():
+        assert [p.name for p in models.iterdir() if not p.name.startswith(".ttbundle")] == []
+
+
+# --- signing and verifying ------------------------------------------------------------
+
+
+def test_sign_lists_every_shipped_file_and_not_itself(tmp_path, keys):
+    folder = _bundle(tmp_path, weights="w")
+    (folder / "__pycache__").mkdir()
+    (folder / "__pycache__" / "adapter.cpython-311.pyc").write_bytes(b"junk")
+    sign(folder, keys["alice"].private)
+    claim = read_claim((folder / SIGNATURE_FILE).read_bytes())
+    assert claim is not None and claim.kind == "key"
+    assert claim.files == {"adapter.py", "vllm_metadata.json", "weights"}
+
+
+def test_verify_with_key(run_cli, tmp_path, keys):
+    archive = _signed_archive(tmp_path, keys["alice"].private)
+    done = run_cli("verify", archive, "--key", keys["alice"].public)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "signed by key" in done.stdout
+    wrong = run_cli("verify", archive, "--key", keys["mallory"].public, "-f", "json")
+    assert wrong.returncode == 1
+    [diagnostic] = json.loads(wrong.stdout)["diagnostics"]
+    assert diagnostic["code"] == "TTB141"
+    assert "not a trusted key" in diagnostic["message"] and "mallory.pub" in diagnostic["message"]
+
+
+def test_sign_archive_in_place(run_cli, tmp_path, keys):
+    archive = pack(_bundle(tmp_path / "src"), tmp_path / "dist")
+    done = run_cli("sign", archive, "--key", keys["alice"].private)
+    assert done.returncode == 0, done.stderr
+    assert run_cli("verify", archive, "--key", keys["alice"].public).returncode == 0
+    shown = json.loads(run_cli("inspect", archive, "-f", "json").stdout)
+    assert SIGNATURE_FILE in [f["path"] for f in shown["files"]]
+    assert shown["signer"].startswith("key sha256:")
+
+
+def test_changed_or_added_file_fails(run_cli, tmp_path, keys):
+    folder = _bundle(tmp_path)
+    sign(folder, keys["alice"].private)
+    (folder / "adapter.py").write_text("import os\n" + (folder / "adapter.py").read_text())
+    done = run_cli("verify", folder, "--key", keys["alice"].public)
+    assert done.returncode == 1
+    assert "TTB141" in done.stdout + done.stderr
+    assert "adapter.py changed since signing" in done.stdout + done.stderr
+    sign(folder, keys["alice"].private)
+    (folder / "extra.py").write_text("print('hi')\n")
+    done = run_cli("verify", folder, "--key", keys["alice"].public)
+    assert done.returncode == 1
+    assert "extra.py not covered by the signature" in done.stdout + done.stderr
+
+
+def test_tampered_signature_fails(run_cli, tmp_path, keys, trust_alice):
+    folder = _bundle(tmp_path / "src")
+    sign(folder, keys["alice"].private)
+    document = json.loads((folder / SIGNATURE_FILE).read_text())
+    signature = document["dsseEnvelope"]["signatures"][0]["sig"]
+    document["dsseEnvelope"]["signatures"][0]["sig"] = ("A" if signature[5] != "A" else "B").join(
+        (signature[:5], signature[6:])
+    )
+    (folder / SIGNATURE_FILE).write_text(json.dumps(document))
+    archive = pack(folder, tmp_path / "dist")
+    done = run_cli("verify", archive, "--key", keys["alice"].public)
+    assert done.returncode == 1 and "TTB141" in done.stdout + done.stderr
+    models = tmp_path / "models"
+    done = run_cli(
+        "install", archive, "--models-dir", models, env={"TT_BUNDLES_TRUST": str(trust_alice)}
+    )
+    assert done.returncode == 1
+    assert "TTB141" in done.stderr and "bundle demo" in done.stderr and str(archive) in done.stderr
+    _no_bundle_installed(models)
+
+
+def test_certificate_chain(run_cli, tmp_path):
+    chain = certificate_chain(tmp_path / "pki")
+    folder = _bundle(tmp_path / "src")
+    done = run_cli(
+        "sign",
+        folder,
+        "--key",
+        chain.key,
+        "--certificate",
+        chain.certificate,
+        "--chain",
+        chain.root,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "certificate sha256:" in done.stdout
+    ok = run_cli("verify", folder, "--certificate-chain", chain.root)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    other = certificate_chain(tmp_path / "other-pki", "stranger")
+    refused = run_cli("verify", folder, "--certificate-chain", other.root)
+    assert refused.returncode == 1 and "TTB141" in refused.stdout + refused.stderr
+    # a policy file trusting the chain installs it
+    policy = tmp_path / "policy.json"
+    policy.write_text(json.dumps({"certificate_chains": [["pki/signer-root.crt"]]}))
+    archive = pack(folder, tmp_path / "dist")
+    done = run_cli(
+        "install",
+        archive,
+        "--models-dir",
+        tmp_path / "models",
+        env={"TT_BUNDLES_TRUST": str(policy)},
+    )
+    assert done.returncode == 0, done.stderr
+
+
+def test_bad_key_is_a_clear_error(run_cli, tmp_path):
+    folder = _bundle(tmp_path)
+    (tmp_path / "key.pem").write_text("not a key\n")
+    done = run_cli("sign", folder, "--key", tmp_path / "key.pem")
+    assert done.returncode == 1 and "TTB142" in done.stderr and "Traceback" not in done.stderr
+    assert not (folder / SIGNATURE_FILE).exists()
+
+
+# --- the policy on install ----------------------------------------------------------------
+
+
+def test_policy_on_install(run_cli, tmp_path, keys, trust_alice):
+    env = {"TT_BUNDLES_TRUST": str(trust_alice)}
+    models = tmp_path / "models"
+    unsigned = pack(_bundle(tmp_path / "u"), tmp_path / "dist-u")
+    done = run_cli("install", unsigned, "--models-dir", models, env=env)
+    assert done.returncode == 1
+    [line] = [x for x in done.stderr.splitlines() if "TTB140" in x]
+    assert "bundle demo is not signed" in line and "alice.pub" in line
+    _no_bundle_installed(models)
+    wrong = _signed_archive(tmp_path / "m", keys["mallory"].private)
+    done = run_cli("install", wrong, "--models-dir", models, env=env)
+    assert done.returncode == 1 and "TTB141" in done.stderr
+    _no_bundle_installed(models)
+    good = _signed_archive(tmp_path / "a", keys["alice"].private)
+    done = run_cli("install", good, "--models-dir", models, env=env)
+    assert done.returncode == 0, done.stderr
+    record = json.loads((models / "demo" / ".ttbundle-provenance.json").read_text())
+    assert record["signer"] == f"key {trust_alice / 'alice.pub'}"
+    assert record["source"] == str(good.resolve())
+    shown = run_cli("inspect", models / "demo")
+    assert f"from:         {good.resolve()}" in shown.stdout
+    # without a policy: installed, the signer shown as claimed
+    done = run_cli("install", wrong, "--models-dir", tmp_path / "m2")
+    assert done.returncode == 0
+    record = json.loads((tmp_path / "m2" / "demo" / ".ttbundle-provenance.json").read_text())
+    assert record["signer"].endswith("(not verified)")
+
+
+def test_unusable_policy(run_cli, tmp_path):
+    archive = pack(_bundle(tmp_path / "src"), tmp_path / "dist")
+    done = run_cli(
+        "install",
+        archive,
+        "--models-dir",
+        tmp_path / "models",
+        env={"TT_BUNDLES_TRUST": str(tmp_path / "nowhere")},
+    )
+    assert done.returncode == 1 and "TTB143" in done.stderr
+    doctor = run_cli("doctor", "-f", "json", env={"TT_BUNDLES_TRUST": str(tmp_path / "nowhere")})
+    codes = [d["code"] for d in json.loads(doctor.stdout)["diagnostics"]]
+    assert codes.count("TTB143") == 1
+
+
+def test_doctor_reports_the_policy(run_cli, trust_alice):
+    data = json.loads(run_cli("doctor", "-f", "json").stdout)
+    [check] = [c for c in data["checks"] if c["name"] == "trust policy"]
+    assert check["detail"].startswith("permissive")
+    data = json.loads(
+        run_cli("doctor", "-f", "json", env={"TT_BUNDLES_TRUST": str(trust_alice)}).stdout
+    )
+    [check] = [c for c in data["checks"] if c["name"] == "trust policy"]
+    assert check["status"] == "ok" and "alice.pub" in check["detail"]
+
+
+# --- the policy at registration -------------------------------------------------------------
+
+
+def test_policy_at_registration(tmp_path, keys, trust_alice):
+    models = tmp_path / "models"
+    signed = _bundle(models, "signed")
+    sign(signed, keys["alice"].private)
+    document = metadata("plain", "1.0.0", main_class="adapter:Generator", arch="PlainForCausalLM")
+    write_bundle(models / "plain", name="plain", document=document)
+    environ = {"EXTRA_MODELS_DIR": str(models), "TT_VLLM_BUILTIN_MODELS": "0"}
+    permissive = {e.path.name: e for e in compute(environ, index=False).entries}
+    assert permissive["plain"].status is Status.REGISTERED
+    assert permissive["plain"].signer == "unsigned"
+    assert permissive["signed"].signer.startswith("key sha256:")
+    strict = compute({**environ, "TT_BUNDLES_TRUST": str(trust_alice)}, index=False)
+    entries = {e.path.name: e for e in strict.entries}
+    assert entries["signed"].status is Status.REGISTERED
+    assert entries["signed"].signer == f"key {trust_alice / 'alice.pub'}"
+    assert entries["plain"].status is Status.SKIPPED
+    assert entries["plain"].reason.startswith("TTB140 bundle plain is not signed")
+    assert [d.code for d in strict.problems] == ["TTB140"]
+    # a file changed after signing is refused at the next start
+    (signed / "adapter.py").write_text((signed / "adapter.py").read_text() + "\n# edited\n")
+    entries = {
+        e.path.name: e for e in compute({**environ, "TT_BUNDLES_TRUST": str(trust_alice)}).entries
+    }
+    assert entries["signed"].status is Status.SKIPPED
+    assert "adapter.py changed since signing" in entries["signed"].reason
+
+
+def test_list_shows_signers(run_cli, tmp_path, keys, trust_alice):
+    models = tmp_path / "models"
+    sign(_bundle(models, "signed"), keys["alice"].private)
+    env = {"EXTRA_MODELS_DIR": str(models), "TT_VLLM_BUILTIN_MODELS": "0"}
+    [row] = json.loads(run_cli("list", "-f", "json", env=env).stdout)["entries"]
+    assert row["signer"].startswith("key sha256:")
+    env["TT_BUNDLES_TRUST"] = str(trust_alice)
+    [row] = json.loads(run_cli("list", "-f", "json", env=env).stdout)["entries"]
+    assert row["signer"] == f"key {trust_alice / 'alice.pub'}"
+
+
+def test_registration_stays_import_light_without_policy(tmp_path, keys, trust_alice):
+    """No crypto, signing or HTTP client is imported to register bundles, unless a policy
+    is set (then the signing stack is needed to verify)."""
+    models = tmp_path / "models"
+    sign(_bundle(models, "signed"), keys["alice"].private)
+    probe = (
+        "import sys\n"
+        "from ttbundles.registry.registry import compute\n"
+        "r = compute()\n"
+        "assert r.entries and all(e.signer for e in r.entries if e.source.value == 'extra')\n"
+        "heavy = ('model_signing', 'cryptography', 'sigstore', 'OpenSSL', 'httpx')\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & set(heavy)))\n"
+    )
+    env = {"EXTRA_MODELS_DIR": str(models), "TT_VLLM_BUILTIN_MODELS": "0", "PATH": "/usr/bin"}
+    done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+    env["TT_BUNDLES_TRUST"] = str(trust_alice)
+    done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "model_signing" in done.stdout
+
+
+# --- through a registry -----------------------------------------------------------------------
+
+
+@needs_registry
+def test_sign_push_pull_verify(run_cli, registry, tmp_path, keys, trust_alice):
+    archive = _signed_archive(tmp_path, keys["alice"].private)
+    ref = registry.ref("team/signed:1.0.0")
+    pushed = json.loads(run_cli("push", archive, ref, "-f", "json").stdout)
+    assert pushed["signature"] is not None
+    # attached as a referrer: distribution 2.8 has no referrers API, so the fallback tag
+    tag = artifact.fallback_tag(pushed["digest"])
+    index = httpx.get(
+        f"http://{registry.host}/v2/team/signed/manifests/{tag}",
+        headers={"Accept": artifact.INDEX_MEDIA_TYPE},
+    ).json()
+    [listed] = index["manifests"]
+    assert listed["digest"] == pushed["signature"]
+    assert listed["artifactType"] == artifact.SIGNATURE_ARTIFACT_TYPE
+    referrer = httpx.get(
+        f"http://{registry.host}/v2/team/signed/manifests/{listed['digest']}",
+        headers={"Accept": artifact.MANIFEST_MEDIA_TYPE},
+    ).json()
+    assert referrer["subject"]["digest"] == pushed["digest"]
+    # pushing again lists it once
+    run_cli("push", archive, ref)
+    index = httpx.get(
+        f"http://{registry.host}/v2/team/signed/manifests/{tag}",
+        headers={"Accept": artifact.INDEX_MEDIA_TYPE},
+    ).json()
+    assert len(index["manifests"]) == 1
+    out = tmp_path / "out"
+    pulled = run_cli(
+        "pull", ref, "-o", out, "-f", "json", env={"TT_BUNDLES_TRUST": str(trust_alice)}
+    )
+    assert pulled.returncode == 0, pulled.stdout
+    assert json.loads(pulled.stdout)["signature_attached"] is True
+    done = run_cli("verify", out / "demo-1.0.0.ttbundle", "--key", keys["alice"].public)
+    assert done.returncode == 0, done.stdout
+    models = tmp_path / "models"
+    done = run_cli(
+        "pull", ref, "--install", "--models-dir", models, env={"TT_BUNDLES_TRUST": str(trust_alice)}
+    )
+    assert done.returncode == 0, done.stderr
+    record = json.loads((models / "demo" / ".ttbundle-provenance.json").read_text())
+    assert record["source"] == ref and record["signer"] == f"key {trust_alice / 'alice.pub'}"
+
+
+@needs_registry
+def test_pull_under_policy_refuses_and_writes_nothing(
+    run_cli, registry, tmp_path, keys, trust_alice
+):
+    env = {"TT_BUNDLES_TRUST": str(trust_alice)}
+    unsigned = pack(_bundle(tmp_path / "u", "plain"), tmp_path / "dist-u")
+    wrong = _signed_archive(tmp_path / "m", keys["mallory"].private, "wrong")
+    for archive, code in ((unsigned, "TTB140"), (wrong, "TTB141")):
+        ref = registry.ref(f"team/{archive.stem.split('-')[0]}:1")
+        assert run_cli("push", archive, ref).returncode == 0
+        out, models = tmp_path / f"out-{code}", tmp_path / f"models-{code}"
+        done = run_cli("pull", ref, "-o", out, env=env)
+        assert done.returncode == 1 and code in done.stderr, done.stderr
+        assert snapshot(out) == {}
+        done = run_cli("pull", ref, "--install", "--models-dir", models, env=env)
+        assert done.returncode == 1 and code in done.stderr
+        assert [p.name for p in models.iterdir() if not p.name.startswith(".ttbundle")] == []
