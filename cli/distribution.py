@@ -25,6 +25,16 @@ PlainHttpOption = Annotated[
 ]
 
 
+def _interruptible() -> None:
+    """SIGTERM unwinds like Ctrl-C, so a stopped pull removes its temporary file."""
+    import signal
+
+    def stop(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
+
+
 def push(
     source: Annotated[
         Path,
@@ -86,6 +96,7 @@ def pull(
     from ttbundles.distribution.pull import pull as pull_bundle
 
     out = Output(fmt)
+    _interruptible()
     if not install:
         with _progress("pulling", not out.is_json) as progress:
             result, archive = pull_bundle(ref, output_dir, plain_http=plain_http, progress=progress)

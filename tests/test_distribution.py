@@ -315,3 +315,34 @@ def test_reference_parsing():
     with pytest.raises(TTBundleError) as error:
         parse_reference("llama:1")
     assert error.value.diagnostics[0].code == "TTB130"
+
+
+def test_interrupted_pull_leaves_nothing(registry, tmp_path: Path):
+    """A pull stopped (SIGTERM) while the archive is downloaded or verified removes its
+    temporary file: the output folder is as it was."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    from tests.conftest import TTBUNDLE
+
+    archive = _archive(tmp_path, name="large", weights__w_bin=os.urandom(64 << 20))
+    ref = registry.ref("team/large:1")
+    from ttbundles.distribution.push import push
+
+    push(archive, ref)
+    out = tmp_path / "out"
+    out.mkdir()
+    process = subprocess.Popen(
+        [TTBUNDLE, "pull", ref, "-o", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    deadline = time.monotonic() + 60
+    while not any(p.name.startswith(".ttbundle-pull-") for p in out.iterdir()):
+        assert process.poll() is None, process.communicate()
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    process.send_signal(signal.SIGTERM)
+    process.communicate(timeout=60)
+    assert process.returncode == 130
+    assert list(out.iterdir()) == []

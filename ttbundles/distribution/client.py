@@ -88,9 +88,10 @@ class RegistryClient:
     ) -> httpx.Response:
         """One request; on 401 answer the challenge once and retry (bytes bodies only)."""
         response = self._send(method, url, headers, content)
-        if response.status_code == 401 and retry_auth and self._answer(response):
-            if not isinstance(content, (bytes, type(None))):
-                raise AssertionError("authenticate before streaming a body")
+        # A streamed body cannot be sent twice: callers authenticate first (`ping`, and the
+        # upload's POST, which carries the push scope), so a 401 here is a refusal.
+        replayable = isinstance(content, (bytes, type(None)))
+        if response.status_code == 401 and retry_auth and replayable and self._answer(response):
             response = self._send(method, url, headers, content)
         return self._check(response, ok, what or url)
 

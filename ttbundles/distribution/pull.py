@@ -97,6 +97,16 @@ def _manifest(client: RegistryClient, reference: Reference) -> tuple[dict, bytes
     return document, body, digest
 
 
+def _descriptor(document: dict, reference: Reference, what: str) -> tuple[str, int]:
+    """(digest, size) of a descriptor in a manifest; TTB134 when it is malformed."""
+    digest, size = document.get("digest"), document.get("size")
+    if not (isinstance(digest, str) and digest.startswith("sha256:") and isinstance(size, int)):
+        raise TTBundleError.single(
+            "TTB134", f"{reference}: the manifest's {what} has no valid digest and size"
+        )
+    return digest, size
+
+
 def _attached_signature(client: RegistryClient, digest: str) -> bytes | None:
     """The signature attached to manifest `digest`: the referrers API, else the tag."""
     response = client.request(
@@ -174,16 +184,15 @@ def pull(
     output_dir.mkdir(parents=True, exist_ok=True)
     with RegistryClient(reference, plain_http=plain_http) as client:
         document, _, digest = _manifest(client, reference)
-        config = document.get("config", {})
-        metadata = fetch_bytes(
-            client, config["digest"], int(config["size"]), MAX_CONFIG, "the config"
-        )
+        config_digest, config_size = _descriptor(document.get("config") or {}, reference, "config")
+        metadata = fetch_bytes(client, config_digest, config_size, MAX_CONFIG, "the config")
         layer = next(
             x for x in document["layers"] if x.get("mediaType") == artifact.LAYER_MEDIA_TYPE
         )
+        layer_digest, layer_size = _descriptor(layer, reference, "archive layer")
         part = output_dir / f"{PART_PREFIX}{secrets.token_hex(8)}.ttbundle"
         try:
-            download(client, layer["digest"], int(layer["size"]), part, progress=progress)
+            download(client, layer_digest, layer_size, part, progress=progress)
             manifest = verified_manifest(part)
             annotations = document.get("annotations") or {}
             claimed = annotations.get(artifact.ANNOTATION_ROOT)

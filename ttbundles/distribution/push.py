@@ -10,12 +10,14 @@ referrers API.
 
 from __future__ import annotations
 
+import tarfile
 import tempfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
 from ttbundles.archive.manifest import Manifest
-from ttbundles.archive.reader import open_archive, verified_manifest
+from ttbundles.archive.reader import verified_manifest
 from ttbundles.distribution import artifact
 from ttbundles.distribution.artifact import Descriptor
 from ttbundles.distribution.blobs import Progress, file_digest, upload
@@ -44,14 +46,27 @@ class PushResult:
 
 
 def read_members(archive: Path, names: set[str]) -> dict[str, bytes]:
-    """Small entries of a (verified) archive, in one pass; absent ones are left out."""
+    """Small entries of an archive already verified, absent ones left out.
+
+    `pack` writes entries sorted by path, so reading stops after the last name wanted
+    (a bundle's weights usually sort after `vllm_metadata.json`): no second pass over
+    gigabytes. The archive was checked whole before; damage here is still TTB080.
+    """
     found: dict[str, bytes] = {}
-    with open_archive(archive) as tar:
-        for member in tar:
-            if member.name in names and member.isfile() and member.size <= MAX_SMALL_MEMBER:
-                handle = tar.extractfile(member)
-                if handle is not None:
-                    found[member.name] = handle.read()
+    last = max(names)
+    try:
+        with tarfile.open(archive, mode="r|gz") as tar:
+            for member in tar:
+                if member.name > last:
+                    break
+                if member.name in names and member.isfile() and member.size <= MAX_SMALL_MEMBER:
+                    handle = tar.extractfile(member)
+                    if handle is not None:
+                        found[member.name] = handle.read()
+    except (OSError, tarfile.TarError, EOFError, zlib.error) as exc:
+        raise TTBundleError.single(
+            "TTB080", f"{archive}: cannot be read: {exc}", file=archive
+        ) from None
     return found
 
 
