@@ -58,6 +58,9 @@ class Recording(ReferenceLlamaGenerator):
                 "rows": len(kwargs["start_pos"]),
                 "slots": (kwargs["start_pos"] >= 0).nonzero().flatten().tolist(),
                 "table": kwargs["page_table"].clone(),
+                "history": {
+                    k: kwargs[k].clone() for k in ("prompt_tokens", "output_tokens") if k in kwargs
+                },
                 **{k: kwargs[k] for k in kwargs if k.startswith(("reload", "reset"))},
             }
         )
@@ -226,6 +229,58 @@ def test_penalties_stay_on_the_device_and_only_change_their_request(demo_checkpo
     assert out["plain"] == greedy(PROMPT_A, 6)
     assert out["penalised"] != out["plain"]
     assert all(d["device"] for d in runner.generator.decodes)
+
+
+def test_no_penalty_history_is_built_for_a_batch_without_penalties(demo_checkpoint, greedy):
+    """The generator takes device penalties, but no request asks: no history is assembled
+    and no decode carries one (as the reference plugin sends it only then)."""
+    scheduler, runner = build(demo_checkpoint, async_decode=True)
+    assert runner.device_support.penalties
+    out = run(
+        scheduler,
+        runner,
+        {
+            0: [
+                request("a", PROMPT_A, 5, temperature=0.0),
+                request("b", PROMPT_B, 5, temperature=0.0),
+            ]
+        },
+    )
+    assert out["a"] == greedy(PROMPT_A, 5) and out["b"] == greedy(PROMPT_B, 5)
+    decodes = runner.generator.decodes
+    assert decodes and all(d["device"] and not d["history"] for d in decodes)
+    assert runner._history.builds == 0
+
+
+def test_a_penalty_batch_carries_each_slots_history(demo_checkpoint):
+    """With a penalised request in the batch every decode carries the history of every
+    slot: the prompt and the output tokens known on the host, -1 padded, empty slots -1."""
+    scheduler, runner = build(demo_checkpoint, async_decode=False)
+    out = run(
+        scheduler,
+        runner,
+        {
+            0: [
+                request("plain", PROMPT_B, 4, temperature=0.0),
+                request("penalised", PROMPT_A, 4, temperature=0.0, presence_penalty=1.5),
+            ]
+        },
+    )
+    decodes = runner.generator.decodes
+    assert decodes and all(d["history"] for d in decodes)
+    assert runner._history.builds == len(decodes)
+    for step, decode in enumerate(decodes):
+        prompt, output = decode["history"]["prompt_tokens"], decode["history"]["output_tokens"]
+        assert prompt.shape == (4, len(PROMPT_A)) and output.shape[0] == 4
+        slots = decode["slots"]
+        assert len(slots) == 2
+        rows = {tuple(r[r >= 0].tolist()): i for i, r in enumerate(prompt)}
+        assert set(rows) == {tuple(PROMPT_A), tuple(PROMPT_B), ()}
+        for prompt_ids, name in ((PROMPT_A, "penalised"), (PROMPT_B, "plain")):
+            row = output[rows[tuple(prompt_ids)]]
+            assert row[row >= 0].tolist() == out[name][: step + 1]
+        idle = [i for i in range(4) if i not in slots]
+        assert (prompt[idle] == -1).all() and (output[idle] == -1).all()
 
 
 def test_a_seed_gives_the_same_tokens_alone_and_in_a_changing_batch(demo_checkpoint):

@@ -55,6 +55,7 @@ from ttbundles.serving.sampling_path import (
     batch_host_reason,
     device_params,
     device_support,
+    has_penalties,
 )
 from ttbundles.serving.stats import STATS
 
@@ -81,12 +82,96 @@ class _StepState:
     scheduler_output: SchedulerOutput
     req_ids: list[str]
     discard: np.ndarray  # rows whose prompt is not complete: no token this step
-    positions: list[int]  # per row, the position the token drawn this step takes
+    positions: np.ndarray  # per row, the position the token drawn this step takes
+    layout: _Layout
     logits: torch.Tensor | None = None  # [num_reqs, vocab], host path
     tokens: torch.Tensor | None = None  # [num_reqs], device path, on the host
     logprobs: Any = None  # the device's log-probs for those rows (see _device_logprobs)
     readback: tuple[Any, list[Any]] | None = None  # device path, asynchronous readback
-    rows: list[int] | None = None  # decode: each request's slot in the device output
+    rows: torch.Tensor | None = None  # decode: each request's slot in the device output
+
+
+class _Layout:
+    """What a batch's rows imply and does not change while the same requests hold the
+    same slots: computed once per layout, not once per step (the per-row work of a
+    steady decode). `key` is the runner's slot epoch and the request ids in row order."""
+
+    def __init__(self, runner: TTModelRunner, key: tuple[int, tuple[str, ...]]):
+        self.key = key
+        req_ids = key[1]
+        capacity = runner.max_num_reqs
+        self.states = [runner.requests[r] for r in req_ids]
+        self.params = [s.sampling_params for s in self.states]
+        slots = [runner.slot_of.get(r, -1) for r in req_ids]
+        self.slots = np.asarray(slots, dtype=np.int64)
+        self.rows = torch.from_numpy(self.slots)
+        owners: list[str | None] = [None] * capacity
+        for req_id, slot in zip(req_ids, slots):
+            if slot >= 0:
+                owners[slot] = req_id
+        self.owners = tuple(owners)  # the request in each slot (decode)
+        self.idle = np.ones(capacity, dtype=bool)  # slots no row of this batch holds
+        self.idle[self.slots[self.slots >= 0]] = False
+        self.any_logprobs = any(p is not None and p.logprobs is not None for p in self.params)
+        self.penalised = any(p is not None and has_penalties(p) for p in self.params)
+        self.reasons: dict[tuple[bool, bool], str | None] = {}
+        self.slot_params: SamplingParams | None = None
+
+
+class _PenaltyHistory:
+    """The prompt and output tokens of each slot's request, -1 padded, for generators
+    that apply penalties on the device. Assembled only for a batch where a request asks
+    for a penalty; kept between steps and brought up to date per row (a new owner: its
+    prompt; then the output tokens it gained, usually one), then copied out whole."""
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self.prompt = np.full((capacity, 1), -1, dtype=np.int64)
+        self.output = np.full((capacity, 1), -1, dtype=np.int64)
+        self.prompt_len = np.zeros(capacity, dtype=np.int64)
+        self.output_len = np.zeros(capacity, dtype=np.int64)
+        self.owner: list[Any] = [None] * capacity  # the request state each row holds
+        self.builds = 0  # decodes that carried a history (tests read it)
+
+    def _widen(self, table: np.ndarray, width: int) -> np.ndarray:
+        if table.shape[1] >= width:
+            return table
+        wider = np.full((self.capacity, max(width, 2 * table.shape[1])), -1, dtype=np.int64)
+        wider[:, : table.shape[1]] = table
+        return wider
+
+    def tensors(self, layout: _Layout) -> dict[str, torch.Tensor]:
+        self.builds += 1
+        for state, slot in zip(layout.states, layout.slots.tolist()):
+            if self.owner[slot] is not state:
+                ids = state.prompt_token_ids or []
+                self.prompt = self._widen(self.prompt, len(ids))
+                self.prompt[slot] = -1
+                self.prompt[slot, : len(ids)] = ids
+                self.prompt_len[slot] = len(ids)
+                self.output[slot] = -1
+                self.output_len[slot] = 0
+                self.owner[slot] = state
+            out = state.output_token_ids
+            have = int(self.output_len[slot])
+            if len(out) != have:
+                if len(out) < have:  # the scheduler took tokens back: rewrite the row
+                    self.output[slot] = -1
+                    have = 0
+                self.output = self._widen(self.output, len(out))
+                self.output[slot, have : len(out)] = out[have:]
+                self.output_len[slot] = len(out)
+        slots = layout.slots
+        prompt_width = max(int(self.prompt_len[slots].max()), 1)
+        output_width = max(int(self.output_len[slots].max()), 1)
+        prompt = self.prompt[:, :prompt_width].copy()
+        output = self.output[:, :output_width].copy()
+        prompt[layout.idle] = -1
+        output[layout.idle] = -1
+        return {
+            "prompt_tokens": torch.from_numpy(prompt),
+            "output_tokens": torch.from_numpy(output),
+        }
 
 
 @dataclass(frozen=True)
@@ -247,6 +332,17 @@ class TTModelRunner:
         self._device_layout: tuple[str | None, ...] | None = None
         self._device_page_table: torch.Tensor | None = None
         self.rope_deltas: dict[str, Any] = {}
+        # Per-slot decode inputs kept between steps and updated per changed row (numpy
+        # views share their memory): the page table row of each slot, how many of its
+        # columns are live, and the penalty history (built only for batches that ask).
+        width = -(-self.max_model_len // self.block_size)
+        self._slot_table = torch.zeros((self.max_num_reqs, width), dtype=torch.int32)
+        self._slot_table_np = self._slot_table.numpy()
+        self._slot_blocks = np.zeros(self.max_num_reqs, dtype=np.int64)
+        self._history = _PenaltyHistory(self.max_num_reqs)
+        # Bumped whenever a slot changes hands: a cached _Layout is valid while it holds.
+        self._slot_epoch = 0
+        self._layout: _Layout | None = None
         # Requests whose last chunk left their prompt incomplete: the scheduler's
         # `is_prefill_chunk`, which does not cross the process boundary, kept here.
         self._mid_prefill: set[str] = set()
@@ -412,41 +508,44 @@ class TTModelRunner:
             return EMPTY_MODEL_RUNNER_OUTPUT
         batch = self.input_batch
         req_ids = list(batch.req_ids)
+        n = len(req_ids)
+        layout = self._layout_of(req_ids)
         num_sched = scheduler_output.num_scheduled_tokens
-        computed = [self.requests[r].num_computed_tokens for r in req_ids]
-        counts = [num_sched[r] for r in req_ids]
-        totals = [self.requests[r].num_tokens for r in req_ids]
+        # The batch's arrays mirror the request states (see _update_states and
+        # _append_sampled): computed and total tokens per row, without a loop over rows.
+        computed = batch.num_computed_tokens_cpu[:n].astype(np.int64)
+        totals = batch.num_tokens_no_spec[:n].astype(np.int64)
+        counts = np.fromiter((num_sched[r] for r in req_ids), dtype=np.int64, count=n)
         # A row is decoding when it computes one token, its newest (known or in flight),
         # and is not in prefill as the scheduler sees it: admitted (new or resumed) in
         # this step, or continuing a prompt, however few of its tokens are left (a final
         # chunk can be one token; a resumed request recomputes its output too).
         admitted = {new.req_id for new in scheduler_output.scheduled_new_reqs}
         admitted |= scheduler_output.scheduled_cached_reqs.resumed_req_ids
-        is_decode = all(
-            n == 1 and c >= t - 1 and r not in admitted and r not in self._mid_prefill
-            for r, n, c, t in zip(req_ids, counts, computed, totals)
+        is_decode = (
+            bool((counts == 1).all() and (computed >= totals - 1).all())
+            and admitted.isdisjoint(req_ids)
+            and self._mid_prefill.isdisjoint(req_ids)
         )
-        step = _StepState(
-            scheduler_output,
-            req_ids,
-            np.array([c + n < t for c, n, t in zip(computed, counts, totals)]),
-            [c + n for c, n in zip(computed, counts)],
-        )
-        for req_id, intermediate in zip(req_ids, step.discard):
-            if intermediate:
-                self._mid_prefill.add(req_id)
-            else:
-                self._mid_prefill.discard(req_id)
-        params_list = [self.requests[r].sampling_params for r in req_ids]
-        reason = batch_host_reason(
-            params_list,
-            is_prefill=not is_decode,
-            mode=self.options.sample_on_device_mode,
-            always_host=bool(self.options.always_compat_sampling),
-            custom_logits_processors=bool(self.model_config.logits_processors),
-            structured=scheduler_output.has_structured_output_requests,
-            support=self.device_support,
-        )
+        ends = computed + counts
+        step = _StepState(scheduler_output, req_ids, ends < totals, ends, layout)
+        if self._mid_prefill:
+            self._mid_prefill.difference_update(req_ids)
+        for i in np.flatnonzero(step.discard):
+            self._mid_prefill.add(req_ids[int(i)])
+        structured = bool(scheduler_output.has_structured_output_requests)
+        cached_reason = (not is_decode, structured)
+        if cached_reason not in layout.reasons:
+            layout.reasons[cached_reason] = batch_host_reason(
+                layout.params,
+                is_prefill=not is_decode,
+                mode=self.options.sample_on_device_mode,
+                always_host=bool(self.options.always_compat_sampling),
+                custom_logits_processors=bool(self.model_config.logits_processors),
+                structured=structured,
+                support=self.device_support,
+            )
+        reason = layout.reasons[cached_reason]
         if reason is None:
             STATS.count("sampling.device")
         else:
@@ -455,8 +554,7 @@ class TTModelRunner:
         if is_decode:
             self._run_decode(step, computed, totals, device=reason is None)
         else:
-            ends = [c + n for c, n in zip(computed, counts)]
-            self._run_prefill(step, ends, computed, device=reason is None)
+            self._run_prefill(step, ends.tolist(), computed.tolist(), device=reason is None)
         if step.readback is None:
             self._async_req_ids = None
         self._step = step
@@ -465,30 +563,34 @@ class TTModelRunner:
     def _run_decode(
         self,
         step: _StepState,
-        computed: list[int],
-        totals: list[int],
+        computed: np.ndarray,
+        totals: np.ndarray,
         *,
         device: bool,
     ) -> None:
         """One token per slot, every slot in the call (empty ones at position -1).
         Sampling on the device with async decode: submit without blocking and start the
-        readback; the host learns the tokens when vLLM asks."""
+        readback; the host learns the tokens when vLLM asks.
+
+        The inputs are whole-batch array operations over the layout's slots, and the page
+        table the persistent per-slot one: nothing here loops over rows."""
         STATS.count("step.decode")
         batch = self.input_batch
         capacity = self.max_num_reqs
-        slots = [self.slot_of[r] for r in step.req_ids]
-        step.rows = slots
-        tokens = torch.zeros((capacity, 1), dtype=torch.int64)
-        positions = torch.full((capacity,), EMPTY_POSITION, dtype=torch.int64)
-        for i, (slot, c, t) in enumerate(zip(slots, computed, totals)):
-            # A token still in flight is unknown here (-1): the generator has it resident.
-            tokens[slot, 0] = int(batch.token_ids_cpu[i, c]) if c < t else -1
-            positions[slot] = c
-        page_table = self._page_table(step.req_ids, slots, capacity)
-        owners: list[str | None] = [None] * capacity  # the request in each slot, this step
-        for req_id, slot in zip(step.req_ids, slots):
-            owners[slot] = req_id
-        layout = tuple(owners)
+        slots = step.layout.slots
+        step.rows = step.layout.rows
+        n = len(slots)
+        # A token still in flight is unknown here (-1): the generator has it resident.
+        column = np.minimum(computed, batch.token_ids_cpu.shape[1] - 1)
+        known = batch.token_ids_cpu[np.arange(n), column].astype(np.int64)
+        tokens_np = np.zeros(capacity, dtype=np.int64)
+        tokens_np[slots] = np.where(computed < totals, known, -1)
+        positions_np = np.full(capacity, EMPTY_POSITION, dtype=np.int64)
+        positions_np[slots] = computed
+        tokens = torch.from_numpy(tokens_np).view(capacity, 1)
+        positions = torch.from_numpy(positions_np)
+        page_table = self._decode_page_table(step.layout)
+        layout = step.layout.owners
         commands = self._decode_commands(layout, page_table, device)
         use_async = self.async_decode and device and self.resident_inputs and self._read is not None
         values: dict[str, Any] = dict(
@@ -503,9 +605,11 @@ class TTModelRunner:
             **self._per_layer(page_table),
         )
         if device:
-            values["sampling_params"] = self._slot_params(step.req_ids, slots, capacity)
-            if self.device_support.penalties and values["sampling_params"] is not None:
-                values.update(self._penalty_history(step.req_ids, slots, capacity))
+            values["sampling_params"] = self._slot_params(step.layout)
+            # As the reference plugin does: the history goes with a decode only when a
+            # request of the batch asks for a penalty (and the device applies them).
+            if self.device_support.penalties and step.layout.penalised:
+                values.update(self._penalty_history(step.layout))
         if self.rope_deltas and self._decode.accepts("rope_deltas_all_users"):
             values["rope_deltas_all_users"] = [
                 self.rope_deltas.get(owner, 0) if owner is not None else 0 for owner in layout
@@ -538,16 +642,18 @@ class TTModelRunner:
                 STATS.count("decode.overlapped")  # submitted while a step is in flight
             self._async_req_ids = step.req_ids
             if self.observer is not None:
-                self.observer("decode", step.req_ids, computed, [c + 1 for c in computed], None)
+                starts = computed.tolist()
+                self.observer("decode", step.req_ids, starts, [c + 1 for c in starts], None)
             return
         primary, logprobs = split_output(out)
         if device and not primary.is_floating_point():
-            step.tokens = primary.reshape(-1)[slots]
-            step.logprobs = _rows_of(logprobs, slots)
+            step.tokens = primary.reshape(-1)[step.rows]
+            step.logprobs = _rows_of(logprobs, step.rows)
         else:
-            step.logits = primary.reshape(capacity, -1)[slots].float()
+            step.logits = primary.reshape(capacity, -1)[step.rows].float()
         if self.observer is not None:
-            self.observer("decode", step.req_ids, computed, [c + 1 for c in computed], step.logits)
+            starts = computed.tolist()
+            self.observer("decode", step.req_ids, starts, [c + 1 for c in starts], step.logits)
 
     def _per_layer(self, page_table: torch.Tensor) -> dict[str, Any]:
         """`page_tables_per_layer` for a generator whose cache was allocated per layer:
@@ -660,7 +766,7 @@ class TTModelRunner:
         # discarded draw of an incomplete prompt harmless: nothing carries over.)
         for index, generator in batch.generators.items():
             seed = self.requests[step.req_ids[index]].sampling_params.seed
-            generator.manual_seed(seed_for_position(int(seed), step.positions[index]))
+            generator.manual_seed(seed_for_position(int(seed), int(step.positions[index])))
         sampler_output = self.sampler(logits=logits, sampling_metadata=batch.sampling_metadata)
         sampled = sampler_output.sampled_token_ids.tolist()
         for i in np.nonzero(step.discard)[0]:
@@ -681,9 +787,11 @@ class TTModelRunner:
             flat = flat[step.rows]  # an asynchronous decode read back every slot
         values = flat.tolist()[: len(step.req_ids)]
         sampled = [[int(t)] for t in values]
-        for i in np.nonzero(step.discard)[0]:
+        discarded = np.flatnonzero(step.discard)
+        for i in discarded:
             sampled[int(i)] = []
-        self._append_sampled(step.req_ids, sampled)
+        if len(discarded) or not self._append_rows(step, values):
+            self._append_sampled(step.req_ids, sampled)
         logprobs = self._device_logprobs(step, values)
         return ModelRunnerOutput(
             req_ids=list(step.req_ids),
@@ -700,9 +808,9 @@ class TTModelRunner:
         sends a request here only when its token is sure to be among them (greedy, or
         top_k <= K), so the sampled token's log-prob and rank are read off that list.
         """
-        wanted = [self.requests[r].sampling_params.logprobs for r in step.req_ids]
-        if all(w is None for w in wanted):
+        if not step.layout.any_logprobs:
             return None
+        wanted = [self.requests[r].sampling_params.logprobs for r in step.req_ids]
         raw = step.logprobs
         if step.readback is not None and step.rows is not None and isinstance(raw, tuple):
             raw = _rows_of(raw, step.rows)
@@ -749,31 +857,51 @@ class TTModelRunner:
             [self.requests[r].sampling_params for r in req_ids], self.input_batch.vocab_size
         )
 
-    def _slot_params(self, req_ids: list[str], slots: list[int], capacity: int) -> SamplingParams:
-        """TT's SamplingParams, one entry per slot (decode); empty slots are greedy."""
-        per_slot: list[Any] = [None] * capacity
-        for req_id, slot in zip(req_ids, slots):
-            per_slot[slot] = self.requests[req_id].sampling_params
-        return device_params(per_slot, self.input_batch.vocab_size)
+    def _slot_params(self, layout: _Layout) -> SamplingParams:
+        """TT's SamplingParams, one entry per slot (decode); empty slots are greedy.
+        Built once per layout: a request's parameters do not change."""
+        if layout.slot_params is None:
+            per_slot: list[Any] = [None] * self.max_num_reqs
+            for params, slot in zip(layout.params, layout.slots.tolist()):
+                per_slot[slot] = params
+            layout.slot_params = device_params(per_slot, self.input_batch.vocab_size)
+        return layout.slot_params
 
-    def _penalty_history(
-        self, req_ids: list[str], slots: list[int], capacity: int
-    ) -> dict[str, torch.Tensor]:
+    def _penalty_history(self, layout: _Layout) -> dict[str, torch.Tensor]:
         """`prompt_tokens` / `output_tokens` `[capacity, L]` by slot, -1 padded: what a
-        device applying penalties rebuilds its per-slot history from."""
-        states = {slot: self.requests[r] for r, slot in zip(req_ids, slots)}
-        prompt_width = max((len(s.prompt_token_ids or ()) for s in states.values()), default=0)
-        output_width = max((len(s.output_token_ids) for s in states.values()), default=0)
-        prompt = torch.full((capacity, max(prompt_width, 1)), -1, dtype=torch.int64)
-        output = torch.full((capacity, max(output_width, 1)), -1, dtype=torch.int64)
-        for slot, state in states.items():
-            ids = state.prompt_token_ids or []
-            if ids:
-                prompt[slot, : len(ids)] = torch.tensor(ids, dtype=torch.int64)
-            if state.output_token_ids:
-                out = state.output_token_ids
-                output[slot, : len(out)] = torch.tensor(out, dtype=torch.int64)
-        return {"prompt_tokens": prompt, "output_tokens": output}
+        device applying penalties rebuilds its per-slot history from (see
+        `_PenaltyHistory`: kept per slot, appended to, copied out)."""
+        return self._history.tensors(layout)
+
+    def _decode_page_table(self, layout: _Layout) -> torch.Tensor:
+        """`[capacity, W]` int32 by slot: the persistent per-slot table, cut to the widest
+        row of this batch, rows of slots outside it zero. A copy: the generator may read
+        it after the host has moved on."""
+        slots = layout.slots
+        width = max(int(self._slot_blocks[slots].max()) if len(slots) else 0, 1)
+        table = self._slot_table[:, :width].clone()
+        table[torch.from_numpy(layout.idle)] = 0
+        return table
+
+    def _stage_blocks(self, req_id: str) -> None:
+        """Write a request's block ids into its slot's persistent page-table row."""
+        slot = self.slot_of.get(req_id)
+        if slot is None:
+            return
+        blocks = self.requests[req_id].block_ids[0]
+        count = len(blocks)
+        row = self._slot_table_np[slot]
+        row[:count] = blocks
+        if count < self._slot_blocks[slot]:
+            row[count:] = 0
+        self._slot_blocks[slot] = count
+
+    def _layout_of(self, req_ids: list[str]) -> _Layout:
+        """The cached layout of these rows, rebuilt when the rows or any slot changed."""
+        key = (self._slot_epoch, tuple(req_ids))
+        if self._layout is None or self._layout.key != key:
+            self._layout = _Layout(self, key)
+        return self._layout
 
     # --- asynchronous decode ------------------------------------------------------------
 
@@ -786,7 +914,11 @@ class TTModelRunner:
         if cached.resumed_req_ids or so.finished_req_ids & set(previous):
             return False
         scheduled = so.num_scheduled_tokens
-        return len(scheduled) == len(previous) and all(scheduled.get(r) == 1 for r in previous)
+        return (
+            len(scheduled) == len(previous)
+            and set(scheduled.values()) == {1}
+            and scheduled.keys() >= set(previous)
+        )
 
     def _drain_reason(self, so: SchedulerOutput) -> str:
         if so.has_structured_output_requests:
@@ -804,6 +936,23 @@ class TTModelRunner:
             pending.get_output()
 
     # --- bookkeeping --------------------------------------------------------------------
+
+    def _append_rows(self, step: _StepState, values: list[int]) -> bool:
+        """One token for every row of a step whose rows are still the batch's first rows
+        in the same order (a steady decode): the batch's arrays written in one operation
+        per array. False when that does not hold (then `_append_sampled` does it)."""
+        batch = self.input_batch
+        n = len(values)
+        if batch.req_ids[:n] != step.req_ids:
+            return False
+        for state, token in zip(step.layout.states, values):
+            state.output_token_ids.append(token)
+        rows = np.arange(n)
+        ends = batch.num_tokens_no_spec[:n]
+        batch.token_ids_cpu[rows, ends] = values
+        batch.is_token_ids[rows, ends] = True
+        batch.num_tokens_no_spec[:n] = ends + 1
+        return True
 
     def _append_sampled(self, req_ids: list[str], sampled: list[list[int]]) -> None:
         """Record sampled tokens in the request states and, where present, the batch."""
@@ -846,11 +995,15 @@ class TTModelRunner:
             )
         free.sort()
         self.slot_of[req_id] = free.pop(0)
+        self._slot_epoch += 1
 
     def _release_slot(self, req_id: str) -> None:
         slot = self.slot_of.pop(req_id, None)
         if slot is not None:
             self._free_slots[slot // self.per_lane].append(slot)
+            self._slot_table_np[slot] = 0
+            self._slot_blocks[slot] = 0
+            self._slot_epoch += 1
         self.rope_deltas.pop(req_id, None)
 
     def _update_states(self, scheduler_output: SchedulerOutput) -> None:
@@ -882,6 +1035,7 @@ class TTModelRunner:
             batch.remove_request(req_id)
 
         to_add: list[CachedRequestState] = []
+        staged: list[str] = []  # requests whose block ids changed: their table rows
         for new in scheduler_output.scheduled_new_reqs:
             params = new.sampling_params
             generator = None
@@ -901,21 +1055,26 @@ class TTModelRunner:
             )
             self.requests[new.req_id] = state
             to_add.append(state)
+            staged.append(new.req_id)
 
         for i, req_id in enumerate(cached.req_ids):
             state = self.requests[req_id]
             state.num_computed_tokens = cached.num_computed_tokens[i]
             num_output = cached.num_output_tokens[i]
+            index = batch.req_id_to_index.get(req_id)
             if num_output < len(state.output_token_ids):
                 del state.output_token_ids[num_output:]
+                if index is not None:  # the batch's token count follows the state's
+                    batch.num_tokens_no_spec[index] = state.num_tokens
             new_blocks = cached.new_block_ids[i]
-            index = batch.req_id_to_index.get(req_id)
             if req_id in cached.resumed_req_ids:
                 assert new_blocks is not None
                 state.block_ids = tuple(list(ids) for ids in new_blocks)
             elif new_blocks is not None:
                 for ids, extra in zip(state.block_ids, new_blocks):
                     ids.extend(extra)
+            if new_blocks is not None:
+                staged.append(req_id)
             if index is None:
                 to_add.append(state)
                 continue
@@ -925,7 +1084,10 @@ class TTModelRunner:
         for state in to_add:
             batch.add_request(state)
         for req_id in scheduled:
-            self._take_slot(req_id)
+            if req_id not in self.slot_of:
+                self._take_slot(req_id)
+        for req_id in staged:
+            self._stage_blocks(req_id)
         batch.condense()
         batch.refresh_metadata()
 

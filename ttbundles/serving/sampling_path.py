@@ -48,7 +48,7 @@ def device_support(capabilities: Mapping[str, Any], *, takes_history: bool) -> D
     )
 
 
-def _has_penalties(params: Any) -> bool:
+def has_penalties(params: Any) -> bool:
     return (
         params.presence_penalty != 0.0
         or params.frequency_penalty != 0.0
@@ -69,7 +69,7 @@ def host_reason(params: Any, support: DeviceSupport = DeviceSupport()) -> str | 
         returned = support.top_logprobs > 0 and params.logprobs <= support.top_logprobs
         if not (returned and (greedy or bounded)):
             return "logprobs"
-    if _has_penalties(params) and not support.penalties:
+    if has_penalties(params) and not support.penalties:
         return "penalties"
     if params.min_p > 0.0:
         return "min_p"

@@ -252,16 +252,11 @@ class PhaseSchedulingMixin:
 
     def demand(self) -> PhaseDemand:
         """What this scheduler's requests ask of the next step (one pass over `running`)."""
-        has_prefill = has_decode = False
-        for request in self.running:
-            if is_in_prefill(request):
-                has_prefill = True
-                if has_decode:
-                    break
-            else:
-                has_decode = True
-                if has_prefill:
-                    break
+        # is_in_prefill for every running request, read inline: this runs every step
+        # over every running request, so no call per request.
+        in_prefill = [request.is_prefill_chunk for request in self.running]
+        has_prefill = True in in_prefill
+        has_decode = False in in_prefill
         # Prefill work exists: a prompt chunk to run, or a request waiting, including one
         # the base parks in `waiting` while its grammar compiles (its status is
         # WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR and it is in `deferred_waiting`): a

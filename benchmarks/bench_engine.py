@@ -1,0 +1,442 @@
+"""The engine's decode rate against the generator's own: what the serving stack costs per step.
+
+In one process, on the demo checkpoint (a tiny Llama, float32, CPU), for each batch size:
+
+- generator: the reference generator driven directly, as a device loop would drive it:
+  one prefill of the batch's prompts, then steady decode with device sampling (greedy),
+  its inputs resident (decode contract v1, `reload_inputs=False` after the first step)
+  and two steps in flight (step N+1 submitted before step N is read back);
+- engine: `vllm.LLM` with the same generator behind the platform, the phase scheduler,
+  the worker and the model runner (VLLM_ENABLE_V1_MULTIPROCESSING=0: the engine core in
+  this process), greedy, device sampling, async scheduling as vLLM defaults, the same
+  prompts, `--steps` tokens each.
+
+Both sides alternate in `--rounds` rounds (generator, engine, generator, ...), so both see
+the same machine load; the median round and the spread (min-max) are reported. A side's
+figure is milliseconds per steady decode step: the generator's is its decode loop's wall
+time / steps; the engine's is the time between the first and the last steady decode step
+the runner saw (a step of one token per row, no request admitted) / the steps between.
+Derived per batch:
+
+- `engine/generator`: the generator's rate over the engine's (1.0: the host costs nothing);
+- `host cost per step` = engine - generator, and per running request (/ batch);
+- `own host work per step`: the CPU time the engine thread spends in the model runner's
+  step functions (execute_model, sample_tokens, readback), less the time inside the
+  generator's own methods: the project's work, not vLLM's and not the model's (CPU time,
+  so that other processes on the machine do not inflate it);
+- `wait per step`: the time the host blocks on a readback (device still computing).
+
+`--lanes 4` adds 4 lanes x `--lane-batch` (the demo bundle's single-execute variant,
+`--data-parallel-size 4`: one engine, the lane coordinator) against the generator with
+`tt_data_parallel=4` at the same total batch.
+
+`--profile` runs one more engine round per configuration under cProfile and prints the top
+costs (own time), and the runner's own top functions.
+
+    .venv/bin/python benchmarks/bench_engine.py [--batches 8 32 64 128] [--lanes 4]
+        [--lane-batch 32] [--steps 64] [--rounds 5] [--profile] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import os
+import pstats
+import random
+import statistics
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+INPUT_LEN = 16
+SPECIAL_TOKENS = 7  # the demo tokenizer's first ids are its special tokens
+BLOCK = 16
+
+
+class DeviceClock:
+    """Wall time the generator's device queue spends in forward passes (`_run`)."""
+
+    def __init__(self, generator) -> None:
+        self.seconds = 0.0
+        original = generator._run
+
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self.seconds += time.perf_counter() - start
+
+        generator._run = timed
+
+
+def prompts_for(batch: int, vocab: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(SPECIAL_TOKENS, vocab) for _ in range(INPUT_LEN)] for _ in range(batch)]
+
+
+class GeneratorAlone:
+    """The reference generator, driven directly in a steady decode loop."""
+
+    def __init__(self, checkpoint: Path, batch: int, lanes: int, max_len: int):
+        import torch
+        from transformers import AutoConfig
+
+        from ttbundles.format.contract import HostMesh
+        from ttbundles.reference.generator import ReferenceLlamaGenerator
+        from ttbundles.serving.sampling_path import device_params
+
+        self.torch = torch
+        hf = AutoConfig.from_pretrained(checkpoint)
+        self.gen = ReferenceLlamaGenerator.initialize_vllm_model(
+            hf, HostMesh(), batch, max_len, tt_data_parallel=lanes
+        )
+        self.batch, self.lanes = batch, lanes
+        per_lane = batch // lanes
+        width = -(-max_len // BLOCK)
+        head = hf.hidden_size // hf.num_attention_heads
+        self.kv = self.gen.allocate_kv_cache(
+            (per_lane * width, hf.num_key_value_heads, BLOCK, head),
+            torch.float32,
+            hf.num_hidden_layers,
+        )
+        # Slot s (lane-local row r = s % per_lane) owns lane-local blocks r*width ...
+        local = torch.arange(batch) % per_lane
+        self.table = (local[:, None] * width + torch.arange(width)[None, :]).to(torch.int32)
+        self.params = device_params([None] * batch, hf.vocab_size)  # greedy
+        self.device = DeviceClock(self.gen)
+
+    def round(self, prompts: list[list[int]], steps: int) -> float:
+        """Prefill, then `steps` steady decodes two deep; ms per decode step."""
+        torch, gen = self.torch, self.gen
+        tokens = torch.tensor(prompts, dtype=torch.int64)
+        n = len(prompts)
+        first, _ = gen.prefill_forward(
+            tokens=tokens,
+            page_table=self.table,
+            kv_cache=self.kv,
+            prompt_lens=torch.full((n,), INPUT_LEN),
+            empty_slots=list(range(n)),
+            sampling_params=self.params,
+            start_pos=torch.zeros(n, dtype=torch.int64),
+        )
+
+        def submit(step: int):
+            out = gen.decode_forward(
+                tokens=first.reshape(n, 1) if step == 0 else torch.zeros((n, 1), dtype=torch.int64),
+                start_pos=torch.full((n,), INPUT_LEN + step),
+                page_table=self.table,
+                kv_cache=self.kv,
+                read_from_device=False,
+                sampling_params=self.params,
+                slot_remap=list(range(n)),
+                reload_inputs=step == 0,
+                reload_sampling_params=step == 0,
+                reset_sampling_state=step == 0,
+            )
+            return gen.read_decode_output(out, async_read=True)
+
+        def finish(pending) -> None:
+            host, events = pending
+            for event in events:
+                event.wait()
+            gen.process_decode_output_host(host, is_tokens=True)
+
+        finish(submit(0))  # the first step reloads everything: not steady
+        self.device.seconds = 0.0
+        start = time.perf_counter()
+        pending = submit(1)
+        for step in range(2, steps + 1):
+            following = submit(step)
+            finish(pending)
+            pending = following
+        finish(pending)
+        self.device_ms = self.device.seconds * 1000 / steps
+        return (time.perf_counter() - start) * 1000 / steps
+
+
+class RunnerClock:
+    """Times the model runner's step functions in the engine: when each steady decode step
+    started, and the runner's own wall time less its device waits and generator calls."""
+
+    def __init__(self, runner) -> None:
+        from ttbundles.serving import model_runner as module
+
+        self.runner = runner
+        self.own = 0.0
+        self.wait = 0.0
+        self.inside = 0.0
+        self.decode_starts: list[float] = []
+        self._depth = 0
+        self._wrap_instance("execute_model", self._execute)
+        self._wrap_instance("sample_tokens", None)
+        self._wrap_instance("synchronize", None, kind="wait")
+        for name in ("_decode", "_prefill", "_read", "_process"):
+            if getattr(runner, name, None) is not None:
+                self._wrap_instance(name, None, kind="inside")
+        original = module.TTAsyncOutput.get_output
+        clock = self
+
+        def get_output(output):
+            with clock.timed("own"):
+                return original(output)
+
+        module.TTAsyncOutput.get_output = get_output
+
+    @contextmanager
+    def timed(self, kind: str):
+        """Own and inside are the engine thread's CPU time (what other processes on the
+        machine do not inflate), own counted at the outermost level only; wait is wall
+        time blocked on a readback."""
+        clock = time.perf_counter if kind == "wait" else time.thread_time
+        start = clock()
+        self._depth += kind == "own"
+        try:
+            yield
+        finally:
+            elapsed = clock() - start
+            if kind == "own":
+                self._depth -= 1
+                if self._depth == 0:
+                    self.own += elapsed
+            elif kind == "wait":
+                self.wait += elapsed
+            else:
+                self.inside += elapsed
+
+    def _wrap_instance(self, name: str, before, kind: str = "own") -> None:
+        original = getattr(self.runner, name)
+
+        def wrapped(*args, **kwargs):
+            if before is not None:
+                before(*args)
+            with self.timed(kind):
+                return original(*args, **kwargs)
+
+        setattr(self.runner, name, wrapped)
+
+    def _execute(self, scheduler_output) -> None:
+        so = scheduler_output
+        steady = (
+            not so.scheduled_new_reqs
+            and so.num_scheduled_tokens
+            and all(n == 1 for n in so.num_scheduled_tokens.values())
+            and not self.runner._mid_prefill
+        )
+        if steady:
+            self.decode_starts.append(time.perf_counter())
+
+    def reset(self) -> None:
+        self.own = self.wait = self.inside = 0.0
+        self.decode_starts = []
+
+
+class Engine:
+    def __init__(self, checkpoint: Path, batch: int, lanes: int, max_len: int):
+        from vllm import LLM
+
+        from ttbundles.serving.harness import find_runner
+
+        per_lane = batch // lanes
+        kwargs = dict(
+            model=str(checkpoint),
+            max_model_len=max_len,
+            max_num_seqs=per_lane,
+            block_size=BLOCK,
+            enable_prefix_caching=False,  # every round's prompts are computed, not reused
+            additional_config={"tt": {"sample_on_device_mode": "all"}},
+            num_gpu_blocks_override=batch * (-(-max_len // BLOCK)) + lanes,
+        )
+        if lanes > 1:
+            kwargs["data_parallel_size"] = lanes
+        self.llm = LLM(**kwargs)
+        self.runner = find_runner(self.llm)
+        self.clock = RunnerClock(self.runner)
+        self.device = DeviceClock(self.runner.generator)
+
+    def round(self, prompts: list[list[int]], steps: int) -> dict:
+        from vllm import SamplingParams
+
+        from ttbundles.serving.stats import STATS
+
+        params = SamplingParams(max_tokens=steps + 1, temperature=0.0, ignore_eos=True)
+        self.clock.reset()
+        self.device.seconds = 0.0
+        before = STATS.snapshot()
+        outs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        after = STATS.snapshot()
+        produced = sum(len(o.outputs[0].token_ids) for o in outs)
+        if produced != len(prompts) * (steps + 1):
+            sys.exit(
+                f"the engine produced {produced} tokens, expected {len(prompts) * (steps + 1)}"
+            )
+        starts = self.clock.decode_starts
+        intervals = len(starts) - 1
+        if intervals < 1:
+            sys.exit("the engine ran fewer than two steady decode steps")
+        decodes = max(1, after.get("step.decode", 0) - before.get("step.decode", 0))
+        host = self.clock.own - self.clock.inside
+        return {
+            "ms_per_step": (starts[-1] - starts[0]) * 1000 / intervals,
+            "own_ms_per_step": host * 1000 / decodes,
+            "wait_ms_per_step": self.clock.wait * 1000 / decodes,
+            "device_ms_per_step": self.device.seconds * 1000 / decodes,
+            "decode_steps": decodes,
+            "overlapped": after.get("decode.overlapped", 0) - before.get("decode.overlapped", 0),
+        }
+
+    def close(self) -> None:
+        from ttbundles.serving.harness import close
+
+        close(self.llm)
+
+
+def spread(values: list[float]) -> dict:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def measure(checkpoint: Path, batch: int, lanes: int, args: argparse.Namespace) -> dict:
+    from transformers import AutoConfig
+
+    vocab = AutoConfig.from_pretrained(checkpoint).vocab_size
+    max_len = INPUT_LEN + args.steps + 2 * BLOCK
+    generator = GeneratorAlone(checkpoint, batch, lanes, max_len)
+    engine = Engine(checkpoint, batch, lanes, max_len)
+    prompts = prompts_for(batch, vocab, args.seed)
+    generator.round(prompts, 4)  # warm-up, both sides
+    engine.round(prompts, 4)
+    gen_ms, gen_device, eng = [], [], []
+    for r in range(args.rounds):
+        prompts = prompts_for(batch, vocab, args.seed + 1 + r)
+        gen_ms.append(generator.round(prompts, args.steps))
+        gen_device.append(generator.device_ms)
+        eng.append(engine.round(prompts, args.steps))
+    profile = None
+    if args.profile:
+        profiler = cProfile.Profile()
+        profiler.enable()
+        engine.round(prompts_for(batch, vocab, args.seed), args.steps)
+        profiler.disable()
+        profile = top_costs(profiler, args.top)
+    engine.close()
+    del generator
+    ratios = [g / e["ms_per_step"] for g, e in zip(gen_ms, eng)]
+    host = [e["ms_per_step"] - g for g, e in zip(gen_ms, eng)]
+    return {
+        "batch": batch,
+        "lanes": lanes,
+        "generator_ms_per_step": spread(gen_ms),
+        "engine_ms_per_step": spread([e["ms_per_step"] for e in eng]),
+        "engine_over_generator": spread(ratios),
+        "host_ms_per_step": spread(host),
+        "host_us_per_request": spread([h * 1000 / batch for h in host]),
+        "own_host_ms_per_step": spread([e["own_ms_per_step"] for e in eng]),
+        "wait_ms_per_step": spread([e["wait_ms_per_step"] for e in eng]),
+        "generator_device_ms_per_step": spread(gen_device),
+        "engine_device_ms_per_step": spread([e["device_ms_per_step"] for e in eng]),
+        "overlapped_steps": [e["overlapped"] for e in eng],
+        "decode_steps": [e["decode_steps"] for e in eng],
+        "profile": profile,
+    }
+
+
+def top_costs(profiler: cProfile.Profile, top: int) -> dict:
+    """The top functions by own time, and those of the project's serving code."""
+    stats = pstats.Stats(profiler)
+    rows = []
+    for (path, line, name), (_, calls, own, cumulative, _) in stats.stats.items():  # type: ignore[attr-defined]
+        rows.append((own, cumulative, calls, f"{_short(path)}:{line}({name})"))
+    rows.sort(reverse=True)
+    ours = [r for r in rows if "ttbundles/serving" in r[3] or "ttbundles/format" in r[3]]
+    shape = lambda r: {"own_ms": r[0] * 1000, "cum_ms": r[1] * 1000, "calls": r[2], "fn": r[3]}  # noqa: E731
+    return {"top": [shape(r) for r in rows[:top]], "ours": [shape(r) for r in ours[:top]]}
+
+
+def _short(path: str) -> str:
+    for marker in ("site-packages/", "/ttbundles/"):
+        if marker in path:
+            return (
+                path.split(marker, 1)[1]
+                if marker == "site-packages/"
+                else "ttbundles/" + path.split(marker, 1)[1]
+            )
+    return path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batches", type=int, nargs="*", default=[8, 32, 64, 128])
+    parser.add_argument("--lanes", type=int, default=4, help="0: no lanes configuration")
+    parser.add_argument("--lane-batch", type=int, default=32, help="rows per lane")
+    parser.add_argument("--steps", type=int, default=64, help="decode steps per round")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--top", type=int, default=15)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+
+    from ttbundles.demo.checkpoint import write_demo_checkpoint
+    from ttbundles.demo.server import serve_environment
+    from ttbundles.demo.variants import write_lanes_bundle
+
+    with tempfile.TemporaryDirectory(prefix="bench-engine-") as tmp:
+        work = Path(tmp)
+        checkpoint = write_demo_checkpoint(work / "checkpoint")
+        # The single-execute variant shadows the built-in demo: with one lane it is the
+        # same generator and runner; with --data-parallel-size N it is N lanes.
+        bundle = write_lanes_bundle(work / "models")
+        # The host target's max_num_seqs (32) is a serving default, not a limit of the
+        # reference generator: raised here so that one engine holds the whole batch.
+        metadata_path = bundle / "vllm_metadata.json"
+        metadata = json.loads(metadata_path.read_text())
+        largest = max([*args.batches, args.lanes * args.lane_batch])
+        metadata["targets"]["HOST"]["max_num_seqs"] = largest
+        metadata_path.write_text(json.dumps(metadata, indent=2) + "\n")
+        os.environ.update(serve_environment())
+        os.environ.update(
+            VLLM_ENABLE_V1_MULTIPROCESSING="0",
+            EXTRA_MODELS_DIR=str(work / "models"),
+        )
+        configs = [(b, 1) for b in args.batches]
+        if args.lanes > 1:
+            configs.append((args.lanes * args.lane_batch, args.lanes))
+        results = [measure(checkpoint, batch, lanes, args) for batch, lanes in configs]
+    if args.json:
+        print(json.dumps(results, indent=2))
+        return
+    print(
+        f"demo checkpoint, greedy, device sampling, async scheduling; {INPUT_LEN}-token "
+        f"prompts, {args.steps} decode steps a round, median (min-max) of {args.rounds} "
+        "interleaved rounds"
+    )
+
+    def fmt(s: dict, digits: int = 2) -> str:
+        return f"{s['median']:.{digits}f} ({s['min']:.{digits}f}-{s['max']:.{digits}f})"
+
+    for r in results:
+        label = f"{r['lanes']}x{r['batch'] // r['lanes']}" if r["lanes"] > 1 else str(r["batch"])
+        print(
+            f"batch {label:>5}: generator {fmt(r['generator_ms_per_step'])} ms/step, "
+            f"engine {fmt(r['engine_ms_per_step'])} ms, engine/generator "
+            f"{fmt(r['engine_over_generator'])}; host {fmt(r['host_ms_per_step'])} ms/step "
+            f"({r['host_us_per_request']['median']:.1f} us/request); own "
+            f"{fmt(r['own_host_ms_per_step'], 3)} ms/step; wait {fmt(r['wait_ms_per_step'])} ms; "
+            f"forward {r['generator_device_ms_per_step']['median']:.2f} ms alone, "
+            f"{r['engine_device_ms_per_step']['median']:.2f} ms in the engine"
+        )
+        if r["profile"]:
+            print("  top costs (own time over one round):")
+            for row in r["profile"]["top"]:
+                print(f"    {row['own_ms']:8.1f} ms {row['calls']:7d} calls  {row['fn']}")
+            print("  the serving code's own top functions:")
+            for row in r["profile"]["ours"]:
+                print(f"    {row['own_ms']:8.1f} ms {row['calls']:7d} calls  {row['fn']}")
+
+
+if __name__ == "__main__":
+    main()
