@@ -608,3 +608,88 @@ def test_the_cached_checkpoint_is_reused_and_rewritten_when_stale(vision_checkpo
     config = json.loads((folder / "config.json").read_text())
     assert config["architectures"] == ["Qwen2_5_VLForConditionalGeneration"]
     assert sum(f.stat().st_size for f in folder.iterdir()) < 4_000_000
+
+
+# ---- the second family: Qwen3-VL ----------------------------------------------------------
+# Same inputs and return forms (TT-Metal's Qwen3-VL class takes what the Qwen2.5-VL one
+# takes); inside, a Qwen3 text tower, learned position embeddings, full-frame vision
+# attention, deepstack features added after the first text layers, interleaved M-RoPE.
+
+
+@pytest.fixture(scope="module")
+def qwen3_checkpoint(tmp_path_factory):
+    from ttbundles.demo.vision_checkpoint import write_vision_checkpoint
+
+    return write_vision_checkpoint(tmp_path_factory.mktemp("qwen3-vl"), family="qwen3_vl")
+
+
+@pytest.fixture(scope="module")
+def qwen3(qwen3_checkpoint):
+    """(processor, transformers model, reference generator)."""
+    from ttbundles.reference.vl_generator import ReferenceQwen3VLGenerator
+
+    config = transformers.AutoConfig.from_pretrained(qwen3_checkpoint)
+    model = transformers.Qwen3VLForConditionalGeneration.from_pretrained(
+        qwen3_checkpoint, dtype=torch.float32
+    ).eval()
+    generator = ReferenceQwen3VLGenerator.initialize_vllm_model(
+        hf_config=config,
+        mesh_device=HostMesh(),
+        max_batch_size=4,
+        max_seq_len=SEQ_BLOCKS * BLOCK,
+    )
+    return transformers.AutoProcessor.from_pretrained(qwen3_checkpoint), model, generator
+
+
+def test_qwen3_vl_mixed_batch_matches_transformers(qwen3):
+    processor, hf, gen = qwen3
+    rows = [
+        chat(processor, WIDE, "and", SQUARE, "Compare the two."),
+        chat(processor, "Hello mesh, tell me a story."),
+    ]
+    assert rows[0]["pixel_values"].shape[1] == 3 * 2 * 16 * 16  # 16-pixel patches
+    goldens = [hf_greedy(hf, inputs) for inputs in rows]
+    worker = Worker(gen)
+    logits, deltas = worker.prefill(
+        [{"slot": s, "ids": ids_of(r), "inputs": r} for s, r in zip((1, 0), rows, strict=True)]
+    )
+    assert int(deltas[0, 0]) == hf_rope_delta(hf, rows[0]) != 0 and int(deltas[1, 0]) == 0
+    out_ids, out_logits = greedy(
+        worker, logits[:, 0], [1, 0], [len(ids_of(r)) for r in rows], deltas[:, 0]
+    )
+    for slot, (golden_ids, golden_logits) in zip((1, 0), goldens, strict=True):
+        assert_matches(out_ids[slot], out_logits[slot], golden_ids, golden_logits)
+
+
+def test_qwen3_vl_chunk_inside_an_image_then_a_prefix_hit_match_transformers(qwen3):
+    """Deepstack features are sliced with the chunk like the embeddings; a prefix hit
+    without pixels keeps positions."""
+    processor, hf, gen = qwen3
+    inputs = chat(processor, SMALL, "and", WIDE, "Compare the two.")
+    golden_ids, golden_logits = hf_greedy(hf, inputs)
+    ids = ids_of(inputs)
+    placeholders = [i for i, t in enumerate(ids) if t == gen.image_token_id]
+    split = placeholders[-5]  # inside the second image
+    worker = Worker(gen)
+    worker.prefill([{"slot": 0, "ids": ids, "end": split, "inputs": inputs}])
+    logits, deltas = worker.prefill([{"slot": 0, "ids": ids, "start": split, "inputs": inputs}])
+    out_ids, out_logits = greedy(worker, logits[:, 0], [0], [len(ids)], deltas[:, 0])
+    assert_matches(out_ids[0], out_logits[0], golden_ids, golden_logits)
+
+    cached = (placeholders[-1] + 1) // BLOCK + 1  # whole blocks past both images
+    shared = worker.tables[0][:cached] + worker.own_blocks(1)[cached:]
+    row = {"slot": 1, "ids": ids, "start": cached * BLOCK, "inputs": inputs}
+    logits, deltas = worker.prefill([{**row, "pixels": [None, None], "blocks": shared}])
+    assert int(deltas[0, 0]) == hf_rope_delta(hf, inputs)
+    torch.testing.assert_close(logits[0, 0], golden_logits[0], atol=ATOL, rtol=0)
+
+
+def test_qwen3_vl_vision_tower_and_deepstack_equal_transformers(qwen3):
+    processor, hf, gen = qwen3
+    inputs = chat(processor, WIDE, "x", SQUARE, "y")
+    with torch.no_grad():
+        golden = hf.model.visual(inputs["pixel_values"], grid_thw=inputs["image_grid_thw"])
+    merged, features = gen.vision.encode(inputs["pixel_values"], inputs["image_grid_thw"])
+    torch.testing.assert_close(merged, golden.pooler_output, atol=1e-4, rtol=1e-4)
+    assert len(features) == len(golden.deepstack_features) == 1
+    torch.testing.assert_close(features[0], golden.deepstack_features[0], atol=1e-4, rtol=1e-4)

@@ -71,8 +71,6 @@ CHAT_TEMPLATE = (
 PATCH_SIZE = 14
 MERGE_SIZE = 2
 TEMPORAL_PATCH_SIZE = 2
-MIN_PIXELS = 56 * 56
-MAX_PIXELS = 224 * 224
 
 TEXT_CONFIG = {
     "hidden_size": 64,
@@ -101,18 +99,44 @@ VISION_CONFIG = {
 }
 
 
-def build_processor(out_dir: Path):
-    """The tokenizer and the Qwen2.5-VL processor (image and video processors, chat
-    template), saved into `out_dir`; returns the processor."""
+# Qwen3-VL at toy sizes: 16-pixel patches, a 4 x 4 learned position grid, one deepstack
+# feature (from vision block 0, added after text layer 0), interleaved M-RoPE, Qwen3's
+# per-head q/k norms. Images 64..256 pixels a side: 4 to 64 image tokens each.
+QWEN3_PATCH_SIZE = 16
+QWEN3_TEXT_CONFIG = {
+    **{k: v for k, v in TEXT_CONFIG.items() if k != "use_sliding_window"},
+    "head_dim": 16,
+    "rope_parameters": {
+        "rope_type": "default",
+        "rope_theta": 10000.0,
+        "mrope_section": [2, 3, 3],
+        "mrope_interleaved": True,
+    },
+}
+QWEN3_VISION_CONFIG = {
+    "depth": 2,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_heads": 2,
+    "out_hidden_size": 64,
+    "patch_size": QWEN3_PATCH_SIZE,
+    "spatial_merge_size": MERGE_SIZE,
+    "temporal_patch_size": TEMPORAL_PATCH_SIZE,
+    "num_position_embeddings": 16,
+    "deepstack_visual_indexes": [0],
+    "hidden_act": "gelu_pytorch_tanh",
+}
+
+
+def build_processor(out_dir: Path, family: str = "qwen2_5_vl"):
+    """The tokenizer and the family's processor (image and video processors, chat
+    template), saved into `out_dir`; returns the processor. `family`: "qwen2_5_vl" or
+    "qwen3_vl" (16-pixel patches)."""
     from ttbundles import torchvision_compat
 
     torchvision_compat.install()  # transformers' Qwen2-VL processors import torchvision
-    from transformers import (
-        PreTrainedTokenizerFast,
-        Qwen2_5_VLProcessor,
-        Qwen2VLImageProcessor,
-        Qwen2VLVideoProcessor,
-    )
+    import transformers
+    from transformers import PreTrainedTokenizerFast, Qwen2VLImageProcessor
 
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=train_bpe(SPECIAL_TOKENS, unk_token=None),
@@ -121,17 +145,25 @@ def build_processor(out_dir: Path):
         extra_special_tokens={"image_token": IMAGE_TOKEN, "video_token": "<|video_pad|>"},
     )
     tokenizer.chat_template = CHAT_TEMPLATE
+    patch = PATCH_SIZE if family == "qwen2_5_vl" else QWEN3_PATCH_SIZE
+    side = patch * MERGE_SIZE
     sizes = {
-        "patch_size": PATCH_SIZE,
+        "patch_size": patch,
         "merge_size": MERGE_SIZE,
         "temporal_patch_size": TEMPORAL_PATCH_SIZE,
-        "min_pixels": MIN_PIXELS,
-        "max_pixels": MAX_PIXELS,
+        "min_pixels": (2 * side) ** 2,
+        "max_pixels": (8 * side) ** 2,
     }
-    processor = Qwen2_5_VLProcessor(
+    if family == "qwen2_5_vl":
+        processor_cls = transformers.Qwen2_5_VLProcessor
+        video_cls = transformers.Qwen2VLVideoProcessor
+    else:
+        processor_cls = transformers.Qwen3VLProcessor
+        video_cls = transformers.Qwen3VLVideoProcessor
+    processor = processor_cls(
         image_processor=Qwen2VLImageProcessor(**sizes),
         tokenizer=tokenizer,
-        video_processor=Qwen2VLVideoProcessor(**sizes),
+        video_processor=video_cls(**sizes),
         chat_template=CHAT_TEMPLATE,
     )
     processor.save_pretrained(out_dir)
@@ -141,33 +173,41 @@ def build_processor(out_dir: Path):
     return processor
 
 
-def write_vision_checkpoint(out_dir: Path) -> Path:
-    """Write the tiny Qwen2.5-VL checkpoint and its processor into `out_dir`."""
-    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+def write_vision_checkpoint(out_dir: Path, family: str = "qwen2_5_vl") -> Path:
+    """Write the tiny checkpoint of `family` ("qwen2_5_vl", the default, or "qwen3_vl")
+    and its processor into `out_dir`."""
+    import transformers
 
+    if family not in ("qwen2_5_vl", "qwen3_vl"):
+        raise ValueError(f"family {family!r}: qwen2_5_vl or qwen3_vl")
+    qwen3 = family == "qwen3_vl"
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    processor = build_processor(out_dir)
+    processor = build_processor(out_dir, family)
     tokenizer = processor.tokenizer
     ids = {token: tokenizer.convert_tokens_to_ids(token) for token in SPECIAL_TOKENS}
-    config = Qwen2_5_VLConfig(
+    config_cls = transformers.Qwen3VLConfig if qwen3 else transformers.Qwen2_5_VLConfig
+    config = config_cls(
         text_config={
-            **TEXT_CONFIG,
+            **(QWEN3_TEXT_CONFIG if qwen3 else TEXT_CONFIG),
             "vocab_size": len(tokenizer),
             "eos_token_id": ids["<|im_end|>"],
             "pad_token_id": ids["<|endoftext|>"],
             "bos_token_id": None,
         },
-        vision_config=VISION_CONFIG,
+        vision_config=QWEN3_VISION_CONFIG if qwen3 else VISION_CONFIG,
         image_token_id=ids[IMAGE_TOKEN],
         video_token_id=ids["<|video_pad|>"],
         vision_start_token_id=ids["<|vision_start|>"],
         vision_end_token_id=ids["<|vision_end|>"],
         tie_word_embeddings=False,
     )
-    model = Qwen2_5_VLForConditionalGeneration(config)
+    architecture = (
+        "Qwen3VLForConditionalGeneration" if qwen3 else "Qwen2_5_VLForConditionalGeneration"
+    )
+    model = getattr(transformers, architecture)(config)
     fill_random(model, SEED)
-    model.config.architectures = ["Qwen2_5_VLForConditionalGeneration"]
+    model.config.architectures = [architecture]
     model.save_pretrained(out_dir, safe_serialization=True)
     generation = out_dir / "generation_config.json"
     if generation.exists():

@@ -245,6 +245,14 @@ class ReferenceLlamaGenerator:
         cos, sin = self.rope(positions)
         return self.weights.embed_tokens[token_ids], cos, sin
 
+    def residual_additions(
+        self, segments: list[Segment]
+    ) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+        """What is added to the hidden states after layer i: `{i: (tokens [k], values
+        [k, hidden])}` over the flattened tokens. Nothing here; Qwen3-VL adds its deepstack
+        image features after its first layers (`reference.vl_generator`)."""
+        return {}
+
     @torch.no_grad()
     def forward_segments(
         self,
@@ -274,7 +282,10 @@ class ReferenceLlamaGenerator:
         groups = attention_groups(segments, positions, page_table, kv_cache[0][0].shape)
 
         x, cos, sin = self.segment_inputs(segments, token_ids, positions)
-        for layer, (k_cache, v_cache) in zip(self.weights.layers, kv_cache, strict=True):
+        additions = self.residual_additions(segments)
+        for index, (layer, (k_cache, v_cache)) in enumerate(
+            zip(self.weights.layers, kv_cache, strict=True)
+        ):
             h = rms_norm(x, layer.input_norm, dims.rms_norm_eps)
             q = layer.q_proj(h).view(-1, dims.num_heads, dims.head_dim)  # [T, H, D]
             k = layer.k_proj(h).view(-1, dims.num_kv_heads, dims.head_dim)  # [T, KV, D]
@@ -295,6 +306,9 @@ class ReferenceLlamaGenerator:
 
             h = rms_norm(x, layer.post_attention_norm, dims.rms_norm_eps)
             x = x + layer.down_proj(F.silu(layer.gate_proj(h)) * layer.up_proj(h))
+            if index in additions:
+                tokens_at, values = additions[index]
+                x = x.index_add(0, tokens_at, values)
 
         if not all_positions:
             x = x[lengths.cumsum(0) - 1]  # [n] each segment's last token

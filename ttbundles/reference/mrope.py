@@ -102,18 +102,39 @@ def mrope_positions(length: int, spans: list[ImageSpan], merge: int) -> tuple[to
     return positions, delta
 
 
+def frequency_axes(sections: list[int], interleaved: bool = False) -> torch.Tensor:
+    """Which axis (0 temporal, 1 row, 2 column) each of the D / 2 frequencies rotates by.
+
+    Sectioned (Qwen2-VL, Qwen2.5-VL): the first `sections[0]` frequencies follow the
+    temporal position, the next `sections[1]` the row, the last the column. Interleaved
+    (Qwen3-VL): frequencies cycle temporal, row, column (j % 3) while each axis has
+    frequencies left (row: j < 3 * sections[1], column: j < 3 * sections[2]); the rest
+    follow the temporal position."""
+    total = sum(sections)
+    if not interleaved:
+        return torch.repeat_interleave(torch.arange(len(sections)) % 3, torch.tensor(sections))
+    j = torch.arange(total)
+    axis = torch.zeros(total, dtype=torch.long)
+    axis[(j % 3 == 1) & (j < 3 * sections[1])] = 1
+    axis[(j % 3 == 2) & (j < 3 * sections[2])] = 2
+    return axis
+
+
 def mrope_cos_sin(
-    positions: torch.Tensor, inv_freq: torch.Tensor, sections: list[int], scaling: float = 1.0
+    positions: torch.Tensor,
+    inv_freq: torch.Tensor,
+    sections: list[int],
+    scaling: float = 1.0,
+    interleaved: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin `[T, D]` for positions `[3, T]`: frequency j takes its angle from the
-    axis of the section it falls in (sections over the D / 2 frequencies: temporal, row,
-    column), and the two halves repeat as in `attention.rope_cos_sin`."""
+    """cos and sin `[T, D]` for positions `[3, T]`: frequency j takes its angle from its
+    axis (`frequency_axes`), and the two halves repeat as in `attention.rope_cos_sin`."""
     if sum(sections) != inv_freq.shape[0]:
         raise ValueError(
             f"mrope_section {sections} sums to {sum(sections)}, not head_dim / 2 = "
             f"{inv_freq.shape[0]}"
         )
-    axis = torch.repeat_interleave(torch.arange(len(sections)) % 3, torch.tensor(sections))
+    axis = frequency_axes(sections, interleaved)
     chosen = positions.float()[axis]  # [D / 2, T]: frequency j's axis, per token
     freqs = chosen.T * inv_freq[None, :]  # [T, D / 2]
     angles = torch.cat((freqs, freqs), dim=-1)

@@ -152,7 +152,8 @@ def vision_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
-def _grid_list(grid_thw: torch.Tensor) -> list[tuple[int, int, int]]:
+def grid_list(grid_thw: torch.Tensor) -> list[tuple[int, int, int]]:
+    """`[n, 3]` grids as (frames, patch rows, patch columns) tuples."""
     return [(int(t), int(h), int(w)) for t, h, w in grid_thw.reshape(-1, 3).tolist()]
 
 
@@ -160,7 +161,7 @@ def patch_positions(grid_thw: torch.Tensor, merge: int) -> torch.Tensor:
     """(row, column) of every patch in its image, `[P, 2]`, in the processor's block-major
     order: the M x M patches of one merged token are consecutive; frames repeat."""
     out = []
-    for t, h, w in _grid_list(grid_thw):
+    for t, h, w in grid_list(grid_thw):
         rows = torch.arange(h)[:, None].expand(h, w)
         cols = torch.arange(w)[None, :].expand(h, w)
         block = (h // merge, merge, w // merge, merge)
@@ -199,7 +200,7 @@ def window_order(grid_thw: torch.Tensor, dims: VisionDims) -> tuple[torch.Tensor
     side = dims.window_tokens
     unit = dims.merge_size**2
     order, lengths, offset = [], [], 0
-    for t, h, w in _grid_list(grid_thw):
+    for t, h, w in grid_list(grid_thw):
         gh, gw = h // dims.merge_size, w // dims.merge_size
         for frame in range(t):
             index = torch.arange(gh * gw).reshape(gh, gw) + offset + frame * gh * gw
@@ -214,7 +215,7 @@ def window_order(grid_thw: torch.Tensor, dims: VisionDims) -> tuple[torch.Tensor
 
 def image_lengths(grid_thw: torch.Tensor) -> list[int]:
     """Patches per frame, frame after frame (full attention spans one frame of one image)."""
-    return [h * w for t, h, w in _grid_list(grid_thw) for _ in range(t)]
+    return [h * w for t, h, w in grid_list(grid_thw) for _ in range(t)]
 
 
 def attend_within(
@@ -248,7 +249,7 @@ class VisionTower:
 
     def tokens_per_image(self, grid_thw: torch.Tensor) -> list[int]:
         """Language-model tokens of each image: t * h * w / M^2."""
-        return [t * h * w // self.dims.merge_size**2 for t, h, w in _grid_list(grid_thw)]
+        return [t * h * w // self.dims.merge_size**2 for t, h, w in grid_list(grid_thw)]
 
     @torch.no_grad()
     def __call__(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
@@ -257,14 +258,14 @@ class VisionTower:
         grid_thw `[n, 3]`."""
         dims, weights = self.dims, self.weights
         grid_thw = torch.as_tensor(grid_thw).reshape(-1, 3)
-        patches = sum(t * h * w for t, h, w in _grid_list(grid_thw))
+        patches = sum(t * h * w for t, h, w in grid_list(grid_thw))
         if (
             pixel_values.shape[0] != patches
             or pixel_values.shape[-1] != weights.patch_embed.shape[1]
         ):
             raise ValueError(
                 f"pixel_values has shape {tuple(pixel_values.shape)} but the grids "
-                f"{_grid_list(grid_thw)} need [{patches}, {weights.patch_embed.shape[1]}]"
+                f"{grid_list(grid_thw)} need [{patches}, {weights.patch_embed.shape[1]}]"
             )
         unit = dims.merge_size**2
         order, window_lengths = window_order(grid_thw, dims)
@@ -287,6 +288,12 @@ class VisionTower:
         merged = rms_norm(x, weights.merger_norm, VISION_NORM_EPS).view(-1, unit * dims.hidden_size)
         merged = weights.merger_fc2(F.gelu(weights.merger_fc1(merged)))  # [P / M^2, out]
         return merged[torch.argsort(order)]  # undo the window order
+
+    def encode(
+        self, pixel_values: torch.Tensor, grid_thw: torch.Tensor
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """The embeddings, and no deepstack features (the Qwen3-VL tower's form)."""
+        return self(pixel_values, grid_thw), []
 
     @classmethod
     def from_state_dict(cls, state: dict[str, torch.Tensor], vision_config: Any) -> VisionTower:

@@ -45,6 +45,7 @@ from ttbundles.reference.generator import KVCache, ReferenceLlamaGenerator, _int
 from ttbundles.reference.mrope import ImageSpan, image_spans, mrope_cos_sin, mrope_positions
 from ttbundles.reference.sampling import MAX_DEVICE_TOP_K
 from ttbundles.reference.vision import VisionTower
+from ttbundles.reference.vision_qwen3 import Qwen3VisionTower
 from ttbundles.reference.weights import LlamaWeights, checkpoint_dir, load_safetensors
 
 # Keywords prefill_forward reads from **kwargs; any other is a TypeError.
@@ -68,6 +69,7 @@ class VisionSegment(Segment):
     rope_positions: torch.Tensor = field(default_factory=lambda: torch.zeros(3, 0))  # [3, L]
     image_index: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
     image_embeds: torch.Tensor | None = None  # [len(image_index), hidden]
+    deepstack: tuple[torch.Tensor, ...] = ()  # Qwen3-VL: per layer, [len(image_index), hidden]
 
 
 @dataclass(frozen=True)
@@ -175,6 +177,7 @@ class ReferenceQwen2_5_VLGenerator(ReferenceLlamaGenerator):
         "max_device_top_k": MAX_DEVICE_TOP_K,
     }
     decode_input_update_contract = 1
+    vision_tower_class: Any = VisionTower
 
     def __init__(
         self,
@@ -188,10 +191,12 @@ class ReferenceQwen2_5_VLGenerator(ReferenceLlamaGenerator):
         max_batch_size: int = 32,
         max_seq_len: int = 2048,
         lanes: int = 1,
+        interleaved_mrope: bool = False,
     ):
         super().__init__(
             weights, dims, inv_freq, attention_scaling, max_batch_size, max_seq_len, lanes
         )
+        self.interleaved_mrope = interleaved_mrope
         if sum(mrope_section) != inv_freq.shape[0]:
             raise ValueError(
                 f"mrope_section {mrope_section} must sum to head_dim / 2 = {inv_freq.shape[0]}"
@@ -236,7 +241,7 @@ class ReferenceQwen2_5_VLGenerator(ReferenceLlamaGenerator):
             or getattr(text, "tie_word_embeddings", False)
         )
         weights = LlamaWeights.from_state_dict(text_state(state), dims, tied)
-        vision = VisionTower.from_state_dict(state, vision_config)
+        vision = cls.vision_tower_class.from_state_dict(state, vision_config)
         return cls(
             weights,
             dims,
@@ -248,6 +253,7 @@ class ReferenceQwen2_5_VLGenerator(ReferenceLlamaGenerator):
             max_batch_size,
             max_seq_len,
             lanes=tt_data_parallel,
+            interleaved_mrope=bool(rope_parameters(text).get("mrope_interleaved", False)),
         )
 
     # ---- inputs of the first layer ---------------------------------------------------
@@ -275,9 +281,31 @@ class ReferenceQwen2_5_VLGenerator(ReferenceLlamaGenerator):
                 rope_rows.append(shifted.expand(3, -1))
             offset += length
         cos, sin = mrope_cos_sin(
-            torch.cat(rope_rows, dim=1), self.inv_freq, self.mrope_section, self.attention_scaling
+            torch.cat(rope_rows, dim=1),
+            self.inv_freq,
+            self.mrope_section,
+            self.attention_scaling,
+            self.interleaved_mrope,
         )
         return x, cos, sin
+
+    def residual_additions(
+        self, segments: list[Segment]
+    ) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+        """Deepstack (Qwen3-VL): image feature k added at the image tokens after layer k."""
+        index, values, offset = [], [], 0
+        for segment in segments:
+            if isinstance(segment, VisionSegment) and segment.deepstack:
+                index.append(segment.image_index + offset)
+                values.append(segment.deepstack)
+            offset += len(segment.tokens)
+        if not index:
+            return {}
+        tokens_at = torch.cat(index)
+        return {
+            layer: (tokens_at, torch.cat([per_layer[layer] for per_layer in values]))
+            for layer in range(len(values[0]))
+        }
 
     # ---- prefill ---------------------------------------------------------------------
 
@@ -310,14 +338,19 @@ class ReferenceQwen2_5_VLGenerator(ReferenceLlamaGenerator):
         self, segment: VisionSegment, needed: list[tuple[ImageSpan, RowImage]], embeds: list
     ) -> VisionSegment:
         """The segment with the embeddings of its placeholders (`embeds[k]`: image k of
-        `needed`, all its tokens)."""
+        `needed`, all its tokens, and its deepstack features)."""
         if not needed:
             return segment
         index, rows = [], []
-        for (span, _), image_embeds in zip(needed, embeds, strict=True):
+        deepstack: list[list[torch.Tensor]] = []
+        for (span, _), (image_embeds, features) in zip(needed, embeds, strict=True):
             lo, hi = max(span.start, segment.start), min(span.end, segment.end)
             index.append(torch.arange(lo, hi) - segment.start)
             rows.append(image_embeds[lo - span.start : hi - span.start])
+            for layer, feature in enumerate(features):
+                if layer == len(deepstack):
+                    deepstack.append([])
+                deepstack[layer].append(feature[lo - span.start : hi - span.start])
         return VisionSegment(
             segment.row,
             segment.tokens,
@@ -325,6 +358,7 @@ class ReferenceQwen2_5_VLGenerator(ReferenceLlamaGenerator):
             rope_positions=segment.rope_positions,
             image_index=torch.cat(index),
             image_embeds=torch.cat(rows),
+            deepstack=tuple(torch.cat(parts) for parts in deepstack),
         )
 
     def prefill_forward(  # type: ignore[override]
@@ -385,13 +419,17 @@ class ReferenceQwen2_5_VLGenerator(ReferenceLlamaGenerator):
             # All images this prefill encodes in one tower call, as TT-Metal does: windows
             # and full attention never cross images, so batching changes nothing.
             wanted = [image for _, needed in plans for _, image in needed]
-            embeds: list[torch.Tensor] = []
+            embeds: list[tuple[torch.Tensor, list[torch.Tensor]]] = []
             if wanted:
                 grids = torch.tensor([image.grid for image in wanted])
                 pixels = torch.cat([image.pixels for image in wanted])  # type: ignore[misc]
-                embeds = list(
-                    torch.split(self.vision(pixels, grids), self.vision.tokens_per_image(grids))
-                )
+                merged, features = self.vision.encode(pixels, grids)
+                sizes = self.vision.tokens_per_image(grids)
+                split = [torch.split(f, sizes) for f in features]
+                embeds = [
+                    (image, [per_layer[i] for per_layer in split])
+                    for i, image in enumerate(torch.split(merged, sizes))
+                ]
             segments, used = [], 0
             for segment, needed in plans:
                 segments.append(
@@ -468,3 +506,13 @@ class ReferenceQwen2_5_VLGenerator(ReferenceLlamaGenerator):
             reset_sampling_state=reset_sampling_state,
             **kwargs,
         )
+
+
+class ReferenceQwen3VLGenerator(ReferenceQwen2_5_VLGenerator):
+    """The same contract for Qwen3-VL checkpoints (TT-Metal's
+    `models/demos/qwen3_vl/tt/generator_vllm.py` takes the same inputs and returns the
+    same forms): the Qwen3 text tower (per-head q/k norms), the Qwen3-VL vision tower
+    (`reference.vision_qwen3`), deepstack features added after the first text layers at
+    the image tokens, and interleaved M-RoPE."""
+
+    vision_tower_class = Qwen3VisionTower
