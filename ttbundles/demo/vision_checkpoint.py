@@ -25,11 +25,11 @@ import json
 from pathlib import Path
 
 from ttbundles.demo.checkpoint import (
-    cache_dir,
     fill_random,
     train_bpe,
     write_demo_checkpoint,
 )
+from ttbundles.paths import user_cache_dir
 
 SEED = 2501
 RECORD = "ttbundles-vision-checkpoint.json"
@@ -239,7 +239,7 @@ CHECKPOINT_FILES = (
 
 
 def default_vision_checkpoint_dir() -> Path:
-    return cache_dir() / "demo-vision-checkpoint"
+    return user_cache_dir() / "demo-vision-checkpoint"
 
 
 def vision_checkpoint_is_complete(folder: Path) -> bool:
