@@ -63,6 +63,7 @@ TWINS: dict[str, tuple[dict, dict, dict]] = {
     "T3000LlamaLegacy": ({}, {}, {}),
     "T3000LlamaV1": ({}, {}, {}),
     "MllamaForConditionalGeneration": ({"async_decode": True}, {}, {}),
+    "ExecutorLlama3Generator": ({"prefix_caching": True}, {}, {"enable_prefix_caching": True}),
 }
 
 
@@ -194,7 +195,15 @@ def _check_t3000(result: dict) -> None:
     assert init["mesh"] == "HostMesh"
 
 
+def _check_executor(result: dict) -> None:
+    (init,) = calls(result, "initialize_vllm_model")
+    assert init["optimizations"] == "performance"  # its own default: not passed unset
+    decodes = calls(result, "decode_forward")
+    assert decodes and all("reload_inputs" not in d for d in decodes)  # legacy form
+
+
 CHECKS = {
+    "ExecutorLlama3Generator": _check_executor,
     "TTTransformersLlamaForCausalLM": _check_legacy_tt_transformers,
     "TTTransformersLlamaV1": _check_v1_tt_transformers,
     "HybridGptOssForCausalLM": _check_hybrid,

@@ -647,3 +647,47 @@ class T3000LlamaV1(T3000LlamaLegacy):
                 f"{', '.join(rejected)}"
             )
         return super().decode_forward(*args, **kwargs)
+
+
+# --------------------------------------------------------------------------------------
+# Executor-based generators (models/common/models)
+# --------------------------------------------------------------------------------------
+
+
+class ExecutorLlama3Generator:
+    """`models/common/models/generator.py` @02a70f75 `Llama3Generator`: a thin adapter over
+    an executor; legacy decode form; `initialize_vllm_model(hf_config, mesh_device,
+    max_batch_size, max_seq_len, n_layers=None, optimizations="performance")` (no
+    `tt_data_parallel`); prefill, decode and the KV cache forwarded whole to the executor
+    (`self.executor.<method>(*args, **kwargs)`); only prefix caching declared. The executor
+    here is the reference generator in its legacy form."""
+
+    model_capabilities = {"supports_prefix_caching": True}
+
+    def __init__(self, executor, model_args=None):
+        self.executor = executor
+        self.model_args = model_args
+
+    @classmethod
+    def initialize_vllm_model(
+        cls,
+        hf_config,
+        mesh_device,
+        max_batch_size,
+        max_seq_len,
+        n_layers=None,
+        optimizations="performance",
+    ):
+        record("initialize_vllm_model", max_seq_len=max_seq_len, optimizations=optimizations)
+        return cls(_load(True, hf_config, mesh_device, max_batch_size, max_seq_len))
+
+    def prefill_forward(self, *args, **kwargs):
+        record("prefill_forward", **_names(kwargs))
+        return self.executor.prefill_forward(*args, **kwargs)
+
+    def decode_forward(self, *args, **kwargs):
+        record("decode_forward", **_names(kwargs))
+        return self.executor.decode_forward(*args, **kwargs)
+
+    def allocate_kv_cache(self, *args, **kwargs):
+        return self.executor.allocate_kv_cache(*args, **kwargs)
