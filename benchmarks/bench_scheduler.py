@@ -51,21 +51,12 @@ def build_scheduler(
 ) -> Any:
     """A scheduler on a real VllmConfig, whatever platform this process picked.
 
-    The platform's configuration hook is bypassed (the TT one would plan the config
-    from a bundle); `DeviceConfig("cpu")` lets the config build on any platform.
+    Built as the tests build theirs (`tests/vllm_config.py`): the platform's
+    configuration hook bypassed, a CPU device config that builds on any platform.
     """
-    import torch
-    from vllm.config import (
-        CacheConfig,
-        DeviceConfig,
-        ModelConfig,
-        SchedulerConfig,
-        VllmConfig,
-    )
-    from vllm.platforms import current_platform
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
     from vllm.v1.structured_output import StructuredOutputManager
 
+    from tests.vllm_config import kv_cache_config, vllm_config
     from ttbundles.serving.configuration import PLAN_KEY, TT_DEFAULTS, Plan
 
     num_blocks = (num_requests * (max_len // BLOCK_SIZE + 2) + 1) * lanes
@@ -73,48 +64,22 @@ def build_scheduler(
     plan = Plan("TTLlamaForCausalLM", {}, "HOST", TT_DEFAULTS.model_dump(exclude_none=True))
     plan.lanes = lanes
     additional = {PLAN_KEY: plan.to_dict()} if lanes > 1 else {}
-    bypass = classmethod(lambda cls_, config: None)
     # The V1 runner's bookkeeping (what the TT model runner uses) is the costlier one.
-    with (
-        mock.patch.dict(os.environ, {"VLLM_USE_V2_MODEL_RUNNER": "0"}),
-        mock.patch.object(type(current_platform), "check_and_update_config", bypass),
-    ):
-        config = VllmConfig(
-            model_config=ModelConfig(
-                model=str(checkpoint),
-                max_model_len=max_len,
-                dtype="float32",
-                skip_tokenizer_init=True,
-                hf_overrides={"max_position_embeddings": max_len},
-            ),
-            scheduler_config=SchedulerConfig(
-                max_num_seqs=num_requests,
-                max_num_batched_tokens=max(2048, num_requests * PROMPT_LEN),
-                max_model_len=max_len,
-                enable_chunked_prefill=True,
-                is_encoder_decoder=False,
-                async_scheduling=async_scheduling,
-            ),
-            cache_config=CacheConfig(block_size=BLOCK_SIZE, enable_prefix_caching=False),
-            device_config=DeviceConfig(device="cpu"),
-            additional_config=additional,
-        )
-        config.cache_config.num_gpu_blocks = num_blocks
-        kv_cache_config = KVCacheConfig(
-            num_blocks=num_blocks,
-            kv_cache_tensors=[],
-            kv_cache_groups=[
-                KVCacheGroupSpec(
-                    ["layer.0"],
-                    FullAttentionSpec(
-                        block_size=BLOCK_SIZE, num_kv_heads=2, head_size=16, dtype=torch.float32
-                    ),
-                )
-            ],
-        )
+    config = vllm_config(
+        checkpoint,
+        max_num_seqs=num_requests,
+        max_num_batched_tokens=max(2048, num_requests * PROMPT_LEN),
+        max_model_len=max_len,
+        block_size=BLOCK_SIZE,
+        async_scheduling=async_scheduling,
+        additional_config=additional,
+        hf_overrides={"max_position_embeddings": max_len},
+    )
+    config.cache_config.num_gpu_blocks = num_blocks
+    with mock.patch.dict(os.environ, {"VLLM_USE_V2_MODEL_RUNNER": "0"}):
         return cls(
             vllm_config=config,
-            kv_cache_config=kv_cache_config,
+            kv_cache_config=kv_cache_config(num_blocks, BLOCK_SIZE),
             structured_output_manager=StructuredOutputManager(config),
             block_size=BLOCK_SIZE,
         )

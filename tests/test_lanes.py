@@ -10,23 +10,20 @@ preempted ids reported once, nothing lost.
 
 from __future__ import annotations
 
-import os
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from unittest import mock
 
 import pytest
-import torch
-from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig
-from vllm.platforms import current_platform
+from vllm.config import VllmConfig
 from vllm.sampling_params import SamplingParams
 from vllm.v1.core.sched.output import SchedulerOutput
-from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+from vllm.v1.kv_cache_interface import KVCacheConfig
 from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request, RequestStatus
 from vllm.v1.structured_output import StructuredOutputManager
 
+from tests.vllm_config import kv_cache_config, vllm_config
 from ttbundles.demo.checkpoint import write_checkpoint
 from ttbundles.errors import ConfigurationError
 from ttbundles.serving.configuration import PLAN_KEY, TT_DEFAULTS, Plan
@@ -66,42 +63,23 @@ def make_config(
 ) -> VllmConfig:
     """A config as the platform's plan leaves it for `lanes` lanes: max_num_seqs is the
     total, the plan carries the lanes (the plan's own rules are tested with the plan)."""
-    bypass = classmethod(lambda cls_, config: None)
     options = TT_DEFAULTS.model_dump(exclude_none=True) | dict(tt or {})
     plan = Plan(tt_arch="TTLlamaForCausalLM", bundle={}, mesh="HOST", options=options)
     plan.lanes = lanes
-    with (
-        mock.patch.dict(os.environ, {"VLLM_USE_V2_MODEL_RUNNER": "0"}),
-        mock.patch.object(type(current_platform), "check_and_update_config", bypass),
-    ):
-        return VllmConfig(
-            model_config=ModelConfig(
-                model=str(checkpoint),
-                max_model_len=max_model_len,
-                dtype="float32",
-                skip_tokenizer_init=True,
-            ),
-            scheduler_config=SchedulerConfig(
-                max_num_seqs=lanes * per_lane,
-                max_num_batched_tokens=budget,
-                max_model_len=max_model_len,
-                enable_chunked_prefill=True,
-                is_encoder_decoder=False,
-                async_scheduling=async_scheduling,
-            ),
-            cache_config=CacheConfig(block_size=BLOCK, enable_prefix_caching=prefix_caching),
-            device_config=DeviceConfig(device="cpu"),
-            additional_config={PLAN_KEY: plan.to_dict()},
-        )
+    return vllm_config(
+        checkpoint,
+        max_num_seqs=lanes * per_lane,
+        max_num_batched_tokens=budget,
+        max_model_len=max_model_len,
+        block_size=BLOCK,
+        async_scheduling=async_scheduling,
+        prefix_caching=prefix_caching,
+        additional_config={PLAN_KEY: plan.to_dict()},
+    )
 
 
 def kv_config(num_blocks: int) -> KVCacheConfig:
-    spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=2, head_size=16, dtype=torch.float32)
-    return KVCacheConfig(
-        num_blocks=num_blocks,
-        kv_cache_tensors=[],
-        kv_cache_groups=[KVCacheGroupSpec(["layer.0"], spec)],
-    )
+    return kv_cache_config(num_blocks, BLOCK)
 
 
 @pytest.fixture

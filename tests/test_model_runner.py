@@ -10,18 +10,17 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+import torch  # required: a missing or broken torch fails, never skips
+import vllm  # noqa: F401 - required: a missing or broken vllm fails
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("vllm")
-
-from ttbundles.format import contract  # noqa: E402
-from ttbundles.serving.binding import (  # noqa: E402
+from ttbundles.format import contract
+from ttbundles.serving.binding import (
     GeneratorContractError,
     bind,
     decode_offer,
     split_output,
 )
-from ttbundles.serving.model_runner import DecodeCommands, tt_data_parallel  # noqa: E402
+from ttbundles.serving.model_runner import DecodeCommands, tt_data_parallel
 
 # --- binding -----------------------------------------------------------------------------
 

@@ -13,14 +13,12 @@ import json
 import shutil
 
 import pytest
+import vllm  # noqa: F401 - required: a missing or broken vllm fails
+from vllm.engine.arg_utils import EngineArgs
+from vllm.sampling_params import SamplingParams
 
-pytest.importorskip("vllm")
-
-from vllm.engine.arg_utils import EngineArgs  # noqa: E402
-from vllm.sampling_params import SamplingParams  # noqa: E402
-
-from tests.bundle_factory import metadata, write_bundle  # noqa: E402
-from ttbundles.errors import ConfigurationError  # noqa: E402
+from tests.bundle_factory import metadata, write_bundle
+from ttbundles.errors import ConfigurationError
 
 
 def bundle(parent, name, arch="LlamaForCausalLM", **fields):

@@ -9,12 +9,11 @@ import subprocess
 import sys
 
 import pytest
+import vllm  # noqa: F401 - required: a missing or broken vllm fails
 
-pytest.importorskip("vllm")
-
-from tests.bundle_factory import contract_adapter  # noqa: E402
-from ttbundles.errors import ConfigurationError  # noqa: E402
-from ttbundles.registry.registry import Status, compute  # noqa: E402
+from tests.bundle_factory import contract_adapter
+from ttbundles.errors import ConfigurationError
+from ttbundles.registry.registry import Status, compute
 
 # Two bundles with the same module names, told apart by what helper.py says.
 ADAPTER = contract_adapter(preamble="from .helper import WHO\n", attributes="    who = WHO\n")
@@ -259,9 +258,9 @@ def test_plan_cli_matches_the_server_hook(tmp_path, monkeypatch, demo_checkpoint
 
 @pytest.mark.server  # starts vLLM processes: the slow tier
 def test_vllm_serve_reports_a_configuration_error_without_a_traceback(demo_checkpoint):
-    vllm = os.path.join(os.path.dirname(sys.executable), "vllm")
+    vllm_cli = os.path.join(os.path.dirname(sys.executable), "vllm")
     done = subprocess.run(
-        [vllm, "serve", str(demo_checkpoint), "--port", "0", "--tensor-parallel-size", "2"],
+        [vllm_cli, "serve", str(demo_checkpoint), "--port", "0", "--tensor-parallel-size", "2"],
         capture_output=True,
         text=True,
         env=os.environ,

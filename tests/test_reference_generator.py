@@ -9,20 +9,19 @@ from __future__ import annotations
 
 import pytest
 import torch
+import transformers  # required: a missing or broken transformers fails, never skips
 
-transformers = pytest.importorskip("transformers")
-
-from ttbundles.demo.checkpoint import write_checkpoint  # noqa: E402
-from ttbundles.format.contract import HostMesh, SamplingParams  # noqa: E402
-from ttbundles.reference.attention import (  # noqa: E402
+from ttbundles.demo.checkpoint import write_checkpoint
+from ttbundles.format.contract import HostMesh, SamplingParams
+from ttbundles.reference.attention import (
     causal_attention,
     causal_mask,
     context_blocks,
     gather_context,
 )
-from ttbundles.reference.generator import ReferenceLlamaGenerator  # noqa: E402
-from ttbundles.reference.readback import DeviceOutput  # noqa: E402
-from ttbundles.reference.sampling import filtered_probs  # noqa: E402
+from ttbundles.reference.generator import ReferenceLlamaGenerator
+from ttbundles.reference.readback import DeviceOutput
+from ttbundles.reference.sampling import filtered_probs
 
 ATOL = 1e-4
 BLOCK = 4  # small blocks, so prompts span several and block boundaries are exercised

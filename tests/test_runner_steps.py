@@ -6,28 +6,26 @@ looped as the engine core loops them. A failure here points at a step, not a ser
 from __future__ import annotations
 
 import pytest
-
-torch = pytest.importorskip("torch")
-pytest.importorskip("vllm")
-
-from vllm.engine.arg_utils import EngineArgs  # noqa: E402
-from vllm.sampling_params import SamplingParams  # noqa: E402
-from vllm.v1.core.sched.output import SchedulerOutput  # noqa: E402
-from vllm.v1.kv_cache_interface import (  # noqa: E402
+import torch  # required: a missing or broken torch fails, never skips
+import vllm  # noqa: F401 - required: a missing or broken vllm fails
+from vllm.engine.arg_utils import EngineArgs
+from vllm.sampling_params import SamplingParams
+from vllm.v1.core.sched.output import SchedulerOutput
+from vllm.v1.kv_cache_interface import (
     FullAttentionSpec,
     KVCacheConfig,
     KVCacheGroupSpec,
 )
-from vllm.v1.outputs import AsyncModelRunnerOutput  # noqa: E402
-from vllm.v1.request import Request  # noqa: E402
-from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
+from vllm.v1.outputs import AsyncModelRunnerOutput
+from vllm.v1.request import Request
+from vllm.v1.structured_output import StructuredOutputManager
 
-from ttbundles.format.contract import HostMesh  # noqa: E402
-from ttbundles.reference.generator import ReferenceLlamaGenerator  # noqa: E402
-from ttbundles.serving.configuration import PLAN_KEY  # noqa: E402
-from ttbundles.serving.lanes import TTLaneCoordinator  # noqa: E402
-from ttbundles.serving.model_runner import TTModelRunner  # noqa: E402
-from ttbundles.serving.scheduler import TTScheduler  # noqa: E402
+from ttbundles.format.contract import HostMesh
+from ttbundles.reference.generator import ReferenceLlamaGenerator
+from ttbundles.serving.configuration import PLAN_KEY
+from ttbundles.serving.lanes import TTLaneCoordinator
+from ttbundles.serving.model_runner import TTModelRunner
+from ttbundles.serving.scheduler import TTScheduler
 
 BLOCK = 16
 NUM_BLOCKS = 64

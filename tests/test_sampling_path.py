@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import pytest
+import vllm  # noqa: F401 - required: a missing or broken vllm fails
+from vllm.sampling_params import SamplingParams, StructuredOutputsParams
 
-pytest.importorskip("vllm")
-
-from vllm.sampling_params import SamplingParams, StructuredOutputsParams  # noqa: E402
-
-from ttbundles.serving.sampling_path import (  # noqa: E402
+from ttbundles.serving.sampling_path import (
     DeviceSupport,
     batch_host_reason,
     device_params,

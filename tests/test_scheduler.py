@@ -31,9 +31,6 @@ from typing import Any
 from unittest import mock
 
 import pytest
-import torch
-from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig
-from vllm.platforms import current_platform
 from vllm.sampling_params import SamplingParams, StructuredOutputsParams
 from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
@@ -41,11 +38,11 @@ from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.interface import PauseState
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler
-from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
 from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request, RequestStatus
 from vllm.v1.structured_output import StructuredOutputManager
 
+from tests.vllm_config import kv_cache_config, vllm_config
 from ttbundles.demo.checkpoint import write_checkpoint
 from ttbundles.errors import ConfigurationError
 from ttbundles.serving.configuration import effective_options
@@ -86,53 +83,25 @@ def make_scheduler(checkpoint: Path):
         prefill_schedule_interval: int = 1,
     ) -> Scheduler:
         env = {"VLLM_USE_V2_MODEL_RUNNER": "1" if v2_runner else "0"}
-        bypass = classmethod(lambda cls_, config: None)
-        with (
-            mock.patch.dict(os.environ, env),
-            mock.patch.object(type(current_platform), "check_and_update_config", bypass),
-        ):
-            config = VllmConfig(
-                model_config=ModelConfig(
-                    model=str(checkpoint),
-                    max_model_len=max_model_len,
-                    dtype="float32",
-                    skip_tokenizer_init=True,
-                ),
-                scheduler_config=SchedulerConfig(
-                    max_num_seqs=max_num_seqs,
-                    max_num_batched_tokens=max_num_batched_tokens,
-                    max_model_len=max_model_len,
-                    enable_chunked_prefill=True,
-                    is_encoder_decoder=False,
-                    async_scheduling=issubclass(cls, TTAsyncScheduler),
-                    policy=policy,
-                    prefill_schedule_interval=prefill_schedule_interval,
-                ),
-                cache_config=CacheConfig(
-                    block_size=BLOCK_SIZE, enable_prefix_caching=prefix_caching
-                ),
-                device_config=DeviceConfig(device="cpu"),
-                additional_config={"tt": dict(tt or {})},
-            )
-            config.cache_config.num_gpu_blocks = num_blocks
-            kv_cache_config = KVCacheConfig(
-                num_blocks=num_blocks,
-                kv_cache_tensors=[],
-                kv_cache_groups=[
-                    KVCacheGroupSpec(
-                        ["layer.0"],
-                        FullAttentionSpec(
-                            block_size=BLOCK_SIZE,
-                            num_kv_heads=2,
-                            head_size=16,
-                            dtype=torch.float32,
-                        ),
-                    )
-                ],
-            )
+        config = vllm_config(
+            checkpoint,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            max_model_len=max_model_len,
+            block_size=BLOCK_SIZE,
+            async_scheduling=issubclass(cls, TTAsyncScheduler),
+            prefix_caching=prefix_caching,
+            additional_config={"tt": dict(tt or {})},
+            v2_runner=v2_runner,
+            policy=policy,
+            prefill_schedule_interval=prefill_schedule_interval,
+        )
+        config.cache_config.num_gpu_blocks = num_blocks
+        # The scheduler reads the runner choice when it is built, as in the engine.
+        with mock.patch.dict(os.environ, env):
             return cls(
                 vllm_config=config,
-                kv_cache_config=kv_cache_config,
+                kv_cache_config=kv_cache_config(num_blocks, BLOCK_SIZE),
                 structured_output_manager=StructuredOutputManager(config),
                 block_size=BLOCK_SIZE,
             )

@@ -14,22 +14,20 @@ from __future__ import annotations
 import json
 import shutil
 
+import numpy as np
 import pytest
 import torch
+import transformers  # required: a missing or broken transformers fails, never skips
+from PIL import Image
 
-transformers = pytest.importorskip("transformers")
-
-import numpy as np  # noqa: E402
-from PIL import Image  # noqa: E402
-
-from ttbundles.demo.vision_checkpoint import (  # noqa: E402
+from ttbundles.demo.vision_checkpoint import (
     RECORD,
     ensure_vision_checkpoint,
 )
-from ttbundles.format.contract import HostMesh, SamplingParams  # noqa: E402
-from ttbundles.reference.mrope import image_spans, mrope_positions  # noqa: E402
-from ttbundles.reference.vision import window_order  # noqa: E402
-from ttbundles.reference.vl_generator import ReferenceQwen2_5_VLGenerator  # noqa: E402
+from ttbundles.format.contract import HostMesh, SamplingParams
+from ttbundles.reference.mrope import image_spans, mrope_positions
+from ttbundles.reference.vision import window_order
+from ttbundles.reference.vl_generator import ReferenceQwen2_5_VLGenerator
 
 ATOL = 1e-4
 BLOCK = 4  # small blocks: prompts span many, images straddle block boundaries
