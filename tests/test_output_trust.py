@@ -197,3 +197,12 @@ def test_install_refuses_what_validate_refuses_unless_forced(run_cli, workdir):
     assert not (workdir / "models" / "demo").exists()
     forced = run_cli("install", archive, "--models-dir", "models", "--force", cwd=workdir)
     assert forced.returncode == 0 and forced.stdout.startswith("installed demo 1.0.0")
+
+
+# --- smaller items ------------------------------------------------------------------------
+
+
+def test_a_grid_of_absurd_size_is_not_a_mesh(run_cli, workdir):
+    done = run_cli("list", "--mesh", "(100000000000000000000,1)", cwd=workdir)
+    assert done.returncode == 1
+    assert "TTB106" in done.stderr and "a mesh has at most 1024" in done.stderr

@@ -112,25 +112,36 @@ def _ttnn_and_mesh(report: Report, environ: Mapping[str, str]) -> None:
     from ttbundles.tt_metal import ttnn_origin
 
     origin = ttnn_origin()
+    raw = envs.read("MESH_DEVICE", environ)
+    mesh = None
+    if raw:
+        try:
+            mesh = parse_mesh(raw)
+        except TTBundleError as exc:
+            report.problems.extend(exc.diagnostics)
+    # A Tenstorrent mesh without ttnn: the missing piece is ttnn (the mesh itself is
+    # fine), so the failure goes on the ttnn line.
+    problem = device_problem(mesh) if mesh is not None else None
     if origin is not None:
         version = _version("ttnn")
         report.add("ttnn", "ok", f"{origin}" + (f" ({version})" if version else ""))
+    elif problem is not None:
+        report.add(
+            "ttnn",
+            "error",
+            f"not importable (TT-Metal is not in this Python), and MESH_DEVICE={raw} needs it",
+        )
     else:
         report.add("ttnn", "info", "not importable (TT-Metal is not in this Python)")
-    raw = envs.read("MESH_DEVICE", environ)
     if not raw:
         report.add("mesh", "info", "MESH_DEVICE is unset")
         return
-    try:
-        mesh = parse_mesh(raw)
-    except TTBundleError as exc:
+    if mesh is None:
         report.add("mesh", "error", f"MESH_DEVICE={raw!r} is not a mesh")
-        report.problems.extend(exc.diagnostics)
         return
     report.mesh = mesh.name
     spelled = f" (MESH_DEVICE={raw})" if raw != mesh.name else ""
-    problem = device_problem(mesh)
-    report.add("mesh", "error" if problem else "ok", f"{mesh.name}: {mesh.describe()}{spelled}")
+    report.add("mesh", "ok", f"{mesh.name}: {mesh.describe()}{spelled}")
     if problem is not None:
         report.problems.append(problem)
 

@@ -156,6 +156,11 @@ def mesh_error(value: str, *, source: str = "MESH_DEVICE", detail: str = "") -> 
     )
 
 
+MAX_GRID_DEVICES = 1024
+"""The most devices a grid may name: the largest Tenstorrent systems are a few Galaxies
+of 32 chips each; a grid far beyond that is a typo (`(8,40000)`), not a machine."""
+
+
 def parse_mesh(value: str, *, source: str = "MESH_DEVICE") -> Mesh:
     """The mesh `value` names: a preset (any case), HOST, or a grid "(R,C)" / "R,C".
 
@@ -172,6 +177,15 @@ def parse_mesh(value: str, *, source: str = "MESH_DEVICE") -> Mesh:
         if rows < 1 or columns < 1:
             raise ConfigurationError(
                 mesh_error(value, source=source, detail="a grid needs at least one row and column")
+            )
+        if rows * columns > MAX_GRID_DEVICES:
+            raise ConfigurationError(
+                mesh_error(
+                    value,
+                    source=source,
+                    detail=f"a grid of {rows * columns} devices; a mesh has at most "
+                    f"{MAX_GRID_DEVICES}",
+                )
             )
         return Mesh(f"({rows},{columns})", (rows, columns), grid=True)
     raise ConfigurationError(mesh_error(value, source=source))
