@@ -110,12 +110,37 @@ def test_a_skipped_extra_bundle_says_which_built_in_serves_instead(make_bundle, 
 def test_the_table_names_an_invalid_bundle_by_its_folder(make_bundle, tmp_path, caplog):
     models = tmp_path / "models"
     make_bundle("nojson", metadata="{not json", parent=models)
-    with caplog.at_level(logging.INFO, logger="vllm.ttbundles"):
+    with caplog.at_level(logging.DEBUG, logger="vllm.ttbundles"):
         log_table(compute(env(models)))
     (table,) = [r.getMessage() for r in caplog.records if "TT architectures" in r.getMessage()]
     (row,) = [line for line in table.splitlines() if "nojson" in line]
-    assert "- -@-" not in row
-    assert f"nojson [extra] {models / 'nojson'}" in row and "TTB010" in row
+    assert "-@-" not in row
+    assert "nojson (folder)" in row and "extra" in row and "TTB010" in row
+
+
+def test_startup_says_one_line_in_lists_words_and_the_table_at_debug(caplog, monkeypatch):
+    """The default log: one INFO line of counts, in `ttbundle list`'s words (the TT-Metal
+    built-ins are "not servable" without TT-Metal, as list says), and no site-packages
+    path; the table itself only at debug level, with built-ins as built-in/<folder>."""
+    monkeypatch.setenv("MESH_DEVICE", "HOST")
+    registry = compute(dict(os.environ, MESH_DEVICE="HOST"), mesh="HOST")
+    with caplog.at_level(logging.INFO, logger="vllm.ttbundles"):
+        log_table(registry)
+    infos = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    assert len(infos) == 1
+    (line,) = infos
+    assert line.startswith("ttbundles: ") and " bundles for mesh HOST: 1 registered, " in line
+    assert " not servable, " in line and "serving TTLlamaForCausalLM (demo@1.0.0)" in line
+    assert "site-packages" not in line
+    caplog.clear()
+    with caplog.at_level(logging.DEBUG, logger="vllm.ttbundles"):
+        log_table(registry)
+    (table,) = [r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG]
+    demo = next(row for row in table.splitlines() if "demo@1.0.0" in row)
+    assert demo.split()[0] == "registered" and "built-in/demo" in demo
+    assert "site-packages" not in table
+    gemma = next(row for row in table.splitlines() if "tt-gemma3@" in row)
+    assert gemma.split()[:2] == ["not", "servable"]
 
 
 # --- the index --------------------------------------------------------------------------

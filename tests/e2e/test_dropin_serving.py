@@ -27,7 +27,7 @@ READY_TIMEOUT = 300.0
 SERVE_ARGS = ["--max-model-len", "256", "--max-num-seqs", "4"]
 PROMPT = [1, 40, 41, 42, 43, 44, 45, 46]  # token ids: independent of the tokenizer's text
 # The startup table, once per process that registers (its pid comes from LOGGING_CONFIG).
-TABLE = re.compile(r"pid=(\d+)\) INFO .* ttbundles: TT architectures")
+TABLE = re.compile(r"pid=(\d+)\) INFO .* ttbundles: \d+ bundles for mesh")
 
 # A generator module outside any bundle, named by TT_MODEL_CLASS_OVERRIDES. Its
 # capabilities are read from this source at registration: no async decode declared.
@@ -118,7 +118,7 @@ def test_override_registers_and_serves(tmp_path, demo_checkpoint, reference):
         assert "ttbundles: loaded TTLlamaForCausalLM (launch_override:LaunchGenerator" in log
         # No async decode in its model_capabilities: async scheduling is switched off.
         assert "async_scheduling: True -> False" in log
-        assert "demo@1.0.0 [built-in]" in log and "TTB103 overridden" in log
+        assert "serving TTLlamaForCausalLM (override-ttllamaforcausallm@0)" in log
         pids = TABLE.findall(log)
         assert pids and len(pids) == len(set(pids)), "a process registered twice"
     finally:

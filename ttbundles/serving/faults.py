@@ -78,9 +78,16 @@ def report_path() -> str | None:
     return path
 
 
-def startup_failed(error: TTBundleError) -> NoReturn:
-    """End the engine process over a ttbundles error: one ERROR line, exit code 1."""
-    line = " ".join(str(error).split("\n"))
+def startup_failed(error: TTBundleError, *, bundle: str | None = None) -> NoReturn:
+    """End the engine process over a ttbundles error: one ERROR line, exit code 1.
+
+    The line names the bundle as it names itself (`bundle`, name@version) and its
+    modules as it wrote them (`adapter:Gen`), never the package they import under."""
+    from ttbundles.format.loader import public_names
+
+    line = public_names(" ".join(str(error).split("\n")))
+    if bundle and not line.startswith(bundle):
+        line = f"{bundle}: {line}"
     logger.error("ttbundles: the engine cannot start: %s", line)
     _leave_report(line)
     # Outside `vllm serve` (an in-process engine: `ttbundle test`, `vllm.LLM`) the caller
@@ -88,6 +95,29 @@ def startup_failed(error: TTBundleError) -> NoReturn:
     if debugging() or not envs.read(REPORT_VARIABLE):
         raise error
     raise SystemExit(1)
+
+
+def load_failed(class_name: str, exc: BaseException) -> TTBundleError:
+    """TTB063 for a generator that raised while loading (`initialize_vllm_model`): its
+    exception in one line, instead of vLLM's three tracebacks."""
+    from ttbundles.errors import Diagnostic, Severity
+
+    method = "initialize_vllm_model"
+    frame = generator_frame(exc.__traceback__)
+    if frame is not None:
+        class_name, method = frame
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return TTBundleError(
+        Diagnostic(
+            "TTB063",
+            Severity.ERROR,
+            f"{class_name}.{method} raised {type(exc).__name__}"
+            + (f": {text}" if text else "")
+            + " while loading the model",
+            hint="fix the generator (ttbundle test runs it without a server); "
+            "VLLM_LOGGING_LEVEL=DEBUG shows the traceback",
+        )
+    )
 
 
 def engine_report(value: BaseException) -> str | None:

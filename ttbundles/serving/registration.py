@@ -10,12 +10,16 @@ config checks accept the checkpoint; the TT worker serves the `TT<arch>` generat
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 from ttbundles import envs
-from ttbundles.errors import ConfigurationError, Severity
+from ttbundles.errors import ConfigurationError, Severity, TTBundleError
+from ttbundles.format.meshes import mesh_or_none
 from ttbundles.format.metadata import capability_flags, tt_arch_name
 from ttbundles.registry.registry import Entry, Registry, Source, Status, compute, table
 
@@ -101,8 +105,83 @@ def stands_for_vllm(entry: Entry) -> bool:
 VLLM_MODEL_METHODS = ("embed_input_ids", "forward", "compute_logits")
 
 
+# The startup table's columns: (name, cell of a row). One place, so a column is added
+# (or a cell computed differently) here alone.
+TABLE_COLUMNS: list[tuple[str, Callable[[dict], str]]] = [
+    ("status", lambda r: r["status_word"]),
+    ("architecture", lambda r: r["tt_arch"] or "-"),
+    ("bundle", lambda r: r["label"]),
+    ("source", lambda r: r["source"]),
+    ("path", lambda r: r["where"]),
+    ("capabilities", lambda r: ",".join(capability_flags(r["capabilities"])) or "-"),
+    ("signer", lambda r: r.get("signer") or "-"),
+    ("reason", lambda r: r["reason"] or ""),
+]
+
+# The words `ttbundle list` uses, in its order.
+STATUS_ORDER = ("registered", "not servable", "shadowed", "inactive", "skipped")
+
+
+def startup_rows(registry: Registry) -> list[dict]:
+    """The registry's rows as the startup log shows them: `ttbundle list`'s status words
+    (a registered class this machine cannot import is "not servable", said without
+    importing it), the bundle by its own name (a bundle whose metadata did not validate
+    has none: its folder), and where it is, short: `built-in/<folder>` for a built-in,
+    else the path relative to the current folder or `~` when that is shorter."""
+    from ttbundles.registry.servable import opens_here, unservable
+
+    mesh = registry.mesh
+    try:
+        cannot = unservable(registry) if opens_here(mesh_or_none(mesh)) else {}
+    except TTBundleError:
+        cannot = {}
+    rows = []
+    for r in table(registry):
+        row = dict(r)
+        not_here = r["status"] == Status.REGISTERED.value and r["tt_arch"] in cannot
+        row["status_word"] = "not servable" if not_here else r["status"]
+        row["label"] = (
+            f"{r['bundle']}@{r['version']}" if r["bundle"] else f"{Path(r['path']).name} (folder)"
+        )
+        row["where"] = _where(r)
+        if not_here and not row["reason"]:
+            row["reason"] = "its module is not importable here (TTB058)"
+        rows.append(row)
+    return rows
+
+
+def _where(row: dict) -> str:
+    path = row["path"]
+    if not path:
+        return "-"
+    if row["source"] == Source.BUILTIN.value:
+        return f"built-in/{Path(path).name}"
+    candidates = [path]
+    with contextlib.suppress(ValueError):
+        candidates.append(os.path.relpath(path))
+    home = str(Path.home())
+    if path.startswith(home + os.sep):
+        candidates.append("~" + path[len(home) :])
+    return min(candidates, key=len)
+
+
+def summary_line(registry: Registry, rows: list[dict]) -> str:
+    """One line: how many bundles, in list's words, and the architectures served."""
+    counts = Counter(r["status_word"] for r in rows)
+    parts = [f"{counts[w]} {w}" for w in STATUS_ORDER if counts.get(w)]
+    served = [f"{r['tt_arch']} ({r['label']})" for r in rows if r["status_word"] == "registered"]
+    listed = ", ".join(served[:4]) + (f" and {len(served) - 4} more" if len(served) > 4 else "")
+    return (
+        f"ttbundles: {len(rows)} bundles for mesh {registry.mesh or 'any'}: "
+        + ", ".join(parts)
+        + (f"; serving {listed}" if listed else "")
+        + " (`ttbundle list` shows them; the table is logged at debug level)"
+    )
+
+
 def log_table(registry: Registry) -> None:
-    """One startup block: what registered, what was shadowed or skipped, and why.
+    """One startup summary per process: a line of counts in `ttbundle list`'s words, the
+    full table at debug level (`VLLM_LOGGING_LEVEL=DEBUG`), and each problem.
 
     Each problem (a skipped bundle, an ambiguity) is also one WARNING line of its own
     (file:line, code, fix), so it shows at vLLM's default log level in every process's
@@ -110,20 +189,16 @@ def log_table(registry: Registry) -> None:
     architecture served by a built-in instead gets a line saying so: serving falls back
     to the built-in (loudly), and `TT_BUNDLES_STRICT=1` refuses to start instead.
     """
-    rows = table(registry)
-    lines = [f"ttbundles: TT architectures (mesh {registry.mesh or 'any'}):"]
-    for r in rows:
-        flags = ",".join(capability_flags(r["capabilities"])) or "-"
-        # A bundle whose metadata did not validate has no name: its folder names it.
-        label = f"{r['bundle']}@{r['version']}" if r["bundle"] else Path(r["path"]).name
-        lines.append(
-            f"  {r['status']:<10} {r['tt_arch'] or '-':<40} "
-            f"{label} [{r['source']}] "
-            f"{r['path']} caps={flags}"
-            + (f" signer={r['signer']}" if r.get("signer") else "")
-            + (f" ({r['reason']})" if r["reason"] else "")
-        )
-    logger.info("\n".join(lines))
+    rows = startup_rows(registry)
+    logger.info(summary_line(registry, rows))
+    if logger.isEnabledFor(logging.DEBUG):
+        cells = [[cell(r) for _, cell in TABLE_COLUMNS] for r in rows]
+        names = [name for name, _ in TABLE_COLUMNS]
+        widths = [max(len(n), *(len(c[i]) for c in cells)) for i, n in enumerate(names)]
+        lines = [f"ttbundles: TT architectures (mesh {registry.mesh or 'any'}):"]
+        for line in [names, *cells]:
+            lines.append("  " + "  ".join(v.ljust(w) for v, w in zip(line, widths)).rstrip())
+        logger.debug("\n".join(lines))
     for problem in registry.problems:
         if problem.severity is not Severity.INFO:
             logger.warning("ttbundles: %s", problem)

@@ -50,7 +50,8 @@ def _starting(method):  # noqa: ANN001, ANN202 - a decorator of worker methods
         try:
             return method(self, *args, **kwargs)
         except TTBundleError as error:
-            faults.startup_failed(error)
+            plan = getattr(self, "plan", None)
+            faults.startup_failed(error, bundle=faults.bundle_label(plan) if plan else None)
 
     return run
 
@@ -130,7 +131,12 @@ class TTWorker(WorkerBase):
     def load_model(self, *, load_dummy_weights: bool = False) -> None:
         generator_cls = load_generator_class(self.plan)
         self.model_runner = TTModelRunner(self.vllm_config, generator_cls, self.mesh_device)
-        self.model_runner.load_model()
+        try:
+            self.model_runner.load_model()
+        except TTBundleError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the generator's own code: one line
+            raise faults.load_failed(generator_cls.__name__, exc) from exc
         logger.info(
             "ttbundles: loaded %s (%s, decode contract %s) on %s",
             self.plan.tt_arch,
