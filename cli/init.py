@@ -31,7 +31,7 @@ def init(
 
     Example: ttbundle init my-llama --from-hf meta-llama/Llama-3.1-8B-Instruct
     """
-    from ttbundles.scaffold import init_bundle
+    from ttbundles.scaffold.init import init_bundle
 
     if arch is None and from_hf is None:
         raise typer.BadParameter("give --arch, --from-hf, or both", param_hint="--arch")
@@ -60,7 +60,7 @@ def migrate(
 
     Example: ttbundle migrate $EXTRA_MODELS_DIR/my-model --dry-run
     """
-    from ttbundles.scaffold import migrate_bundle
+    from ttbundles.scaffold.migrate import migrate_bundle
 
     result = migrate_bundle(bundle, dry_run=dry_run)
     out = Output(fmt)

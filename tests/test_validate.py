@@ -626,7 +626,8 @@ def test_strict_unverifiable_fails_an_environment_class_not_importable_here(make
         "ttbundles.check.adapter",
         "ttbundles.check.static_reader",
         "ttbundles.check.imports",
-        "ttbundles.scaffold",
+        "ttbundles.scaffold.init",
+        "ttbundles.scaffold.migrate",
     ],
 )
 def test_contract_names_come_from_format_contract(module):

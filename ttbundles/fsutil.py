@@ -15,6 +15,7 @@ never share a temporary file.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -88,6 +89,12 @@ def write_text_atomic(path: Path, text: str, *, keep_mode: bool = True, **option
         handle.write(text)
 
 
+def write_json_atomic(path: Path, document: dict) -> None:
+    """Write `document` as indented JSON with `write_text_atomic` (an existing file keeps
+    its mode): the bundle metadata `init` and `migrate` write."""
+    write_text_atomic(path, json.dumps(document, indent=2) + "\n")
+
+
 def write_bytes_atomic(path: Path, data: bytes, **options: Any) -> None:
     """Write `data` to `path` with `atomic_file`."""
     with atomic_file(path, binary=True, **options) as handle:
@@ -116,5 +123,6 @@ __all__ = [
     "atomic_file",
     "current_umask",
     "write_bytes_atomic",
+    "write_json_atomic",
     "write_text_atomic",
 ]

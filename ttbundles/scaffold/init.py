@@ -1,0 +1,211 @@
+"""New bundles: `ttbundle init` writes a bundle folder whose adapter template follows the
+generator contract (`format.contract`) and whose metadata validates."""
+
+from __future__ import annotations
+
+import json
+import re
+import textwrap
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ttbundles.errors import TTBundleError
+from ttbundles.format.contract import (
+    CAPABILITIES_ATTRIBUTE,
+    CAPABILITY_KEYS,
+    CONTRACT_MARKER,
+    CONTRACT_V1,
+    DECODE,
+    DECODE_COMMANDS,
+    DEVICE_PENALTIES_KEY,
+    ESSENTIAL_KEYWORDS,
+    KEYWORD_DEFAULTS,
+    LEGACY_RESET_KEYWORD,
+    METHODS,
+    Method,
+    decode_keywords,
+)
+from ttbundles.format.metadata import METADATA_FILE, SCHEMA_VERSION, Capabilities, slug
+from ttbundles.fsutil import write_json_atomic
+from ttbundles.scaffold.hf_config import _read_hf_config, architectures_by_model_type
+from ttbundles.suggest import did_you_mean
+
+_ADAPTER_HEADER = '''"""Generator for {arch}, served by vLLM on Tenstorrent hardware.
+
+The worker calls each method below with keyword arguments, passing those the signature
+accepts (the generator contract: ttbundles.format.contract, and the README). Replace each
+body with your TT-NN implementation.
+"""
+
+
+class {class_name}:
+    # TT-Metal reads this dict from the class, and a class's dict replaces the one it
+    # inherits: a key it does not list means "not supported". So every key is listed,
+    # False until the generator implements it. Turn one on here and in "capabilities" of
+    # vllm_metadata.json together: ttbundle validate reports a capability the bundle
+    # declares but the class does not support as an error.
+    {capabilities_attribute} = {{
+{capabilities}    }}
+
+    # The decode input-update contract v1 (TT-Metal models/common/decode_contract.py):
+    # every decode_forward call carries the four keyword-only commands, saying what to
+    # restage, and never the legacy {legacy}.
+    {marker} = {version}
+
+    def __init__(self, model, mesh_device):
+        self.model = model
+        self.mesh_device = mesh_device
+'''
+
+
+def adapter_source(arch: str, class_name: str) -> str:
+    """The adapter template: the contract's methods, with the signatures the worker
+    calls (`ttbundles.format.contract`), every capability off, decode contract v1."""
+    keys = [*CAPABILITY_KEYS, DEVICE_PENALTIES_KEY]
+    text = _ADAPTER_HEADER.format(
+        arch=arch,
+        class_name=class_name,
+        capabilities_attribute=CAPABILITIES_ATTRIBUTE,
+        capabilities="".join(f"        {json.dumps(key)}: False,\n" for key in keys),
+        legacy=LEGACY_RESET_KEYWORD,
+        marker=CONTRACT_MARKER,
+        version=CONTRACT_V1,
+    )
+    seen_groups: set[str] = set()
+    for method in METHODS:
+        if not method.required or method.group in seen_groups:
+            continue  # optional methods, and the alternatives of a group's first
+        if method.group:
+            seen_groups.add(method.group)
+        text += "\n" + _method_source(method)
+    return text
+
+
+def _method_source(method: Method) -> str:
+    if method is DECODE:
+        keywords = [k for k in DECODE.passes if k in decode_keywords(CONTRACT_V1)]
+        keyword_only = [k for k in keywords if k in DECODE_COMMANDS]
+        keywords = [k for k in keywords if k not in DECODE_COMMANDS]
+    else:
+        keywords, keyword_only = list(method.passes), []
+    essential = ESSENTIAL_KEYWORDS.get(method.name, ())
+    first = "cls" if method.kind == "classmethod" else "self"
+    # The readback methods' leading argument, named as TT-Metal's Generator names it.
+    params = [
+        first,
+        *(["tt_out"] if method.leading == 1 else [f"arg{i}" for i in range(method.leading)]),
+    ]
+    params += [k if k in essential else f"{k}={KEYWORD_DEFAULTS.get(k)!r}" for k in keywords]
+    if keyword_only:
+        params += ["*", *(f"{k}={KEYWORD_DEFAULTS.get(k)!r}" for k in keyword_only)]
+    lines = []
+    if method.needs:
+        lines.append(f"    # Called only with capabilities.{method.needs} declared.")
+    if method.kind == "classmethod":
+        lines.append("    @classmethod")
+    one_line = f"    def {method.name}({', '.join(params)}):"
+    if len(one_line) <= 88:
+        lines.append(one_line)
+    else:
+        lines += [f"    def {method.name}(", *(f"        {p}," for p in params), "    ):"]
+    doc = textwrap.wrap(f"Return {method.returns}.", width=80)
+    doc[0] = '"""' + doc[0]
+    doc[-1] += '"""'
+    lines += [f"        {line}" for line in doc]
+    lines.append("        raise NotImplementedError")
+    return "\n".join(lines) + "\n"
+
+
+@dataclass
+class Created:
+    """What `init_bundle` made: the folder, and what the author should know (`notes`:
+    an `--arch` that overrode the checkpoint's, why `models` was not written)."""
+
+    folder: Path
+    notes: list[str] = field(default_factory=list)
+
+
+def init_bundle(
+    folder: Path, *, arch: str | None, from_hf: str | None = None, name: str | None = None
+) -> Created:
+    """Create a bundle that validates: metadata plus an adapter template."""
+    models: list[dict] = []
+    notes: list[str] = []
+    config: dict = {}
+    if from_hf is not None:
+        config, model_ref, why_no_models = _read_hf_config(from_hf)
+        archs = [a for a in config.get("architectures") or [] if isinstance(a, str)]
+        if arch is None:
+            if not archs:
+                raise TTBundleError.single(
+                    "TTB208", f"{from_hf}: config.json names no architectures", hint="pass --arch"
+                )
+            arch = archs[0]
+        elif archs and arch not in archs:
+            notes.append(
+                f"--arch {arch} overrides the checkpoint's architectures ({', '.join(archs)}); "
+                "vLLM picks the bundle by the checkpoint's, so this bundle serves it only "
+                f"if its config.json says {arch}"
+            )
+        if model_ref is not None:
+            models.append(model_ref)
+        elif why_no_models:
+            notes.append(why_no_models)
+    if arch is None:
+        raise TTBundleError.single(
+            "TTB031", "no architecture given", hint="pass --arch LlamaForCausalLM, or --from-hf"
+        )
+    _check_architecture(arch, config)
+    if (folder / METADATA_FILE).exists():
+        raise TTBundleError.single(
+            "TTB033",
+            f"{folder / METADATA_FILE} already exists",
+            file=folder,
+            hint="choose an empty folder",
+        )
+    bare = arch[2:] if arch.startswith("TT") else arch
+    class_name = f"TT{bare}Generator"
+    metadata: dict = {
+        "schema_version": SCHEMA_VERSION,
+        "name": name or slug(folder.resolve().name),
+        "version": "0.1.0",
+        "description": f"TT-NN generator for {bare}",
+        "arch": arch,
+        "main_class": f"adapter:{class_name}",
+        "main_class_source": "bundle",
+    }
+    if models:
+        metadata["models"] = models
+    # Every capability the class's model_capabilities mirrors, off, as in the template.
+    metadata["capabilities"] = Capabilities().model_dump(include=set(CAPABILITY_KEYS.values()))
+    folder.mkdir(parents=True, exist_ok=True)
+    adapter = folder / "adapter.py"
+    if not adapter.exists():
+        adapter.write_text(adapter_source(arch, class_name))
+    write_json_atomic(folder / METADATA_FILE, metadata)
+    return Created(folder, notes)
+
+
+def _check_architecture(arch: str, config: dict) -> None:
+    """Refuse what is not a Hugging Face architecture: not an identifier, or a
+    `model_type` (`llama`) where the class name (`LlamaForCausalLM`) belongs."""
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", arch):
+        raise TTBundleError.single(
+            "TTB033", f"architecture {arch!r} is not an identifier", hint="e.g. LlamaForCausalLM"
+        )
+    model_type = config.get("model_type")
+    if arch != model_type and any(c.isupper() for c in arch):
+        return
+    by_type = architectures_by_model_type()
+    known = [a for a in config.get("architectures") or [] if isinstance(a, str)]
+    guess = known[0] if known else by_type.get(arch) or by_type.get(arch.lower())
+    if guess is None:
+        guess = did_you_mean(arch, list(by_type.values())) or (
+            "".join(part.capitalize() for part in arch.split("_")) + "ForCausalLM"
+        )
+    raise TTBundleError.single(
+        "TTB033",
+        f"{arch!r} is a model_type, not an architecture: --arch takes the class name "
+        'config.json lists under "architectures"',
+        hint=f"did you mean --arch {guess}?",
+    )
