@@ -461,6 +461,16 @@ def _plan_inputs(vllm_config: VllmConfig, plan: Plan, bundle: str, limits: dict[
             options.count = count
     served = {m: n for m, n in effective.items() if n}
     plan.inputs = served
+    if served and mm.mm_device_do_normalize:
+        # vLLM's own class for this architecture may normalise pixels on its GPU and
+        # have the processor leave them raw; a TT generator gets them as TT-Metal's
+        # classes do (their processor registration does not declare that): normalised.
+        mm.mm_device_do_normalize = plan.decide(
+            "mm_device_do_normalize",
+            True,
+            False,
+            "the processor normalises pixels; the TT generator expects them so",
+        )
     plan.decide(
         "inputs",
         requested or None,

@@ -18,7 +18,7 @@ if TYPE_CHECKING:  # importing vLLM's config here would be circular at platform 
     from vllm.config import VllmConfig
 
 
-_state: dict[str, bool] = {}
+_state: dict[str, Any] = {}
 
 
 class UnsupportedRequestError(VLLMValidationError, ValueError):
@@ -89,8 +89,18 @@ class TTPlatform(Platform):
             servable.require_device(mesh)
         # The API server may not run the general plugins itself: its startup table,
         # warnings and strict mode come from here.
+        from ttbundles.serving import image_requests
+        from ttbundles.serving.configuration import served_plan
+
         plan = plan_config(vllm_config, checked_registry())
+        served = served_plan(vllm_config)
+        if served is not None and served.inputs and vllm_config.model_config is not None:
+            # For validate_request, in this process (the API server's requests).
+            _state["placeholders"] = image_requests.placeholder_tokens(
+                vllm_config.model_config.hf_config
+            )
         if plan is not None:
+            image_requests.install()
             if servable.opens_here(mesh):
                 bundle = plan.bundle
                 servable.require_importable(
@@ -100,6 +110,15 @@ class TTPlatform(Platform):
 
     @classmethod
     def validate_request(cls, processed_inputs: Any, params: Any) -> None:
+        tokens = _state.get("placeholders")
+        if tokens and isinstance(processed_inputs, dict):
+            from ttbundles.serving.image_requests import check_placeholders
+
+            check_placeholders(
+                processed_inputs.get("prompt_token_ids") or (),
+                processed_inputs.get("mm_placeholders") or {},
+                tokens,
+            )
         prompt_logprobs = getattr(params, "prompt_logprobs", None)
         if prompt_logprobs is not None:
             raise UnsupportedRequestError(
