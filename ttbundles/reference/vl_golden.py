@@ -1,0 +1,66 @@
+"""The transformers golden for image prompts: what a served vision-language model must say.
+
+Given the token ids the server actually prefilled (vLLM returns them with
+`return_token_ids`) and the images sent, it runs the checkpoint's own transformers class
+greedily on the same inputs: the pixels from the checkpoint's own image processor (vLLM's
+API server runs the same one), and `mm_token_type_ids` marking the image placeholders,
+without which transformers 5 places every token on 1-D positions instead of M-RoPE.
+
+Used by the end-to-end tests and the image-serving benchmark.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+class VisionGolden:
+    """transformers' Qwen2.5-VL (or any `AutoModelForImageTextToText`) on a checkpoint."""
+
+    def __init__(self, checkpoint: str | Path):
+        import transformers
+
+        self.processor = transformers.AutoProcessor.from_pretrained(str(checkpoint))
+        self.model = transformers.AutoModelForImageTextToText.from_pretrained(
+            str(checkpoint), dtype=torch.float32
+        ).eval()
+        self.image_token_id = int(self.model.config.image_token_id)
+
+    def inputs(self, prompt_token_ids: Sequence[int], images: Sequence[Any]) -> dict:
+        """The model's inputs for one prompt (batch of one)."""
+        ids = torch.tensor([list(prompt_token_ids)], dtype=torch.long)
+        values: dict[str, Any] = {
+            "input_ids": ids,
+            "attention_mask": torch.ones_like(ids),
+            "mm_token_type_ids": (ids == self.image_token_id).long(),
+        }
+        if images:
+            pixels = self.processor.image_processor(images=list(images), return_tensors="pt")
+            values["pixel_values"] = pixels["pixel_values"]
+            values["image_grid_thw"] = pixels["image_grid_thw"]
+        return values
+
+    @torch.no_grad()
+    def greedy(
+        self, prompt_token_ids: Sequence[int], images: Sequence[Any], max_new_tokens: int
+    ) -> list[int]:
+        """The greedy continuation's token ids (exactly `max_new_tokens`)."""
+        inputs = self.inputs(prompt_token_ids, images)
+        out = self.model.generate(
+            **inputs,
+            max_new_tokens=max_new_tokens,
+            min_new_tokens=max_new_tokens,
+            do_sample=False,
+        )
+        return out[0, inputs["input_ids"].shape[1] :].tolist()
+
+    @torch.no_grad()
+    def greedy_batch(
+        self, prompts: Sequence[tuple[Sequence[int], Sequence[Any]]], max_new_tokens: int
+    ) -> list[list[int]]:
+        """`greedy` of each prompt, one at a time (padding would shift M-RoPE positions)."""
+        return [self.greedy(ids, images, max_new_tokens) for ids, images in prompts]
