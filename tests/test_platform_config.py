@@ -338,28 +338,6 @@ def test_plan_command_says_which_topology_and_why(run_cli, demo_checkpoint, tmp_
     assert run.returncode == 1 and "TTB205" in run.stdout + run.stderr
 
 
-def test_lanes_refuse_request_specific_rope():
-    """mRoPE (vision models) is refused in lane mode, naming the architecture; the rule,
-    on a configuration whose model uses mRoPE (building a vision checkpoint needs its
-    processor, which this machine does not have)."""
-    from types import SimpleNamespace
-
-    from ttbundles.serving.configuration import Plan, _plan_lanes
-
-    config = SimpleNamespace(
-        parallel_config=SimpleNamespace(data_parallel_size=4),
-        scheduler_config=SimpleNamespace(max_num_seqs=8),
-        model_config=SimpleNamespace(uses_mrope=True, is_moe=False),
-    )
-    plan = Plan("TTQwen2_5_VLForConditionalGeneration", {"name": "vl"}, "TG", {})
-    with pytest.raises(ConfigurationError) as excinfo:
-        _plan_lanes(config, plan, "single", None)
-    assert error_of(excinfo) == "TTB202"
-    assert "request-specific RoPE" in str(excinfo.value) and "not supported yet" in str(
-        excinfo.value
-    )
-
-
 def test_mllama_is_refused_before_any_weights_load(models_dir, demo_checkpoint):
     """vLLM 0.33 has no Mllama (encoder-decoder models left in 0.10.2): the configuration
     is refused with the reason, before a worker, a class import or a weight."""

@@ -498,13 +498,8 @@ def _plan_lanes(vllm_config: VllmConfig, plan: Plan, execution: str, target: Any
     dp = parallel.data_parallel_size
     cap = target.max_num_seqs if target is not None else None
     if dp > 1 and execution == "single":
-        if vllm_config.model_config.uses_mrope:
-            raise _error(
-                "TTB202",
-                f"--data-parallel-size={dp} with {plan.tt_arch}: request-specific RoPE "
-                "(mRoPE, vision models) is not supported yet in in-process lanes",
-                "drop --data-parallel-size",
-            )
+        # Request-specific RoPE (M-RoPE, vision models) needs nothing of the lanes: the
+        # runner keeps a delta per slot and sends rope_deltas_all_users over every row.
         requested = sched.max_num_seqs
         total = requested * dp
         if cap is not None and total > cap:
