@@ -200,6 +200,22 @@ def test_strict_passes_a_base_outside_the_bundle_strict_unverifiable_fails_it(ma
 
 
 def test_notes_only_with_verbose(make_bundle, run_cli):
+    # A model_capabilities key ttbundles does not know is a note (TTB064).
+    adapter = make_bundle.adapter.replace(
+        '"supports_prefix_caching": False,',
+        '"supports_prefix_caching": False, "state_slots_are_stateless": True,',
+    )
+    folder = make_bundle("demo", adapter=adapter)
+    done = no_traceback(run_cli("validate", folder))
+    assert done.returncode == 0
+    assert "TTB064" not in done.stdout
+    assert "1 note" in done.stdout
+    done = no_traceback(run_cli("validate", "-v", folder))
+    assert done.returncode == 0
+    assert "info TTB064 " in done.stdout and "'state_slots_are_stateless'" in done.stdout
+
+
+def test_an_environment_class_not_importable_is_a_warning(make_bundle, run_cli):
     folder = make_bundle(
         "demo",
         adapter=None,
@@ -207,11 +223,8 @@ def test_notes_only_with_verbose(make_bundle, run_cli):
     )
     done = no_traceback(run_cli("validate", folder))
     assert done.returncode == 0
-    assert "TTB058" not in done.stdout
-    assert "1 note" in done.stdout
-    done = no_traceback(run_cli("validate", "-v", folder))
-    assert done.returncode == 0
-    assert f"{folder}/{META}:6:17 /main_class: info TTB058 " in done.stdout
+    assert f"{folder}/{META}:6:17 /main_class: warning TTB058 " in done.stdout
+    assert "not checkable here" in done.stdout
 
 
 def test_validate_several_paths(make_bundle, run_cli, tmp_path):

@@ -366,3 +366,17 @@ def test_known_keys_are_documented_with_what_the_worker_does():
         ), key
     for key in contract.CAPABILITY_KEYS:
         assert key in contract.KNOWN_CAPABILITY_KEYS
+
+
+def test_list_and_doctor_show_mllama_as_not_servable():
+    """`ttbundle list` / `doctor` (servable.mark_unservable): the built-in registers, and
+    its row says why it cannot be served, before anyone starts a server."""
+    from ttbundles.registry.registry import Status, compute
+    from ttbundles.registry.servable import mark_unservable
+
+    bundles = Path(__file__).parents[1] / "bundles"
+    registry = compute({"TT_VLLM_BUILTIN_MODELS": "0"}, mesh="HOST", models_dirs=[bundles])
+    mark_unservable(registry)
+    [entry] = [e for e in registry.entries if e.tt_arch == "TTMllamaForConditionalGeneration"]
+    assert entry.status is Status.UNSERVABLE
+    assert entry.reason.startswith("TTB202 Llama 3.2 Vision (Mllama) is an encoder-decoder")

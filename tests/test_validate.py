@@ -343,7 +343,7 @@ CASES = {
             },
             "adapter": None,
         },
-        [("TTB058", INFO, META, "/main_class", 6)],
+        [("TTB058", WARNING, META, "/main_class", 6)],
         "TT-Metal",
     ),
     "revision missing": (
@@ -612,7 +612,7 @@ def test_strict_unverifiable_fails_an_environment_class_not_importable_here(make
         metadata={"main_class": "models.x.generator_vllm:Gen", "main_class_source": "environment"},
     )
     result = validate_path(folder)
-    assert [(d.code, d.severity) for d in result.report.diagnostics] == [("TTB058", INFO)]
+    assert [(d.code, d.severity) for d in result.report.diagnostics] == [("TTB058", WARNING)]
     assert result.ok(strict=True) and not result.ok(strict_unverifiable=True)
     assert validate_bundle(folder).ok(strict=True), "the same rule for validate_bundle"
 

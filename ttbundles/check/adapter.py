@@ -66,9 +66,12 @@ def check_adapter(
             return [
                 Diagnostic(
                     "TTB058",
-                    Severity.INFO,
+                    # validate's: a check it could not make is a warning; registration
+                    # (contract=False) only notes it, once per environment bundle.
+                    Severity.WARNING if contract else Severity.INFO,
                     f"{metadata.main_class} comes from the serving environment and is not "
-                    "importable here; not checked",
+                    "importable here: its signatures and model_capabilities are not "
+                    "checkable here (what the worker would refuse at load is not known)",
                     file=meta_file,
                     pointer="/main_class",
                     hint="validate where TT-Metal is installed to check it",

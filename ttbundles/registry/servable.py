@@ -16,6 +16,7 @@ from dataclasses import replace
 
 from ttbundles import envs
 from ttbundles.errors import ConfigurationError, Diagnostic, Severity
+from ttbundles.format.contract import unservable_reason
 from ttbundles.format.meshes import Mesh, mesh_or_none
 from ttbundles.registry.registry import Entry, Registry, Source, Status
 from ttbundles.tt_metal import ttnn_origin
@@ -108,6 +109,13 @@ def mark_unservable(registry: Registry) -> list[Diagnostic]:
         return []
     found = []
     for entry in registry.registered.values():
+        refused = unservable_reason(entry.facts.arch) if entry.facts else None
+        if refused is not None:
+            # Whatever the machine: the pinned vLLM cannot serve the architecture (the
+            # platform refuses it with TTB202 before loading anything).
+            entry.status = Status.UNSERVABLE
+            entry.reason = "TTB202 " + refused.split(";")[0]
+            continue
         problem = import_problem(entry)
         if problem is not None:
             entry.status = Status.UNSERVABLE
