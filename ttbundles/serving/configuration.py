@@ -17,7 +17,7 @@ from pydantic import ValidationError
 
 from ttbundles.errors import ConfigurationError, Diagnostic, Severity
 from ttbundles.format.contract import unservable_reason
-from ttbundles.format.metadata import tt_arch_name
+from ttbundles.format.metadata import BundleMetadata, Target, tt_arch_name
 from ttbundles.format.tt_options import TT_OPTION_NAMES, TTOptions
 from ttbundles.registry.registry import Registry
 from ttbundles.suggest import hint_for
@@ -209,6 +209,27 @@ def plan_config(vllm_config: VllmConfig, registry: Registry) -> Plan | None:
         f"{meta.name}@{meta.version} ({entry.source.value}) provides it",
     )
 
+    _refuse_unsupported(vllm_config, mesh)
+
+    options = _plan_options(vllm_config, plan, meta, target)
+
+    _plan_lengths(vllm_config, plan, target)
+    _plan_inputs(vllm_config, plan, meta.name, caps.input_limits())
+    _plan_logprobs(vllm_config, plan)
+    _plan_lanes(vllm_config, plan, caps.execution, target)
+    _plan_device_groups(vllm_config, plan)
+
+    _plan_features(vllm_config, plan, meta)
+    _plan_scheduler(vllm_config, plan)
+
+    plan.options = options.model_dump(exclude_none=True)
+    additional[PLAN_KEY] = plan.to_dict()
+    return plan
+
+
+def _refuse_unsupported(vllm_config: VllmConfig, mesh: str | None) -> None:
+    """What Tenstorrent does not do (yet): vLLM's own parallelism, speculative decoding,
+    LoRA (TTB201, TTB202)."""
     parallel = vllm_config.parallel_config
     for name in ("tensor_parallel_size", "pipeline_parallel_size"):
         if getattr(parallel, name) != 1:
@@ -228,7 +249,15 @@ def plan_config(vllm_config: VllmConfig, registry: Registry) -> Plan | None:
     if vllm_config.lora_config is not None:
         raise _error("TTB202", "LoRA is not supported yet on Tenstorrent", "drop --enable-lora")
 
-    # Device options: the user's values, then the target's defaults, then ours.
+
+def _plan_options(
+    vllm_config: VllmConfig, plan: Plan, meta: BundleMetadata, target: Target | None
+) -> TTOptions:
+    """The device options: the user's values, then the target's defaults, then ours; a
+    sampling mode the bundle does not declare is refused (TTB204)."""
+    additional = vllm_config.additional_config
+    mesh = plan.mesh
+    caps = meta.capabilities
     user = parse_tt_options(additional.get("tt") if isinstance(additional, dict) else None)
     target_defaults = target.additional_config if target else TTOptions()
     options = user.merged_over(target_defaults).merged_over(TT_DEFAULTS)
@@ -256,13 +285,14 @@ def plan_config(vllm_config: VllmConfig, registry: Registry) -> Plan | None:
         plan.decide(
             "sampling", None, "host", "no sample_on_device_mode: vLLM's sampler on the host"
         )
+    return options
 
-    _plan_lengths(vllm_config, plan, target)
-    _plan_inputs(vllm_config, plan, meta.name, caps.input_limits())
-    _plan_logprobs(vllm_config, plan)
-    _plan_lanes(vllm_config, plan, caps.execution, target)
-    _plan_device_groups(vllm_config, plan)
 
+def _plan_features(vllm_config: VllmConfig, plan: Plan, meta: BundleMetadata) -> None:
+    """vLLM's features gated by the bundle's capabilities, and the step budget they
+    imply."""
+    model_config = vllm_config.model_config
+    caps = meta.capabilities
     sched = vllm_config.scheduler_config
     # Each feature stays on only when the bundle declares the capability it needs.
     for config, setting, capability in (
@@ -297,6 +327,11 @@ def plan_config(vllm_config: VllmConfig, registry: Registry) -> Plan | None:
             "prompts prefill whole: the step budget must hold the longest prompt",
         )
 
+
+def _plan_scheduler(vllm_config: VllmConfig, plan: Plan) -> None:
+    """The worker and the scheduler (phase-based; the lane coordinator for lanes)."""
+    parallel = vllm_config.parallel_config
+    sched = vllm_config.scheduler_config
     if parallel.worker_cls == "auto":
         parallel.worker_cls = WORKER_CLS
     if sched.scheduler_cls is None:
@@ -330,10 +365,6 @@ def plan_config(vllm_config: VllmConfig, registry: Registry) -> Plan | None:
             f"prefill runs at most once every {interval} executed steps while a decode "
             "runs; the steps between are decode steps",
         )
-
-    plan.options = options.model_dump(exclude_none=True)
-    additional[PLAN_KEY] = plan.to_dict()
-    return plan
 
 
 def served_plan(vllm_config: VllmConfig) -> Plan | None:
