@@ -189,7 +189,7 @@ def render(report: Any, out: Output, *, every_step: bool) -> None:
                     _at(fmt(s["max_abs_diff"], ".2g"), s["max_abs_diff_step"]),
                     "-" if s["first_divergence"] is None else f"step {s['first_divergence']}",
                     notes(case),
-                    "pass" if case.passed else "FAIL",
+                    ("FAIL" if not case.passed else "skipped" if case.skipped else "pass"),
                 ]
             )
         out.table(f"vs {golden} (PCC and max |diff|: worst @ step)", columns, rows)
@@ -199,6 +199,9 @@ def render(report: Any, out: Output, *, every_step: bool) -> None:
                 f"golden {fmt(result.reference, '.6g')}, ratio {fmt(result.ratio, '.4f')}: "
                 f"{'pass' if result.passed else 'FAIL'}"
             )
+    for case in report.cases:
+        if case.skipped:
+            out.line(f"note: {case.path}, prompt {case.label}: skipped: {case.skipped}")
     for case in report.cases:
         if every_step or not case.passed:
             out.line(f"{case.path}, {case.label} vs {case.golden}:", style="bold")

@@ -25,6 +25,13 @@ def init(
         ),
     ] = None,
     name: Annotated[str | None, typer.Option(help="Bundle name (default: folder).")] = None,
+    keep_adapter: Annotated[
+        bool,
+        typer.Option(
+            "--keep-adapter",
+            help="Keep an adapter.py already in the folder and name its class in the metadata.",
+        ),
+    ] = False,
     fmt: FormatOption = Format.human,
 ) -> None:
     """Create a bundle that validates: vllm_metadata.json plus an adapter template.
@@ -35,7 +42,7 @@ def init(
 
     if arch is None and from_hf is None:
         raise typer.BadParameter("give --arch, --from-hf, or both", param_hint="--arch")
-    created = init_bundle(folder, arch=arch, from_hf=from_hf, name=name)
+    created = init_bundle(folder, arch=arch, from_hf=from_hf, name=name, keep_adapter=keep_adapter)
     out = Output(fmt)
     if out.is_json:
         out.result(True, folder=str(created.folder), notes=list(created.notes))

@@ -6,7 +6,7 @@ import re
 from collections import Counter
 from pathlib import Path
 
-from ttbundles.codes import CODES
+from ttbundles.codes import CODES, markdown_table
 
 README = Path(__file__).parents[1] / "README.md"
 CODE = re.compile(r"\bTTB\d{3}\b")
@@ -37,3 +37,11 @@ def test_table_lists_no_unknown_or_repeated_code():
 def test_codes_are_well_formed():
     assert all(CODE.fullmatch(code) for code in CODES)
     assert all(text and text == text.strip() for text in CODES.values())
+
+
+def test_the_readme_table_is_generated_from_the_catalogue():
+    """The README's table is `codes.markdown_table()`, row for row and word for word."""
+    text = README.read_text(encoding="utf-8")
+    section = text[text.index("## Error codes") :]
+    section = section[: section.index("\n## ", 1)]
+    assert markdown_table() in section, "regenerate the README's table from ttbundles.codes"

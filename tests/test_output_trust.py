@@ -206,3 +206,62 @@ def test_a_grid_of_absurd_size_is_not_a_mesh(run_cli, workdir):
     done = run_cli("list", "--mesh", "(100000000000000000000,1)", cwd=workdir)
     assert done.returncode == 1
     assert "TTB106" in done.stderr and "a mesh has at most 1024" in done.stderr
+
+
+# --- the scaffold -----------------------------------------------------------------------
+
+
+def test_the_template_fails_validate_strict_until_written(run_cli, workdir):
+    made = run_cli("init", "my-llama", "--arch", "LlamaForCausalLM", cwd=workdir)
+    assert made.returncode == 0 and made.stdout == "my-llama\n"
+    plain = run_cli("validate", "my-llama", cwd=workdir)
+    assert plain.returncode == 0 and "warning TTB065" in plain.stdout
+    strict = run_cli("validate", "my-llama", "--strict", cwd=workdir)
+    assert strict.returncode == 1
+    assert "TTB065 TTLlamaForCausalLMGenerator is still the template: " in strict.stdout
+    assert "initialize_vllm_model" in strict.stdout and "prefill_forward" in strict.stdout
+
+
+def test_init_refuses_to_mix_with_an_existing_adapter(run_cli, workdir):
+    (workdir / "mine").mkdir()
+    (workdir / "mine" / "adapter.py").write_text((workdir / "demo" / "adapter.py").read_text())
+    done = run_cli("init", "mine", "--arch", "LlamaForCausalLM", cwd=workdir)
+    assert (done.returncode, done.stdout) == (1, "")
+    assert "TTB033" in done.stderr and "--keep-adapter" in done.stderr
+    assert not (workdir / "mine" / "vllm_metadata.json").exists()
+    kept = run_cli("init", "mine", "--arch", "LlamaForCausalLM", "--keep-adapter", cwd=workdir)
+    assert kept.returncode == 0, kept.stderr
+    assert "kept the existing mine/adapter.py; main_class is adapter:DemoGenerator" in kept.stderr
+    assert run_cli("validate", "mine", cwd=workdir).returncode == 0
+
+
+# --- ttbundle test: a limit of the settings is a skip, not a failure -------------------------
+
+
+def test_prefix_cache_at_a_sequence_of_one_block_is_skipped_not_failed():
+    from ttbundles.conformance.compare import CaseResult
+    from ttbundles.conformance.session import exercised
+
+    served = {"engines": [{"name": "host", "block_size": 32}]}
+    short = CaseResult("prefix_cache", "p0", "p0", "reference")
+    short.details = {"num_cached_tokens": 0, "prompt_tokens": 9, "prefill_chunks": 1}
+    exercised(short, "prefix_cache", served)
+    assert short.passed and "does not exceed one block of 32" in short.skipped
+    long = CaseResult("prefix_cache", "p0", "p0", "reference")
+    long.details = {"num_cached_tokens": 0, "prompt_tokens": 70, "prefill_chunks": 1}
+    exercised(long, "prefix_cache", served)
+    assert not long.passed and long.failures[0].code == "TTB124" and long.skipped is None
+
+
+def test_a_relative_model_is_resolved_where_it_was_typed(workdir, monkeypatch):
+    from ttbundles.paths import model_argument
+
+    monkeypatch.chdir(workdir)
+    assert model_argument("./ckpt") == str(workdir / "ckpt")
+    assert model_argument("org/model") == "org/model"  # a hub repository id stays
+
+
+def test_ttbundle_test_refuses_a_missing_relative_model_with_ttb001(run_cli, workdir):
+    done = run_cli("test", "demo", "--model", "./nope", cwd=workdir)
+    assert done.returncode == 1
+    assert "./nope: error TTB001 no such model checkpoint folder" in done.stderr

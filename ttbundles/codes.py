@@ -45,6 +45,7 @@ CODES: dict[str, str] = {
     "TTB062": "a contract method has an incompatible signature",
     "TTB063": "the generator refused the configuration while loading (it raised)",
     "TTB064": "a model_capabilities key the worker does not apply or does not know",
+    "TTB065": "a contract method is still the template (only raises NotImplementedError)",
     # Across bundles
     "TTB070": "two bundles share a name",
     "TTB071": (
@@ -114,11 +115,27 @@ CODES: dict[str, str] = {
     "TTB207": "mixture-of-experts models do not support multi-process data parallelism",
     "TTB208": "model or checkpoint cannot be read",
     "TTB209": "vLLM rejected the configuration",
-    "TTB212": "data-parallel device groups cannot be formed or bound",
-    "TTB213": "the mesh could not be split into data-parallel submeshes",
+    "TTB212": (
+        "data-parallel device groups cannot be formed or bound (uneven split, "
+        "`TT_VISIBLE_DEVICES` or `--device-ids` set for the whole server, a rank without a "
+        "group)"
+    ),
+    "TTB213": (
+        "the mesh could not be split into data-parallel submeshes (TT-Metal failed or timed out)"
+    ),
     "TTB214": "the KV cache is too small for every data-parallel lane",
     "TTB215": "a multimodal limit beyond what the bundle declares",
 }
+
+
+def markdown_table() -> str:
+    """The README's table of error codes, generated from `CODES` (a test keeps the README
+    equal to it: `python -c "from ttbundles.codes import markdown_table as t; print(t())"`
+    prints it)."""
+    rows = ["| code | meaning |", "|---|---|"]
+    rows += [f"| `{code}` | {meaning} |" for code, meaning in CODES.items()]
+    return "\n".join(rows) + "\n"
+
 
 UNVERIFIABLE: frozenset[str] = frozenset({"TTB040", "TTB057", "TTB058"})
 """Codes that say something could not be checked *here* (code outside the bundle, a main

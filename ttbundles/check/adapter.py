@@ -122,6 +122,29 @@ def check_adapter(
     return _contract_diagnostics(info, metadata, meta_file)
 
 
+def still_template(info: ClassInfo) -> list[str]:
+    """The contract methods of the class whose whole body (after a docstring) is `raise
+    NotImplementedError`: what `ttbundle init` wrote, not yet written by the author."""
+    names = [*REQUIRED_METHODS, *KV_CACHE_METHODS, *ASYNC_METHODS]
+    found = []
+    for name in names:
+        definition = info.methods.get(name)
+        node = getattr(definition, "node", None)
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        body = list(node.body)
+        if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+            body = body[1:]  # the docstring
+        if len(body) == 1 and isinstance(body[0], ast.Raise) and _names_not_implemented(body[0]):
+            found.append(name)
+    return found
+
+
+def _names_not_implemented(node: ast.Raise) -> bool:
+    exc = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
+    return isinstance(exc, ast.Name) and exc.id == "NotImplementedError"
+
+
 def _contract_diagnostics(
     info: ClassInfo, metadata: BundleMetadata, meta_file: str
 ) -> list[Diagnostic]:
@@ -133,6 +156,20 @@ def _contract_diagnostics(
     name = metadata.class_name
     where = {"file": str(info.file), "line": info.line}
     not_here = "run ttbundle validate --import where its dependencies are installed"
+    template = still_template(info)
+    if template:
+        out.append(
+            Diagnostic(
+                "TTB065",
+                Severity.WARNING,
+                f"{name} is still the template: {', '.join(template)} only raise "
+                "NotImplementedError",
+                hint="write them (ttbundle init's template marks each with what it returns); "
+                "validate --strict and install refuse the template until then",
+                file=str(info.methods[template[0]].file),
+                line=info.methods[template[0]].line,
+            )
+        )
     missing = [m for m in REQUIRED_METHODS if m not in info.methods]
     if not any(m in info.methods for m in KV_CACHE_METHODS):
         missing.append(" or ".join(KV_CACHE_METHODS))

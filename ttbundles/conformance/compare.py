@@ -166,6 +166,9 @@ class CaseResult:
     steps: list[StepResult] = field(default_factory=list)
     details: dict[str, Any] = field(default_factory=dict)
     failures: list[Diagnostic] = field(default_factory=list)
+    # Why the path's own check could not run at these settings (a harness limit, not the
+    # bundle's failure): said, never failed.
+    skipped: str | None = None
 
     @property
     def passed(self) -> bool:
@@ -224,6 +227,7 @@ class CaseResult:
             "label": self.label,
             "golden": self.golden,
             "passed": self.passed,
+            "skipped": self.skipped,
             "summary": _clean(self.summary()),
             "details": self.details,
             "steps": [_clean(asdict(s)) for s in self.steps],

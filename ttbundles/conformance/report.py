@@ -73,6 +73,7 @@ def to_junit(report: TestReport) -> str:
         cases = [c for c in report.cases if c.golden == golden]
         ppl = [p for p in report.perplexity if p.golden == golden]
         failed = sum(1 for c in cases if not c.passed) + sum(1 for p in ppl if not p.passed)
+        skipped = sum(1 for c in cases if c.passed and c.skipped)
         count = len(cases) + len(ppl)
         total += count
         failures += failed
@@ -83,7 +84,7 @@ def to_junit(report: TestReport) -> str:
             tests=str(count),
             failures=str(failed),
             errors="0",
-            skipped="0",
+            skipped=str(skipped),
             time=f"{report.seconds.get('total', 0.0):.3f}",
         )
         properties = ET.SubElement(suite, "properties")
@@ -103,6 +104,8 @@ def to_junit(report: TestReport) -> str:
             for failure in case.failures:
                 node = ET.SubElement(element, "failure", type=failure.code, message=failure.message)
                 node.text = failure.hint or ""
+            if case.skipped and case.passed:
+                ET.SubElement(element, "skipped", message=case.skipped)
             ET.SubElement(element, "system-out").text = "\n".join(step_lines(case))
         for result in ppl:
             element = ET.SubElement(

@@ -453,6 +453,15 @@ def exercised(case: Any, path: str, served: dict) -> None:
         )
     if path == "prefix_cache" and details["num_cached_tokens"] == 0:
         block = next((e["block_size"] for e in served["engines"] if e["name"] == "host"), "?")
+        if isinstance(block, int) and details["prompt_tokens"] <= block:
+            # vLLM caches whole blocks and recomputes at least the last token: a sequence
+            # of one block or less can never hit. A limit of these settings, not a fault.
+            case.skipped = (
+                f"the cache-hit check cannot run: the resent sequence of "
+                f"{details['prompt_tokens']} tokens does not exceed one block of {block} "
+                "(longer prompts or more --max-tokens make it run)"
+            )
+            return
         _fail(
             "TTB124",
             case,

@@ -126,9 +126,18 @@ class Created:
 
 
 def init_bundle(
-    folder: Path, *, arch: str | None, from_hf: str | None = None, name: str | None = None
+    folder: Path,
+    *,
+    arch: str | None,
+    from_hf: str | None = None,
+    name: str | None = None,
+    keep_adapter: bool = False,
 ) -> Created:
-    """Create a bundle that validates: metadata plus an adapter template."""
+    """Create a bundle that validates: metadata plus an adapter template.
+
+    An `adapter.py` already in the folder is never mixed with silently: without
+    `keep_adapter` it is refused (TTB033); with it, the adapter stays and the metadata
+    names its class (the template's name when it defines it, else its only class)."""
     models: list[dict] = []
     notes: list[str] = []
     config: dict = {}
@@ -165,6 +174,18 @@ def init_bundle(
         )
     bare = arch[2:] if arch.startswith("TT") else arch
     class_name = f"TT{bare}Generator"
+    adapter = folder / "adapter.py"
+    if adapter.exists():
+        if not keep_adapter:
+            raise TTBundleError.single(
+                "TTB033",
+                f"{adapter} already exists: init writes a new adapter template",
+                file=adapter,
+                hint="choose an empty folder, or pass --keep-adapter to keep it and write "
+                "metadata naming its class",
+            )
+        class_name = _existing_class(adapter, class_name)
+        notes.append(f"kept the existing {adapter}; main_class is adapter:{class_name}")
     metadata: dict = {
         "schema_version": SCHEMA_VERSION,
         "name": name or slug(folder.resolve().name),
@@ -179,11 +200,36 @@ def init_bundle(
     # Every capability the class's model_capabilities mirrors, off, as in the template.
     metadata["capabilities"] = Capabilities().model_dump(include=set(CAPABILITY_KEYS.values()))
     folder.mkdir(parents=True, exist_ok=True)
-    adapter = folder / "adapter.py"
     if not adapter.exists():
         adapter.write_text(adapter_source(arch, class_name))
     write_json_atomic(folder / METADATA_FILE, metadata)
     return Created(folder, notes)
+
+
+def _existing_class(adapter: Path, preferred: str) -> str:
+    """The class an existing adapter offers: `preferred` when defined, else the only
+    class; TTB052 when that cannot be told (read with `ast`, never imported)."""
+    import ast
+
+    try:
+        tree = ast.parse(adapter.read_text(encoding="utf-8"), filename=str(adapter))
+    except (OSError, SyntaxError, UnicodeDecodeError) as exc:
+        raise TTBundleError.single(
+            "TTB051", f"cannot read the existing adapter: {exc}", file=adapter
+        ) from None
+    classes = [node.name for node in tree.body if isinstance(node, ast.ClassDef)]
+    if preferred in classes:
+        return preferred
+    if len(classes) == 1:
+        return classes[0]
+    raise TTBundleError.single(
+        "TTB052",
+        f"the existing adapter defines {len(classes)} classes"
+        + (f" ({', '.join(classes)})" if classes else "")
+        + ": which one is the generator cannot be told",
+        file=adapter,
+        hint="leave one generator class in it, or choose an empty folder",
+    )
 
 
 def _check_architecture(arch: str, config: dict) -> None:
