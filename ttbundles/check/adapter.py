@@ -165,7 +165,7 @@ def _contract_diagnostics(
                 f"{name} is still the template: {', '.join(template)} only raise "
                 "NotImplementedError",
                 hint="write them (ttbundle init's template marks each with what it returns); "
-                "validate --strict and install refuse the template until then",
+                "validate --strict refuses the template until then",
                 file=str(info.methods[template[0]].file),
                 line=info.methods[template[0]].line,
             )
