@@ -269,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     if shutil.which("curl") is None:
         print("curl is needed for the baseline", file=sys.stderr)
         return 2
-    with tempfile.TemporaryDirectory(prefix="bench-distribution-", dir=REPO.parent) as tmp:
+    with tempfile.TemporaryDirectory(prefix="bench-distribution-") as tmp:
         root = Path(tmp)
         big = make_archive(root, int(args.size_gib * GIB), "bench-big")
         small = make_archive(root, int(args.small_mib * MIB), "bench-small")

@@ -14,6 +14,8 @@ VALUE_NAMES: dict[str, str] = {
     "archive": "ARCHIVE",
     "arch": "ARCH",
     "bundle": "BUNDLE",
+    "certificate": "CERT",
+    "chain": "CA",
     "checkpoint_dir": "DIR",
     "folder": "DIR",
     "from_hf": "REPO|DIR",
@@ -29,6 +31,8 @@ VALUE_NAMES: dict[str, str] = {
     "paths": "PATH",
     "port": "PORT",
     "record": "FILE",
+    "ref": "REF",
+    "source": "ARCHIVE|DIR",
     "timeout": "SECONDS",
     "write_checkpoint": "DIR",
 }

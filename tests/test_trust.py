@@ -266,6 +266,32 @@ def test_policy_at_registration(tmp_path, keys, trust_alice):
     assert "adapter.py changed since signing" in entries["signed"].reason
 
 
+def test_startup_table_shows_signers_and_refusals(tmp_path, keys, trust_alice, caplog):
+    import logging
+
+    from ttbundles.serving.registration import log_table
+
+    models = tmp_path / "models"
+    sign(_bundle(models, "signed"), keys["alice"].private)
+    document = metadata("plain", "1.0.0", main_class="adapter:Generator", arch="PlainForCausalLM")
+    write_bundle(models / "plain", name="plain", document=document)
+    environ = {
+        "EXTRA_MODELS_DIR": str(models),
+        "TT_VLLM_BUILTIN_MODELS": "0",
+        "TT_BUNDLES_TRUST": str(trust_alice),
+    }
+    with caplog.at_level(logging.INFO, logger="vllm.ttbundles"):
+        log_table(compute(environ, index=False))
+    (table,) = [r.getMessage() for r in caplog.records if "TT architectures" in r.getMessage()]
+    (signed,) = [line for line in table.splitlines() if "signed@" in line]
+    assert signed.split()[0] == "registered"
+    assert f"signer=key {trust_alice / 'alice.pub'}" in signed
+    (plain,) = [line for line in table.splitlines() if "plain@" in line]
+    assert plain.split()[0] == "skipped" and "TTB140 bundle plain is not signed" in plain
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len([w for w in warnings if "TTB140" in w]) == 1
+
+
 def test_list_shows_signers(run_cli, tmp_path, keys, trust_alice):
     models = tmp_path / "models"
     sign(_bundle(models, "signed"), keys["alice"].private)

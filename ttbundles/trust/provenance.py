@@ -12,11 +12,11 @@ installing that archive carries it over. The record is information for people
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from ttbundles.archive.files import PROVENANCE_FILE
+from ttbundles.fsutil import atomic_file
 
 SIDECAR_SUFFIX = ".provenance.json"
 
@@ -36,11 +36,8 @@ class Provenance:
         return replace(self, **changes)  # type: ignore[arg-type]
 
     def _write(self, path: Path) -> None:
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(
-            json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n", encoding="utf-8"
-        )
-        os.replace(tmp, path)
+        with atomic_file(path) as out:
+            out.write(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
 
     def write_into(self, folder: Path) -> None:
         self._write(Path(folder) / PROVENANCE_FILE)

@@ -28,6 +28,7 @@ class Claim:
     kind: str  # "key" or "certificate"
     fingerprint: str  # hex sha256 (key: of its PEM SPKI; certificate: of its DER)
     digests: dict[str, str]  # signed file -> hex sha256
+    serialization: tuple[tuple[str, str], ...] = ()  # how files were hashed (method, ...)
 
     @property
     def files(self) -> frozenset[str]:
@@ -45,15 +46,19 @@ def read_claim(data: bytes) -> Claim | None:
         material = document["verificationMaterial"]
         payload = json.loads(base64.b64decode(document["dsseEnvelope"]["payload"]))
         files = {str(r["name"]): str(r["digest"]) for r in payload["predicate"]["resources"]}
+        how = payload["predicate"].get("serialization") or {}
+        serialization = tuple(
+            (str(k), str(v)) for k, v in sorted(how.items()) if isinstance(v, (str, bool))
+        )
         if "publicKey" in material:
-            return Claim("key", str(material["publicKey"].get("hint", "")), files)
+            return Claim("key", str(material["publicKey"].get("hint", "")), files, serialization)
         chain = material.get("x509CertificateChain") or {}
         certificates = chain.get("certificates") or []
         if not certificates and "certificate" in material:
             certificates = [material["certificate"]]
         if certificates:
             der = base64.b64decode(certificates[0]["rawBytes"])
-            return Claim("certificate", hashlib.sha256(der).hexdigest(), files)
+            return Claim("certificate", hashlib.sha256(der).hexdigest(), files, serialization)
     except (ValueError, KeyError, TypeError, AttributeError, binascii.Error):
         return None
     return None

@@ -69,7 +69,7 @@ def sign_folder(
         hashing.Config().set_ignored_paths(paths=ignored, ignore_git_paths=False)
     )
     target = folder / SIGNATURE_FILE
-    tmp = folder / f".{SIGNATURE_FILE}.tmp"
+    tmp = folder / f".{SIGNATURE_FILE}.{os.urandom(6).hex()}.tmp"
     try:
         config.sign(folder, tmp)
     except (OSError, ValueError) as exc:
