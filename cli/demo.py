@@ -61,6 +61,15 @@ def demo(
             "(nothing to download; its text is noise).",
         ),
     ] = False,
+    vision: Annotated[
+        bool,
+        typer.Option(
+            "--vision",
+            help="Serve the tiny random-weight Qwen2.5-VL checkpoint with the demo-vision "
+            "bundle (made locally, nothing to download); --query sends it a picture the "
+            "demo draws, through the chat API. Its text is noise.",
+        ),
+    ] = False,
     lanes: Annotated[
         int,
         typer.Option(
@@ -95,11 +104,14 @@ def demo(
     Example: ttbundle demo --port 8000 -- --max-model-len 256 --enable-prefix-caching
 
     Example: ttbundle demo --lanes 4 --query
+
+    Example: ttbundle demo --vision --query
     """
     from ttbundles.demo import model
     from ttbundles.demo.checkpoint import write_demo_checkpoint
     from ttbundles.demo.flow import run_demo
-    from ttbundles.demo.query import DemoAnswers
+    from ttbundles.demo.query import DemoAnswers, VisionAnswers
+    from ttbundles.demo.vision_checkpoint import ensure_vision_checkpoint, write_vision_checkpoint
 
     out = Output(fmt)
 
@@ -107,20 +119,32 @@ def demo(
         (out.err if out.is_json else out.out).print(line, style="dim", markup=False)
 
     if write_checkpoint is not None:
-        folder = write_demo_checkpoint(write_checkpoint)
+        if vision:
+            folder = write_demo_checkpoint(write_checkpoint, writer=write_vision_checkpoint)
+        else:
+            folder = write_demo_checkpoint(write_checkpoint)
         out.result(True, path=str(folder)) if out.is_json else out.plain(str(folder))
         return
     if prepare:
-        folder, _ = model.prepare(checkpoint_dir, say=say)
+        if vision:
+            folder, _ = ensure_vision_checkpoint(checkpoint_dir)
+        else:
+            folder, _ = model.prepare(checkpoint_dir, say=say)
         out.result(True, path=str(folder)) if out.is_json else out.plain(str(folder))
         return
     # A plain `kill` of this command must still stop the server it started.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
 
-    def show(answers: DemoAnswers) -> None:  # before the server stops and says so
+    def show(answers: DemoAnswers | VisionAnswers) -> None:  # before the server stops
         if out.is_json:
             return
         out.line(f"model: {answers.model}", style="bold")
+        if isinstance(answers, VisionAnswers):
+            out.line(f"picture: {answers.picture} (drawn by the demo, sent as a data URL)")
+            chat = answers.chat
+            out.line(f"image chat: {chat.prompt!r} -> {chat.text!r} ({chat.summary()})")
+            out.line(f"({answers.note})", style="dim")
+            return
         for kind, answer in (("completion", answers.completion), ("chat", answers.chat)):
             out.line(f"{kind}: {answer.prompt!r} -> {answer.text!r} ({answer.summary()})")
         if tiny:
@@ -139,6 +163,7 @@ def demo(
             tiny=tiny,
             vllm_args=vllm_args or (),
             lanes=lanes,
+            vision=vision,
             say=say,
             show=show,
         )

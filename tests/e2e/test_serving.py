@@ -7,6 +7,7 @@ another test left in the demo server's prefix cache.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import random
@@ -423,3 +424,29 @@ def test_demo_command_tiny_checkpoint(tmp_path):
         and "24 tokens, length" in line
         for line in lines
     ), run.stdout
+
+
+def test_demo_command_vision_sends_its_picture(tmp_path):
+    """`ttbundle demo --vision --query -f json`: the tiny vision checkpoint prepared into
+    the cache, served with the demo-vision bundle; the demo's own picture goes through the
+    chat API as a data URL and the streamed answer is transformers' greedy answer."""
+    from ttbundles.demo.picture import draw_picture
+    from ttbundles.reference.vl_golden import VisionGolden
+
+    run = _demo(["--query", "--vision", "-f", "json"], tmp_path)
+    assert run.returncode == 0, run.stdout + run.stderr
+    checkpoint = tmp_path / "ttbundles" / "demo-vision-checkpoint"
+    assert f"checkpoint: {checkpoint} (prepared now)" in run.stderr
+    assert run.stderr.splitlines()[-1] == "server stopped"
+    answers = json.loads(run.stdout)["answers"]
+    chat = answers["chat"]
+    assert answers["model"] == str(checkpoint)
+    assert "random weights" in answers["note"] and "noise" in answers["note"]
+    assert chat["finish_reason"] == "length" and chat["completion_tokens"] == 24
+    assert chat["text"] and chat["ttft_s"] > 0 and chat["tokens_per_s"] > 0
+    log = (tmp_path / "ttbundles" / "demo-server.log").read_text()
+    assert "serving TTQwen2_5_VLForConditionalGeneration with demo-vision@1.0.0" in log
+    golden = VisionGolden(checkpoint)
+    prompt, output = answers["prompt_token_ids"], answers["token_ids"]
+    assert prompt.count(golden.image_token_id) == 24  # 168 x 112 pixels: 12 x 8 patches, 2 x 2
+    assert output == golden.greedy(prompt, [draw_picture()], 24)

@@ -1,7 +1,8 @@
 """Ask a served model once, as a user would: the OpenAI client, completions and chat.
 
-Both requests stream, so the answer comes with what a user feels: the time to the first
-token and the decode rate after it.
+Every request streams, so the answer comes with what a user feels: the time to the first
+token and the decode rate after it. `query` asks a text model; `query_image` sends a
+vision-language model the picture the demo draws (`picture`) as a data URL.
 """
 
 from __future__ import annotations
@@ -11,6 +12,13 @@ from dataclasses import dataclass
 
 COMPLETION_PROMPT = "The capital of France is"
 CHAT_MESSAGES = ({"role": "user", "content": "What is the capital of France?"},)
+IMAGE_PROMPT = "What shapes and colours are in this picture?"
+RANDOM_WEIGHTS_NOTE = (
+    "The vision checkpoint has seeded random weights: its answer is noise, not a "
+    "description of the picture. What it shows is the image path (data URL, vLLM's "
+    "Qwen2.5-VL processor, the vision tower on the host mesh, M-RoPE), greedy-identical "
+    "to transformers."
+)
 
 
 @dataclass(frozen=True)
@@ -34,6 +42,16 @@ class DemoAnswers:
     model: str
     completion: Answer
     chat: Answer
+
+
+@dataclass(frozen=True)
+class VisionAnswers:
+    model: str
+    picture: str  # what the picture shows
+    chat: Answer
+    prompt_token_ids: list[int]  # as the server prefilled them (image placeholders too)
+    token_ids: list[int]  # the answer's tokens
+    note: str = RANDOM_WEIGHTS_NOTE
 
 
 def _timed(stream, prompt: str, text_of) -> Answer:  # noqa: ANN001 - openai stream types
@@ -94,3 +112,45 @@ def query(api_url: str, *, max_tokens: int = 24, timeout: float = 120.0) -> Demo
     finally:
         client.close()
     return DemoAnswers(model=model, completion=completion, chat=chat)
+
+
+def _recording(stream, ids: dict[str, list[int]]):  # noqa: ANN001, ANN202 - openai types
+    """Pass `stream` through, collecting the token ids vLLM adds with `return_token_ids`:
+    the prompt's on the first chunk, each chunk's new tokens on its choice."""
+    for chunk in stream:
+        prompt = getattr(chunk, "prompt_token_ids", None)
+        if prompt:
+            ids["prompt"] = list(prompt)
+        for choice in chunk.choices:
+            ids["output"].extend(getattr(choice, "token_ids", None) or [])
+        yield chunk
+
+
+def query_image(api_url: str, *, max_tokens: int = 24, timeout: float = 120.0) -> VisionAnswers:
+    """One greedy chat completion with the demo's picture and `IMAGE_PROMPT`, streamed,
+    with the OpenAI client; the token ids come back too (vLLM's `return_token_ids`)."""
+    import openai
+
+    from ttbundles.demo.picture import DESCRIPTION, data_url, draw_picture
+
+    client = openai.OpenAI(base_url=api_url, api_key="EMPTY", timeout=timeout, max_retries=0)
+    content = [
+        {"type": "image_url", "image_url": {"url": data_url(draw_picture())}},
+        {"type": "text", "text": IMAGE_PROMPT},
+    ]
+    ids: dict[str, list[int]] = {"prompt": [], "output": []}
+    try:
+        model = client.models.list().data[0].id
+        stream = client.chat.completions.create(
+            model=model,
+            messages=[{"role": "user", "content": content}],
+            max_tokens=max_tokens,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"return_token_ids": True},
+        )
+        chat = _timed(_recording(stream, ids), IMAGE_PROMPT, lambda choice: choice.delta.content)
+    finally:
+        client.close()
+    return VisionAnswers(model, DESCRIPTION, chat, ids["prompt"], ids["output"])
