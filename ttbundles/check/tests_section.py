@@ -12,7 +12,7 @@ from pathlib import Path
 from ttbundles.errors import Diagnostic, Severity
 from ttbundles.format.golden_file import GoldenFile, GoldenFileError
 from ttbundles.format.metadata import PATH_CAPABILITY, BundleMetadata, Capabilities
-from ttbundles.format.prompts import PromptFileError, read_prompt_file
+from ttbundles.format.prompts import PromptFileError, image_problems, read_prompt_file
 
 
 def declares(capabilities: Capabilities, path: str) -> bool:
@@ -45,6 +45,30 @@ def path_problems(
     return out
 
 
+def image_prompt_problems(bundle_dir: Path, metadata: BundleMetadata, file: str) -> list:
+    """TTB110 for image prompts the bundle cannot take (no image input, or more images
+    than its per-prompt limit); TTB111 for image files that do not read."""
+    tests = metadata.tests
+    if tests is None or not tests.image_prompts:
+        return []
+    limit = metadata.capabilities.input_limits().get("image", 0)
+    out = []
+    for i, prompt in enumerate(tests.image_prompts):
+        if len(prompt.images) > limit:
+            out.append(
+                Diagnostic(
+                    "TTB110",
+                    Severity.ERROR,
+                    f"image prompt {i} has {len(prompt.images)} images; {metadata.name} takes "
+                    + (f"at most {limit} per prompt" if limit else "no image input"),
+                    file=file,
+                    pointer=f"/tests/image_prompts/{i}/images",
+                    hint='declare capabilities.modalities, e.g. {"image": 2}, or send fewer images',
+                )
+            )
+    return out + image_problems(bundle_dir, tests.image_prompts, file)
+
+
 def check_tests(bundle_dir: Path, metadata: BundleMetadata, file: str) -> list[Diagnostic]:
     """The tests section's rules beyond the schema (run by `ttbundle validate`)."""
     tests = metadata.tests
@@ -60,6 +84,7 @@ def check_tests(bundle_dir: Path, metadata: BundleMetadata, file: str) -> list[D
             )
         except PromptFileError as exc:
             out.append(_pointing_from(exc.diagnostic, file, "/tests/prompt_file"))
+    out.extend(image_prompt_problems(bundle_dir, metadata, file))
     if tests.golden is not None:
         try:
             GoldenFile.read(bundle_dir / tests.golden)

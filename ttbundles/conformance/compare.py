@@ -57,6 +57,8 @@ class GoldenSource(Protocol):
 
     def rows(self, context: list[int], tokens: list[int]) -> np.ndarray | None: ...
 
+    def with_images(self, images: Any) -> GoldenSource: ...
+
 
 class LiveSource:
     """A live golden (`reference.golden`), teacher-forced on whatever it is given."""
@@ -70,9 +72,24 @@ class LiveSource:
     def rows(self, context: list[int], tokens: list[int]) -> np.ndarray:
         """The golden's logits `[len(tokens), V]` for each step of the sequence."""
         sequence = list(context) + list(tokens[:-1])
-        logits = self.golden.sequence_logits(sequence)
+        logits = self.logits(sequence, len(context))
         start = len(context) - 1
         return logits[start : start + len(tokens)]
+
+    def logits(self, sequence: list[int], prompt_tokens: int) -> np.ndarray:
+        return self.golden.sequence_logits(sequence)
+
+    def with_images(self, images: Any) -> LiveSource:
+        """This golden for an image prompt: `images` are its image specs
+        (`format.prompts.Prompt.images`), fed with the same token ids."""
+        if not hasattr(self.golden, "image_token_id"):
+            raise TTBundleError.single(
+                "TTB125",
+                f"the {self.name} golden takes no images: image prompts are compared with "
+                "transformers' image-text class",
+                hint="use --golden transformers (or auto) for a bundle with image prompts",
+            )
+        return ImageSource(self.golden, images)
 
     def steps(self, context: list[int], tokens: list[int]) -> list[GoldenStep | None]:
         if not tokens:
@@ -82,6 +99,20 @@ class LiveSource:
     def perplexity_logprobs(self, ids: list[int]) -> np.ndarray:
         logits = self.golden.sequence_logits(list(ids))
         return np.array([metrics.log_softmax(logits[j])[ids[j + 1]] for j in range(len(ids) - 1)])
+
+
+class ImageSource(LiveSource):
+    """A live vision-language golden bound to one prompt's images: each teacher-forced
+    sequence carries the same pixels, placeholders marked in the prompt only."""
+
+    def __init__(self, golden: Any, images: Any):
+        from ttbundles.format.prompts import load_image
+
+        super().__init__(golden)
+        self.images = [load_image(i) for i in images]
+
+    def logits(self, sequence: list[int], prompt_tokens: int) -> np.ndarray:
+        return self.golden.sequence_logits(sequence, self.images, prompt_tokens)
 
 
 class FileSource:
@@ -95,6 +126,13 @@ class FileSource:
 
     def rows(self, context: list[int], tokens: list[int]) -> None:
         return None
+
+    def with_images(self, images: Any) -> FileSource:
+        raise TTBundleError.single(
+            "TTB125",
+            "image prompts against a recorded golden are not supported yet",
+            hint="compare image prompts with the live golden: --golden transformers",
+        )
 
     def steps(self, context: list[int], tokens: list[int]) -> list[GoldenStep | None]:
         recorded = None

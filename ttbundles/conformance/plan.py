@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ttbundles.check.tests_section import declares, path_problems
+from ttbundles.check.tests_section import declares, image_prompt_problems, path_problems
 from ttbundles.errors import Diagnostic, InvalidBundleError, Severity
 from ttbundles.format.meshes import HOST, canonical
 from ttbundles.format.metadata import TEST_PATHS, BundleMetadata, BundleTests, Capabilities
@@ -20,6 +20,7 @@ from ttbundles.format.prompts import (
     DEFAULT_PROMPTS,
     Prompt,
     PromptFileError,
+    image_prompts,
     read_prompt_file,
     text_prompts,
 )
@@ -52,6 +53,13 @@ class TestPlan:
     @property
     def thresholds(self):  # noqa: ANN201 - format.metadata.Thresholds
         return self.tests.thresholds
+
+    @property
+    def has_images(self) -> bool:
+        """Whether an image prompt runs (they run on the prefill and decode paths)."""
+        return any(p.images for p in self.prompts) and any(
+            p in ("prefill", "decode") for p in self.paths
+        )
 
     @property
     def runs_perplexity(self) -> bool:
@@ -109,8 +117,12 @@ def resolve_plan(
             prompts += read_prompt_file(bundle_dir / tests.prompt_file)
         except PromptFileError as exc:
             problems.append(exc.diagnostic)
-    if not tests.prompts and tests.prompt_file is None:
+    if not tests.prompts and tests.prompt_file is None and not tests.image_prompts:
         prompts = text_prompts(list(DEFAULT_PROMPTS))
+    prompts += image_prompts(tests.image_prompts, bundle_dir)
+    problems.extend(
+        image_prompt_problems(bundle_dir, metadata, str(bundle_dir / "vllm_metadata.json"))
+    )
     names = [p.name for p in prompts]
     if len(set(names)) != len(names):
         problems.append(

@@ -126,6 +126,15 @@ def load_live(kind: str, checkpoint: str) -> Any:
         config = load_config(checkpoint)
     except Exception as exc:  # noqa: BLE001 - any failure to read it means no golden
         raise _no_golden(kind, checkpoint, f"cannot read its config: {exc}") from None
+    if getattr(config, "vision_config", None) is not None and kind in (AUTO, "transformers"):
+        # A vision-language checkpoint: transformers' image-text class, which takes the
+        # image prompts' pixels too (text prompts: no image).
+        try:
+            from ttbundles.reference.vl_golden import VisionGolden
+
+            return VisionGolden(checkpoint)
+        except Exception as exc:  # noqa: BLE001
+            raise _no_golden(kind, checkpoint, f"{type(exc).__name__}: {exc}") from None
     if kind == AUTO:
         kind = "reference" if reference_covers(config) is None else "transformers"
     elif kind == "reference":
@@ -270,6 +279,13 @@ def run_test(
             if choice not in LIVE and choice != AUTO:
                 files[choice] = GoldenFile.read(Path(choice))
         live_kinds = [c for c in choices if c in LIVE or c == AUTO]
+        if plan.has_images and (files or record is not None):
+            raise TTBundleError.single(
+                "TTB125",
+                "image prompts against a recorded golden (--golden FILE, --record) are not "
+                "supported yet",
+                hint="compare image prompts with the live golden: --golden transformers",
+            )
         if record is not None and not live_kinds:
             raise TTBundleError.single(
                 "TTB125",
@@ -311,6 +327,12 @@ def run_test(
         loader.join()
         if failed:
             raise TTBundleError([d for exc in failed.values() for d in exc.diagnostics])
+        if record is not None and any(hasattr(g, "image_token_id") for g in loaded.values()):
+            raise TTBundleError.single(
+                "TTB125",
+                "recording the golden of a vision-language checkpoint is not supported yet",
+                hint="compare with the live golden: drop --record",
+            )
         progress("advance", label="golden loaded")
         report.served = {k: v for k, v in served.items() if k not in ("runs", "model")}
         report.served["model"] = model_identity(served.get("model", {}))
@@ -382,6 +404,7 @@ def compare_all(report: TestReport, plan: TestPlan, served: dict, arrays: Any, s
     from ttbundles.conformance import compare
 
     labels = {p.name: p.label() for p in plan.prompts}
+    images = {p.name: p.images for p in plan.prompts if p.images}
     thresholds = plan.thresholds
     runs = served["runs"]
     device_steps = served.get("device_steps", {})
@@ -422,8 +445,12 @@ def compare_all(report: TestReport, plan: TestPlan, served: dict, arrays: Any, s
                     prefill_chunks=item["prefill_chunks"],
                     prompt_tokens=len(item["context"]),
                 )
+                golden = source
+                if item.get("images"):
+                    case.details["images"] = len(images[item["prompt"]])
+                    golden = source.with_images(images[item["prompt"]])
                 compare.compare_logits(
-                    case, item["context"], item["tokens"], arrays[item["logits"]], source
+                    case, item["context"], item["tokens"], arrays[item["logits"]], golden
                 )
                 compare.check_thresholds(case, thresholds)
                 exercised(case, path, served)

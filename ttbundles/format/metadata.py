@@ -38,7 +38,8 @@ LATEST_SCHEMA_VERSION = 2
 # Every schema version this release reads, with what it changed.
 SUPPORTED_SCHEMA_VERSIONS: dict[int, str] = {
     1: "first versioned format: identity, capabilities, targets, when, requires",
-    2: "capabilities.modalities: the input modalities and their per-prompt limits",
+    2: "capabilities.modalities: the input modalities and their per-prompt limits; "
+    "tests.image_prompts",
 }
 # Input modalities vLLM's multimodal processors know; a bundle lists those it serves.
 Modality = Literal["image", "video", "audio"]
@@ -376,6 +377,47 @@ class Thresholds(_Strict):
     )
 
 
+class TestImage(_Strict):
+    """One image of an image prompt: a file in the bundle, or a picture the harness draws
+    from a seed (the same pixels on every machine)."""
+
+    __test__ = False  # not a pytest class
+
+    file: str | None = Field(
+        None, description="An image file in the bundle (PNG, JPEG, ...), e.g. 'tests/cat.png'."
+    )
+    seed: int | None = Field(
+        None, ge=0, description="Draw the image: random pixels from this seed (no file)."
+    )
+    width: int = Field(64, ge=1, le=4096, description="Width of a drawn image in pixels.")
+    height: int = Field(64, ge=1, le=4096, description="Height of a drawn image in pixels.")
+
+    _file = field_validator("file")(_relative_file)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> TestImage:
+        if (self.file is None) == (self.seed is None):
+            raise PydanticCustomError(
+                "TTB033",
+                "an image names a file or a seed (exactly one of them)",
+                {
+                    "hint": 'write {"file": "tests/cat.png"} or {"seed": 0, "width": 64, '
+                    '"height": 64}'
+                },
+            )
+        return self
+
+
+class ImagePrompt(_Strict):
+    """A prompt with images: the user message of the checkpoint's chat template, the
+    images first, then the text (as a chat request with image parts is rendered)."""
+
+    text: str = Field(min_length=1, description="The text after the images.")
+    images: list[TestImage] = Field(
+        min_length=1, description="The images, in order (at most the bundle's image limit)."
+    )
+
+
 class BundleTests(_Strict):
     """What `ttbundle test` runs against a golden; every field has a default."""
 
@@ -388,6 +430,12 @@ class BundleTests(_Strict):
         None,
         description="A JSON file in the bundle with prompts as token ids: "
         '[[1, 2, 3], ...] or {"name": [1, 2, 3], ...}; used after prompts.',
+    )
+    image_prompts: list[ImagePrompt] = Field(
+        default_factory=list,
+        description="Prompts with images (schema_version 2), named i0, i1, ...; run on the "
+        "prefill and decode paths and compared with transformers' class on the same token "
+        "ids and pixels.",
     )
     max_tokens: int = Field(16, gt=0, le=4096, description="Tokens generated per prompt.")
     paths: list[TestPath] | None = Field(
@@ -449,7 +497,12 @@ class BundleMetadata(_Strict):
             "patternProperties": {"^x-": {}},
             # What schema 2 added is refused in a schema 1 document (`needs_version`).
             "if": {"properties": {"schema_version": {"const": 1}}},
-            "then": {"properties": {"capabilities": {"properties": {"modalities": False}}}},
+            "then": {
+                "properties": {
+                    "capabilities": {"properties": {"modalities": False}},
+                    "tests": {"properties": {"image_prompts": False}},
+                }
+            },
         },
     )
 
@@ -513,6 +566,8 @@ class BundleMetadata(_Strict):
                 for key in ("sampling", "thresholds"):
                     if key in tests:
                         tests[key] = _aside(tests[key])
+                if isinstance(tests.get("image_prompts"), list):
+                    tests["image_prompts"] = [_aside_prompt(p) for p in tests["image_prompts"]]
         # Absent objects validate from {} natively: a default_factory would build each
         # through Python, and registration runs this for every bundle in every process.
         for key in ("capabilities", "when", "requires"):
@@ -537,8 +592,11 @@ class BundleMetadata(_Strict):
         if needed > self.schema_version:
             raise PydanticCustomError(
                 "TTB020",
-                "capabilities.modalities needs schema_version {needed} (the file says {version})",
+                "{what} needs schema_version {needed} (the file says {version})",
                 {
+                    "what": "capabilities.modalities"
+                    if self.capabilities.modalities
+                    else "tests.image_prompts",
                     "needed": needed,
                     "version": self.schema_version,
                     "hint": f'write "schema_version": {needed}; ttbundles releases before '
@@ -612,7 +670,17 @@ def capability_flags(capabilities: dict[str, Any] | None) -> list[str]:
 
 def needs_version(metadata: BundleMetadata) -> int:
     """The lowest schema version that expresses `metadata` (what `init` would write)."""
-    return 2 if metadata.capabilities.modalities else 1
+    if metadata.capabilities.modalities or (metadata.tests and metadata.tests.image_prompts):
+        return 2
+    return 1
+
+
+def _aside_prompt(prompt: Any) -> Any:
+    """An image prompt with its and its images' `x-*` keys set aside."""
+    prompt = _aside(prompt)
+    if isinstance(prompt, dict) and isinstance(prompt.get("images"), list):
+        prompt["images"] = [_aside(i) for i in prompt["images"]]
+    return prompt
 
 
 def tt_arch_name(arch: str) -> str:

@@ -27,11 +27,13 @@ from ttbundles.format.metadata import (
     BundleMetadata,
     BundleTests,
     Capabilities,
+    ImagePrompt,
     Modality,
     ModelRef,
     Requires,
     SeededSampling,
     Target,
+    TestImage,
     Thresholds,
     When,
     slug,
@@ -412,6 +414,8 @@ def _model_at(loc: tuple) -> type[BaseModel]:
                 "tests": BundleTests,
                 "sampling": SeededSampling,
                 "thresholds": Thresholds,
+                "image_prompts": ImagePrompt,
+                "images": TestImage,
             }.get(str(head), model)
     return model
 

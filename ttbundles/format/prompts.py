@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ttbundles.errors import Diagnostic, Severity
 
@@ -17,29 +18,92 @@ DEFAULT_PROMPTS = (
 
 @dataclass(frozen=True)
 class Prompt:
-    """One prompt: text (tokenized as vLLM does) or token ids (a prompt file)."""
+    """One prompt: text (tokenized as vLLM does), token ids (a prompt file), or text with
+    images (`images`: each `{"file": absolute path}` or `{"seed", "width", "height"}`;
+    the text then goes through the checkpoint's chat template, images first)."""
 
     name: str
     text: str | None = None
     token_ids: tuple[int, ...] | None = None
+    images: tuple[dict[str, Any], ...] = ()
 
     def label(self, width: int = 32) -> str:
         """`p1 'Once upon a time'`: how reports name it."""
         if self.text is None:
             return self.name
         text = self.text if len(self.text) <= width else self.text[: width - 1] + "…"
-        return f"{self.name} {text!r}"
+        extra = f" +{len(self.images)} image{'s' if len(self.images) > 1 else ''}"
+        return f"{self.name} {text!r}" + (extra if self.images else "")
 
     def to_dict(self) -> dict:
         return {
             "name": self.name,
             "text": self.text,
             "token_ids": list(self.token_ids) if self.token_ids is not None else None,
+            "images": [dict(i) for i in self.images],
         }
 
 
 def text_prompts(texts: list[str]) -> list[Prompt]:
     return [Prompt(f"p{i}", text=text) for i, text in enumerate(texts)]
+
+
+def image_prompts(prompts: list[Any], bundle_dir: Path) -> list[Prompt]:
+    """The tests section's `image_prompts` (format.metadata.ImagePrompt), named i0, i1, ...;
+    an image file becomes an absolute path (the harness runs in another folder)."""
+    out = []
+    for i, prompt in enumerate(prompts):
+        images = tuple(
+            {"file": str((bundle_dir / image.file).absolute())}
+            if image.file is not None
+            else {"seed": image.seed, "width": image.width, "height": image.height}
+            for image in prompt.images
+        )
+        out.append(Prompt(f"i{i}", text=prompt.text, images=images))
+    return out
+
+
+def load_image(spec: dict[str, Any]) -> Any:
+    """The PIL image of one image spec (`Prompt.images`): the file read as RGB, or random
+    pixels drawn from the seed (numpy's PCG64: the same on every machine)."""
+    import numpy as np
+    from PIL import Image
+
+    if "file" in spec:
+        with Image.open(spec["file"]) as image:
+            return image.convert("RGB")
+    rng = np.random.default_rng(int(spec["seed"]))
+    pixels = rng.integers(0, 256, size=(int(spec["height"]), int(spec["width"]), 3))
+    return Image.fromarray(pixels.astype(np.uint8), "RGB")
+
+
+def image_problems(bundle_dir: Path, prompts: list[Any], file: str) -> list[Diagnostic]:
+    """TTB111 for each image file of `image_prompts` that is missing or no image."""
+    out = []
+    for i, prompt in enumerate(prompts):
+        for j, image in enumerate(prompt.images):
+            if image.file is None:
+                continue
+            try:
+                load_image({"file": str(bundle_dir / image.file)})
+            except FileNotFoundError:
+                problem = "does not exist"
+            except Exception as exc:  # noqa: BLE001 - PIL raises many kinds
+                problem = f"is not an image PIL reads ({type(exc).__name__}: {exc})"
+            else:
+                continue
+            out.append(
+                Diagnostic(
+                    "TTB111",
+                    Severity.ERROR,
+                    f"image file {image.file!r} {problem}",
+                    file=file,
+                    pointer=f"/tests/image_prompts/{i}/images/{j}/file",
+                    hint="put the image in the bundle folder, or draw one: "
+                    '{"seed": 0, "width": 64, "height": 64}',
+                )
+            )
+    return out
 
 
 def read_prompt_file(path: Path, *, display: str | None = None) -> list[Prompt]:

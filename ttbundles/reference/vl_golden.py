@@ -6,7 +6,8 @@ greedily on the same inputs: the pixels from the checkpoint's own image processo
 API server runs the same one), and `mm_token_type_ids` marking the image placeholders,
 without which transformers 5 places every token on 1-D positions instead of M-RoPE.
 
-Used by the end-to-end tests and the image-serving benchmark.
+Used by the end-to-end tests, the image-serving benchmark and `ttbundle test` (image
+prompts, and every prompt of a vision-language checkpoint: `sequence_logits`).
 """
 
 from __future__ import annotations
@@ -15,11 +16,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 
 class VisionGolden:
     """transformers' Qwen2.5-VL (or any `AutoModelForImageTextToText`) on a checkpoint."""
+
+    name = "transformers"
 
     def __init__(self, checkpoint: str | Path):
         import transformers
@@ -30,19 +34,42 @@ class VisionGolden:
         ).eval()
         self.image_token_id = int(self.model.config.image_token_id)
 
-    def inputs(self, prompt_token_ids: Sequence[int], images: Sequence[Any]) -> dict:
-        """The model's inputs for one prompt (batch of one)."""
+    def inputs(
+        self,
+        prompt_token_ids: Sequence[int],
+        images: Sequence[Any],
+        prompt_tokens: int | None = None,
+    ) -> dict:
+        """The model's inputs for one prompt (batch of one). Image placeholders are marked
+        in the first `prompt_tokens` positions only (None: all): a generated token that
+        happens to be the placeholder's id is text, as in transformers' generate."""
         ids = torch.tensor([list(prompt_token_ids)], dtype=torch.long)
+        marks = (ids == self.image_token_id).long()
+        if prompt_tokens is not None:
+            marks[:, prompt_tokens:] = 0
         values: dict[str, Any] = {
             "input_ids": ids,
             "attention_mask": torch.ones_like(ids),
-            "mm_token_type_ids": (ids == self.image_token_id).long(),
+            "mm_token_type_ids": marks,
         }
         if images:
             pixels = self.processor.image_processor(images=list(images), return_tensors="pt")
             values["pixel_values"] = pixels["pixel_values"]
             values["image_grid_thw"] = pixels["image_grid_thw"]
         return values
+
+    @torch.no_grad()
+    def sequence_logits(
+        self,
+        ids: Sequence[int],
+        images: Sequence[Any] = (),
+        prompt_tokens: int | None = None,
+    ) -> np.ndarray:
+        """Teacher-forced logits `[len(ids), V]` of a sequence (the prompt with its image
+        placeholders, then the continuation), float32: what `ttbundle test` compares each
+        served step with."""
+        out = self.model(**self.inputs(ids, images, prompt_tokens))
+        return out.logits[0].float().numpy()
 
     @torch.no_grad()
     def greedy(

@@ -202,6 +202,8 @@ def tokenize(spec: dict[str, Any]) -> tuple[dict[str, list[int]], list[int] | No
     tokenizer = None
     ids: dict[str, list[int]] = {}
     for prompt in spec["prompts"]:
+        if prompt.get("images"):
+            continue  # `image_inputs`
         if prompt["token_ids"] is not None:
             ids[prompt["name"]] = list(prompt["token_ids"])
             continue
@@ -212,6 +214,32 @@ def tokenize(spec: dict[str, Any]) -> tuple[dict[str, list[int]], list[int] | No
         tokenizer = tokenizer or get_tokenizer(spec["checkpoint"])
         perplexity = list(tokenizer.encode(spec["perplexity_text"]))
     return ids, perplexity
+
+
+def image_inputs(spec: dict[str, Any]) -> dict[str, tuple[str, list[Any], int]]:
+    """Each image prompt as vLLM gets it, `{name: (prompt text, PIL images, prompt
+    length)}`: the user message rendered by the checkpoint's chat template (the images,
+    then the text), as the chat API renders a message with image parts. The length is the
+    checkpoint's processor's (placeholders expanded), for sizing the engine; the token ids
+    compared are those vLLM reports it prefilled."""
+    prompts = [p for p in spec["prompts"] if p.get("images")]
+    if not prompts:
+        return {}
+    from transformers import AutoProcessor
+
+    from ttbundles.format.prompts import load_image
+
+    processor = AutoProcessor.from_pretrained(spec["checkpoint"])
+    out = {}
+    for prompt in prompts:
+        images = [load_image(i) for i in prompt["images"]]
+        content = [{"type": "image"} for _ in images] + [{"type": "text", "text": prompt["text"]}]
+        text = processor.apply_chat_template(
+            [{"role": "user", "content": content}], add_generation_prompt=True, tokenize=False
+        )
+        length = len(processor(text=[text], images=images)["input_ids"][0])
+        out[prompt["name"]] = (text, images, length)
+    return out
 
 
 def model_config(checkpoint: str) -> dict[str, Any]:
@@ -236,16 +264,20 @@ class Session:
         spec = self.spec
         ids, perplexity_ids = tokenize(spec)
         spec["perplexity_ids"] = perplexity_ids
+        self.where = "preparing the image prompts"
+        self.images = image_inputs(spec)
         config = model_config(spec["checkpoint"])
         self.vocab = int(config.get("vocab_size") or 0)
         self.out["model"] = config
         self.out["prompts"] = [
             {"name": p["name"], "text": p["text"], "token_ids": ids[p["name"]]}
             for p in spec["prompts"]
+            if p["name"] in ids
         ]
         self.out["perplexity"] = {"text": spec.get("perplexity_text"), "token_ids": perplexity_ids}
         self.ids = ids
         lengths = {name: len(v) for name, v in ids.items()}
+        lengths.update({name: length for name, (_, _, length) in self.images.items()})
         engines = engine_plan(spec, lengths, config.get("max_position_embeddings"))
         total = sum(1 + len(runs) for _, _, runs in engines)
         self.events.emit("plan", total=total, engines=[name for name, _, _ in engines])
@@ -284,6 +316,22 @@ class Session:
             close(llm)
             del llm, runner
             self.llm = self.runner = self.recorder = None
+        for prompt in spec["prompts"]:  # image prompts: the token ids vLLM prefilled
+            served = [
+                case["context"]
+                for run in ("prefill", "decode")
+                for case in self.out["runs"].get(run, [])
+                if case["prompt"] == prompt["name"] and case.get("images")
+            ]
+            if served:
+                self.out["prompts"].append(
+                    {
+                        "name": prompt["name"],
+                        "text": prompt["text"],
+                        "token_ids": served[0],
+                        "images": len(prompt["images"]),
+                    }
+                )
 
     # --- helpers ------------------------------------------------------------------------
 
@@ -312,23 +360,40 @@ class Session:
             "first_start": int(self.recorder.first_start.get(prompt, 0)),
         }
 
-    def host_path(self, path: str, sequences: dict[str, list[int]], max_tokens: int) -> list:
+    def host_path(
+        self, path: str, sequences: dict[str, list[int]], max_tokens: int, images: bool = False
+    ) -> list:
+        """Every sequence greedily, in one batch; with `images`, the image prompts in the
+        same batch (mixed prefills), compared on the token ids vLLM prefilled for them."""
         self.recorder.reset()
-        outputs = self.generate(list(sequences.values()), self.greedy(max_tokens))
-        return [
-            self.logits_case(path, name, seq, out)
-            for (name, seq), out in zip(sequences.items(), outputs)
-        ]
+        prompts: list[dict[str, Any]] = [{"prompt_token_ids": ids} for ids in sequences.values()]
+        names = list(sequences)
+        if images:
+            for name, (text, pictures, _) in self.images.items():
+                prompts.append({"prompt": text, "multi_modal_data": {"image": pictures}})
+                names.append(name)
+        if not prompts:
+            return []
+        outputs = self.llm.generate(prompts, self.greedy(max_tokens), use_tqdm=False)
+        cases = []
+        for name, out in zip(names, outputs):
+            case = self.logits_case(path, name, list(out.prompt_token_ids), out)
+            if name in self.images:
+                case["images"] = True
+            cases.append(case)
+        return cases
 
     # --- the runs -----------------------------------------------------------------------
 
     def run_prefill(self) -> None:
         self.llm.reset_prefix_cache()
-        self.out["runs"]["prefill"] = self.host_path("prefill", self.ids, 1)
+        self.out["runs"]["prefill"] = self.host_path("prefill", self.ids, 1, images=True)
 
     def run_decode(self) -> None:
         self.llm.reset_prefix_cache()
-        self.out["runs"]["decode"] = self.host_path("decode", self.ids, self.spec["max_tokens"])
+        self.out["runs"]["decode"] = self.host_path(
+            "decode", self.ids, self.spec["max_tokens"], images=True
+        )
 
     def run_prefix_cache(self) -> None:
         """The decode path's sequences (prompt and continuation) sent again: their full
@@ -372,6 +437,9 @@ class Session:
         from ttbundles.serving.stats import STATS
 
         spec, n = self.spec, self.spec["max_tokens"]
+        if not self.ids:  # image prompts only: they run on the host paths
+            self.out["runs"]["device_sampling"] = []
+            return
         top = int(self.runner.device_support.top_logprobs)
         want = min(5, top) if top else None
         before = dict(STATS.snapshot())
