@@ -150,13 +150,40 @@ def test_an_adapter_raising_at_import_stops_with_one_line(tmp_path, demo_checkpo
     for part in (
         "TTB060",
         "mine@1.0.0",
-        ".adapter:DemoGenerator",
+        " adapter:DemoGenerator",  # as the bundle wrote it, not its internal package
         "RuntimeError: no device here",
         f"ttbundle validate --import {models / 'mine'}",
     ):
         assert part in line
+    assert "_ttb_" not in output
     # The API server ends with the engine's line, not vLLM's traceback.
     assert output.rstrip().splitlines()[-1].startswith("ttbundles: the engine did not start:")
+
+
+def test_the_scaffolded_template_served_stops_with_one_line_naming_the_bundle(
+    tmp_path, demo_checkpoint, run_cli
+):
+    """`ttbundle init` then `vllm serve` as scaffolded: initialize_vllm_model raises
+    NotImplementedError; one line names the bundle by its name, the class and the
+    method, with no traceback and no internal package name."""
+    models = tmp_path / "models"
+    models.mkdir()
+    assert run_cli("init", "my-llama", "--arch", "LlamaForCausalLM", cwd=models).returncode == 0
+    extra = {"EXTRA_MODELS_DIR": str(models), "TT_VLLM_BUILTIN_MODELS": "0"}
+    code, output = run_to_exit(demo_checkpoint, tmp_path, extra)
+    assert code == 1
+    assert "Traceback" not in output and "_ttb_" not in output
+    expected = (
+        "my-llama@0.1.0: error TTB063: TTLlamaForCausalLMGenerator.initialize_vllm_model "
+        "raised NotImplementedError while loading the model"
+    )
+    (line,) = [x for x in output.splitlines() if "the engine cannot start" in x]
+    assert expected in line
+    assert (
+        output.rstrip()
+        .splitlines()[-1]
+        .startswith(f"ttbundles: the engine did not start: {expected}")
+    )
 
 
 # --- a generator that raises inside a step ----------------------------------------------------

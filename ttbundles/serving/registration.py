@@ -172,7 +172,7 @@ def summary_line(registry: Registry, rows: list[dict]) -> str:
     served = [f"{r['tt_arch']} ({r['label']})" for r in rows if r["status_word"] == "registered"]
     listed = ", ".join(served[:4]) + (f" and {len(served) - 4} more" if len(served) > 4 else "")
     return (
-        f"ttbundles: {len(rows)} bundles for mesh {registry.mesh or 'any'}: "
+        f"ttbundles: {len(rows)} bundle{'s' * (len(rows) != 1)} for mesh {registry.mesh or 'any'}: "
         + ", ".join(parts)
         + (f"; serving {listed}" if listed else "")
         + " (`ttbundle list` shows them; the table is logged at debug level)"
