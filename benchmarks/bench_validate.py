@@ -37,7 +37,11 @@ VARIANTS = 4
 ADAPTER = '''"""Generator {i}."""
 
 class Generator{i}:
-    model_capabilities = {{"supports_prefix_caching": True, "supports_async_decode": False}}
+    model_capabilities = {{
+        "supports_prefix_caching": True,
+        "supports_async_decode": False,
+        "supports_sample_on_device": True,
+    }}
 
     @classmethod
     def initialize_vllm_model(cls, hf_config, mesh_device, max_batch_size, max_seq_len,

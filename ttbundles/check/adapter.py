@@ -12,6 +12,7 @@ The class is read by `check.static_reader`; this module holds the contract check
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 from ttbundles.check.capabilities import ClassCapabilities, agreement, key_notes
@@ -34,6 +35,7 @@ from ttbundles.format.contract import (
     INITIALIZE,
     KV_CACHE_METHODS,
     METHODS,
+    METHODS_BY_NAME,
     MULTIMODAL_PARAMETERS,
     REQUIRED_METHODS,
     decode_keywords,
@@ -286,9 +288,7 @@ def _unfillable(info: ClassInfo, class_name: str) -> list[Diagnostic]:
         definition = info.methods.get(method.name)
         if definition is None or definition.node is None:
             continue
-        offered = set(decode_keywords(info.contract) if method is DECODE else method.passes)
-        for keyword in list(offered):
-            offered.update(method.aliases.get(keyword, ()))
+        offered = _offered(method.name, info.contract)
         missing = [p for p in _required(definition.node, method.leading) if p not in offered]
         if method is INITIALIZE:
             missing = [p for p in missing if p != "optimizations"]  # passed when set
@@ -321,6 +321,16 @@ def _unfillable(info: ClassInfo, class_name: str) -> list[Diagnostic]:
             )
         )
     return out
+
+
+@functools.cache
+def _offered(method_name: str, version: int) -> frozenset[str]:
+    """What the worker passes to a method (with the classes' aliases), per contract form."""
+    method = METHODS_BY_NAME[method_name]
+    offered = set(decode_keywords(version) if method is DECODE else method.passes)
+    for keyword in list(offered):
+        offered.update(method.aliases.get(keyword, ()))
+    return frozenset(offered)
 
 
 def _lacking_commands(definition: Definition, class_name: str) -> list[Diagnostic]:
