@@ -6,10 +6,11 @@ In one process, on the demo checkpoint (a tiny Llama, float32, CPU), for each ba
   one prefill of the batch's prompts, then steady decode with device sampling (greedy),
   its inputs resident (decode contract v1, `reload_inputs=False` after the first step)
   and two steps in flight (step N+1 submitted before step N is read back);
-- engine: `vllm.LLM` with the same generator behind the platform, the phase scheduler,
-  the worker and the model runner (VLLM_ENABLE_V1_MULTIPROCESSING=0: the engine core in
-  this process), greedy, device sampling, async scheduling as vLLM defaults, the same
-  prompts, `--steps` tokens each.
+- engine: vLLM's engine (`LLMEngine`, stepped as `vllm.LLM.generate` steps it) with the
+  same generator behind the platform, the phase scheduler, the worker and the model
+  runner (VLLM_ENABLE_V1_MULTIPROCESSING=0: the engine core in this process), greedy,
+  device sampling, async scheduling as vLLM defaults, the same prompts, `--steps` tokens
+  each.
 
 Both sides alternate in `--rounds` rounds (generator, engine, generator, ...), so both see
 the same machine load; the median round and the spread (min-max) are reported. A side's
@@ -236,10 +237,12 @@ class RunnerClock:
 
 
 class Engine:
-    def __init__(self, checkpoint: Path, batch: int, lanes: int, max_len: int):
-        from vllm import LLM
+    """vLLM's `LLMEngine` in this process, stepped as `LLM.generate` steps it (`LLM`
+    itself refuses `data_parallel_size` > 1, which the platform folds into lanes)."""
 
-        from ttbundles.serving.harness import find_runner
+    def __init__(self, checkpoint: Path, batch: int, lanes: int, max_len: int):
+        from vllm.engine.arg_utils import EngineArgs
+        from vllm.v1.engine.llm_engine import LLMEngine
 
         per_lane = batch // lanes
         kwargs = dict(
@@ -253,8 +256,10 @@ class Engine:
         )
         if lanes > 1:
             kwargs["data_parallel_size"] = lanes
-        self.llm = LLM(**kwargs)
-        self.runner = find_runner(self.llm)
+        self.engine = LLMEngine.from_engine_args(EngineArgs(**kwargs))
+        core = self.engine.engine_core.engine_core
+        self.runner = core.model_executor.driver_worker.worker.model_runner
+        self.requests = 0
         self.clock = RunnerClock(self.runner)
         self.device = DeviceClock(self.runner.generator)
 
@@ -267,9 +272,15 @@ class Engine:
         self.clock.reset()
         self.device.seconds = 0.0
         before = STATS.snapshot()
-        outs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        for prompt in prompts:
+            self.requests += 1
+            self.engine.add_request(str(self.requests), {"prompt_token_ids": prompt}, params)
+        produced = 0
+        while self.engine.has_unfinished_requests():
+            for out in self.engine.step():
+                if out.finished:
+                    produced += len(out.outputs[0].token_ids)
         after = STATS.snapshot()
-        produced = sum(len(o.outputs[0].token_ids) for o in outs)
         if produced != len(prompts) * (steps + 1):
             sys.exit(
                 f"the engine produced {produced} tokens, expected {len(prompts) * (steps + 1)}"
@@ -290,9 +301,13 @@ class Engine:
         }
 
     def close(self) -> None:
-        from ttbundles.serving.harness import close
+        import contextlib
+        import gc
 
-        close(self.llm)
+        # The engine's last teardown step empties an accelerator cache the host mesh lacks.
+        with contextlib.suppress(Exception):
+            self.engine.engine_core.shutdown()
+        gc.collect()
 
 
 def spread(values: list[float]) -> dict:

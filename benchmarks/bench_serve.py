@@ -1,20 +1,24 @@
 """Serving throughput on the host mesh, against transformers `generate()` as the floor.
 
-In one run, on the demo checkpoint (a tiny Llama, float32, CPU):
+In one run, on the demo checkpoint (a tiny Llama, float32, CPU) or SmolLM2-135M
+(`--model smollm2`):
 
 - transformers: `generate()` greedy, batches of `--max-concurrency` prompts of
   `--input-len` random tokens, `--output-len` new tokens each (EOS ignored), repeated
-  until `--num-prompts` prompts are done; measured first, with nothing else running;
+  until `--num-prompts` prompts are done;
 - ours: the demo bundle served by `vllm serve` (started as the end-to-end tests start
   it), driven by vLLM's own client, `vllm bench serve --dataset-name random` with the
   same lengths, prompt count and concurrency.
 
-Reports output tokens per second for each and the ratio (ours / transformers). Both run
-the same float32 torch model on the same cores; the server adds HTTP, detokenization,
-scheduling, paged attention and a separate client process competing for those cores.
+The two sides alternate in `--rounds` rounds (transformers, then the client against the
+server, which idles while transformers runs), so both are measured under the same machine
+load; a ratio is taken per round (ours / transformers of that round) and the median and
+spread (min-max) of the rounds are reported. Both run the same float32 torch model on the
+same cores; the server adds HTTP, detokenization, scheduling, paged attention and a
+separate client process competing for those cores.
 
     .venv/bin/python benchmarks/bench_serve.py [--num-prompts 64] [--max-concurrency 16]
-        [--input-len 64] [--output-len 64] [--json]
+        [--input-len 64] [--output-len 64] [--rounds 3] [--model tiny|smollm2] [--json]
 """
 
 from __future__ import annotations
@@ -35,8 +39,9 @@ from ttbundles.demo.server import serve_environment, start_server, vllm_command
 SPECIAL_TOKENS = 7  # the demo tokenizer's first ids are its special tokens
 
 
-def transformers_throughput(checkpoint: Path, args: argparse.Namespace) -> dict:
-    """Output tokens/s of batched greedy `generate()` over `num_prompts` prompts."""
+def transformers_side(checkpoint: Path, args: argparse.Namespace):
+    """Load the model once; return a function that runs one round of batched greedy
+    `generate()` over `num_prompts` prompts and gives its figures."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -61,23 +66,23 @@ def transformers_throughput(checkpoint: Path, args: argparse.Namespace) -> dict:
             )
 
     generate(prompts[: args.max_concurrency], 4)  # warm-up, as vllm bench serve does
-    runs = []
-    for _ in range(args.repeats):  # a run takes well under a second: keep the median
+
+    def one_round() -> dict:
         output_tokens = 0
         start = time.perf_counter()
         for first in range(0, args.num_prompts, args.max_concurrency):
             batch = prompts[first : first + args.max_concurrency]
             out = generate(batch, args.output_len)
             output_tokens += (out.shape[1] - batch.shape[1]) * batch.shape[0]
-        runs.append((time.perf_counter() - start, output_tokens))
-    duration, output_tokens = statistics.median(runs)
-    return {
-        "output_tokens": output_tokens,
-        "duration_s": duration,
-        "output_tokens_per_s": output_tokens / duration,
-        "repeats": args.repeats,
-        "torch_threads": torch.get_num_threads(),
-    }
+        duration = time.perf_counter() - start
+        return {
+            "output_tokens": output_tokens,
+            "duration_s": duration,
+            "output_tokens_per_s": output_tokens / duration,
+            "torch_threads": torch.get_num_threads(),
+        }
+
+    return one_round
 
 
 def bench_client(base_url: str, checkpoint: Path, workdir: Path, args: argparse.Namespace) -> dict:
@@ -140,27 +145,38 @@ def client_summary(result: dict) -> dict:
     }
 
 
-def serving_throughput(checkpoint: Path, workdir: Path, args: argparse.Namespace) -> dict:
-    """Output tokens/s that `vllm bench serve` measures against the demo server."""
+def interleaved(checkpoint: Path, workdir: Path, args: argparse.Namespace) -> dict:
+    """`args.rounds` rounds of (transformers, `vllm bench serve` against the server)."""
+    transformers_round = transformers_side(checkpoint, args)
     log_path = workdir / "server.log"
     stats_path = workdir / "stats.json"
     env = {**serve_environment(), "TT_BUNDLES_STATS_FILE": str(stats_path)}
     server = start_server(
         checkpoint, port=args.port, vllm_args=args.serve_args, env=env, log_path=log_path
     )
+    baseline, ours = [], []
     try:
         startup = server.wait_ready()
-        result = bench_client(server.base_url, checkpoint, workdir, args)
-        steps = json.loads(stats_path.read_text())  # includes the client's warm-up request
+        for _ in range(args.rounds):
+            baseline.append(transformers_round())
+            ours.append(client_summary(bench_client(server.base_url, checkpoint, workdir, args)))
+        steps = json.loads(stats_path.read_text())  # includes the client's warm-up requests
+    except BaseException:
+        print(f"server log: {log_path}", file=sys.stderr)
+        raise
     finally:
         server.stop()
     return {
         "startup_s": startup,
-        **client_summary(result),
+        "transformers_rounds": baseline,
+        "serve_rounds": ours,
         "prefill_steps": steps.get("step.prefill", 0),
         "decode_steps": steps.get("step.decode", 0),
-        "server_log": str(log_path),
     }
+
+
+def spread(values: list[float]) -> dict:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
 def _client_env() -> dict[str, str]:
@@ -180,7 +196,7 @@ def main() -> None:
     parser.add_argument("--output-len", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
-        "--repeats", type=int, default=3, help="transformers runs; the median is reported"
+        "--rounds", type=int, default=3, help="interleaved rounds (transformers, then ours)"
     )
     parser.add_argument("--port", type=int, default=None, help="Default: a free port.")
     parser.add_argument(
@@ -214,37 +230,43 @@ def main() -> None:
             checkpoint, _ = model.prepare()
         else:
             checkpoint = write_demo_checkpoint(workdir / "checkpoint")
-        baseline = transformers_throughput(checkpoint, args)
-        ours = serving_throughput(checkpoint, workdir, args)
-    ratio = ours["output_tokens_per_s"] / baseline["output_tokens_per_s"]
+        run = interleaved(checkpoint, workdir, args)
+    tps = lambda rounds: [r["output_tokens_per_s"] for r in rounds]  # noqa: E731
+    theirs, ours = tps(run["transformers_rounds"]), tps(run["serve_rounds"])
     report = {
         "workload": {
             k: getattr(args, k)
-            for k in ("num_prompts", "max_concurrency", "input_len", "output_len")
+            for k in ("num_prompts", "max_concurrency", "input_len", "output_len", "rounds")
         },
-        "transformers_generate": baseline,
-        "vllm_serve_host_mesh": {k: v for k, v in ours.items() if k != "server_log"},
-        "ratio_ours_over_transformers": ratio,
+        "transformers_generate_tok_s": spread(theirs),
+        "vllm_serve_host_mesh_tok_s": spread(ours),
+        "ratio_ours_over_transformers": spread([o / t for o, t in zip(ours, theirs)]),
+        "mean_ttft_ms": spread([r["mean_ttft_ms"] for r in run["serve_rounds"]]),
+        "mean_tpot_ms": spread([r["mean_tpot_ms"] for r in run["serve_rounds"]]),
+        "run": run,
     }
     if args.json:
         print(json.dumps(report, indent=2))
         return
     w = report["workload"]
+
+    def fmt(s: dict, digits: int = 1) -> str:
+        return f"{s['median']:.{digits}f} ({s['min']:.{digits}f}-{s['max']:.{digits}f})"
+
     print(
         f"workload: {w['num_prompts']} prompts x {w['input_len']} tokens in, "
-        f"{w['output_len']} out, concurrency/batch {w['max_concurrency']}"
+        f"{w['output_len']} out, concurrency/batch {w['max_concurrency']}; median (min-max) "
+        f"of {w['rounds']} interleaved rounds"
+    )
+    print(f"transformers generate(): {fmt(report['transformers_generate_tok_s'])} output tok/s")
+    print(
+        f"vllm serve (host mesh):  {fmt(report['vllm_serve_host_mesh_tok_s'])} output tok/s "
+        f"(TTFT {fmt(report['mean_ttft_ms'], 0)} ms, TPOT {fmt(report['mean_tpot_ms'])} ms; "
+        f"server ready after {run['startup_s']:.0f} s)"
     )
     print(
-        f"transformers generate(): {baseline['output_tokens_per_s']:8.1f} output tok/s "
-        f"({baseline['output_tokens']} tokens in {baseline['duration_s']:.2f} s)"
+        f"ratio (ours / transformers, per round): {fmt(report['ratio_ours_over_transformers'], 2)}"
     )
-    print(
-        f"vllm serve (host mesh):  {ours['output_tokens_per_s']:8.1f} output tok/s "
-        f"({ours['output_tokens']} tokens in {ours['duration_s']:.2f} s; "
-        f"TTFT {ours['mean_ttft_ms']:.0f} ms, TPOT {ours['mean_tpot_ms']:.1f} ms; "
-        f"{ours['decode_steps']} decode steps; server ready after {ours['startup_s']:.0f} s)"
-    )
-    print(f"ratio (ours / transformers): {ratio:.2f}")
 
 
 if __name__ == "__main__":

@@ -309,10 +309,9 @@ class TTLaneCoordinator(SchedulerInterface):
 
         for req_id in merged.finished_req_ids:
             self._lane_of.pop(req_id, None)
-        placed = {}
+        placed: dict[str, int] = {}
         for index, out in enumerate(outputs):
-            for req_id in out.num_scheduled_tokens:
-                placed[req_id] = index
+            placed.update(dict.fromkeys(out.num_scheduled_tokens, index))
         setattr(merged, _LANE_OUTPUTS, outputs)
         setattr(merged, _LANE_OF, placed)
         return merged
