@@ -265,3 +265,19 @@ def test_ttbundle_test_refuses_a_missing_relative_model_with_ttb001(run_cli, wor
     done = run_cli("test", "demo", "--model", "./nope", cwd=workdir)
     assert done.returncode == 1
     assert "./nope: error TTB001 no such model checkpoint folder" in done.stderr
+
+
+def test_validate_import_does_not_ask_for_validate_import(run_cli, workdir):
+    """A computed capability is TTB040 "run validate --import"; with --import it was
+    checked, so the hint says so instead of asking for what was just done."""
+    adapter = workdir / "demo" / "adapter.py"
+    text = adapter.read_text()
+    adapter.write_text(
+        text.replace('"supports_prefix_caching": True', '"supports_prefix_caching": bool(1)')
+    )
+    static = run_cli("validate", "demo", cwd=workdir)
+    assert "warning TTB040" in static.stdout and "validate --import" in static.stdout
+    done = run_cli("validate", "demo", "--import", "-v", "-f", "json", cwd=workdir, timeout=300)
+    data = envelope(done, 0)
+    (note,) = [d for d in data["diagnostics"] if d["code"] == "TTB040"]
+    assert note["severity"] == "info" and "validate --import" not in note["hint"]

@@ -958,7 +958,8 @@ def test_import_compares_the_real_capabilities(make_bundle):
         for d in validate_path(folder, import_check=True, timeout=30).report.diagnostics
     ]
     assert found == [
-        ("TTB040", WARNING, "/capabilities/async_decode", 9),  # static: not known here
+        # static: not known here; --import checked it, so a note, not "run --import"
+        ("TTB040", INFO, "/capabilities/async_decode", 9),
         ("TTB056", ERROR, "/capabilities/async_decode", 9),  # --import: declared, unsupported
     ]
 

@@ -80,6 +80,18 @@ def check_bundle(
         seen = {(d.code, d.pointer) for d in checked.diagnostics if d.pointer is not None}
         imported = [d for d in imported if d.pointer is None or (d.code, d.pointer) not in seen]
         checked.diagnostics.extend(_locate(imported, str(loaded.file)))
+        if not any(d.code in ("TTB060", "TTB061") for d in imported):
+            # What only an import could check was checked: not "run --import" again.
+            checked.diagnostics = [
+                replace(
+                    d,
+                    severity=Severity.INFO,
+                    hint="checked by --import on the imported class (see any finding above)",
+                )
+                if d.hint and "validate --import" in d.hint and not d.is_error
+                else d
+                for d in checked.diagnostics
+            ]
     return checked
 
 
