@@ -281,3 +281,14 @@ def test_validate_import_does_not_ask_for_validate_import(run_cli, workdir):
     data = envelope(done, 0)
     (note,) = [d for d in data["diagnostics"] if d["code"] == "TTB040"]
     assert note["severity"] == "info" and "validate --import" not in note["hint"]
+
+
+def test_init_from_a_mistyped_hub_id_suggests_the_cached_one(run_cli, workdir):
+    cache = workdir / "hub"
+    snapshot = cache / "models--hf--qwen" / "snapshots" / "0123abcd"
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text((workdir / "ckpt" / "config.json").read_text())
+    env = {"HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
+    done = run_cli("init", "q", "--from-hf", "hf/qwne", env=env, cwd=workdir)
+    assert done.returncode == 1 and "TTB208" in done.stderr
+    assert "did you mean hf/qwen? (in the hub cache)" in done.stderr

@@ -111,7 +111,8 @@ def _read_hf_config(source: str) -> tuple[dict, dict | None, str | None]:
             "TTB208",
             f"{source!r} is not a folder here, and its config.json is not in the hub "
             "cache (and the hub cannot be reached, or HF_HUB_OFFLINE is set)",
-            hint=f"download it first (hf download {source} config.json), or pass its folder",
+            hint=_cached_repo_hint(source)
+            or f"download it first (hf download {source} config.json), or pass its folder",
         ) from None
     except Exception as exc:  # noqa: BLE001 - network, auth, a repo that does not exist
         raise TTBundleError.single(
@@ -122,6 +123,24 @@ def _read_hf_config(source: str) -> tuple[dict, dict | None, str | None]:
     revision = file.parent.name if file.parent.parent.name == "snapshots" else None
     ref = {"repo": source, **({"revision": revision} if revision else {})}
     return _load_json(file), ref, None
+
+
+def _cached_repo_hint(source: str) -> str | None:
+    """ "did you mean ORG/NAME?" from the repositories in the hub cache (`hf/qwne` ->
+    `Qwen/...`), when one is close; None otherwise."""
+    from ttbundles.suggest import did_you_mean
+
+    try:
+        from huggingface_hub.constants import HF_HUB_CACHE
+
+        names = [p.name for p in Path(HF_HUB_CACHE).iterdir() if p.name.startswith("models--")]
+    except (ImportError, OSError):
+        return None
+    repos = [
+        f"{m['org']}/{m['name']}" for m in (_SNAPSHOT.match(n) for n in names) if m is not None
+    ]
+    best = did_you_mean(source, repos)
+    return f"did you mean {best}? (in the hub cache)" if best is not None else None
 
 
 def _local_model_ref(folder: Path, config: dict) -> tuple[dict | None, str | None]:
