@@ -1,6 +1,6 @@
 """End-to-end fixtures: real `vllm serve` processes on the host mesh, shared per session.
 
-Four servers start concurrently (about 25-40 s each, in parallel) the first time a test
+Every server starts concurrently (about 25-40 s each, in parallel) the first time a test
 asks for any, and stop at the end of the session. Each writes the worker's step counters
 to its own stats file and the phase-based scheduler's per-step debug line to its log (the
 only record of the order of steps).
@@ -16,7 +16,10 @@ only record of the order of steps).
   declares no capabilities, started with --enable-prefix-caching to show it turned off;
 - "lanes": the demo bundle's single-execute variant (`demo-lanes`) with
   `--data-parallel-size 4 --max-num-seqs 2`: 4 in-process lanes in one engine, with a
-  small KV cache per lane.
+  small KV cache per lane;
+- "vision": the built-in demo-vision bundle (the reference Qwen2.5-VL generator) on the
+  tiny vision checkpoint, image requests through the chat API;
+- "vision-lanes": its single-execute variant as 2 in-process lanes (M-RoPE per slot).
 
 The transformers reference runs in this process, on the same checkpoint.
 """
@@ -24,6 +27,7 @@ The transformers reference runs in this process, on the same checkpoint.
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 from collections.abc import Iterator
@@ -101,8 +105,40 @@ SERVER_PLANS: dict[str, tuple[list[str], dict[str, str]]] = {
         ],
         {},  # EXTRA_MODELS_DIR: set by the fixture
     ),
+    # The demo-vision bundle on the tiny Qwen2.5-VL checkpoint: 2 images per prompt, small
+    # prefill steps so that an image prompt prefills in chunks, prefix caching, async
+    # decode; images over 250,000 pixels refused (vLLM's VLLM_MAX_IMAGE_PIXELS).
+    "vision": (
+        [
+            "--max-model-len",
+            "1024",
+            "--max-num-seqs",
+            "4",
+            "--max-num-batched-tokens",
+            "128",
+            "--enable-prefix-caching",
+            *tt_options(sample_on_device_mode="decode_only"),
+        ],
+        {"VLLM_MAX_IMAGE_PIXELS": "250000"},
+    ),
+    # Its single-execute variant as 2 in-process lanes x 2 (M-RoPE deltas per slot).
+    "vision-lanes": (
+        [
+            "--data-parallel-size",
+            "2",
+            "--max-num-seqs",
+            "2",
+            "--max-model-len",
+            "1024",
+            "--api-server-count",
+            "1",
+            *tt_options(sample_on_device_mode="decode_only"),
+        ],
+        {},  # EXTRA_MODELS_DIR: set by the fixture
+    ),
 }
 REAL_MODEL_SERVER = "real"
+VISION_SERVERS = ("vision", "vision-lanes")
 LANES = 4
 
 PLAIN_ADAPTER = '''"""The reference generator declaring no capabilities at all."""
@@ -370,7 +406,9 @@ def write_test_bundle(models_dir: Path, metadata: dict, adapter: str) -> Path:
 
 
 @pytest.fixture(scope="session")
-def servers(demo_checkpoint, real_model, tmp_path_factory) -> Iterator[dict[str, Server]]:
+def servers(
+    demo_checkpoint, real_model, vision_checkpoint, tmp_path_factory
+) -> Iterator[dict[str, Server]]:
     """Every server of SERVER_PLANS, started concurrently; stopped (SIGTERM, then SIGKILL)
     at the end."""
     root = tmp_path_factory.mktemp("e2e")
@@ -386,6 +424,14 @@ def servers(demo_checkpoint, real_model, tmp_path_factory) -> Iterator[dict[str,
     lanes_dir = root / "lanes-models"
     write_lanes_bundle(lanes_dir)
     plans["lanes"] = (plans["lanes"][0], {"EXTRA_MODELS_DIR": str(lanes_dir)})
+    vision_lanes_dir = root / "vision-lanes-models"
+    write_lanes_bundle(vision_lanes_dir, "demo-vision")
+    plans["vision-lanes"] = (plans["vision-lanes"][0], {"EXTRA_MODELS_DIR": str(vision_lanes_dir)})
+    # A developer's shortcut: TTBUNDLES_TEST_SERVERS=vision,demo starts only those (the
+    # tests of the others then fail to find theirs); CI starts every one.
+    only = [n for n in os.environ.get("TTBUNDLES_TEST_SERVERS", "").split(",") if n]
+    if only:
+        plans = {name: plan for name, plan in plans.items() if name in only}
     started: dict[str, Server] = {}
     try:
         for name, (args, extra) in plans.items():
@@ -398,7 +444,13 @@ def servers(demo_checkpoint, real_model, tmp_path_factory) -> Iterator[dict[str,
                     **extra,
                 }
             )
-            checkpoint = real_model if name == REAL_MODEL_SERVER else demo_checkpoint
+            checkpoint = (
+                real_model
+                if name == REAL_MODEL_SERVER
+                else vision_checkpoint
+                if name in VISION_SERVERS
+                else demo_checkpoint
+            )
             process = start_server(checkpoint, vllm_args=args, env=env, log_path=log_path)
             started[name] = Server(name, process, str(checkpoint), log_path, stats_path)
         for server in started.values():  # all are starting meanwhile
@@ -420,6 +472,23 @@ def demo_server(servers) -> Server:
 @pytest.fixture(scope="session")
 def lanes_server(servers) -> Server:
     return servers["lanes"]
+
+
+@pytest.fixture(scope="session")
+def vision_server(servers) -> Server:
+    return servers["vision"]
+
+
+@pytest.fixture(scope="session")
+def vision_lanes_server(servers) -> Server:
+    return servers["vision-lanes"]
+
+
+@pytest.fixture(scope="session")
+def vision_golden(vision_checkpoint):
+    from ttbundles.reference.vl_golden import VisionGolden
+
+    return VisionGolden(vision_checkpoint)
 
 
 @pytest.fixture(scope="session")

@@ -76,14 +76,47 @@ class VisionGolden:
         self, prompt_token_ids: Sequence[int], images: Sequence[Any], max_new_tokens: int
     ) -> list[int]:
         """The greedy continuation's token ids (exactly `max_new_tokens`)."""
+        return self.greedy_with_logits(prompt_token_ids, images, max_new_tokens)[0]
+
+    @torch.no_grad()
+    def greedy_with_logits(
+        self, prompt_token_ids: Sequence[int], images: Sequence[Any], max_new_tokens: int
+    ) -> tuple[list[int], torch.Tensor]:
+        """The greedy continuation and each step's logits `[max_new_tokens, V]`."""
         inputs = self.inputs(prompt_token_ids, images)
         out = self.model.generate(
             **inputs,
             max_new_tokens=max_new_tokens,
             min_new_tokens=max_new_tokens,
             do_sample=False,
+            output_logits=True,
+            return_dict_in_generate=True,
         )
-        return out[0, inputs["input_ids"].shape[1] :].tolist()
+        ids = out.sequences[0, inputs["input_ids"].shape[1] :].tolist()
+        return ids, torch.stack([step[0] for step in out.logits])
+
+    def disagreement(
+        self,
+        prompt_token_ids: Sequence[int],
+        images: Sequence[Any],
+        served: Sequence[int],
+        tie: float = 1e-3,
+    ) -> str | None:
+        """None when `served` is this model's greedy continuation; else where it is not.
+
+        Random weights make near-ties: where the served token differs from transformers'
+        but scores within `tie` of the best logit there, both are greedy choices and the
+        sequences part honestly; the comparison ends at that step.
+        """
+        ids, logits = self.greedy_with_logits(prompt_token_ids, images, len(served))
+        for step, (got, want) in enumerate(zip(served, ids)):
+            if got == want:
+                continue
+            gap = float(logits[step].max() - logits[step, got])
+            if gap <= tie:
+                return None
+            return f"step {step}: served {got}, transformers {want} (logit gap {gap:.4g})"
+        return None
 
     @torch.no_grad()
     def greedy_batch(
