@@ -51,6 +51,7 @@ from ttbundles.serving.binding import (
 )
 from ttbundles.serving.configuration import effective_options, served_plan
 from ttbundles.serving.lanes import lane_of
+from ttbundles.serving.pixel_store import PixelStore
 from ttbundles.serving.sampling_path import (
     batch_host_reason,
     device_params,
@@ -281,6 +282,7 @@ class TTModelRunner:
         self.lanes = plan.lanes if plan is not None else 1
         # The bundle serves images (the plan allowed some per prompt): prefill gets them.
         self.image_inputs = bool(plan is not None and plan.inputs.get("image"))
+        self.pixels = PixelStore()
         self.per_lane = self.max_num_reqs // self.lanes
         self.options = effective_options(vllm_config)
         self.version = contract.contract_version(generator_cls)
@@ -686,7 +688,7 @@ class TTModelRunner:
         tokens = torch.from_numpy(self.input_batch.token_ids_cpu[:rows, : max(ends)].copy())
         slots = [self.slot_of[r] for r in step.req_ids]
         params = self._row_params(step.req_ids) if device else None
-        images = self._image_inputs(step.req_ids) if self.image_inputs else {}
+        images = self._image_inputs(step.req_ids, computed) if self.image_inputs else {}
         page_table = self._page_table(step.req_ids, None, rows)
         out = self._prefill(
             **images,
@@ -718,26 +720,40 @@ class TTModelRunner:
         if self.observer is not None:
             self.observer("prefill", step.req_ids, computed, ends, step.logits)
 
-    def _image_inputs(self, req_ids: list[str]) -> dict[str, list[Any]]:
+    def _image_inputs(self, req_ids: list[str], computed: list[int]) -> dict[str, list[Any]]:
         """`contract.PREFILL_IMAGE_INPUTS` for these prefill rows, from each request's
-        processed multimodal features (vLLM's processor ran in the API server)."""
+        processed multimodal features (vLLM's processor ran in the API server).
+
+        An image whose placeholders lie in the row's computed prefix is sent as vLLM sends
+        it (pixels dropped on a prefix hit, grid kept); one the prefill computes now gets
+        its pixels, from the request or, when vLLM dropped them and the prefix is gone
+        again (preempted, evicted), from the pixel store (`serving.pixel_store`)."""
         inputs: dict[str, list[Any]] = {name: [] for name in contract.PREFILL_IMAGE_INPUTS}
-        for req_id in req_ids:
+        for req_id, start in zip(req_ids, computed):
             features = self.requests[req_id].mm_features
-            for name, rows in inputs.items():
-                if not features:
+            if not features:
+                for rows in inputs.values():
                     rows.append(None)
-                    continue
-                row = []
-                for feature in features:
-                    if feature.modality != "image":  # the API server refuses these
-                        raise ValueError(
-                            f"request {req_id} carries a {feature.modality} input; "
-                            "this bundle serves images only"
-                        )
-                    element = feature.data.get(name) if feature.data is not None else None
-                    row.append(None if element is None else element.data)
-                rows.append(row)
+                continue
+            row: dict[str, list[Any]] = {name: [] for name in inputs}
+            for feature in features:
+                if feature.modality != "image":  # the API server refuses these
+                    raise ValueError(
+                        f"request {req_id} carries a {feature.modality} input; "
+                        "this bundle serves images only"
+                    )
+                data = feature.data or {}
+                for name in inputs:
+                    element = data.get(name)
+                    row[name].append(None if element is None else element.data)
+                pixels = row["pixel_values"][-1]
+                position = feature.mm_position
+                if pixels is not None:
+                    self.pixels.put(feature.identifier, pixels)
+                elif position.offset + position.length > start:  # computed now: needed
+                    row["pixel_values"][-1] = self.pixels.get(feature.identifier)
+            for name, rows in inputs.items():
+                rows.append(row[name])
         return inputs
 
     def sample_tokens(
