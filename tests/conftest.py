@@ -128,6 +128,14 @@ def demo_checkpoint(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def vision_golden(vision_checkpoint):
+    """transformers' Qwen2.5-VL on the tiny vision checkpoint (`reference.vl_golden`)."""
+    from ttbundles.reference.vl_golden import VisionGolden
+
+    return VisionGolden(vision_checkpoint)
+
+
+@pytest.fixture(scope="session")
 def vision_checkpoint(tmp_path_factory) -> Path:
     """The tiny Qwen2.5-VL checkpoint (random weights, Qwen's special tokens, chat
     template, processor files), written once per session."""

@@ -219,3 +219,74 @@ def test_mllama_is_refused_at_load_as_not_supported_yet(tmp_path, demo_checkpoin
     error = result.get("error", "")
     assert "TTB202" in error or "not supported yet" in error, result
     assert "images" in error and "cross_page_table" in error
+
+
+def test_qwen2_5_vl_twin_serves_images_as_tt_metal_gathers_them(
+    tmp_path, vision_checkpoint, vision_golden
+):
+    """TT-Metal's Qwen2.5-VL class (its signatures, its gathering of every row's images
+    into one vision batch, its asserts) served through vLLM's engine with images on the
+    tiny Qwen2.5-VL checkpoint: a mixed batch of image and text rows, each answer
+    transformers' greedy one."""
+    import numpy as np
+    from PIL import Image
+
+    bundle = tmp_path / "models" / "twin-qwen2-5-vl-images"
+    bundle.mkdir(parents=True)
+    (bundle / "adapter.py").write_text(FAMILIES.read_text())
+    metadata = {
+        "schema_version": 2,
+        "name": bundle.name,
+        "version": "1.0.0",
+        "arch": "Qwen2_5_VLForConditionalGeneration",
+        "main_class": "adapter:Qwen2_5_VLWithImages",
+        "capabilities": {
+            "async_decode": True,
+            "sample_on_device": ["decode_only"],
+            "modalities": {"image": 1},  # TT-Metal's get_supported_mm_limits
+        },
+    }
+    (bundle / "vllm_metadata.json").write_text(json.dumps(metadata))
+    pictures = []
+    for seed, (height, width) in enumerate([(84, 140), (112, 112)]):
+        rng = np.random.default_rng(seed)
+        path = tmp_path / f"picture{seed}.png"
+        Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8)).save(path)
+        pictures.append(path)
+    processor = vision_golden.processor
+
+    def prompt(images, text):
+        content = [{"type": "image"} for _ in images] + [{"type": "text", "text": text}]
+        rendered = processor.apply_chat_template(
+            [{"role": "user", "content": content}], add_generation_prompt=True, tokenize=False
+        )
+        return {"prompt": rendered, "images": [str(p) for p in images]}
+
+    cases = [([pictures[0]], "Describe it."), ([], "Only text."), ([pictures[1]], "And this?")]
+    spec = {
+        "checkpoint": str(vision_checkpoint),
+        "models_dir": str(bundle.parent),
+        "image_prompts": [prompt(images, text) for images, text in cases],
+        "max_tokens": MAX_TOKENS,
+        "engine": {
+            "max_model_len": 1024,
+            "max_num_seqs": 4,
+            "block_size": 16,
+            "additional_config": {"tt": {"sample_on_device_mode": "decode_only"}},
+        },
+    }
+    spec_file = tmp_path / "spec.json"
+    spec_file.write_text(json.dumps(spec))
+    done = subprocess.run(
+        [sys.executable, str(SERVE), str(spec_file)], capture_output=True, text=True, timeout=600
+    )
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    assert lines, f"no result:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    result = json.loads(lines[-1])
+    assert "error" not in result, result.get("error")
+    for (images, _), ids, out in zip(cases, result["prompt_ids"], result["greedy"]):
+        pils = [Image.open(p).convert("RGB") for p in images]
+        assert vision_golden.disagreement(ids, pils, out) is None
+    prefills = calls(result, "prefill_forward")
+    assert any(p["rows_with_images"] == 2 and p["rows"] == 3 for p in prefills)
+    assert all(d["deltas"] == 4 for d in calls(result, "decode_forward"))  # every slot

@@ -485,13 +485,6 @@ def vision_lanes_server(servers) -> Server:
 
 
 @pytest.fixture(scope="session")
-def vision_golden(vision_checkpoint):
-    from ttbundles.reference.vl_golden import VisionGolden
-
-    return VisionGolden(vision_checkpoint)
-
-
-@pytest.fixture(scope="session")
 def plain_server(servers) -> Server:
     return servers["plain"]
 

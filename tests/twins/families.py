@@ -691,3 +691,92 @@ class ExecutorLlama3Generator:
 
     def allocate_kv_cache(self, *args, **kwargs):
         return self.executor.allocate_kv_cache(*args, **kwargs)
+
+
+# --------------------------------------------------------------------------------------
+# Qwen2.5-VL with images (the same TT class, served on a Qwen2.5-VL checkpoint)
+# --------------------------------------------------------------------------------------
+
+
+class Qwen2_5_VLWithImages(_Wrapped):
+    """`models/demos/qwen25_vl/tt/generator_vllm.py` @00493af6 on its own checkpoint, with
+    images: the class's signatures and checks, computing with the reference Qwen2.5-VL
+    generator. Prefill requires `enable_trace`, refuses a cached prefix, and gathers every
+    row's images as TT-Metal's does (`torch.concat` of each row's pixel tensors, each grid
+    a `[3]` tensor stacked to `[n, 3]`), one vision pass for the batch; it returns
+    `(logits, rope_deltas)`. Decode pops `rope_deltas_all_users` (the deltas of every
+    slot), as TT-Metal's `update_rope_deltas` does, before the base decode."""
+
+    decode_input_update_contract = 1
+    model_capabilities = {
+        "supports_prefix_caching": False,
+        "supports_async_decode": True,
+        "supports_sample_on_device": True,
+        "max_device_top_k": 32,
+    }
+
+    @classmethod
+    def initialize_vllm_model(
+        cls,
+        hf_config,
+        mesh_device,
+        max_batch_size,
+        max_seq_len,
+        tt_data_parallel=1,
+        optimizations=None,
+    ):
+        from ttbundles.reference.vl_generator import ReferenceQwen2_5_VLGenerator
+
+        assert optimizations is None, "Custom optimizations are not supported for this model"
+        core = ReferenceQwen2_5_VLGenerator.initialize_vllm_model(
+            hf_config, mesh_device, max_batch_size, max_seq_len
+        )
+        return cls(core)
+
+    def allocate_kv_cache(self, *args, **kwargs):
+        return self.core.allocate_kv_cache(*args, **kwargs)
+
+    def prefill_forward(self, tokens, page_table, kv_cache, prompt_lens, enable_trace, **kwargs):
+        empty_slots = kwargs.pop("empty_slots", None)
+        start_pos = kwargs.pop("start_pos", None)
+        assert start_pos is None or all(int(s) == 0 for s in start_pos), (
+            "Prefix caching is not supported for Qwen2_5_VL"
+        )
+        kwargs.pop("sampling_params", None)
+        pixel_rows = kwargs.pop("pixel_values", None) or [None] * len(prompt_lens)
+        grid_rows = kwargs.pop("image_grid_thw", None) or [None] * len(prompt_lens)
+        # TT-Metal's gathering: one batch of images for the vision tower.
+        images = [im for pv in pixel_rows if pv is not None for im in pv]
+        grids = [g for row in grid_rows if row is not None for g in row]
+        for g in grids:
+            assert torch.is_tensor(g) and g.ndim == 1 and g.numel() == 3
+        patches = torch.concat(images, dim=0).shape[0] if images else 0
+        stacked = torch.stack([g.to(torch.int64) for g in grids], dim=0) if grids else None
+        assert stacked is None or int(stacked.prod(-1).sum()) == patches
+        record(
+            "prefill_forward",
+            images=len(images),
+            rows_with_images=sum(pv is not None for pv in pixel_rows),
+            rows=len(prompt_lens),
+        )
+        return self.core.prefill_forward(
+            tokens,
+            page_table,
+            kv_cache,
+            prompt_lens,
+            enable_trace,
+            empty_slots=empty_slots,
+            pixel_values=pixel_rows,
+            image_grid_thw=grid_rows,
+        )
+
+    def decode_forward(self, *args, **kwargs):
+        deltas = kwargs.pop("rope_deltas_all_users", None)
+        record("decode_forward", deltas=None if deltas is None else len(deltas))
+        return self.core.decode_forward(*args, rope_deltas_all_users=deltas, **kwargs)
+
+    def read_decode_output(self, tt_out, async_read=False):
+        return self.core.read_decode_output(tt_out, async_read=async_read)
+
+    def process_decode_output_host(self, tt_out, is_tokens=False):
+        return self.core.process_decode_output_host(tt_out, is_tokens=is_tokens)

@@ -34,6 +34,24 @@ def main(spec_path: str) -> int:
         print(json.dumps(result))
         return 0
     greedy = SamplingParams(max_tokens=spec["max_tokens"], temperature=0.0, ignore_eos=True)
+    if "image_prompts" in spec:  # a vision twin: text with image files, through vLLM's processor
+        from PIL import Image
+
+        requests = [
+            {
+                "prompt": p["prompt"],
+                **(
+                    {"multi_modal_data": {"image": [Image.open(f) for f in p["images"]]}}
+                    if p["images"]
+                    else {}
+                ),
+            }
+            for p in spec["image_prompts"]
+        ]
+        outputs = llm.generate(requests, greedy)
+        result["prompt_ids"] = [list(o.prompt_token_ids) for o in outputs]
+        result["greedy"] = [list(o.outputs[0].token_ids) for o in outputs]
+        return _report(result)
     prompts = [{"prompt_token_ids": ids} for ids in spec["prompts"]]
     result["greedy"] = [o.outputs[0].token_ids for o in llm.generate(prompts, greedy)]
     seeded = SamplingParams(max_tokens=spec["max_tokens"], temperature=0.9, seed=3, ignore_eos=True)
@@ -42,6 +60,10 @@ def main(spec_path: str) -> int:
     result["seeded_alone"] = alone
     result["seeded_in_batch"] = mixed[0].outputs[0].token_ids
     result["greedy_again"] = [o.outputs[0].token_ids for o in mixed[1:]]
+    return _report(result)
+
+
+def _report(result: dict) -> int:
     adapter = next(
         m for n, m in sys.modules.items() if n.startswith("_ttb_") and n.endswith(".adapter")
     )
