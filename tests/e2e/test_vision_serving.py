@@ -247,17 +247,22 @@ def test_an_image_request_aborted_mid_prefill_frees_its_slot_and_cache(
     vision_server, vision_golden
 ):
     content = [image_part(data_url(SQUARE)), {"type": "text", "text": LONG_TEXT}]
-    before = vision_server.settled_stats()
+    before = vision_server.settled_stats().get("step.prefill", 0)
     with vision_server.client() as client:
         stream = client.chat.completions.create(
             model=vision_server.model,
             messages=[{"role": "user", "content": content}],
-            max_tokens=64,
+            max_tokens=200,
             temperature=0,
             stream=True,
+            extra_body={"ignore_eos": True},
         )
-        # The stream's headers come once the request is in the engine; its ~400 tokens
-        # then prefill in steps of 128. Closing now aborts it before its first token.
+        # Its ~400 tokens prefill in steps of 128: close once the first step ran (the
+        # worker's counters are written after every step), before its first token.
+        deadline = time.monotonic() + 30
+        while vision_server.stats().get("step.prefill", 0) <= before:
+            assert time.monotonic() < deadline, "the request never started to prefill"
+            time.sleep(0.005)
         stream.close()
     deadline = time.monotonic() + 30
     while True:
@@ -271,6 +276,5 @@ def test_an_image_request_aborted_mid_prefill_frees_its_slot_and_cache(
             break
         time.sleep(0.1)
     assert idle, {k: v for k, v in values.items() if "requests" in k or "kv_cache" in k}
-    assert vision_server.stats_delta(before).get("step.prefill", 0) >= 1
     prompt, out = ask(vision_server, [WIDE], "After the abort.", max_tokens=6)
     assert_golden(vision_golden, [WIDE], prompt, out)
