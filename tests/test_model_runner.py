@@ -81,7 +81,7 @@ def test_a_required_parameter_the_worker_cannot_supply_fails_at_load_naming_it()
     assert diagnostic.code == "TTB062" and "requires foo" in diagnostic.message
 
 
-def test_multimodal_inputs_are_refused_as_not_supported_yet():
+def test_mllama_style_multimodal_inputs_are_refused():
     class Mllama:
         def prefill_forward(
             self, tokens, images, page_table, kv_cache, prompt_lens, cross_page_table
@@ -93,7 +93,7 @@ def test_multimodal_inputs_are_refused_as_not_supported_yet():
     diagnostic = info.value.diagnostics[0]
     assert diagnostic.code == "TTB202"
     assert "images, cross_page_table" in diagnostic.message
-    assert "not supported yet" in diagnostic.message
+    assert "pixel_values and image_grid_thw" in diagnostic.message
 
 
 def test_readback_methods_take_the_device_output_by_position():

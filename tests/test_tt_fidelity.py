@@ -293,7 +293,7 @@ def test_validate_gives_the_workers_mllama_refusal_without_importing(tmp_path, m
     assert "vLLM removed in 0.10.2" in errors[0].message
     # The signature, as the worker's binding refuses it (serving.binding: TTB202).
     assert "prefill_forward requires images, cross_page_table" in errors[1].message
-    assert "multimodal inputs are not supported yet" in errors[1].message
+    assert "the worker sends images only as pixel_values and image_grid_thw" in errors[1].message
 
 
 def test_validate_llama2_70b_shape_without_capabilities(tmp_path, monkeypatch):

@@ -36,7 +36,9 @@ from ttbundles.format.contract import (
     KV_CACHE_METHODS,
     METHODS,
     METHODS_BY_NAME,
+    MULTIMODAL_HINT,
     MULTIMODAL_PARAMETERS,
+    MULTIMODAL_REFUSAL,
     REQUIRED_METHODS,
     decode_keywords,
 )
@@ -300,10 +302,10 @@ def _unfillable(info: ClassInfo, class_name: str) -> list[Diagnostic]:
         title = f"{class_name}.{method.name}"
         if multimodal:
             message = (
-                f"{title} requires {', '.join(multimodal)}: multimodal inputs are not "
-                "supported yet, so the worker refuses this class at load"
+                f"{title} requires {', '.join(multimodal)}: {MULTIMODAL_REFUSAL}, so the "
+                "worker refuses this class at load"
             )
-            code, hint = "TTB202", "serve a text-only generator class for this architecture"
+            code, hint = "TTB202", MULTIMODAL_HINT
         else:
             message = (
                 f"{title} requires {', '.join(missing)}, which the worker does not supply "

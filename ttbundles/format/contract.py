@@ -293,6 +293,14 @@ MULTIMODAL_PARAMETERS = frozenset(
 )
 """Multimodal inputs the worker does not supply (Mllama's cross-attention, the V0-era
 `images`): a class that requires one cannot be served."""
+MULTIMODAL_REFUSAL = (
+    "the worker sends images only as pixel_values and image_grid_thw (as the reference "
+    "plugin does), never these inputs"
+)
+MULTIMODAL_HINT = (
+    "take images as pixel_values and image_grid_thw per row (see TT-Metal's Qwen2.5-VL "
+    "class), or serve a text-only generator class for this architecture"
+)
 
 UNSERVABLE_ARCHITECTURES: dict[str, str] = {
     "MllamaForConditionalGeneration": (

@@ -123,9 +123,9 @@ def bind(
         if multimodal:
             raise GeneratorContractError.single(
                 "TTB202",
-                f"{class_name}.{method.name} requires {', '.join(multimodal)}: multimodal "
-                "inputs are not supported yet",
-                hint="serve a text-only generator class for this architecture",
+                f"{class_name}.{method.name} requires {', '.join(multimodal)}: "
+                f"{contract.MULTIMODAL_REFUSAL}",
+                hint=contract.MULTIMODAL_HINT,
             )
         raise GeneratorContractError.single(
             "TTB062",
