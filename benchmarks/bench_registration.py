@@ -23,6 +23,15 @@ It checks that no adapter module was imported, and reports the plugin's import t
 the floor, warm below 1x.
 
     .venv/bin/python benchmarks/bench_registration.py [--counts 10 100 1000] [--json]
+
+`--against REV` compares this checkout with the package as it was at git revision REV
+(e.g. the commit before a refactoring): what vLLM runs in a fresh process, the plugin's
+import plus `register_models()` with vLLM's logging at INFO, over the same bundles, each
+side in its own interpreter, in interleaved rounds (each side prepares its own index
+first: warm as `ttbundle install` leaves it, cold with none). Reports the ratio
+this/REV, median and spread.
+
+    .venv/bin/python benchmarks/bench_registration.py --against 5c810f9^ --counts 1000
 """
 
 from __future__ import annotations
@@ -35,6 +44,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 from pathlib import Path
@@ -149,12 +159,121 @@ def import_time() -> dict[str, float]:
     return {"plugin_us": cumulative.get("ttbundles.serving.plugin", 0), "modules": len(ours)}
 
 
+# One fresh process as vLLM has it when it loads the general plugins: its registry module
+# and logging configured (INFO, as vLLM's default), then the plugin imported and run.
+PLUGIN_START = """
+import json, logging, os, sys, time
+import vllm.model_executor.models.registry
+logging.basicConfig(level=logging.INFO, stream=open(os.devnull, "w"))
+start = time.perf_counter()
+from ttbundles.serving.plugin import register_models
+register_models()
+spent = time.perf_counter() - start
+import ttbundles
+print(json.dumps([spent, ttbundles.__file__]))
+"""
+
+PREPARE = """
+import shutil, sys
+from pathlib import Path
+from ttbundles.registry.index import INDEX_FILE, write_folder_index
+root = Path(sys.argv[1])
+(root / INDEX_FILE).unlink(missing_ok=True)
+shutil.rmtree(sys.argv[2], ignore_errors=True)
+if sys.argv[3] == "warm":
+    write_folder_index(root)
+"""
+
+
+def source_at(revision: str, into: Path) -> Path:
+    """The package as it was at `revision` (read from git, nothing checked out)."""
+    top = Path(__file__).resolve().parent.parent
+    archive = subprocess.run(
+        ["git", "-C", str(top), "archive", revision, "ttbundles", "cli", "bundles", "schemas"],
+        capture_output=True,
+        check=True,
+    ).stdout
+    into.mkdir(parents=True)
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return into
+
+
+def plugin_start(root: Path, state: str, pythonpath: str | None, cache: Path) -> float:
+    """Seconds from importing the plugin to the end of `register_models()` in a fresh
+    interpreter, the bundles' index put in `state` first by the same side's code."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(
+        EXTRA_MODELS_DIR=str(root),
+        TT_VLLM_BUILTIN_MODELS="0",
+        BENCH_VARIANT="0",
+        XDG_CACHE_HOME=str(cache),
+    )
+    if pythonpath:
+        env["PYTHONPATH"] = pythonpath
+    run = [sys.executable, "-c"]
+    subprocess.run(run + [PREPARE, str(root), str(cache), state], env=env, check=True)
+    done = subprocess.run(run + [PLUGIN_START], env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"plugin start failed ({pythonpath or 'this checkout'}):\n{done.stderr}")
+    spent, package = json.loads(done.stdout.strip().splitlines()[-1])
+    if not package.startswith(pythonpath or sysconfig.get_paths()["purelib"]):
+        # Each side must run its own code: REV's from its extracted tree, ours installed.
+        raise SystemExit(f"ran the package at {package}, not {pythonpath or 'the installed one'}")
+    return spent
+
+
+def against(revision: str, counts: list[int], rounds: int, as_json: bool) -> None:
+    """This checkout vs `revision`, the plugin start in fresh processes, interleaved."""
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        old = str(source_at(revision, Path(tmp) / "old"))
+        for count in counts:
+            root = Path(tmp) / f"bundles{count}"
+            root.mkdir()
+            make_bundles(root, count)
+            for state in ("warm", "cold"):
+                times: dict[str, list[float]] = {"this": [], "then": []}
+                for number in range(rounds + 1):
+                    order = [("this", None), ("then", old)]
+                    for side, path in order if number % 2 else reversed(order):
+                        spent = plugin_start(root, state, path, Path(tmp) / f"cache-{side}")
+                        if number:  # round 0 warms the file system and the import caches
+                            times[side].append(spent)
+                ratios = [a / b for a, b in zip(times["this"], times["then"])]
+                results.append(
+                    {
+                        "bundles": count,
+                        "state": state,
+                        "this_ms": statistics.median(times["this"]) * 1e3,
+                        "then_ms": statistics.median(times["then"]) * 1e3,
+                        "ratio": statistics.median(times["this"])
+                        / statistics.median(times["then"]),
+                        "ratio_min": min(ratios),
+                        "ratio_max": max(ratios),
+                    }
+                )
+    if as_json:
+        print(json.dumps({"against": revision, "rounds": rounds, "results": results}, indent=2))
+        return
+    print(f"plugin import + register_models() in a fresh process: this checkout vs {revision}")
+    for r in results:
+        print(
+            f"{r['bundles']:>6} bundles, {r['state']:<4}: {r['this_ms']:8.1f} ms vs "
+            f"{r['then_ms']:8.1f} ms = {r['ratio']:.2f}x (per round {r['ratio_min']:.2f}-"
+            f"{r['ratio_max']:.2f}, {rounds} rounds)"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--counts", type=int, nargs="+", default=[10, 100, 1000])
     parser.add_argument("--repeat", type=int, default=9)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--against", metavar="REV", help="compare with the package at REV")
     args = parser.parse_args()
+    if args.against:
+        against(args.against, args.counts, args.repeat, args.json)
+        return
     import vllm.model_executor.models.registry  # noqa: F401 - loaded before timing, as in vLLM
 
     os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="bench-registration-cache-")

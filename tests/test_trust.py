@@ -293,6 +293,38 @@ def test_startup_table_shows_signers_and_refusals(tmp_path, keys, trust_alice, c
     assert len([w for w in warnings if "TTB140" in w]) == 1
 
 
+def test_startup_reads_no_signature_below_debug_without_a_policy(
+    tmp_path, keys, caplog, monkeypatch
+):
+    """Without a trust policy the signer is only the debug table's column: registration
+    at vLLM's default log level (every process) opens no signature file, and the debug
+    table still names the signer the bundle claims."""
+    import logging
+
+    from ttbundles.serving import registration
+    from ttbundles.trust import signature
+
+    models = tmp_path / "models"
+    sign(_bundle(models, "signed"), keys["alice"].private)
+    environ = {"EXTRA_MODELS_DIR": str(models), "TT_VLLM_BUILTIN_MODELS": "0"}
+    reads = []
+    real = signature.signer_of
+    monkeypatch.setattr(signature, "signer_of", lambda folder: reads.append(folder) or real(folder))
+    monkeypatch.setattr(registration, "_state", {})
+    monkeypatch.setattr(registration, "current_registry", lambda: compute(environ, index=False))
+    with caplog.at_level(logging.INFO, logger="vllm.ttbundles"):
+        registration.checked_registry()
+        registration.checked_registry()
+    assert len([r for r in caplog.records if "1 registered" in r.getMessage()]) == 1
+    assert reads == []
+    caplog.clear()
+    with caplog.at_level(logging.DEBUG, logger="vllm.ttbundles"):
+        registration.log_table(compute(environ, index=False))
+    (table,) = [r.getMessage() for r in caplog.records if "TT architectures" in r.getMessage()]
+    (row,) = [line for line in table.splitlines() if "signed@" in line]
+    assert reads == [models / "signed"] and "key sha256:" in row
+
+
 def test_list_shows_signers(run_cli, tmp_path, keys, trust_alice):
     models = tmp_path / "models"
     sign(_bundle(models, "signed"), keys["alice"].private)

@@ -172,6 +172,18 @@ class Entry:
             self._reason = why_inactive(*self._inactive)
         return self._reason
 
+    def outcome(self) -> tuple:
+        """What registration decided for this entry, cheap to compare: no reason worded,
+        no signature file read (what a process compares to log its summary once)."""
+        return (
+            self.status.value,
+            self.tt_arch,
+            str(self.path),
+            self.label,
+            self._reason,
+            self._inactive,
+        )
+
     @reason.setter
     def reason(self, value: str) -> None:
         self._reason = value
@@ -210,7 +222,9 @@ class Entry:
             self.path, self.facts.name, self.facts.main_class, resolved=self.resolved
         )
 
-    def to_dict(self) -> dict:
+    def to_dict(self, *, signer: bool = True) -> dict:
+        """The entry as a row; `signer=False` leaves out the signer, which reads the
+        bundle's signature file (what a caller that shows no signer need not pay for)."""
         facts = self.facts
         return {
             "tt_arch": self.tt_arch,
@@ -222,7 +236,7 @@ class Entry:
             "reason": self.reason,
             "main_class": facts.main_class if facts else None,
             "capabilities": dict(facts.capabilities) if facts else None,
-            "signer": self.signer,
+            "signer": self.signer if signer else None,
         }
 
     @property
@@ -584,8 +598,9 @@ def _select(entries: list[Entry], problems: list[Diagnostic], mesh: str | None) 
             )
 
 
-def table(registry: Registry) -> list[dict]:
-    """Rows for the startup log and `ttbundle list`, registered first."""
+def table(registry: Registry, *, signer: bool = True) -> list[dict]:
+    """Rows for the startup log and `ttbundle list`, registered first (`signer=False`:
+    without reading any signature file)."""
     order = {
         Status.REGISTERED: 0,
         Status.UNSERVABLE: 1,
@@ -594,7 +609,7 @@ def table(registry: Registry) -> list[dict]:
         Status.SKIPPED: 4,
     }
     rows = sorted(registry.entries, key=lambda e: (order[e.status], e.tt_arch or "", str(e.path)))
-    return [e.to_dict() for e in rows]
+    return [e.to_dict(signer=signer) for e in rows]
 
 
 __all__ = [

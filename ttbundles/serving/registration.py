@@ -56,11 +56,18 @@ def checked_registry() -> Registry:
     # platform sets), the table need not.
     # vLLM's CLI loads the general plugins before it configures logging: said then, the
     # table would be lost (only bare warnings reach stderr); the platform says it later.
-    said = (tuple(map(str, table(registry))), tuple(map(str, registry.problems)))
+    # The key is each entry's outcome, not its full row: a row's signer reads the bundle's
+    # signature file, which every vLLM process would pay for here on every call.
+    said = (outcome(registry), tuple(map(str, registry.problems)))
     if logger.hasHandlers() and _state.get("logged") != said:
         _state["logged"] = said
         log_table(registry)
     return registry
+
+
+def outcome(registry: Registry) -> tuple:
+    """What registration decided, entry by entry: what the startup summary says."""
+    return tuple(e.outcome() for e in registry.entries)
 
 
 def register_all() -> Registry:
@@ -122,7 +129,7 @@ TABLE_COLUMNS: list[tuple[str, Callable[[dict], str]]] = [
 STATUS_ORDER = ("registered", "not servable", "shadowed", "inactive", "skipped")
 
 
-def startup_rows(registry: Registry) -> list[dict]:
+def startup_rows(registry: Registry, *, signer: bool = True) -> list[dict]:
     """The registry's rows as the startup log shows them: `ttbundle list`'s status words
     (a registered class this machine cannot import is "not servable", said without
     importing it), the bundle by its own name (a bundle whose metadata did not validate
@@ -136,7 +143,7 @@ def startup_rows(registry: Registry) -> list[dict]:
     except TTBundleError:
         cannot = {}
     rows = []
-    for r in table(registry):
+    for r in table(registry, signer=signer):
         row = dict(r)
         not_here = r["status"] == Status.REGISTERED.value and r["tt_arch"] in cannot
         row["status_word"] = "not servable" if not_here else r["status"]
@@ -189,9 +196,12 @@ def log_table(registry: Registry) -> None:
     architecture served by a built-in instead gets a line saying so: serving falls back
     to the built-in (loudly), and `TT_BUNDLES_STRICT=1` refuses to start instead.
     """
-    rows = startup_rows(registry)
+    # The signer column appears only in the debug table: below debug level no process
+    # reads a signature file to log a summary line.
+    debug = logger.isEnabledFor(logging.DEBUG)
+    rows = startup_rows(registry, signer=debug)
     logger.info(summary_line(registry, rows))
-    if logger.isEnabledFor(logging.DEBUG):
+    if debug:
         cells = [[cell(r) for _, cell in TABLE_COLUMNS] for r in rows]
         names = [name for name, _ in TABLE_COLUMNS]
         widths = [max(len(n), *(len(c[i]) for c in cells)) for i, n in enumerate(names)]
