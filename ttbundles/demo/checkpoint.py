@@ -97,15 +97,21 @@ def write_checkpoint(out_dir: Path, *, architecture: str = "LlamaForCausalLM") -
         tie_word_embeddings=False,
         torch_dtype="float32",
     )
-    model = LlamaForCausalLM(config)
-    fill_random(model, SEED)
+    save_random(LlamaForCausalLM(config), architecture, out_dir)
+    return out_dir
+
+
+def save_random(model: Any, architecture: str, out_dir: Path, *, seed: int = SEED) -> None:
+    """Fill `model` from `seed` and save it as a checkpoint of `architecture`: the
+    safetensors, a config without the transformers version (the same bytes under any
+    transformers), and no generation config (sampling defaults stay vLLM's own)."""
+    fill_random(model, seed)
     model.config.architectures = [architecture]
     model.save_pretrained(out_dir, safe_serialization=True)
     generation = out_dir / "generation_config.json"
     if generation.exists():
-        generation.unlink()  # keep sampling defaults vLLM's own, not transformers'
+        generation.unlink()
     _normalise_config(out_dir / "config.json")
-    return out_dir
 
 
 def fill_random(model: Any, seed: int) -> None:
@@ -126,6 +132,9 @@ def fill_random(model: Any, seed: int) -> None:
 def _normalise_config(path: Path) -> None:
     data = json.loads(path.read_text())
     data.pop("transformers_version", None)
+    for sub in ("text_config", "vision_config"):  # a multimodal model's sub-configs
+        if isinstance(data.get(sub), dict):
+            data[sub].pop("transformers_version", None)
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 

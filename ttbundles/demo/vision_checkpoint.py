@@ -25,7 +25,7 @@ import json
 from pathlib import Path
 
 from ttbundles.demo.checkpoint import (
-    fill_random,
+    save_random,
     train_bpe,
     write_demo_checkpoint,
 )
@@ -205,25 +205,9 @@ def write_vision_checkpoint(out_dir: Path, family: str = "qwen2_5_vl") -> Path:
     architecture = (
         "Qwen3VLForConditionalGeneration" if qwen3 else "Qwen2_5_VLForConditionalGeneration"
     )
-    model = getattr(transformers, architecture)(config)
-    fill_random(model, SEED)
-    model.config.architectures = [architecture]
-    model.save_pretrained(out_dir, safe_serialization=True)
-    generation = out_dir / "generation_config.json"
-    if generation.exists():
-        generation.unlink()  # keep sampling defaults vLLM's own, not transformers'
-    _normalise_config(out_dir / "config.json")
+    save_random(getattr(transformers, architecture)(config), architecture, out_dir, seed=SEED)
     (out_dir / RECORD).write_text(json.dumps({"version": VERSION}) + "\n")
     return out_dir
-
-
-def _normalise_config(path: Path) -> None:
-    data = json.loads(path.read_text())
-    data.pop("transformers_version", None)
-    for sub in ("text_config", "vision_config"):
-        if isinstance(data.get(sub), dict):
-            data[sub].pop("transformers_version", None)
-    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
 # --- the cached copy ----------------------------------------------------------------------
