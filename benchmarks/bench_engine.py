@@ -32,7 +32,8 @@ Derived per batch:
 `tt_data_parallel=4` at the same total batch.
 
 `--profile` runs one more engine round per configuration under cProfile and prints the top
-costs (own time), and the runner's own top functions.
+costs (own CPU time of the engine thread: time blocked on the device or on the interpreter
+lock is not counted), and the serving code's own top functions.
 
     .venv/bin/python benchmarks/bench_engine.py [--batches 8 32 64 128] [--lanes 4]
         [--lane-batch 32] [--steps 64] [--rounds 5] [--profile] [--json]
@@ -332,7 +333,10 @@ def measure(checkpoint: Path, batch: int, lanes: int, args: argparse.Namespace) 
         eng.append(engine.round(prompts, args.steps))
     profile = None
     if args.profile:
-        profiler = cProfile.Profile()
+        # CPU time of this thread, not wall time: a profile under load (or while the
+        # device thread holds the interpreter lock) would otherwise charge waiting to
+        # whichever function happened to be running.
+        profiler = cProfile.Profile(time.thread_time)
         profiler.enable()
         engine.round(prompts_for(batch, vocab, args.seed), args.steps)
         profiler.disable()

@@ -26,6 +26,7 @@ from ttbundles.serving.configuration import PLAN_KEY
 from ttbundles.serving.lanes import TTLaneCoordinator
 from ttbundles.serving.model_runner import TTModelRunner
 from ttbundles.serving.scheduler import TTScheduler
+from ttbundles.serving.stats import STATS
 
 BLOCK = 16
 NUM_BLOCKS = 64
@@ -179,6 +180,7 @@ PROMPT_B = [50, 51, 52, 53, 54, 55]
 @pytest.mark.parametrize("async_decode", [False, True])
 def test_steps_follow_the_decode_contract(demo_checkpoint, greedy, async_decode):
     scheduler, runner = build(demo_checkpoint, async_decode=async_decode)
+    before = STATS.snapshot().get("bookkeeping.steady", 0)
     out = run(
         scheduler,
         runner,
@@ -201,6 +203,10 @@ def test_steps_follow_the_decode_contract(demo_checkpoint, greedy, async_decode)
     # a's context reaches 16 tokens during a steady run: only the page table is reloaded.
     assert any(d["reload_page_table"] for d in steady)
     assert all(d["read"] is (not async_decode) for d in decodes)
+    # Steps that only continue the batch's requests took the whole-array bookkeeping
+    # (and the outputs above, equal to transformers', show it kept the states right,
+    # through b's arrival, a's return to the batch and b's end).
+    assert STATS.snapshot().get("bookkeeping.steady", 0) - before >= len(steady)
 
 
 def test_a_host_only_request_takes_its_batches_to_the_host(demo_checkpoint, greedy):

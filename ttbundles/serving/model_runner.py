@@ -117,6 +117,16 @@ class _Layout:
         self.penalised = any(p is not None and has_penalties(p) for p in self.params)
         self.reasons: dict[tuple[bool, bool], str | None] = {}
         self.slot_params: SamplingParams | None = None
+        # Per-step work of a steady decode, done once here: each row's output list (the
+        # state's own, appended to in place), the `req_id_to_index` every output of this
+        # layout carries (vLLM only reads it), whether row i is slot i (a device output
+        # read back by slot then needs no gather), the idle slots' rows, and the decode
+        # page table with the table version it was cut at (see `_decode_page_table`).
+        self.outputs = [s.output_token_ids for s in self.states]
+        self.index = {r: i for i, r in enumerate(req_ids)}
+        self.in_order = bool(np.array_equal(self.slots, np.arange(len(slots))))
+        self.idle_rows = torch.from_numpy(np.flatnonzero(self.idle))
+        self.table: tuple[int, torch.Tensor] | None = None
 
 
 class _PenaltyHistory:
@@ -216,7 +226,7 @@ class DecodeCommands:
         since the last prefill or host-sampled step)."""
         transition = device and layout != previous_layout
         steady = device and resident and not transition
-        table_changed = (
+        table_changed = previous_page_table is not page_table and (
             previous_page_table is None
             or previous_page_table.shape != page_table.shape
             or not torch.equal(previous_page_table, page_table)
@@ -345,6 +355,13 @@ class TTModelRunner:
         # Bumped whenever a slot changes hands: a cached _Layout is valid while it holds.
         self._slot_epoch = 0
         self._layout: _Layout | None = None
+        # Bumped whenever a slot's page-table row changes: a layout's cut table is valid
+        # (and is sent again, the same tensor) while it holds.
+        self._table_version = 0
+        # The scheduler's order of a steady step's requests and their batch rows, valid
+        # until the general bookkeeping path moves rows (see `_update_steady`).
+        self._steady_ids: list[str] | None = None
+        self._steady_index = np.zeros(0, dtype=np.int64)
         # Requests whose last chunk left their prompt incomplete: the scheduler's
         # `is_prefill_chunk`, which does not cross the process boundary, kept here.
         self._mid_prefill: set[str] = set()
@@ -517,7 +534,7 @@ class TTModelRunner:
         # _append_sampled): computed and total tokens per row, without a loop over rows.
         computed = batch.num_computed_tokens_cpu[:n].astype(np.int64)
         totals = batch.num_tokens_no_spec[:n].astype(np.int64)
-        counts = np.fromiter((num_sched[r] for r in req_ids), dtype=np.int64, count=n)
+        counts = np.fromiter(map(num_sched.__getitem__, req_ids), dtype=np.int64, count=n)
         # A row is decoding when it computes one token, its newest (known or in flight),
         # and is not in prefill as the scheduler sees it: admitted (new or resumed) in
         # this step, or continuing a prompt, however few of its tokens are left (a final
@@ -791,27 +808,33 @@ class TTModelRunner:
         logprobs = sampler_output.logprobs_tensors
         return ModelRunnerOutput(
             req_ids=list(step.req_ids),
-            req_id_to_index={r: i for i, r in enumerate(step.req_ids)},
+            req_id_to_index=step.layout.index,
             sampled_token_ids=sampled,
             logprobs=logprobs.tolists() if logprobs is not None else None,
             prompt_logprobs_dict={},
         )
 
     def _finish_with_tokens(self, step: _StepState, tokens: torch.Tensor) -> ModelRunnerOutput:
+        """The output of a step whose tokens the device sampled: whole-tensor conversions
+        and the layout's cached index, no per-row Python beyond the output lists vLLM
+        takes."""
+        n = len(step.req_ids)
         flat = tokens.reshape(-1)
         if step.rows is not None and flat.numel() == self.max_num_reqs and step.readback:
-            flat = flat[step.rows]  # an asynchronous decode read back every slot
-        values = flat.tolist()[: len(step.req_ids)]
-        sampled = [[int(t)] for t in values]
+            # An asynchronous decode read back every slot: each row's slot, in row order.
+            flat = flat[:n] if step.layout.in_order else flat[step.rows]
+        flat = flat[:n].long()
+        values = flat.tolist()
+        sampled = flat.reshape(n, 1).tolist()
         discarded = np.flatnonzero(step.discard)
         for i in discarded:
             sampled[int(i)] = []
-        if len(discarded) or not self._append_rows(step, values):
+        if len(discarded) or not self._append_rows(step, values, flat.numpy()):
             self._append_sampled(step.req_ids, sampled)
         logprobs = self._device_logprobs(step, values)
         return ModelRunnerOutput(
             req_ids=list(step.req_ids),
-            req_id_to_index={r: i for i, r in enumerate(step.req_ids)},
+            req_id_to_index=step.layout.index,
             sampled_token_ids=sampled,
             logprobs=logprobs.tolists() if logprobs is not None else None,
             prompt_logprobs_dict={},
@@ -892,11 +915,17 @@ class TTModelRunner:
     def _decode_page_table(self, layout: _Layout) -> torch.Tensor:
         """`[capacity, W]` int32 by slot: the persistent per-slot table, cut to the widest
         row of this batch, rows of slots outside it zero. A copy: the generator may read
-        it after the host has moved on."""
+        it after the host has moved on. Cut again only when a row changed since this
+        layout's last cut; otherwise the same tensor (never written after it was sent),
+        which `DecodeCommands.decide` also takes as unchanged without comparing."""
+        if layout.table is not None and layout.table[0] == self._table_version:
+            return layout.table[1]
         slots = layout.slots
         width = max(int(self._slot_blocks[slots].max()) if len(slots) else 0, 1)
         table = self._slot_table[:, :width].clone()
-        table[torch.from_numpy(layout.idle)] = 0
+        if len(layout.idle_rows):
+            table.index_fill_(0, layout.idle_rows, 0)
+        layout.table = (self._table_version, table)
         return table
 
     def _stage_blocks(self, req_id: str) -> None:
@@ -911,6 +940,7 @@ class TTModelRunner:
         if count < self._slot_blocks[slot]:
             row[count:] = 0
         self._slot_blocks[slot] = count
+        self._table_version += 1
 
     def _layout_of(self, req_ids: list[str]) -> _Layout:
         """The cached layout of these rows, rebuilt when the rows or any slot changed."""
@@ -953,19 +983,20 @@ class TTModelRunner:
 
     # --- bookkeeping --------------------------------------------------------------------
 
-    def _append_rows(self, step: _StepState, values: list[int]) -> bool:
+    def _append_rows(self, step: _StepState, values: list[int], array: np.ndarray) -> bool:
         """One token for every row of a step whose rows are still the batch's first rows
         in the same order (a steady decode): the batch's arrays written in one operation
-        per array. False when that does not hold (then `_append_sampled` does it)."""
+        per array, each request's output list appended to (`values` and `array` hold the
+        same tokens). False when that does not hold (then `_append_sampled` does it)."""
         batch = self.input_batch
         n = len(values)
         if batch.req_ids[:n] != step.req_ids:
             return False
-        for state, token in zip(step.layout.states, values):
-            state.output_token_ids.append(token)
+        for output, token in zip(step.layout.outputs, values):
+            output.append(token)
         rows = np.arange(n)
         ends = batch.num_tokens_no_spec[:n]
-        batch.token_ids_cpu[rows, ends] = values
+        batch.token_ids_cpu[rows, ends] = array
         batch.is_token_ids[rows, ends] = True
         batch.num_tokens_no_spec[:n] = ends + 1
         return True
@@ -1020,6 +1051,7 @@ class TTModelRunner:
             self._slot_table_np[slot] = 0
             self._slot_blocks[slot] = 0
             self._slot_epoch += 1
+            self._table_version += 1
         self.rope_deltas.pop(req_id, None)
 
     def _update_states(self, scheduler_output: SchedulerOutput) -> None:
@@ -1030,6 +1062,9 @@ class TTModelRunner:
         their slot stays theirs. A finished or preempted request gives its slot back; a
         resumed one takes a slot again (it prefills into it).
         """
+        if self._update_steady(scheduler_output):
+            return
+        self._steady_ids = None  # rows may move below
         batch = self.input_batch
         for req_id in scheduler_output.finished_req_ids:
             self.requests.pop(req_id, None)
@@ -1106,6 +1141,57 @@ class TTModelRunner:
             self._stage_blocks(req_id)
         batch.condense()
         batch.refresh_metadata()
+
+    def _update_steady(self, so: SchedulerOutput) -> bool:
+        """The bookkeeping of a step that only continues the batch's requests (none
+        finished, admitted, resumed, preempted or left out, no output taken back): the
+        scheduler's cached data written as whole arrays, and row-level work only for the
+        rows that got new KV blocks. Returns False, having changed nothing, for any other
+        step; then the general path of `_update_states` runs.
+
+        While a request is in the persistent batch its row is authoritative for its
+        computed tokens; its state's count is written by the general path, the only one
+        that (re-)adds a request to the batch and so the only reader of it."""
+        cached = so.scheduled_cached_reqs
+        batch = self.input_batch
+        req_ids = cached.req_ids
+        n = len(req_ids)
+        if (
+            n == 0
+            or so.finished_req_ids
+            or so.scheduled_new_reqs
+            or cached.resumed_req_ids
+            or so.preempted_req_ids
+            or n != batch.num_reqs
+            or n != len(so.num_scheduled_tokens)
+        ):
+            return False
+        if req_ids != self._steady_ids:
+            get = batch.req_id_to_index.get
+            rows = [get(r) for r in req_ids]
+            if None in rows:
+                return False
+            self._steady_ids = list(req_ids)
+            self._steady_index = np.asarray(rows, dtype=np.int64)
+        index = self._steady_index
+        # A batch row holds its prompt and the outputs its request state holds.
+        held = batch.num_tokens_no_spec[index] - batch.num_prompt_tokens[index]
+        if (np.asarray(cached.num_output_tokens, dtype=np.int64) < held).any():
+            return False  # the scheduler took tokens back: the general path trims them
+        batch.num_computed_tokens_cpu[index] = cached.num_computed_tokens
+        new_blocks = cached.new_block_ids
+        if new_blocks.count(None) != n:
+            for i, blocks in enumerate(new_blocks):
+                if blocks is None:
+                    continue
+                req_id = req_ids[i]
+                for ids, extra in zip(self.requests[req_id].block_ids, blocks):
+                    ids.extend(extra)
+                batch.block_table.append_row(blocks, int(index[i]))
+                self._stage_blocks(req_id)
+        batch.refresh_metadata()
+        STATS.count("bookkeeping.steady")
+        return True
 
 
 def tt_data_parallel(generator_cls: type, lanes: int, mesh_device: Any) -> int:
