@@ -25,7 +25,18 @@ Derived per batch:
   step functions (execute_model, sample_tokens, readback), less the time inside the
   generator's own methods: the project's work, not vLLM's and not the model's (CPU time,
   so that other processes on the machine do not inflate it);
-- `wait per step`: the time the host blocks on a readback (device still computing).
+- `wait per step`: the time the host blocks on a readback (device still computing);
+- `device idle per step`: the engine's step less the forward time in it, what the host's
+  work did not hide behind the device's;
+- `engine thread CPU per step`: all the host work of a step (vLLM's scheduler, output
+  processing and detokenizer, and ours), as CPU time of the engine thread, and its share
+  of the generator's step. On a card, whose compute takes no host core, the engine keeps
+  up with the device while this is below 1; it is the figure least moved by the load of
+  other processes. Here the "device" is a thread of this interpreter on the same cores,
+  so its forward slows down while the engine thread runs (`forward ... in the engine`),
+  and the wall-clock ratio also carries that contention.
+
+vLLM's statistics are off, as `vllm.LLM` sets them (`--log-stats`: on, as `vllm serve`).
 
 `--lanes 4` adds 4 lanes x `--lane-batch` (the demo bundle's single-execute variant,
 `--data-parallel-size 4`: one engine, the lane coordinator) against the generator with
@@ -36,7 +47,8 @@ costs (own CPU time of the engine thread: time blocked on the device or on the i
 lock is not counted), and the serving code's own top functions.
 
     .venv/bin/python benchmarks/bench_engine.py [--batches 8 32 64 128] [--lanes 4]
-        [--lane-batch 32] [--steps 64] [--rounds 5] [--profile] [--json]
+        [--lane-batch 32] [--steps 64] [--rounds 5] [--profile] [--json] [--log-stats]
+        [--switch-interval SECONDS]
 """
 
 from __future__ import annotations
@@ -173,6 +185,7 @@ class RunnerClock:
         self.wait = 0.0
         self.inside = 0.0
         self.decode_starts: list[float] = []
+        self.decode_cpu: list[float] = []  # the engine thread's CPU time at those starts
         self._depth = 0
         self._wrap_instance("execute_model", self._execute)
         self._wrap_instance("sample_tokens", None)
@@ -231,17 +244,21 @@ class RunnerClock:
         )
         if steady:
             self.decode_starts.append(time.perf_counter())
+            self.decode_cpu.append(time.thread_time())
 
     def reset(self) -> None:
         self.own = self.wait = self.inside = 0.0
         self.decode_starts = []
+        self.decode_cpu = []
 
 
 class Engine:
     """vLLM's `LLMEngine` in this process, stepped as `LLM.generate` steps it (`LLM`
     itself refuses `data_parallel_size` > 1, which the platform folds into lanes)."""
 
-    def __init__(self, checkpoint: Path, batch: int, lanes: int, max_len: int):
+    def __init__(
+        self, checkpoint: Path, batch: int, lanes: int, max_len: int, log_stats: bool = False
+    ):
         from vllm.engine.arg_utils import EngineArgs
         from vllm.v1.engine.llm_engine import LLMEngine
 
@@ -254,6 +271,8 @@ class Engine:
             enable_prefix_caching=False,  # every round's prompts are computed, not reused
             additional_config={"tt": {"sample_on_device_mode": "all"}},
             num_gpu_blocks_override=batch * (-(-max_len // BLOCK)) + lanes,
+            # As `vllm.LLM` sets it unless asked (`--log-stats`: as `vllm serve` runs).
+            disable_log_stats=not log_stats,
         )
         if lanes > 1:
             kwargs["data_parallel_size"] = lanes
@@ -294,6 +313,9 @@ class Engine:
         host = self.clock.own - self.clock.inside
         return {
             "ms_per_step": (starts[-1] - starts[0]) * 1000 / intervals,
+            "cpu_ms_per_step": (self.clock.decode_cpu[-1] - self.clock.decode_cpu[0])
+            * 1000
+            / intervals,
             "own_ms_per_step": host * 1000 / decodes,
             "wait_ms_per_step": self.clock.wait * 1000 / decodes,
             "device_ms_per_step": self.device.seconds * 1000 / decodes,
@@ -321,7 +343,7 @@ def measure(checkpoint: Path, batch: int, lanes: int, args: argparse.Namespace) 
     vocab = AutoConfig.from_pretrained(checkpoint).vocab_size
     max_len = INPUT_LEN + args.steps + 2 * BLOCK
     generator = GeneratorAlone(checkpoint, batch, lanes, max_len)
-    engine = Engine(checkpoint, batch, lanes, max_len)
+    engine = Engine(checkpoint, batch, lanes, max_len, log_stats=args.log_stats)
     prompts = prompts_for(batch, vocab, args.seed)
     generator.round(prompts, 4)  # warm-up, both sides
     engine.round(prompts, 4)
@@ -354,9 +376,17 @@ def measure(checkpoint: Path, batch: int, lanes: int, args: argparse.Namespace) 
         "host_ms_per_step": spread(host),
         "host_us_per_request": spread([h * 1000 / batch for h in host]),
         "own_host_ms_per_step": spread([e["own_ms_per_step"] for e in eng]),
+        "engine_cpu_ms_per_step": spread([e["cpu_ms_per_step"] for e in eng]),
+        "engine_cpu_over_generator": spread(
+            [e["cpu_ms_per_step"] / g for g, e in zip(gen_ms, eng)]
+        ),
         "wait_ms_per_step": spread([e["wait_ms_per_step"] for e in eng]),
         "generator_device_ms_per_step": spread(gen_device),
         "engine_device_ms_per_step": spread([e["device_ms_per_step"] for e in eng]),
+        # The device's idle time per step in the engine: what the host's work did not hide.
+        "device_idle_ms_per_step": spread(
+            [max(e["ms_per_step"] - e["device_ms_per_step"], 0.0) for e in eng]
+        ),
         "overlapped_steps": [e["overlapped"] for e in eng],
         "decode_steps": [e["decode_steps"] for e in eng],
         "profile": profile,
@@ -397,7 +427,22 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--top", type=int, default=15)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--log-stats",
+        action="store_true",
+        help="keep vLLM's statistics on, as `vllm serve` does (vllm.LLM turns them off)",
+    )
+    parser.add_argument(
+        "--switch-interval",
+        type=float,
+        default=None,
+        help="the interpreter's thread switch interval in seconds (default: Python's 0.005); "
+        "the host mesh's device is a thread of this interpreter, which waits up to this long "
+        "for the lock while the engine thread runs Python: a card does not",
+    )
     args = parser.parse_args()
+    if args.switch_interval is not None:
+        sys.setswitchinterval(args.switch_interval)
 
     from ttbundles.demo.checkpoint import write_demo_checkpoint
     from ttbundles.demo.server import serve_environment
@@ -446,7 +491,10 @@ def main() -> None:
             f"({r['host_us_per_request']['median']:.1f} us/request); own "
             f"{fmt(r['own_host_ms_per_step'], 3)} ms/step; wait {fmt(r['wait_ms_per_step'])} ms; "
             f"forward {r['generator_device_ms_per_step']['median']:.2f} ms alone, "
-            f"{r['engine_device_ms_per_step']['median']:.2f} ms in the engine"
+            f"{r['engine_device_ms_per_step']['median']:.2f} ms in the engine; device idle "
+            f"{fmt(r['device_idle_ms_per_step'])} ms/step; engine thread CPU "
+            f"{fmt(r['engine_cpu_ms_per_step'])} ms/step = "
+            f"{fmt(r['engine_cpu_over_generator'])} of the generator's step"
         )
         if r["profile"]:
             print("  top costs (own time over one round):")

@@ -124,6 +124,7 @@ class _Layout:
         # page table with the table version it was cut at (see `_decode_page_table`).
         self.outputs = [s.output_token_ids for s in self.states]
         self.index = {r: i for i, r in enumerate(req_ids)}
+        self.id_set = frozenset(req_ids)
         self.in_order = bool(np.array_equal(self.slots, np.arange(len(slots))))
         self.idle_rows = torch.from_numpy(np.flatnonzero(self.idle))
         self.table: tuple[int, torch.Tensor] | None = None
@@ -331,6 +332,7 @@ class TTModelRunner:
         self.async_decode = bool(sched.async_scheduling)
         self._inflight: list[TTAsyncOutput] = []
         self._async_req_ids: list[str] | None = None
+        self._async_layout: _Layout | None = None  # the layout of those rows
         # Slots: which request holds which device row, for its whole life (its lane's
         # rows; a preempted request keeps its lane and takes a row there on resuming).
         self.slot_of: dict[str, int] = {}
@@ -660,6 +662,7 @@ class TTModelRunner:
             if self._inflight:
                 STATS.count("decode.overlapped")  # submitted while a step is in flight
             self._async_req_ids = step.req_ids
+            self._async_layout = step.layout
             if self.observer is not None:
                 starts = computed.tolist()
                 self.observer("decode", step.req_ids, starts, [c + 1 for c in starts], None)
@@ -957,14 +960,14 @@ class TTModelRunner:
         if previous is None or so.scheduled_new_reqs or so.has_structured_output_requests:
             return False
         cached = so.scheduled_cached_reqs
-        if cached.resumed_req_ids or so.finished_req_ids & set(previous):
+        if cached.resumed_req_ids:
             return False
         scheduled = so.num_scheduled_tokens
-        return (
-            len(scheduled) == len(previous)
-            and set(scheduled.values()) == {1}
-            and scheduled.keys() >= set(previous)
-        )
+        # One token each (every scheduled request has at least one), the same requests.
+        if len(scheduled) != len(previous) or so.total_num_scheduled_tokens != len(scheduled):
+            return False
+        previous_set = self._async_layout.id_set  # type: ignore[union-attr]
+        return previous_set.isdisjoint(so.finished_req_ids) and scheduled.keys() >= previous_set
 
     def _drain_reason(self, so: SchedulerOutput) -> str:
         if so.has_structured_output_requests:
