@@ -81,6 +81,10 @@ class TTPlatform(Platform):
         if report_path() and not _state.get("stop_installed"):  # once, in the API server
             _state["stop_installed"] = True
             stop_api_server_while_starting()
+            # vLLM 0.33 can leave requests in flight open forever on SIGTERM.
+            from ttbundles.serving.shutdown import end_open_requests_on_shutdown
+
+            end_open_requests_on_shutdown()
         # What would otherwise fail after the engine started: a mesh this machine cannot
         # open (TT-Metal absent), then a class it cannot import. `ttbundle plan` plans for
         # meshes attached elsewhere: it skips the device check (and says so).
