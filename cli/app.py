@@ -7,7 +7,10 @@ traceback only under TT_BUNDLES_DEBUG=1).
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
+import threading
 from typing import Annotated, Any
 
 import typer
@@ -79,6 +82,30 @@ def command() -> Any:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Run `ttbundle` (`answer`); a failed run ends without waiting for background threads.
+
+    A command interrupted or failing while a daemon thread still works (`ttbundle test`'s
+    golden loader importing torch when Ctrl-C comes) must not finalize the interpreter
+    under it: that can hang for good (seen: the thread's import, cut by the shutdown,
+    then no exit). Such a run flushes its output and ends at once; its own cleanup (the
+    serving process stopped, the temporary folder removed) has run by then.
+    """
+    try:
+        answer(argv)
+    except SystemExit as exc:
+        code = exc.code
+        if code in (0, None) or not any(t.daemon and t.is_alive() for t in threading.enumerate()):
+            raise
+        if not isinstance(code, int):
+            sys.stderr.write(f"{code}\n")
+            code = 1
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(code)
+
+
+def answer(argv: list[str] | None = None) -> None:
     """Run `ttbundle`, answering every error in the format asked for.
 
     With `--format json`, whatever happens prints one JSON object on stdout (the shape of

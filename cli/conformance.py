@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 from contextlib import contextmanager
 from enum import Enum
@@ -93,6 +94,9 @@ def test(
     """
     from ttbundles.conformance.session import run_test
 
+    # SIGTERM unwinds like Ctrl-C: the serving process is stopped and the run's temporary
+    # folder removed on the way out (exit 143).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     with progress_bar() as progress:
         report = run_test(
             bundle,

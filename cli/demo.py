@@ -25,7 +25,9 @@ def demo(
     ] = None,
     port: Annotated[
         int | None,
-        typer.Option(help="Port to serve on. Default: 8000; with --query, a free port."),
+        typer.Option(
+            help="Port to serve on. Default: 8000; with --query, a free port.", min=1, max=65535
+        ),
     ] = None,
     host: Annotated[str, typer.Option(help="Address to serve on.")] = "127.0.0.1",
     checkpoint_dir: Annotated[

@@ -163,3 +163,28 @@ def moe_checkpoint(demo_checkpoint, tmp_path_factory) -> Path:
     )
     (moe / "config.json").write_text(json.dumps(config))
     return moe
+
+
+def time_wait_port() -> int:
+    """A loopback port held only by a closed connection in TIME_WAIT, as a server that
+    just stopped leaves its port: its side closed first (checked in /proc/net/tcp)."""
+    import socket
+
+    server = socket.socket()
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as vllm serve's listener
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    port = server.getsockname()[1]
+    client = socket.create_connection(("127.0.0.1", port))
+    accepted, _ = server.accept()
+    accepted.close()  # the server side closes first: its end waits in TIME_WAIT
+    client.close()
+    server.close()
+    local = f"0100007F:{port:04X}"
+    states = [
+        fields[3]
+        for fields in (line.split() for line in Path("/proc/net/tcp").read_text().splitlines()[1:])
+        if fields[1] == local
+    ]
+    assert states == ["06"], f"port {port} is not (only) in TIME_WAIT: {states}"
+    return port

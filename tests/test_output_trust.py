@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import socket
 
 import pytest
 
 from ttbundles.codes import CODES
-from ttbundles.demo.server import port_is_free
+from ttbundles.demo.server import port_problem
 
 DIAGNOSTIC_KEYS = {"code", "severity", "message", "file", "pointer", "line", "column", "hint"}
 
@@ -91,20 +92,33 @@ def test_list_names_a_bundle_with_invalid_metadata_by_its_folder(run_cli, workdi
 
 def test_a_port_held_only_by_closed_connections_is_free():
     """After a server stops, its port's connections linger in TIME_WAIT: a new server
-    (uvicorn sets SO_REUSEADDR) can listen there, so `demo --port` must not refuse it;
-    a port something listens on is still refused."""
-    server = socket.socket()
-    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as vllm serve's listener
-    server.bind(("127.0.0.1", 0))
-    server.listen(1)
-    port = server.getsockname()[1]
-    client = socket.create_connection(("127.0.0.1", port))
-    accepted, _ = server.accept()
-    assert not port_is_free("127.0.0.1", port)
-    accepted.close()  # the server side closes first: its port's connection in TIME_WAIT
-    client.close()
-    server.close()
-    assert port_is_free("127.0.0.1", port)
+    (uvicorn sets SO_REUSEADDR) can listen there, so `demo --port` must not refuse it
+    (tests/e2e/test_serving.py serves the demo on such a port)."""
+    from tests.conftest import time_wait_port
+
+    assert port_problem("127.0.0.1", time_wait_port()) is None
+
+
+def test_demo_on_a_port_something_listens_on_is_ttb210_before_any_work(run_cli, tmp_path):
+    """A listener holds the port: TTB210 saying so, before the checkpoint is prepared
+    (nothing is written to the cache), in text and in JSON."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen(1)
+        port = held.getsockname()[1]
+        env = {"XDG_CACHE_HOME": str(tmp_path / "cache")}
+        done = run_cli("demo", "--tiny", "--query", "--port", port, env=env, cwd=tmp_path)
+        assert (done.returncode, done.stdout) == (1, ""), done.stderr
+        assert done.stderr.startswith(
+            f"error TTB210 port {port} on 127.0.0.1 is in use: something is listening on it"
+        )
+        assert "fix: choose another --port" in done.stderr
+        args = ("demo", "--tiny", "--query", "--port", port, "-f", "json")
+        data = envelope(run_cli(*args, env=env, cwd=tmp_path), 1)
+        assert [d["code"] for d in data["diagnostics"]] == ["TTB210"]
+    assert not (tmp_path / "cache").exists()
+    bad = run_cli("demo", "--port", "70000", cwd=tmp_path)
+    assert bad.returncode == 2 and "--port" in bad.stderr  # a usage error (TTB004)
 
 
 # --- plan: the server's code path, the server's words, only its own output ------------
@@ -292,3 +306,215 @@ def test_init_from_a_mistyped_hub_id_suggests_the_cached_one(run_cli, workdir):
     done = run_cli("init", "q", "--from-hf", "hf/qwne", env=env, cwd=workdir)
     assert done.returncode == 1 and "TTB208" in done.stderr
     assert "did you mean hf/qwen? (in the hub cache)" in done.stderr
+
+
+def test_pack_install_and_test_refuse_the_template(run_cli, workdir):
+    """What `validate --strict` refuses as "still the template" no archive may carry:
+    pack refuses it with validate's own line, install refuses an archive of it (written
+    around pack) unless --force, and `ttbundle test` says so before serving anything."""
+    from ttbundles.archive.writer import write_archive
+
+    assert run_cli("init", "my-llama", "--arch", "LlamaForCausalLM", cwd=workdir).returncode == 0
+    strict = run_cli("validate", "my-llama", "--strict", cwd=workdir)
+    (line,) = [x for x in strict.stdout.splitlines() if "TTB065" in x]
+    assert line.startswith("my-llama/adapter.py:") and "still the template" in line
+    # The readback methods count only where async_decode is declared.
+    assert line.endswith(
+        "initialize_vllm_model, prefill_forward, decode_forward, allocate_kv_cache only "
+        "raise NotImplementedError"
+    )
+    packed = run_cli("pack", "my-llama", "-o", "dist", cwd=workdir)
+    assert (packed.returncode, packed.stdout) == (1, "")
+    assert packed.stderr.splitlines()[0] == line
+    assert not (workdir / "dist").exists()
+    data = envelope(run_cli("pack", "my-llama", "-o", "dist", "-f", "json", cwd=workdir), 1)
+    assert [(d["code"], d["severity"]) for d in data["diagnostics"]] == [("TTB065", "error")]
+
+    write_archive(workdir / "my-llama", workdir / "dist")
+    archive = "dist/my-llama-0.1.0.ttbundle"
+    done = run_cli("install", archive, "--models-dir", "models", cwd=workdir)
+    assert (done.returncode, done.stdout) == (1, "")
+    assert f"{archive}!/adapter.py:" in done.stderr and "error TTB065" in done.stderr
+    assert "error TTB093 install refused" in done.stderr
+    assert not (workdir / "models" / "my-llama").exists()
+    forced = run_cli("install", archive, "--models-dir", "models", "--force", cwd=workdir)
+    assert forced.stdout == "installed my-llama 0.1.0 at models/my-llama\n", forced.stderr
+
+    tested = run_cli("test", "my-llama", "--model", "./ckpt", cwd=workdir)
+    assert (tested.returncode, tested.stdout) == (1, "")
+    assert tested.stderr.splitlines()[0] == line
+    tested = run_cli("test", archive, "--model", "./ckpt", cwd=workdir)
+    assert tested.returncode == 1 and f"{archive}!/adapter.py:" in tested.stderr
+
+
+def test_a_written_template_packs(run_cli, workdir):
+    """Once its methods are written the bundle packs: the refusal is about the template,
+    not about a bundle made by init."""
+    assert run_cli("init", "mine", "--arch", "LlamaForCausalLM", cwd=workdir).returncode == 0
+    adapter = workdir / "mine" / "adapter.py"
+    adapter.write_text(adapter.read_text().replace("raise NotImplementedError", "return None"))
+    done = run_cli("pack", "mine", "-o", "dist", cwd=workdir)
+    assert (done.returncode, done.stdout) == (0, "dist/mine-0.1.0.ttbundle\n"), done.stderr
+
+
+# --- ttbundle test leaves nothing behind ---------------------------------------------------
+
+
+def _test_env(workdir):
+    """A private temporary folder and user cache, to see what a run leaves."""
+    (workdir / "tmp").mkdir()
+    return {"TMPDIR": str(workdir / "tmp"), "XDG_CACHE_HOME": str(workdir / "cache")}
+
+
+def _user_indexes(workdir) -> list[str]:
+    cache = workdir / "cache" / "ttbundles"
+    return sorted(p.name for p in cache.glob("index-*.json")) if cache.is_dir() else []
+
+
+def test_a_failed_test_run_removes_its_folder_and_keeps_the_log(run_cli, workdir):
+    """The serving process stopped by --timeout: TTB127, the run's temporary folder gone,
+    its serving log kept in the user cache and named."""
+    env = _test_env(workdir)
+    done = run_cli("test", "demo", "--model", "./ckpt", "--timeout", "1", env=env, cwd=workdir)
+    assert (done.returncode, done.stdout) == (1, ""), done.stderr
+    log = workdir / "cache" / "ttbundles" / "test-logs" / "demo.log"
+    assert f"{log}: error TTB127 serving demo for the test failed: the serving process " in (
+        done.stderr
+    )
+    assert "stopped after 1 s" in done.stderr and log.is_file()
+    assert list((workdir / "tmp").iterdir()) == []
+
+
+@pytest.mark.parametrize(("sig", "status"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_an_interrupted_test_run_stops_its_server_and_removes_its_folder(workdir, sig, status):
+    """Ctrl-C (SIGINT) or a plain kill (SIGTERM) while the serving process starts: it is
+    stopped, and the run's temporary folder is removed."""
+    import os
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    env = {**os.environ, **_test_env(workdir)}
+    ttbundle = str(Path(sys.executable).parent / "ttbundle")
+    run = subprocess.Popen(
+        [ttbundle, "test", "demo", "--model", "./ckpt"],
+        cwd=workdir,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        harness = None
+        deadline = time.monotonic() + 120
+        while harness is None and time.monotonic() < deadline:
+            specs = list((workdir / "tmp").glob("ttbundle-test-*/spec.json"))
+            harness = _pid_running(str(specs[0])) if specs else None
+            time.sleep(0.1)
+        assert harness is not None, "the serving process did not start"
+        run.send_signal(sig)
+        out, err = run.communicate(timeout=60)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+    assert run.returncode == status, err
+    assert "Traceback" not in err
+    assert list((workdir / "tmp").iterdir()) == []
+    assert not Path(f"/proc/{harness}").exists() or _zombie(harness)
+
+
+def _pid_running(argument: str) -> int | None:
+    """The pid of a process with `argument` on its command line."""
+    from pathlib import Path
+
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if argument in (proc / "cmdline").read_bytes().decode().split("\0"):
+                    return int(proc.name)
+            except OSError:
+                continue
+    return None
+
+
+def _zombie(pid: int) -> bool:
+    from pathlib import Path
+
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith("Z")
+    except OSError:
+        return True
+
+
+@pytest.mark.server
+def test_the_readme_rope_settings_skip_what_they_cannot_check_and_leave_nothing(run_cli, workdir):
+    """As the README runs it, relative paths: at --max-tokens 4 the short prompt's resent
+    sequence fits one KV block, so its cache-hit check is skipped with the reason (exit
+    0), not failed; the run leaves no folder and no index of its models folder."""
+    env = _test_env(workdir)
+    args = ("test", "demo", "--model", "./ckpt", "--max-tokens", "4", "--path", "prefix_cache")
+    done = run_cli(*args, "--golden", "reference", env=env, cwd=workdir, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "demo@1.0.0 on HOST, checkpoint ./ckpt: 3 prompts x 4 tokens" in done.stdout
+    rows = [line.split() for line in done.stdout.splitlines() if line.startswith("prefix_cache")]
+    assert [(r[1], r[-1]) for r in rows] == [("p0", "skipped"), ("p1", "pass"), ("p2", "pass")]
+    assert (
+        "note: prefix_cache, prompt p0 'The capital of France is': skipped: the cache-hit "
+        "check cannot run: the resent sequence of 14 tokens does not exceed one block of 16"
+    ) in done.stdout
+    verdict = done.stdout.rstrip().splitlines()[-1]
+    assert verdict.startswith("PASSED: 4 cases, 0 failures")  # 3 prompts and the perplexity
+    assert list((workdir / "tmp").iterdir()) == []
+    assert _user_indexes(workdir) == []  # the harness's registration wrote one: removed
+
+
+# --- the user cache's indexes ----------------------------------------------------------------
+
+
+def test_the_user_cache_forgets_indexes_of_folders_that_are_gone(run_cli, workdir):
+    """`ttbundle list` keeps an index of each models folder in the user cache. Once a
+    folder is removed, the next process that writes the cache removes its index (at most
+    hourly: the sweep stamp is aged here); another version's recent index stays, an old
+    one goes, and a file that is not an index is never touched."""
+    import os
+    import time
+
+    env = {"XDG_CACHE_HOME": str(workdir / "cache"), "MESH_DEVICE": "HOST"}
+    for folder in ("gone", "kept"):
+        shutil.copytree(workdir / "demo", workdir / folder / "demo")
+        done = run_cli("list", "--models-dir", folder, env=env, cwd=workdir)
+        assert done.returncode == 0, done.stderr
+    cache = workdir / "cache" / "ttbundles"
+    first = _user_indexes(workdir)
+    assert len(first) >= 2
+    other = json.loads((cache / first[0]).read_text())
+    other_version = {**other, "checker": [[1, 2]], "folder": str(workdir / "kept")}
+    (cache / "index-00000000000000aa.json").write_text(json.dumps(other_version))
+    old = cache / "index-00000000000000bb.json"
+    old.write_text(json.dumps(other_version))
+    month_ago = time.time() - 30 * 24 * 3600
+    os.utime(old, (month_ago, month_ago))
+    (cache / "index-notes.txt").write_text("mine")
+    (cache / "index-00000000000000cc.json").write_text("{not json")
+    shutil.rmtree(workdir / "gone")
+    shutil.copytree(workdir / "demo", workdir / "fresh" / "demo")
+    assert run_cli("list", "--models-dir", "fresh", env=env, cwd=workdir).returncode == 0
+    assert old.exists()  # swept at most hourly: not yet
+    hour_ago = time.time() - 3700
+    os.utime(cache / ".index-sweep", (hour_ago, hour_ago))
+    shutil.rmtree(workdir / "fresh")
+    shutil.copytree(workdir / "demo", workdir / "fresh2" / "demo")
+    assert run_cli("list", "--models-dir", "fresh2", env=env, cwd=workdir).returncode == 0
+    names = _user_indexes(workdir)
+    assert "index-00000000000000aa.json" in names and old.name not in names
+    assert "index-00000000000000cc.json" in names  # unreadable as an index: left alone
+    assert (cache / "index-notes.txt").read_text() == "mine"
+    folders = {
+        json.loads((cache / n).read_text())["folder"]
+        for n in names
+        if n not in ("index-00000000000000aa.json", "index-00000000000000cc.json")
+    }
+    assert str(workdir / "gone") not in folders and str(workdir / "fresh") not in folders
+    assert str(workdir / "kept") in folders and str(workdir / "fresh2") in folders

@@ -115,6 +115,7 @@ CODES: dict[str, str] = {
     "TTB207": "mixture-of-experts models do not support multi-process data parallelism",
     "TTB208": "model or checkpoint cannot be read",
     "TTB209": "vLLM rejected the configuration",
+    "TTB210": "the server cannot listen on the port (something listens there, or not allowed)",
     "TTB212": (
         "data-parallel device groups cannot be formed or bound (uneven split, "
         "`TT_VISIBLE_DEVICES` or `--device-ids` set for the whole server, a rank without a "

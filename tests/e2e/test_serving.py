@@ -414,8 +414,14 @@ def test_demo_command_answers_in_words(real_model):
 
 
 def test_demo_command_tiny_checkpoint(tmp_path):
-    run = _demo(["--query", "--tiny"], tmp_path)
+    """On a port a stopped server left in TIME_WAIT: `--port` takes it, as vllm serve's
+    listener does (SO_REUSEADDR)."""
+    from tests.conftest import time_wait_port
+
+    port = time_wait_port()
+    run = _demo(["--query", "--tiny", "--port", str(port)], tmp_path)
     lines = _assert_served_and_stopped(run, tmp_path)
+    assert f"starting vllm serve on http://127.0.0.1:{port} (pid " in run.stdout
     checkpoint = tmp_path / "ttbundles" / "demo-checkpoint"
     assert lines[0] == f"checkpoint: {checkpoint} (prepared now)"
     assert f"model: {checkpoint}" in lines

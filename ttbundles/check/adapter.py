@@ -126,10 +126,11 @@ def check_adapter(
     return _contract_diagnostics(info, metadata, meta_file)
 
 
-def still_template(info: ClassInfo) -> list[str]:
+def still_template(info: ClassInfo, async_decode: bool = True) -> list[str]:
     """The contract methods of the class whose whole body (after a docstring) is `raise
-    NotImplementedError`: what `ttbundle init` wrote, not yet written by the author."""
-    names = [*REQUIRED_METHODS, *KV_CACHE_METHODS, *ASYNC_METHODS]
+    NotImplementedError`: what `ttbundle init` wrote, not yet written by the author. The
+    readback methods count only with `async_decode` (the worker calls them only then)."""
+    names = [*REQUIRED_METHODS, *KV_CACHE_METHODS, *(ASYNC_METHODS if async_decode else ())]
     found = []
     for name in names:
         definition = info.methods.get(name)
@@ -160,7 +161,7 @@ def _contract_diagnostics(
     name = metadata.class_name
     where = {"file": str(info.file), "line": info.line}
     not_here = "run ttbundle validate --import where its dependencies are installed"
-    template = still_template(info)
+    template = still_template(info, metadata.capabilities.async_decode)
     if template:
         out.append(
             Diagnostic(
@@ -169,7 +170,7 @@ def _contract_diagnostics(
                 f"{name} is still the template: {', '.join(template)} only raise "
                 "NotImplementedError",
                 hint="write them (ttbundle init's template marks each with what it returns); "
-                "validate --strict refuses the template until then",
+                "validate --strict, pack, install and test refuse the template until then",
                 file=str(info.methods[template[0]].file),
                 line=info.methods[template[0]].line,
             )

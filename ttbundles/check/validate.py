@@ -49,6 +49,21 @@ class ValidationResult:
         return self.report.effective(strict, strict_unverifiable)
 
 
+# Warnings that `ttbundle validate` allows (the bundle is well formed) but that no archive
+# or installed bundle may carry: the scaffold's template, which could only fail when served.
+REFUSED_FOR_RELEASE = frozenset({"TTB065"})
+
+
+def release_errors(diagnostics: list[Diagnostic]) -> list[Diagnostic]:
+    """What refuses a bundle from being packed, installed or tested: its errors, and the
+    warnings of `REFUSED_FOR_RELEASE` as errors (with their own message)."""
+    return [
+        replace(d, severity=Severity.ERROR) if d.code in REFUSED_FOR_RELEASE else d
+        for d in diagnostics
+        if d.is_error or d.code in REFUSED_FOR_RELEASE
+    ]
+
+
 def validate_bundle(
     path: Path, *, strict: bool = False, import_check: bool = False, timeout: float = 60.0
 ) -> Report:

@@ -12,7 +12,7 @@ from ttbundles.conformance.session import TestReport
 def to_json(report: TestReport) -> dict[str, Any]:
     plan = report.plan
     meta = plan.metadata
-    # The envelope every command's JSON has (cli/output.py): ok first, diagnostics.
+    # The envelope every command's JSON has (cli/output.py): ok first, diagnostics last.
     return {
         "ok": report.passed,
         "bundle": {"name": meta.name, "version": meta.version, "path": str(plan.bundle_dir)},
@@ -28,9 +28,9 @@ def to_json(report: TestReport) -> dict[str, Any]:
         "passed": report.passed,
         "cases": [case.to_dict() for case in report.cases],
         "perplexity": [result.to_dict() for result in report.perplexity],
-        "diagnostics": [d.to_dict() for d in report.failures],
         "recorded": str(report.recorded) if report.recorded else None,
         "seconds": {k: round(v, 3) for k, v in report.seconds.items()},
+        "diagnostics": [d.to_dict() for d in report.failures],
     }
 
 

@@ -80,23 +80,40 @@ class TestReport:
 def checked_bundle(bundle: Path, workdir: Path) -> tuple[Path, Any]:
     """The bundle folder (an archive is verified and extracted into `workdir`) and its
     metadata; raises InvalidBundleError with every error `ttbundle validate` finds."""
-    from ttbundles.check.validate import check_bundle
+    from ttbundles.check.validate import check_bundle, release_errors
 
     bundle = Path(bundle)
+    archive = None
     if bundle.is_file():
         from ttbundles.archive.reader import extract_verified
 
-        bundle = extract_verified(bundle, workdir)
+        archive, bundle = bundle, extract_verified(bundle, workdir)
     elif not bundle.is_dir():
         raise InvalidBundleError(
             Diagnostic(
-                "TTB001", Severity.ERROR, "no such bundle folder or archive", file=str(bundle)
+                "TTB001",
+                Severity.ERROR,
+                "no such bundle folder or archive",
+                file=str(bundle),
+                hint="check the path (relative paths are read from the current folder)",
             )
         )
-    checked = check_bundle(bundle.absolute())
-    errors = [d for d in checked.diagnostics if d.is_error]
+    checked = check_bundle(bundle)  # its diagnostics name the files as the user typed
+    errors = release_errors(checked.diagnostics)  # a template cannot pass: said first
     if errors or checked.metadata is None:
-        raise InvalidBundleError(errors or checked.diagnostics)
+        found = errors or checked.diagnostics
+        if archive is not None:
+            # Inside the archive, as install says it: the extracted copy is removed.
+            from dataclasses import replace
+
+            inside = str(bundle)
+            found = [
+                replace(d, file=f"{archive}!{d.file[len(inside) :]}")
+                if d.file and d.file.startswith(inside)
+                else d
+                for d in found
+            ]
+        raise InvalidBundleError(found)
     return bundle.absolute(), checked.metadata
 
 
@@ -212,6 +229,7 @@ def serve(
                 process.wait()
     if error is not None or code != 0:
         tail = log_file.read_text(encoding="utf-8", errors="replace").splitlines()[-LOG_TAIL:]
+        kept = keep_log(log_file, plan.metadata.name)
         diagnostics = [
             Diagnostic(**{**d, "severity": Severity(d["severity"])})
             for d in (error or {}).get("diagnostics", [])
@@ -235,10 +253,10 @@ def serve(
                     "TTB127",
                     Severity.ERROR,
                     f"serving {plan.metadata.name} for the test failed: {message}",
-                    file=str(log_file),
+                    file=str(kept) if kept is not None else None,
                     # The bundle's own diagnostics say what to fix; otherwise the log does.
                     hint="the whole log is in that file"
-                    if diagnostics
+                    if diagnostics and kept is not None
                     else "the log's last lines:\n      " + "\n      ".join(tail),
                 ),
             ]
@@ -246,6 +264,21 @@ def serve(
     result = json.loads((out_dir / "result.json").read_text(encoding="utf-8"))
     arrays = np.load(out_dir / "logits.npz")
     return result, arrays
+
+
+def keep_log(log_file: Path, name: str) -> Path | None:
+    """The serving log of a failed run, copied out of the run's temporary folder (which is
+    always removed) to `<user cache>/test-logs/<bundle name>.log`: one file per bundle,
+    the last failed run's, so nothing accumulates. None where it cannot be written."""
+    from ttbundles.paths import user_cache_dir
+
+    target = user_cache_dir() / "test-logs" / f"{name}.log"
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(log_file, target)
+    except OSError:
+        return None
+    return target
 
 
 # --- one run --------------------------------------------------------------------------
@@ -267,9 +300,11 @@ def run_test(
     from ttbundles.paths import model_argument
 
     started = time.perf_counter()
-    checkpoint = model_argument(str(checkpoint))  # the harness runs in another folder
+    typed = str(checkpoint)  # what the report shows: the path as the user typed it
+    checkpoint = model_argument(typed)  # what the harness, in another folder, reads
+    # Removed on every way out (a failure, Ctrl-C, SIGTERM through the CLI's handler);
+    # a failed run's serving log is copied out first (`keep_log`).
     workdir = Path(tempfile.mkdtemp(prefix="ttbundle-test-"))
-    keep = False
     try:
         bundle_dir, metadata = checked_bundle(bundle, workdir)
         plan = resolve_plan(bundle_dir, metadata, paths=paths, max_tokens=max_tokens, mesh=mesh)
@@ -292,7 +327,7 @@ def run_test(
                 "--record needs a live golden (reference or transformers) to record",
                 hint="add --golden reference or --golden transformers",
             )
-        report = TestReport(plan=plan, checkpoint=str(checkpoint), goldens=[])
+        report = TestReport(plan=plan, checkpoint=typed, goldens=[])
         extra_units = 1 + len(choices) + (1 if record else 0)
         announced: dict[str, int] = {}
 
@@ -317,11 +352,7 @@ def run_test(
 
         loader = threading.Thread(target=load_all, name="ttbundle-golden", daemon=True)
         loader.start()
-        try:
-            served, arrays = serve(plan, str(checkpoint), workdir, progress=relay, timeout=timeout)
-        except TTBundleError:
-            keep = True  # the log stays for the user to read
-            raise
+        served, arrays = serve(plan, str(checkpoint), workdir, progress=relay, timeout=timeout)
         report.seconds["serve"] = time.perf_counter() - started
         progress("progress", label="loading the golden")
         loader.join()
@@ -362,8 +393,10 @@ def run_test(
         report.seconds["total"] = time.perf_counter() - started
         return report
     finally:
-        if not keep:
-            shutil.rmtree(workdir, ignore_errors=True)
+        from ttbundles.registry.index import forget_user_index
+
+        forget_user_index(workdir / "models")  # the harness's registration wrote it
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def _version() -> str:

@@ -31,6 +31,7 @@ from ttbundles.demo.query import (
 from ttbundles.demo.server import (
     DEFAULT_HOST,
     DEFAULT_PORT,
+    check_port,
     check_vllm_args,
     free_port,
     serve_environment,
@@ -78,6 +79,9 @@ def run_demo(
             "--data-parallel-size among the vllm serve options would contradict --lanes",
             hint="use --lanes alone",
         )
+    if port is None:
+        port = free_port(host) if with_query else DEFAULT_PORT
+    check_port(host, port)  # before minutes of preparing a checkpoint (and again at start)
     if vision:
         checkpoint, written = ensure_vision_checkpoint(checkpoint_dir)
     elif tiny:
@@ -85,8 +89,6 @@ def run_demo(
     else:
         checkpoint, written = model.prepare(checkpoint_dir, say=say)
     say(f"checkpoint: {checkpoint} ({'prepared now' if written else 'cached'})")
-    if port is None:
-        port = free_port(host) if with_query else DEFAULT_PORT
     log_path = user_cache_dir() / "demo-server.log" if with_query else None
     # The host-mesh demo, whatever mesh the shell names.
     env = serve_environment({**os.environ, "MESH_DEVICE": HOST})

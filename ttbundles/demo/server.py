@@ -8,6 +8,7 @@ server is a separate process.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import signal
@@ -112,16 +113,38 @@ def free_port(host: str = DEFAULT_HOST) -> int:
         return sock.getsockname()[1]
 
 
-def port_is_free(host: str, port: int) -> bool:
-    """Whether a server could listen on `port` now. Like uvicorn (SO_REUSEADDR), a port
-    held only by closed connections (TIME_WAIT, after a server stopped) is free."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+def port_problem(host: str, port: int) -> str | None:
+    """Why a server could not listen on `host`:`port` now, or None when it could.
+
+    Bound as uvicorn binds (SO_REUSEADDR): a port held only by closed connections
+    (TIME_WAIT, after a server stopped) is free; one something listens on is not."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            sock.bind((_client_host(host), port))
-        except OSError:
-            return False
-        return True
+            sock.bind((host, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                return f"port {port} on {host} is in use: something is listening on it"
+            return f"cannot listen on port {port} of {host}: {exc.strerror or exc}"
+        return None
+
+
+def port_is_free(host: str, port: int) -> bool:
+    """Whether a server could listen on `port` now (`port_problem`)."""
+    return port_problem(host, port) is None
+
+
+def check_port(host: str, port: int) -> None:
+    """TTB210 when a server could not listen on `host`:`port` (`port_problem`)."""
+    problem = port_problem(host, port)
+    if problem is not None:
+        raise TTBundleError.single(
+            "TTB210",
+            problem,
+            hint="choose another --port, or stop what listens there (ss -ltnp shows it); "
+            "without --port, --query picks a free one",
+        )
 
 
 # Local servers only: never through a proxy the environment may name.
@@ -232,10 +255,7 @@ def start_server(
     server's output goes to that file, else to this process's stdout and stderr.
     """
     port = free_port(host) if port is None else port
-    if not port_is_free(host, port):
-        raise TTBundleError.single(
-            "TTB209", f"port {port} on {host} is already in use", hint="choose another --port"
-        )
+    check_port(host, port)
     command = serve_command(checkpoint, host=host, port=port, vllm_args=vllm_args)
     environ = dict(serve_environment() if env is None else env)
     output = None

@@ -292,7 +292,7 @@ def _static_checks(folder: Path, archive: Path) -> None:
     the errors (located in the archive) when it has any."""
     from dataclasses import replace as with_file
 
-    from ttbundles.check.validate import check_bundle
+    from ttbundles.check.validate import check_bundle, release_errors
     from ttbundles.errors import Diagnostic, Severity
 
     checked = check_bundle(folder)
@@ -301,8 +301,7 @@ def _static_checks(folder: Path, archive: Path) -> None:
         with_file(d, file=d.file.replace(prefix, f"{archive}!", 1))
         if d.file and d.file.startswith(prefix)
         else d
-        for d in checked.diagnostics
-        if d.is_error
+        for d in release_errors(checked.diagnostics)
     ]
     if errors:
         raise InstallError(
@@ -311,7 +310,7 @@ def _static_checks(folder: Path, archive: Path) -> None:
                 Diagnostic(
                     "TTB093",
                     Severity.ERROR,
-                    "install refused: the bundle does not pass ttbundle validate; "
+                    "install refused: ttbundle validate's checks found the errors above; "
                     "nothing was changed",
                     file=str(archive),
                     hint="fix the bundle and pack it again, or pass --force to install it as it is",

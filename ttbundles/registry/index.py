@@ -18,7 +18,10 @@ renamed over the old one), both ignored when written by other checking code (the
 - `<folder>/.ttbundles-index.json`, written by `ttbundle install` and `uninstall`;
 - `$XDG_CACHE_HOME/ttbundles/index-<hash of the folder>.json` (`~/.cache` by default),
   written by registration whenever it had to check a bundle afresh, so a folder nobody
-  installs into is checked once per change, not once per process.
+  installs into is checked once per change, not once per process. A process that wrote
+  one sweeps the cache at most hourly (`sweep_user_cache`): an index of a folder that no
+  longer exists is removed, and so is one another ttbundles version wrote that nothing
+  refreshed for two weeks.
 
 A record says what the check found, never more: an index that cannot be read or written
 (read-only folder, no home) only costs the time of checking.
@@ -31,6 +34,7 @@ import functools
 import hashlib
 import json
 import os
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -378,6 +382,87 @@ def _remove_stale_temps(cache_dir: Path) -> None:
             os.unlink(path)
 
 
+# An index in the user cache is stale when the models folder it describes is gone, or
+# when other code wrote it (another format or checker: another ttbundles version) and
+# nothing refreshed it for this long. The version that wrote it is no longer run: one
+# that is would rewrite its file whenever it checks a bundle afresh.
+STALE_INDEX_SECONDS = 14 * 24 * 3600
+# A sweep reads the head of every index in the cache: at most once this often (the mtime
+# of a stamp file says when the last one ran), and only by a process that wrote one.
+SWEEP_INTERVAL_SECONDS = 3600
+SWEEP_STAMP = ".index-sweep"
+_USER_INDEX = re.compile(r"^index-[0-9a-f]{16}\.json$")
+# What `_write` puts first: the format, the folder, then the checker fingerprint.
+_HEAD = re.compile(
+    rb'^\{"format":(\d+),"folder":("(?:[^"\\]|\\.)*"),"checker":(\[(?:\[\d+,\d+\],?)*\])'
+)
+_HEAD_BYTES = 8192
+
+
+def _stale_index(path: str, mtime: float, now: float, fingerprint: list) -> bool:
+    """Whether the user cache's index file `path` is stale (see STALE_INDEX_SECONDS)."""
+    try:
+        with open(path, "rb") as handle:
+            head = _HEAD.match(handle.read(_HEAD_BYTES))
+        folder = json.loads(head[2]) if head else None
+        ours = (
+            head is not None
+            and int(head[1]) == FORMAT
+            and json.loads(head[3]) == fingerprint
+            and isinstance(folder, str)
+            and _user_file(folder).name == os.path.basename(path)
+        )
+    except (OSError, ValueError):
+        return False  # unreadable now: left alone
+    if ours:
+        return not os.path.isdir(folder)
+    if isinstance(folder, str) and os.path.isabs(folder) and not os.path.isdir(folder):
+        return True  # another version's index of a folder that is gone
+    return mtime < now - STALE_INDEX_SECONDS
+
+
+def sweep_user_cache(cache_dir: Path, *, now: float | None = None) -> list[Path]:
+    """Remove the user cache's stale index files (`_stale_index`); the paths removed.
+
+    Only files named as `_user_file` names them are looked at, never followed through a
+    link; a file that cannot be read is left. Cheap: a directory listing and the first
+    bytes of each index (its format, folder and checker come first)."""
+    now = time.time() if now is None else now
+    fingerprint = checker()
+    removed = []
+    try:
+        with os.scandir(cache_dir) as it:
+            entries = [e for e in it if _USER_INDEX.match(e.name)]
+        for entry in entries:
+            if not entry.is_file(follow_symlinks=False):
+                continue
+            mtime = entry.stat(follow_symlinks=False).st_mtime
+            if _stale_index(entry.path, mtime, now, fingerprint):
+                with contextlib.suppress(OSError):
+                    os.unlink(entry.path)
+                    removed.append(Path(entry.path))
+    except OSError:
+        pass
+    return removed
+
+
+def _sweep_now(cache_dir: Path) -> bool:
+    """Whether this process should sweep: the stamp is older than SWEEP_INTERVAL_SECONDS
+    (or missing); it is touched first, so concurrent processes do not all sweep."""
+    stamp = cache_dir / SWEEP_STAMP
+    now = time.time()
+    try:
+        if os.stat(stamp).st_mtime > now - SWEEP_INTERVAL_SECONDS:
+            return False
+    except OSError:
+        pass
+    try:
+        stamp.touch()
+    except OSError:
+        return False
+    return True
+
+
 class Index:
     """The records of one models folder: its own index, then the user cache."""
 
@@ -433,11 +518,20 @@ class Index:
         saved = _write(path, self.resolved, self.fingerprint, self.current)
         if saved:
             _remove_stale_temps(path.parent)
+            if _sweep_now(path.parent):
+                sweep_user_cache(path.parent)
         return saved
 
     def save_folder(self) -> bool:
         """Write the folder's own index (what `install` and `uninstall` do)."""
         return _write(self.folder / INDEX_FILE, self.resolved, self.fingerprint, self.current)
+
+
+def forget_user_index(folder: Path) -> None:
+    """Remove the user cache's index of `folder`: for a models folder about to be
+    removed (`ttbundle test`'s own), whose index could never be read again."""
+    with contextlib.suppress(OSError):
+        os.unlink(_user_file(str(Path(folder).resolve())))
 
 
 def bundle_names(folder: Path) -> list[os.DirEntry]:
@@ -461,6 +555,8 @@ __all__ = [
     "Record",
     "bundle_names",
     "examine",
+    "forget_user_index",
     "matches",
+    "sweep_user_cache",
     "write_folder_index",
 ]

@@ -4,9 +4,11 @@ folder or a snapshot in the hub cache (never downloaded), and which architecture
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 from ttbundles.errors import TTBundleError
@@ -99,7 +101,8 @@ def _read_hf_config(source: str) -> tuple[dict, dict | None, str | None]:
     from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
 
     try:
-        file = Path(hf_hub_download(source, "config.json"))
+        with _hub_quiet():
+            file = Path(hf_hub_download(source, "config.json"))
     except HFValidationError:
         raise TTBundleError.single(
             "TTB208",
@@ -118,11 +121,27 @@ def _read_hf_config(source: str) -> tuple[dict, dict | None, str | None]:
         raise TTBundleError.single(
             "TTB208",
             f"cannot read config.json of hub repository {source}: {type(exc).__name__}",
-            hint="check the id and your access to it, or pass the checkpoint's folder",
+            hint=_cached_repo_hint(source)
+            or "check the id and your access to it, or pass the checkpoint's folder",
         ) from None
     revision = file.parent.name if file.parent.parent.name == "snapshots" else None
     ref = {"repo": source, **({"revision": revision} if revision else {})}
     return _load_json(file), ref, None
+
+
+@contextlib.contextmanager
+def _hub_quiet() -> Iterator[None]:
+    """huggingface_hub's own warnings off (a line per retry when the hub cannot be
+    reached): the error this module raises says what failed and what to do."""
+    import logging
+
+    hub = logging.getLogger("huggingface_hub")
+    level = hub.level
+    hub.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        hub.setLevel(level)
 
 
 def _cached_repo_hint(source: str) -> str | None:
