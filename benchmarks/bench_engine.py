@@ -47,7 +47,8 @@ costs (own CPU time of the engine thread: time blocked on the device or on the i
 lock is not counted), and the serving code's own top functions.
 
     .venv/bin/python benchmarks/bench_engine.py [--batches 8 32 64 128] [--lanes 4]
-        [--lane-batch 32] [--steps 64] [--rounds 5] [--profile] [--json] [--log-stats]
+        [--lane-batch 32] [--steps 64] [--rounds 5] [--repeat 1] [--profile] [--json]
+        [--log-stats]
         [--switch-interval SECONDS]
 """
 
@@ -337,7 +338,10 @@ def spread(values: list[float]) -> dict:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
-def measure(checkpoint: Path, batch: int, lanes: int, args: argparse.Namespace) -> dict:
+def measure(
+    checkpoint: Path, batch: int, lanes: int, args: argparse.Namespace, profile_it: bool
+) -> dict:
+    """One configuration's rounds: the per-round figures of both sides (see `summary`)."""
     from transformers import AutoConfig
 
     vocab = AutoConfig.from_pretrained(checkpoint).vocab_size
@@ -354,7 +358,7 @@ def measure(checkpoint: Path, batch: int, lanes: int, args: argparse.Namespace) 
         gen_device.append(generator.device_ms)
         eng.append(engine.round(prompts, args.steps))
     profile = None
-    if args.profile:
+    if profile_it:
         # CPU time of this thread, not wall time: a profile under load (or while the
         # device thread holds the interpreter lock) would otherwise charge waiting to
         # whichever function happened to be running.
@@ -365,6 +369,20 @@ def measure(checkpoint: Path, batch: int, lanes: int, args: argparse.Namespace) 
         profile = top_costs(profiler, args.top)
     engine.close()
     del generator
+    return {
+        "batch": batch,
+        "lanes": lanes,
+        "gen_ms": gen_ms,
+        "gen_device": gen_device,
+        "eng": eng,
+        "profile": profile,
+    }
+
+
+def summary(raw: dict) -> dict:
+    """Median and spread of a configuration's rounds (pooled over `--repeat` sweeps)."""
+    batch, lanes, profile = raw["batch"], raw["lanes"], raw["profile"]
+    gen_ms, gen_device, eng = raw["gen_ms"], raw["gen_device"], raw["eng"]
     ratios = [g / e["ms_per_step"] for g, e in zip(gen_ms, eng)]
     host = [e["ms_per_step"] - g for g, e in zip(gen_ms, eng)]
     return {
@@ -423,6 +441,9 @@ def main() -> None:
     parser.add_argument("--lane-batch", type=int, default=32, help="rows per lane")
     parser.add_argument("--steps", type=int, default=64, help="decode steps per round")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--repeat", type=int, default=1, help="sweeps over all configurations, rounds pooled"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--top", type=int, default=15)
@@ -469,14 +490,26 @@ def main() -> None:
         configs = [(b, 1) for b in args.batches]
         if args.lanes > 1:
             configs.append((args.lanes * args.lane_batch, args.lanes))
-        results = [measure(checkpoint, batch, lanes, args) for batch, lanes in configs]
+        # `--repeat` sweeps every configuration again and pools the rounds: a batch's
+        # figures then come from several moments of the machine's load, not one.
+        pooled: dict[tuple[int, int], dict] = {}
+        for sweep in range(args.repeat):
+            for batch, lanes in configs:
+                last = sweep == args.repeat - 1
+                raw = measure(checkpoint, batch, lanes, args, profile_it=args.profile and last)
+                into = pooled.setdefault((batch, lanes), raw)
+                if into is not raw:
+                    for key in ("gen_ms", "gen_device", "eng"):
+                        into[key].extend(raw[key])
+                    into["profile"] = raw["profile"]
+        results = [summary(pooled[config]) for config in configs]
     if args.json:
         print(json.dumps(results, indent=2))
         return
     print(
         f"demo checkpoint, greedy, device sampling, async scheduling; {INPUT_LEN}-token "
-        f"prompts, {args.steps} decode steps a round, median (min-max) of {args.rounds} "
-        "interleaved rounds"
+        f"prompts, {args.steps} decode steps a round, median (min-max) of "
+        f"{args.rounds * args.repeat} interleaved rounds ({args.repeat} sweep(s))"
     )
 
     def fmt(s: dict, digits: int = 2) -> str:
@@ -503,6 +536,14 @@ def main() -> None:
             print("  the serving code's own top functions:")
             for row in r["profile"]["ours"]:
                 print(f"    {row['own_ms']:8.1f} ms {row['calls']:7d} calls  {row['fn']}")
+    single = [r for r in results if r["lanes"] == 1]
+    if len(single) > 1:
+        low, high = single[0], single[-1]
+        growth = high["own_host_ms_per_step"]["median"] / low["own_host_ms_per_step"]["median"]
+        print(
+            f"own host work per step, batch {high['batch']} over batch {low['batch']}: "
+            f"{growth:.2f}x (medians)"
+        )
 
 
 if __name__ == "__main__":
