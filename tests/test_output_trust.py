@@ -267,6 +267,24 @@ def test_prefix_cache_at_a_sequence_of_one_block_is_skipped_not_failed():
     assert not long.passed and long.failures[0].code == "TTB124" and long.skipped is None
 
 
+def test_a_prompt_that_fits_one_chunk_is_skipped_not_failed():
+    """tests.chunk_size at or above a prompt's length: that prompt cannot be chunked (a
+    limit of the settings, skipped with the reason); a longer one prefilled in one step
+    is the bundle's failure (TTB124)."""
+    from ttbundles.conformance.compare import CaseResult
+    from ttbundles.conformance.session import exercised
+
+    served = {"chunk_size": 16, "engines": []}
+    short = CaseResult("chunked_prefill", "p0", "p0", "reference")
+    short.details = {"num_cached_tokens": 0, "prompt_tokens": 10, "prefill_chunks": 1}
+    exercised(short, "chunked_prefill", served)
+    assert short.passed and "the prompt of 10 tokens fits one chunk of 16" in short.skipped
+    long = CaseResult("chunked_prefill", "p0", "p0", "reference")
+    long.details = {"num_cached_tokens": 0, "prompt_tokens": 35, "prefill_chunks": 1}
+    exercised(long, "chunked_prefill", served)
+    assert not long.passed and long.failures[0].code == "TTB124" and long.skipped is None
+
+
 def test_a_relative_model_is_resolved_where_it_was_typed(workdir, monkeypatch):
     from ttbundles.paths import model_argument
 
@@ -518,3 +536,47 @@ def test_the_user_cache_forgets_indexes_of_folders_that_are_gone(run_cli, workdi
     }
     assert str(workdir / "gone") not in folders and str(workdir / "fresh") not in folders
     assert str(workdir / "kept") in folders and str(workdir / "fresh2") in folders
+
+
+# --- one code per condition, one envelope per command -------------------------------------
+
+
+def test_every_command_takes_format_json():
+    """Every command, `test` included (human, json, junit), offers --format json."""
+    from ttbundles.cli.app import command
+
+    root = command()
+    lacking = []
+    for name, cmd in root.commands.items():
+        formats = [p for p in cmd.params if "--format" in getattr(p, "opts", [])]
+        kind = formats[0].type_descriptor.annotation if formats else None
+        if kind is None or "json" not in [c.value for c in kind]:
+            lacking.append(name)
+    assert len(root.commands) >= 17 and lacking == []
+
+
+MISSING = [
+    ("validate", "nope"),
+    ("pack", "nope"),
+    ("verify", "nope"),
+    ("install", "nope.ttbundle", "--models-dir", "models"),
+    ("inspect", "nope"),
+    ("migrate", "nope"),
+    ("push", "nope", "localhost:5999/x:1"),
+    ("sign", "nope", "--key", "nope.key"),
+    ("init", "q", "--from-hf", "./nope"),
+    ("plan", "./nope", "--mesh", "HOST"),
+    ("test", "nope", "--model", "./ckpt"),
+    ("test", "demo", "--model", "./nope"),
+    ("test", "demo", "--model", "./ckpt", "--golden", "nope.json.gz"),
+]
+
+
+def test_a_path_that_does_not_exist_is_ttb001_in_every_command(run_cli, workdir):
+    """One condition, one code: each command given a missing path (relative, as typed)
+    answers TTB001 naming it, exit 1, `ok` false; nothing else is said first."""
+    for args in MISSING:
+        data = envelope(run_cli(*args, "-f", "json", cwd=workdir, timeout=120), 1)
+        first = data["diagnostics"][0]
+        assert (first["code"], first["severity"]) == ("TTB001", "error"), args
+        assert first["file"] in ("nope", "./nope", "nope.ttbundle", "nope.json.gz"), args
