@@ -74,6 +74,12 @@ class Plan:
     # and the shape of the submesh it opens; empty with one engine.
     device_groups: list[list[int]] = field(default_factory=list)
     submesh_shape: list[int] = field(default_factory=list)
+    # Several hosts (vLLM's multi-node data parallelism): the ranks on every host together,
+    # this host's first global rank and its name; `device_groups` are this host's ranks
+    # only, by local rank (each host plans, and splits its own mesh, for itself).
+    dp_size: int = 1
+    dp_start_rank: int = 0
+    host: str = ""
     # Items per prompt for each modality served besides text ({}: text only).
     inputs: dict[str, int] = field(default_factory=dict)
 
@@ -217,7 +223,8 @@ def plan_config(vllm_config: VllmConfig, registry: Registry) -> Plan | None:
     _plan_inputs(vllm_config, plan, meta.name, caps.input_limits())
     _plan_logprobs(vllm_config, plan)
     _plan_lanes(vllm_config, plan, caps.execution, target)
-    _plan_device_groups(vllm_config, plan)
+    if caps.execution != "single":  # a single-execute engine opens its host's whole mesh
+        _plan_device_groups(vllm_config, plan)
 
     _plan_features(vllm_config, plan, meta)
     _plan_scheduler(vllm_config, plan)
@@ -528,6 +535,9 @@ def _plan_lanes(vllm_config: VllmConfig, plan: Plan, execution: str, target: Any
     sched = vllm_config.scheduler_config
     dp = parallel.data_parallel_size
     cap = target.max_num_seqs if target is not None else None
+    if dp > 1 and execution == "single" and parallel.data_parallel_size_local != dp:
+        _plan_lanes_on_hosts(vllm_config, plan, cap)
+        return
     if dp > 1 and execution == "single":
         # Request-specific RoPE (M-RoPE, vision models) needs nothing of the lanes: the
         # runner keeps a delta per slot and sends rope_deltas_all_users over every row.
@@ -601,13 +611,88 @@ def _plan_lanes(vllm_config: VllmConfig, plan: Plan, execution: str, target: Any
         )
 
 
+def _plan_lanes_on_hosts(vllm_config: VllmConfig, plan: Plan, cap: int | None) -> None:
+    """A single-execute bundle on several hosts: one engine per host, lanes inside each.
+
+    The generator is one program over a host's whole mesh, so a host is one engine and
+    `--data-parallel-size-local L` becomes its L lanes, as on one host. vLLM's multi-node
+    data parallelism then counts engines: `--data-parallel-size N` over hosts of L lanes
+    each is N / L engines, this host's being engine `--data-parallel-start-rank` / L.
+    Every host decides this from its own flags, so the hosts must all run L lanes and
+    start at multiples of L (refused otherwise: the head would wait for engines that
+    never come).
+    """
+    import socket
+
+    parallel = vllm_config.parallel_config
+    sched = vllm_config.scheduler_config
+    dp = parallel.data_parallel_size
+    local = parallel.data_parallel_size_local
+    start = parallel.data_parallel_rank
+    host = socket.gethostname()
+    bundle = plan.bundle["name"]
+    if local < 1 or dp % local or start % local or parallel.data_parallel_external_lb:
+        raise _error(
+            "TTB202",
+            f"host {host}: --data-parallel-size={dp} --data-parallel-size-local={local} "
+            f"--data-parallel-start-rank={start}: {bundle} declares execution 'single' "
+            "(one engine per host, its lanes inside it), so every host must run the same "
+            "number of lanes L >= 1, L must divide --data-parallel-size and each host's "
+            "start rank must be a multiple of L",
+            "give every host --data-parallel-size-local L and start ranks 0, L, 2L, ...",
+        )
+    engines = dp // local
+    engine = start // local
+    requested = sched.max_num_seqs
+    total = requested * local
+    if cap is not None and total > cap:
+        total = cap
+    if total % local:
+        raise _error(
+            "TTB205",
+            f"{local} data-parallel lanes cannot share max_num_seqs={total} evenly",
+            f"use a max_num_seqs that is a multiple of {local}",
+        )
+    plan.lanes = local
+    plan.dp_size = engines
+    plan.dp_start_rank = engine
+    plan.host = host
+    parallel.data_parallel_size = engines
+    parallel.data_parallel_size_local = 1
+    parallel.data_parallel_rank = engine
+    parallel.data_parallel_rank_local = 0
+    if parallel.distributed_executor_backend in (None, "mp"):
+        parallel.distributed_executor_backend = "uni"  # one worker, in the engine process
+    others = _ranks_elsewhere(engine, 1, engines)
+    plan.decide(
+        "data_parallel_size",
+        dp,
+        engines,
+        f"single-execute model ({bundle} declares execution 'single') on several hosts "
+        f"(vLLM multi-node data parallelism, handshake at {parallel.data_parallel_master_ip}:"
+        f"{parallel.data_parallel_rpc_port}): one engine per host, {local} in-process lanes "
+        f"in each over the host's whole mesh; {dp} lanes = {engines} engines; this host "
+        f"({host}) runs engine {engine} (lanes {start}-{start + local - 1}), engines "
+        f"{others} run on the other hosts",
+    )
+    why = f"{total // local} per lane x {local} lanes on this host's engine"
+    if cap is not None and requested * local > cap:
+        why += f" (the target {plan.mesh} serves at most {cap} in all)"
+    sched.max_num_seqs = plan.decide("max_num_seqs", requested, total, why)
+
+
 def _plan_device_groups(vllm_config: VllmConfig, plan: Plan) -> None:
     """Multi-process data parallelism: one engine core per rank, each on its own submesh.
 
-    Runs after the lanes decision (single-execute bundles are one engine by then). The
-    mesh is split here, once; the groups travel in the plan to every engine's worker.
+    Runs after the lanes decision (single-execute bundles are one engine per host by
+    then). The mesh is split here, once per host: with vLLM's multi-node data parallelism
+    (`--data-parallel-size-local` < `--data-parallel-size`) every host, the head and each
+    `--headless` one, builds its own configuration, so each splits its own mesh into its
+    local ranks; its engines bind their group by local rank. The groups travel in the
+    plan to every engine's worker on that host.
     """
     import os
+    import socket
 
     from ttbundles.serving import device_groups
 
@@ -615,34 +700,73 @@ def _plan_device_groups(vllm_config: VllmConfig, plan: Plan) -> None:
     ranks = parallel.data_parallel_size
     if ranks <= 1:
         return
-    if parallel.data_parallel_size_local != ranks:
+    local = parallel.data_parallel_size_local
+    start = parallel.data_parallel_rank
+    several_hosts = local != ranks
+    if several_hosts and parallel.data_parallel_external_lb:
         raise _error(
             "TTB202",
-            f"--data-parallel-size={ranks} with {parallel.data_parallel_size_local} local "
-            "ranks (several nodes, or an external load balancer) is not supported yet on "
-            "Tenstorrent",
-            "start all ranks from one vllm serve on one system",
+            f"--data-parallel-size={ranks} with one server per rank behind an external "
+            "load balancer is not supported on Tenstorrent",
+            "start the head with --data-parallel-size-local and the other hosts with "
+            "--headless --data-parallel-start-rank (see README: Several hosts)",
         )
-    device_groups.check_no_user_binding(os.environ, parallel.assigned_physical_gpu_ids, ranks)
-    groups = device_groups.plan_groups(plan.mesh, ranks)
+    if several_hosts and not 0 <= start <= start + local <= ranks:
+        raise _error(
+            "TTB212",
+            f"--data-parallel-start-rank={start} with --data-parallel-size-local={local} "
+            f"runs DP ranks beyond --data-parallel-size={ranks}",
+            f"give this host ranks within 0..{ranks - 1}",
+        )
+    host = socket.gethostname()
+    plan.dp_size = ranks
+    plan.dp_start_rank = start
+    plan.host = host
+    seqs = vllm_config.scheduler_config.max_num_seqs
+    totals = f"max_num_seqs={seqs} per rank, {seqs * ranks} in total; KV cache sized per rank"
+    here = f"DP ranks {_ranks_text(start, local)} of {ranks}"
+    elsewhere = _ranks_elsewhere(start, local, ranks)
+    handshake = f"{parallel.data_parallel_master_ip}:{parallel.data_parallel_rpc_port}"
+    if local == 0:  # a head that only runs the API server and the DP coordinator
+        plan.decide(
+            "data_parallel_size",
+            ranks,
+            ranks,
+            f"{ranks} engine cores over several hosts (vLLM multi-node data parallelism, "
+            f"handshake at {handshake}); none on this host ({host}); DP ranks {elsewhere} "
+            f"run on hosts started with --headless, each splitting its own mesh; {totals}",
+        )
+        return
+    device_groups.check_no_user_binding(os.environ, parallel.assigned_physical_gpu_ids, local)
+    groups = device_groups.plan_groups(
+        plan.mesh,
+        local,
+        flag="--data-parallel-size-local" if several_hosts else "--data-parallel-size",
+        where=f"host {host} ({here}): " if several_hosts else "",
+    )
     plan.device_groups = [list(g) for g in groups.groups]
     plan.submesh_shape = list(groups.submesh_shape)
     rows, columns = groups.submesh_shape
-    where = {
+    source = {
         "host": "the host mesh: a host submesh per rank",
         "discovered": "chip ids from TT-Metal",
         "logical": "logical chip ids of the grid; TT-Metal is not installed here to "
         "discover the physical ones",
     }[groups.source]
-    seqs = vllm_config.scheduler_config.max_num_seqs
-    plan.decide(
-        "data_parallel_size",
-        ranks,
-        ranks,
-        f"{ranks} engine cores, one per {rows}x{columns} submesh of {groups.mesh} "
-        f"({groups.describe()}; {where}); max_num_seqs={seqs} per rank, "
-        f"{seqs * ranks} in total; KV cache sized per rank",
-    )
+    layout = f"({groups.describe(start)}; {source})"
+    if several_hosts:
+        reason = (
+            f"{ranks} engine cores over several hosts (vLLM multi-node data parallelism, "
+            f"handshake at {handshake}): this host ({host}) runs {here}, one per "
+            f"{rows}x{columns} submesh of its mesh {groups.mesh} {layout}; DP ranks "
+            f"{elsewhere} run on other hosts, each splitting its own mesh; {totals}"
+        )
+    else:
+        reason = (
+            f"{ranks} engine cores, one per {rows}x{columns} submesh of {groups.mesh} "
+            f"{layout}; {totals}"
+        )
+    plan.decide("data_parallel_size", ranks, ranks, reason)
     backend = parallel.distributed_executor_backend
     if backend in (None, "mp"):
         # vLLM defaults data parallelism to the multiprocessing executor: a worker process
@@ -653,3 +777,20 @@ def _plan_device_groups(vllm_config: VllmConfig, plan: Plan) -> None:
             "uni",
             "each rank's one worker runs inside its engine-core process",
         )
+
+
+def _ranks_text(start: int, count: int) -> str:
+    """`2-3`, `2`, or `none` for `count` global DP ranks from `start`."""
+    if count <= 0:
+        return "none"
+    return str(start) if count == 1 else f"{start}-{start + count - 1}"
+
+
+def _ranks_elsewhere(start: int, local: int, ranks: int) -> str:
+    """The global DP ranks not on this host: `2-3`, or `0-1 and 4-7`."""
+    parts = [
+        _ranks_text(first, count)
+        for first, count in ((0, start), (start + local, ranks - start - local))
+        if count > 0
+    ]
+    return " and ".join(parts) or "none"

@@ -18,6 +18,10 @@ imports TT-Metal (TT-Metal reads the variable when it opens a mesh).
   logical chip ids of the preset's grid, row-major, and the plan says so.
 - The host mesh has no chips to share: each rank gets a host submesh of its own
   (1x1, device id = its rank), so the multi-process path runs end to end on the host.
+- Several hosts (vLLM's multi-node data parallelism): each host plans its own
+  configuration (`vllm serve --headless` builds one too), so each host splits only its own
+  mesh, into its `--data-parallel-size-local` ranks; group i belongs to local rank i,
+  whatever its global rank. A refusal names the host, its ranks and the flag.
 
 Nothing here imports vLLM, torch or ttnn at module level.
 """
@@ -50,26 +54,34 @@ class DeviceGroups:
     groups: tuple[tuple[int, ...], ...]
     source: str  # "host", "discovered" (TT-Metal said) or "logical" (from the shape)
 
-    def describe(self) -> str:
-        """`rank 0 -> [0, 1], rank 1 -> [2, 3]` for the plan's decision line."""
-        return ", ".join(f"rank {r} -> {list(g)}" for r, g in enumerate(self.groups))
+    def describe(self, first_rank: int = 0) -> str:
+        """`rank 0 -> [0, 1], rank 1 -> [2, 3]` for the plan's decision line; global DP
+        ranks from `first_rank` (a host other than the first runs ranks from its start)."""
+        return ", ".join(f"rank {first_rank + r} -> {list(g)}" for r, g in enumerate(self.groups))
 
 
 def _error(message: str, hint: str | None = None, code: str = "TTB212") -> ConfigurationError:
     return ConfigurationError.single(code, message, hint=hint)
 
 
-def submesh_shape(shape: tuple[int, int], ranks: int, mesh: str = "the mesh") -> tuple[int, int]:
+def submesh_shape(
+    shape: tuple[int, int],
+    ranks: int,
+    mesh: str = "the mesh",
+    flag: str = "--data-parallel-size",
+    where: str = "",
+) -> tuple[int, int]:
     """The shape of each of `ranks` equal submeshes of a (rows, columns) mesh.
 
     Columns are split first (a Galaxy's 8x4 into 8x2 or 8x1, as TT-Metal's demos split
     it), then rows; a mesh that splits neither way evenly is refused with the sizes that
-    would work.
+    would work. `flag` is the option that set the rank count and `where` a prefix naming
+    the host (on several hosts each host's own `--data-parallel-size-local`).
     """
     rows, columns = shape
     chips = rows * columns
     if ranks < 1:
-        raise _error(f"--data-parallel-size={ranks} must be at least 1")
+        raise _error(f"{where}{flag}={ranks} must be at least 1")
     if columns % ranks == 0:
         return rows, columns // ranks
     if rows % ranks == 0:
@@ -78,9 +90,9 @@ def submesh_shape(shape: tuple[int, int], ranks: int, mesh: str = "the mesh") ->
         1
     ]
     raise _error(
-        f"--data-parallel-size={ranks}: mesh {mesh} ({rows}x{columns}, {chips} chips) does "
+        f"{where}{flag}={ranks}: mesh {mesh} ({rows}x{columns}, {chips} chips) does "
         f"not split into {ranks} equal submeshes",
-        f"use --data-parallel-size {' or '.join(map(str, sizes))}, or another MESH_DEVICE",
+        f"use {flag} {' or '.join(map(str, sizes))}, or another MESH_DEVICE",
     )
 
 
@@ -108,7 +120,14 @@ def host_groups(ranks: int) -> DeviceGroups:
     return DeviceGroups("HOST", (1, 1), tuple((r,) for r in range(ranks)), "host")
 
 
-def plan_groups(mesh: str | None, ranks: int, *, environ: MutableMapping[str, str] | None = None):
+def plan_groups(
+    mesh: str | None,
+    ranks: int,
+    *,
+    environ: MutableMapping[str, str] | None = None,
+    flag: str = "--data-parallel-size",
+    where: str = "",
+) -> DeviceGroups:
     """The device groups for `ranks` engines on `mesh` (MESH_DEVICE; None: N150).
 
     Decided once: a result handed down by the parent process is reused; otherwise the
@@ -123,7 +142,7 @@ def plan_groups(mesh: str | None, ranks: int, *, environ: MutableMapping[str, st
     cached = _cached(environ, name, ranks)
     if cached is not None:
         return cached
-    sub = submesh_shape(shape, ranks, name)  # refuse an uneven split before opening
+    sub = submesh_shape(shape, ranks, name, flag, where)  # refuse an uneven split first
     import importlib.util
 
     if importlib.util.find_spec("ttnn") is None:
@@ -131,7 +150,7 @@ def plan_groups(mesh: str | None, ranks: int, *, environ: MutableMapping[str, st
     groups = DeviceGroups(name, sub, discover_submeshes(name, shape, sub), "discovered")
     if len(groups.groups) != ranks:
         raise _error(
-            f"TT-Metal split mesh {name} into {len(groups.groups)} submeshes of "
+            f"{where}TT-Metal split mesh {name} into {len(groups.groups)} submeshes of "
             f"{sub[0]}x{sub[1]}, not the {ranks} data-parallel ranks asked for",
             code="TTB213",
         )

@@ -111,8 +111,10 @@ def make_plan(
     try:
         # The server's call, with the server's usage context: its defaults (max_num_seqs
         # 256 rather than the offline 128) are the server's.
+        # `--headless` (a host of a multi-node data-parallel server other than the head)
+        # changes what vLLM makes of --data-parallel-start-rank: planned as that host.
         config = AsyncEngineArgs.from_cli_args(args).create_engine_config(
-            usage_context=UsageContext.OPENAI_API_SERVER
+            usage_context=UsageContext.OPENAI_API_SERVER, headless=bool(args.headless)
         )
     except TTBundleError:
         raise

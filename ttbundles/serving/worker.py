@@ -110,13 +110,15 @@ class TTWorker(WorkerBase):
             return
         value = bind_rank(groups, self.dp_rank)
         rows, columns = self.plan.submesh_shape
+        # On several hosts the global rank and the host say where this engine lives.
         logger.info(
             "ttbundles: Bound TT_VISIBLE_DEVICES=%s for local DP rank %d "
-            "(DP rank %d of %d, a %dx%d submesh of %s)",
+            "(DP rank %d of %d on host %s, a %dx%d submesh of %s)",
             value,
             self.dp_rank,
             self.parallel_config.data_parallel_index,
-            len(groups),
+            max(self.plan.dp_size, len(groups)),
+            self.plan.host or "this host",
             rows,
             columns,
             envs.MESH_DEVICE or "N150",
