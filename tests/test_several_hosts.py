@@ -69,7 +69,7 @@ def test_the_head_plans_its_own_ranks_and_says_where_the_others_are(host_config)
     reason = decision(config)["reason"]
     assert f"this host ({HOST}) runs DP ranks 0-1 of 4" in reason
     assert "rank 0 -> [0], rank 1 -> [1]" in reason
-    assert "DP ranks 2-3 run on other hosts, each splitting its own mesh" in reason
+    assert "DP ranks 2-3 on other hosts, each host splitting its own mesh" in reason
     assert "handshake at 127.0.0.1:13345" in reason
     assert "max_num_seqs=4 per rank, 16 in total" in reason
     parallel = config.parallel_config
@@ -85,7 +85,7 @@ def test_a_headless_host_splits_its_own_mesh_by_local_rank(host_config):
     assert (plan["dp_size"], plan["dp_start_rank"]) == (4, 2)
     reason = decision(config)["reason"]
     assert "runs DP ranks 2-3 of 4" in reason and "rank 2 -> [0], rank 3 -> [1]" in reason
-    assert "DP ranks 0-1 run on other hosts" in reason
+    assert "DP ranks 0-1 on other hosts" in reason
     assert config.parallel_config.data_parallel_rank == 2
 
 
@@ -94,7 +94,7 @@ def test_a_head_without_engines_plans_no_device_groups(host_config):
     plan = config.additional_config["ttbundles"]
     assert plan["device_groups"] == []
     assert "none on this host" in decision(config)["reason"]
-    assert "DP ranks 0-1 run on hosts started with --headless" in decision(config)["reason"]
+    assert "DP ranks 0-1 on hosts started with --headless" in decision(config)["reason"]
 
 
 def test_a_host_s_ranks_beyond_the_size_are_refused(host_config):
@@ -174,6 +174,7 @@ def test_lanes_on_several_hosts_are_one_engine_per_host(host_config, lanes_bundl
         reason = decision(config)["reason"]
         assert "one engine per host, 4 in-process lanes in each" in reason
         assert f"this host ({HOST}) runs engine {engine}" in reason
+        assert f"the other hosts run engine {1 - engine}" in reason
         assert decision(config, "max_num_seqs")["reason"].startswith("2 per lane x 4 lanes")
     assert "lanes 4-7" in decision(other)["reason"]
 

@@ -79,7 +79,12 @@ class Plan:
     # only, by local rank (each host plans, and splits its own mesh, for itself).
     dp_size: int = 1
     dp_start_rank: int = 0
+    dp_local: int = 0
     host: str = ""
+    # The head's data-parallel address and RPC port when the ranks span hosts ("": one
+    # host); every engine and the head keep in touch there (`serving.host_watch`).
+    dp_address: str = ""
+    dp_rpc_port: int = 0
     # Items per prompt for each modality served besides text ({}: text only).
     inputs: dict[str, int] = field(default_factory=dict)
 
@@ -656,7 +661,10 @@ def _plan_lanes_on_hosts(vllm_config: VllmConfig, plan: Plan, cap: int | None) -
     plan.lanes = local
     plan.dp_size = engines
     plan.dp_start_rank = engine
+    plan.dp_local = 1
     plan.host = host
+    plan.dp_address = parallel.data_parallel_master_ip
+    plan.dp_rpc_port = parallel.data_parallel_rpc_port
     parallel.data_parallel_size = engines
     parallel.data_parallel_size_local = 1
     parallel.data_parallel_rank = engine
@@ -672,8 +680,8 @@ def _plan_lanes_on_hosts(vllm_config: VllmConfig, plan: Plan, cap: int | None) -
         f"(vLLM multi-node data parallelism, handshake at {parallel.data_parallel_master_ip}:"
         f"{parallel.data_parallel_rpc_port}): one engine per host, {local} in-process lanes "
         f"in each over the host's whole mesh; {dp} lanes = {engines} engines; this host "
-        f"({host}) runs engine {engine} (lanes {start}-{start + local - 1}), engines "
-        f"{others} run on the other hosts",
+        f"({host}) runs engine {engine} (lanes {start}-{start + local - 1}), the other "
+        f"hosts run {others.replace('DP rank', 'engine')}",
     )
     why = f"{total // local} per lane x {local} lanes on this host's engine"
     if cap is not None and requested * local > cap:
@@ -721,10 +729,14 @@ def _plan_device_groups(vllm_config: VllmConfig, plan: Plan) -> None:
     host = socket.gethostname()
     plan.dp_size = ranks
     plan.dp_start_rank = start
+    plan.dp_local = local
     plan.host = host
+    if several_hosts:
+        plan.dp_address = parallel.data_parallel_master_ip
+        plan.dp_rpc_port = parallel.data_parallel_rpc_port
     seqs = vllm_config.scheduler_config.max_num_seqs
     totals = f"max_num_seqs={seqs} per rank, {seqs * ranks} in total; KV cache sized per rank"
-    here = f"DP ranks {_ranks_text(start, local)} of {ranks}"
+    here = f"{_ranks_text(start, local)} of {ranks}"
     elsewhere = _ranks_elsewhere(start, local, ranks)
     handshake = f"{parallel.data_parallel_master_ip}:{parallel.data_parallel_rpc_port}"
     if local == 0:  # a head that only runs the API server and the DP coordinator
@@ -733,8 +745,8 @@ def _plan_device_groups(vllm_config: VllmConfig, plan: Plan) -> None:
             ranks,
             ranks,
             f"{ranks} engine cores over several hosts (vLLM multi-node data parallelism, "
-            f"handshake at {handshake}); none on this host ({host}); DP ranks {elsewhere} "
-            f"run on hosts started with --headless, each splitting its own mesh; {totals}",
+            f"handshake at {handshake}); none on this host ({host}); {elsewhere} on hosts "
+            f"started with --headless, each host splitting its own mesh; {totals}",
         )
         return
     device_groups.check_no_user_binding(os.environ, parallel.assigned_physical_gpu_ids, local)
@@ -758,8 +770,8 @@ def _plan_device_groups(vllm_config: VllmConfig, plan: Plan) -> None:
         reason = (
             f"{ranks} engine cores over several hosts (vLLM multi-node data parallelism, "
             f"handshake at {handshake}): this host ({host}) runs {here}, one per "
-            f"{rows}x{columns} submesh of its mesh {groups.mesh} {layout}; DP ranks "
-            f"{elsewhere} run on other hosts, each splitting its own mesh; {totals}"
+            f"{rows}x{columns} submesh of its mesh {groups.mesh} {layout}; {elsewhere} "
+            f"on other hosts, each host splitting its own mesh; {totals}"
         )
     else:
         reason = (
@@ -780,17 +792,20 @@ def _plan_device_groups(vllm_config: VllmConfig, plan: Plan) -> None:
 
 
 def _ranks_text(start: int, count: int) -> str:
-    """`2-3`, `2`, or `none` for `count` global DP ranks from `start`."""
+    """`DP ranks 2-3`, `DP rank 2`, or `no DP rank` for `count` global ranks from `start`."""
     if count <= 0:
-        return "none"
-    return str(start) if count == 1 else f"{start}-{start + count - 1}"
+        return "no DP rank"
+    return f"DP rank {start}" if count == 1 else f"DP ranks {start}-{start + count - 1}"
 
 
 def _ranks_elsewhere(start: int, local: int, ranks: int) -> str:
-    """The global DP ranks not on this host: `2-3`, or `0-1 and 4-7`."""
+    """The global DP ranks not on this host: `DP ranks 2-3`, or `DP ranks 0-1 and 4-7`."""
     parts = [
         _ranks_text(first, count)
         for first, count in ((0, start), (start + local, ranks - start - local))
         if count > 0
     ]
-    return " and ".join(parts) or "none"
+    return (
+        " and ".join(parts).replace(" and DP ranks ", " and ").replace(" and DP rank ", " and ")
+        or "no DP rank"
+    )

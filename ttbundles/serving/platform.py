@@ -111,6 +111,8 @@ class TTPlatform(Platform):
                     bundle["main_class"], f"{bundle['name']}@{bundle['version']}"
                 )
             plan.log()
+            if plan.dp_address and not cls.planning:
+                _watch_hosts(plan)
 
     @classmethod
     def validate_request(cls, processed_inputs: Any, params: Any) -> None:
@@ -135,3 +137,17 @@ class TTPlatform(Platform):
     @classmethod
     def support_hybrid_kv_cache(cls) -> bool:
         return False
+
+
+def _watch_hosts(plan: Any) -> None:
+    """On the head of a multi-host server (`vllm serve` with rank 0, not --headless):
+    listen for every engine's connection, and stop the server when another host's
+    rank is gone (`serving.host_watch`)."""
+    import sys
+
+    from ttbundles.serving import faults, host_watch
+
+    if plan.dp_start_rank != 0 or "--headless" in sys.argv or not faults.serving_process():
+        return
+    first = plan.dp_start_rank
+    host_watch.listen(plan.dp_address, plan.dp_rpc_port, range(first, first + plan.dp_local))

@@ -29,7 +29,7 @@ from ttbundles.format.contract import HostMesh
 from ttbundles.format.loader import PACKAGE_PREFIX, finder, package_name
 from ttbundles.format.meshes import is_host, mesh_shape
 from ttbundles.fsutil import write_text_atomic
-from ttbundles.serving import faults
+from ttbundles.serving import faults, host_watch
 from ttbundles.serving.configuration import Plan, served_plan
 from ttbundles.serving.device_groups import bind_rank
 from ttbundles.serving.model_runner import TTModelRunner
@@ -72,6 +72,13 @@ class TTWorker(WorkerBase):
         if multiprocessing.parent_process() is not None:  # vLLM's engine-core process
             faults.watch_parent()
             self._restore_signals = faults.stop_while_starting()
+            if plan.dp_address:  # ranks on several hosts: this engine stops with the head
+                host_watch.join(
+                    plan.dp_address,
+                    plan.dp_rpc_port,
+                    self.parallel_config.data_parallel_index,
+                    plan.host,
+                )
         self._batch = 0
         self.mesh_device: Any = None
         self.model_runner: TTModelRunner | None = None  # type: ignore[assignment]
