@@ -116,6 +116,20 @@ def test_a_host_whose_mesh_cannot_hold_its_ranks_is_named_with_the_numbers():
     assert "use --data-parallel-size-local 2" in message
 
 
+def test_the_ray_backend_is_refused_with_the_reason(host_config):
+    from ttbundles.serving.configuration import _refuse_unsupported
+
+    # Without Ray installed (as here) vLLM refuses the configuration itself; with Ray,
+    # the platform's check refuses it, on the configuration as vLLM built it.
+    config = host_config(2, 1)
+    config.parallel_config.data_parallel_backend = "ray"
+    with pytest.raises(ConfigurationError) as excinfo:
+        _refuse_unsupported(config, "HOST")
+    assert code_of(excinfo) == "TTB202"
+    assert "--data-parallel-backend ray is not supported" in str(excinfo.value)
+    assert "--headless" in str(excinfo.value)
+
+
 def test_a_headless_worker_binds_by_local_rank_and_logs_its_global_rank(host_config, caplog):
     from ttbundles.serving.worker import TTWorker
 

@@ -252,6 +252,16 @@ def _refuse_unsupported(vllm_config: VllmConfig, mesh: str | None) -> None:
                 "the parallelism",
                 f"drop --{name.replace('_', '-')} and choose the mesh with MESH_DEVICE",
             )
+    if parallel.data_parallel_size > 1 and parallel.data_parallel_backend == "ray":
+        raise _error(
+            "TTB202",
+            "--data-parallel-backend ray is not supported on Tenstorrent: Ray starts every "
+            "rank from the head with the head's configuration, so a host could not split "
+            "its own mesh, and it places ranks by one device count per node, while a TT "
+            "rank is a submesh",
+            "use the default backend (mp): the head with --data-parallel-size-local, the "
+            "other hosts with vllm serve --headless (README: Several hosts)",
+        )
     if vllm_config.speculative_config is not None:
         raise _error(
             "TTB202",
