@@ -183,6 +183,9 @@ def test_lanes_on_several_hosts_are_one_engine_per_host(host_config, lanes_bundl
         # vLLM sees two engines, one on each host; this one is engine `engine`.
         assert (parallel.data_parallel_size, parallel.data_parallel_size_local) == (2, 1)
         assert parallel.data_parallel_rank == engine
+        # Unset, as vLLM leaves it for a server: a set one would be offline mode (no DP
+        # coordinator on the head, whose balancer then fails to start).
+        assert parallel.data_parallel_rank_local is None
         assert parallel.distributed_executor_backend == "uni"
         assert config.scheduler_config.max_num_seqs == 8
         reason = decision(config)["reason"]

@@ -678,7 +678,8 @@ def _plan_lanes_on_hosts(vllm_config: VllmConfig, plan: Plan, cap: int | None) -
     parallel.data_parallel_size = engines
     parallel.data_parallel_size_local = 1
     parallel.data_parallel_rank = engine
-    parallel.data_parallel_rank_local = 0
+    # data_parallel_rank_local stays unset: vLLM reads a set one as offline mode (no DP
+    # coordinator, no load balancing stats); each engine process gets its own.
     if parallel.distributed_executor_backend in (None, "mp"):
         parallel.distributed_executor_backend = "uni"  # one worker, in the engine process
     others = _ranks_elsewhere(engine, 1, engines)
