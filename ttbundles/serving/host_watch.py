@@ -4,7 +4,7 @@ vLLM 0.33's multi-node data parallelism checks no liveness between hosts for den
 ranks (each rank is an independent engine core talking ZMQ to the head's API server):
 - a headless host whose head stopped keeps its engines running, idle, for good;
 - a head whose headless host died keeps serving with the dead ranks in its load
-  balancer: `/health` stays 200 and requests the balancer gives those ranks never finish.
+  balancer: `/health` stays 200 and nothing tells the balancer those ranks are gone.
 vLLM cannot take a rank out of a running dense DP server, so the honest outcome of a
 lost host is to stop the whole server, say why, and let the supervisor restart it.
 
