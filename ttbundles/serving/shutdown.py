@@ -77,6 +77,8 @@ def end_open_requests(llm: Any) -> None:
         if getattr(llm, _ENDED, False):
             return
         setattr(llm, _ENDED, True)
+        if handler.done() and not handler.cancelled():
+            return  # the handler ended on the engine's death and errored them itself
         count = processor.get_num_unfinished_requests()
         if count:
             logger.info(
