@@ -580,3 +580,33 @@ def test_a_path_that_does_not_exist_is_ttb001_in_every_command(run_cli, workdir)
         first = data["diagnostics"][0]
         assert (first["code"], first["severity"]) == ("TTB001", "error"), args
         assert first["file"] in ("nope", "./nope", "nope.ttbundle", "nope.json.gz"), args
+
+
+# --- the startup summary ----------------------------------------------------------------------
+
+
+def test_the_startup_summary_is_said_once_however_often_vllm_asks(caplog, monkeypatch):
+    """vLLM asks for the registry several times per process and changes the environment
+    between (the platform sets variables): the summary line is said once, not again when
+    a reason got worded or an unrelated variable changed."""
+    import logging
+
+    from ttbundles.serving import registration
+
+    monkeypatch.setattr(registration, "_state", {})
+    monkeypatch.setenv("MESH_DEVICE", "HOST")
+    monkeypatch.delenv("EXTRA_MODELS_DIR", raising=False)
+    with caplog.at_level(logging.INFO, logger="vllm.ttbundles"):
+        registration.checked_registry()
+        registration.checked_registry()  # the summary worded the inactive bundles' reasons
+        monkeypatch.setenv("VLLM_TTBUNDLES_TEST_VARIABLE", "1")
+        registration.checked_registry()  # a new environment: computed again, same outcome
+    summaries = [
+        r.getMessage() for r in caplog.records if " bundles for mesh HOST: " in r.getMessage()
+    ]
+    assert len(summaries) == 1, summaries
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="vllm.ttbundles"):
+        monkeypatch.setenv("TT_QWEN35_TEXT_VER", "qwen36_autoport")  # a `when` a bundle reads
+        registration.checked_registry()
+    assert [r for r in caplog.records if " bundles for mesh HOST: " in r.getMessage()]

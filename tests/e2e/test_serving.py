@@ -398,8 +398,14 @@ def _assert_served_and_stopped(run: subprocess.CompletedProcess, cache: Path) ->
     with pytest.raises(ProcessLookupError):  # the server is gone, not orphaned
         os.kill(pid, 0)
     log = (cache / "ttbundles" / "demo-server.log").read_text()
-    assert "serving TTLlamaForCausalLM with demo@1.0.0" in log  # the built-in demo bundle
-    assert "on mesh HOST" in log
+    assert "serving TTLlamaForCausalLM with demo@1.0.0 (built-in) on mesh HOST" in log
+    # The startup summary once per process; the class as the bundle wrote it, no internal
+    # package and no site-packages path in what ttbundles says.
+    ours = [line for line in log.splitlines() if "ttbundles: " in line]
+    summaries = [line.split(")")[0] for line in ours if " bundles for mesh HOST: " in line]
+    assert summaries and len(summaries) == len(set(summaries)), summaries
+    assert "ttbundles: loaded TTLlamaForCausalLM (adapter:DemoGenerator, decode contract v1)" in log
+    assert not [line for line in ours if "_ttb_" in line or "site-packages" in line]
     return lines
 
 

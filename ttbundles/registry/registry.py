@@ -174,14 +174,22 @@ class Entry:
 
     def outcome(self) -> tuple:
         """What registration decided for this entry, cheap to compare: no reason worded,
-        no signature file read (what a process compares to log its summary once)."""
+        no signature file read (what a process compares to log its summary once).
+
+        Equal whenever the summary would be: an inactive entry's reason is worded lazily
+        (`reason`), so only what it is worded from counts, the mesh and the variables its
+        `when` reads, never the whole environment (which vLLM changes as it starts)."""
+        inactive = None
+        if self._inactive is not None:
+            facts, mesh, environ = self._inactive
+            inactive = (mesh, tuple((k, environ.get(k)) for k in facts.when.env))
         return (
             self.status.value,
             self.tt_arch,
             str(self.path),
             self.label,
-            self._reason,
-            self._inactive,
+            self._reason if self._inactive is None else "",
+            inactive,
         )
 
     @reason.setter

@@ -109,9 +109,13 @@ class Plan:
         return TTOptions.model_validate(self.options)
 
     def log(self) -> None:
+        from ttbundles.serving.registration import short_where
+
+        source = self.bundle["source"]
+        where = short_where(self.bundle["path"], source)
         lines = [
             f"ttbundles: serving {self.tt_arch} with {self.bundle['name']}@"
-            f"{self.bundle['version']} ({self.bundle['source']}, {self.bundle['path']}) "
+            f"{self.bundle['version']} ({source}{'' if source == 'built-in' else ', ' + where}) "
             f"on mesh {self.mesh or 'unset'}:"
         ]
         lines += [f"  {d}" for d in self.decisions]
@@ -209,6 +213,9 @@ def plan_config(vllm_config: VllmConfig, registry: Registry) -> Plan | None:
             "source": entry.source.value,
             "path": str(entry.path),
             "main_class": entry.class_ref(),
+            # As the bundle wrote it: what logs and errors show (never the package its
+            # modules are imported under).
+            "declared_class": meta.main_class,
         },
         mesh=mesh,
         options={},

@@ -158,10 +158,15 @@ def startup_rows(registry: Registry, *, signer: bool = True) -> list[dict]:
 
 
 def _where(row: dict) -> str:
-    path = row["path"]
+    return short_where(row["path"], row["source"])
+
+
+def short_where(path: str | None, source: str) -> str:
+    """A bundle's folder as logs show it: `built-in/<folder>` for a built-in, else the
+    shortest of the path, relative to the working folder, or from `~`."""
     if not path:
         return "-"
-    if row["source"] == Source.BUILTIN.value:
+    if source == Source.BUILTIN.value:
         return f"built-in/{Path(path).name}"
     candidates = [path]
     with contextlib.suppress(ValueError):

@@ -149,7 +149,7 @@ class TTWorker(WorkerBase):
         logger.info(
             "ttbundles: loaded %s (%s, decode contract %s) on %s",
             self.plan.tt_arch,
-            self.plan.bundle["main_class"],
+            self.plan.bundle.get("declared_class", self.plan.bundle["main_class"]),
             "v1" if self.model_runner.version else "legacy (reset_batch)",
             self.mesh_device,
         )
