@@ -365,6 +365,16 @@ def test_pack_install_and_test_refuse_the_template(run_cli, workdir):
     assert tested.returncode == 1 and f"{archive}!/adapter.py:" in tested.stderr
 
 
+def test_pack_into_a_place_it_cannot_write_is_ttb089(run_cli, workdir):
+    """An output "folder" that is a file: the archive cannot be written, said as such (not
+    TTB080, which is an archive that cannot be read)."""
+    done = run_cli("pack", "demo", "-o", "demo/adapter.py/dist", cwd=workdir)
+    assert (done.returncode, done.stdout) == (1, "")
+    assert done.stderr.startswith(
+        "demo/adapter.py/dist/demo-1.0.0.ttbundle: error TTB089 cannot write demo-1.0.0.ttbundle"
+    ), done.stderr
+
+
 def test_a_written_template_packs(run_cli, workdir):
     """Once its methods are written the bundle packs: the refusal is about the template,
     not about a bundle made by init."""

@@ -62,6 +62,7 @@ CODES: dict[str, str] = {
     "TTB086": "duplicate archive entry",
     "TTB087": "entry larger than the manifest says",
     "TTB088": "root digest does not match the manifest",
+    "TTB089": "archive cannot be written (output folder not writable, not a folder, or full)",
     # Installing
     "TTB090": "bundle already installed (use --replace)",
     "TTB091": "no models folder given and EXTRA_MODELS_DIR is not set",

@@ -378,10 +378,8 @@ def write_archive(
 
 
 def _write_error(out: Path, exc: OSError) -> TTBundleError:
-    # The catalogue has no "cannot write the archive" code; TTB080 (archive cannot be
-    # read) is the closest, and the message says which way it failed.
     return ArchiveError.single(
-        "TTB080",
+        "TTB089",
         f"cannot write {out.name}: {exc.strerror or exc}",
         file=out,
         hint="check that the output folder is writable and has room",
