@@ -450,7 +450,7 @@ def test_an_interrupted_test_run_stops_its_server_and_removes_its_folder(workdir
     assert run.returncode == status, err
     assert "Traceback" not in err
     assert list((workdir / "tmp").iterdir()) == []
-    assert not Path(f"/proc/{harness}").exists() or _zombie(harness)
+    assert not Path(f"/proc/{harness}").exists() or _zombie(harness), _describe(harness)
 
 
 def _pid_running(argument: str) -> int | None:
@@ -465,6 +465,18 @@ def _pid_running(argument: str) -> int | None:
             except OSError:
                 continue
     return None
+
+
+def _describe(pid: int) -> str:
+    """What a process is, for a failure message."""
+    from pathlib import Path
+
+    try:
+        status = Path(f"/proc/{pid}/status").read_text().splitlines()[:8]
+        command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError as exc:
+        return f"pid {pid}: {exc}"
+    return f"pid {pid}: {command}; " + "; ".join(status)
 
 
 def _zombie(pid: int) -> bool:

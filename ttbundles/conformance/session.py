@@ -212,6 +212,7 @@ def serve(
     out_dir = workdir / "out"
     out_dir.mkdir()
     spec = plan.harness_spec(models_dir=models, checkpoint=checkpoint, out_dir=out_dir)
+    spec["parent"] = os.getpid()  # the harness ends with this process (`_die_with_parent`)
     spec_file = workdir / "spec.json"
     spec_file.write_text(json.dumps(spec), encoding="utf-8")
     log_file = workdir / "serve.log"

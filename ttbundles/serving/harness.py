@@ -498,8 +498,24 @@ class Session:
         self.out["device_top_logprobs"] = top
 
 
+def _die_with_parent(parent: int | None) -> None:
+    """Ask the kernel (Linux) to kill this process when `ttbundle test` ends, however it
+    ends: Ctrl-C while it was still starting this process, or a `kill -9`. A serving
+    process is never left running orphaned."""
+    if parent is None:
+        return
+    with contextlib.suppress(OSError, AttributeError):
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # it ended before the request took effect
+        os._exit(1)
+
+
 def main(spec_path: str) -> None:
     spec = json.loads(Path(spec_path).read_text(encoding="utf-8"))
+    _die_with_parent(spec.get("parent"))
     events = Events()
     os.environ.update(
         {
