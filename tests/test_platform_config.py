@@ -321,7 +321,10 @@ def test_plan_command_says_which_topology_and_why(run_cli, demo_checkpoint, tmp_
     write_lanes_bundle(tmp_path)
     env = {"EXTRA_MODELS_DIR": str(tmp_path), "MESH_DEVICE": "HOST"}
     args = ["--model", demo_checkpoint, "--max-model-len", "256", "--format", "json"]
-    run = run_cli("plan", *args, "--data-parallel-size", "4", "--max-num-seqs", "2", env=env)
+    # Each plan imports vLLM: minutes on a loaded machine (the default 60 s was exceeded).
+    run = run_cli(
+        "plan", *args, "--data-parallel-size", "4", "--max-num-seqs", "2", env=env, timeout=300
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     plan = json.loads(run.stdout)
     plan = plan.get("plan", plan)
@@ -334,7 +337,9 @@ def test_plan_command_says_which_topology_and_why(run_cli, demo_checkpoint, tmp_
     assert decisions["scheduler"]["effective"] == "ttbundles.serving.lanes.TTLaneCoordinator"
     # 3 x 16 is capped to the target's 32, which 3 lanes cannot share: refused as the
     # server would refuse it.
-    run = run_cli("plan", *args, "--data-parallel-size", "3", "--max-num-seqs", "16", env=env)
+    run = run_cli(
+        "plan", *args, "--data-parallel-size", "3", "--max-num-seqs", "16", env=env, timeout=300
+    )
     assert run.returncode == 1 and "TTB205" in run.stdout + run.stderr
 
 
