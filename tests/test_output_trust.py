@@ -433,12 +433,14 @@ def test_an_interrupted_test_run_stops_its_server_and_removes_its_folder(workdir
         stderr=subprocess.PIPE,
         text=True,
     )
+    spec = ""
     try:
         harness = None
         deadline = time.monotonic() + 120
         while harness is None and time.monotonic() < deadline:
             specs = list((workdir / "tmp").glob("ttbundle-test-*/spec.json"))
-            harness = _pid_running(str(specs[0])) if specs else None
+            spec = str(specs[0]) if specs else ""
+            harness = _pid_running(spec) if specs else None
             time.sleep(0.1)
         assert harness is not None, "the serving process did not start"
         run.send_signal(sig)
@@ -450,7 +452,15 @@ def test_an_interrupted_test_run_stops_its_server_and_removes_its_folder(workdir
     assert run.returncode == status, err
     assert "Traceback" not in err
     assert list((workdir / "tmp").iterdir()) == []
-    assert not Path(f"/proc/{harness}").exists() or _zombie(harness), _describe(harness)
+    # The serving process and anything of its command line stop: at once when the CLI
+    # could stop them itself, else within seconds by following their parent (a signal
+    # while the harness was being started).
+    deadline = time.monotonic() + 15
+    left = [harness]
+    while left and time.monotonic() < deadline:
+        left = [pid for pid in {harness, *_pids_running(spec)} if not _zombie(pid)]
+        time.sleep(0.1)
+    assert left == [], "still running 15 s after: " + "; ".join(map(_describe, left))
 
 
 def _pid_running(argument: str) -> int | None:
@@ -477,6 +487,21 @@ def _describe(pid: int) -> str:
     except OSError as exc:
         return f"pid {pid}: {exc}"
     return f"pid {pid}: {command}; " + "; ".join(status)
+
+
+def _pids_running(argument: str) -> list[int]:
+    """Every process with `argument` on its command line."""
+    from pathlib import Path
+
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if argument in (proc / "cmdline").read_bytes().decode().split("\0"):
+                    pids.append(int(proc.name))
+            except OSError:
+                continue
+    return pids
 
 
 def _zombie(pid: int) -> bool:

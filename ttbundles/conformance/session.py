@@ -218,18 +218,22 @@ def serve(
     log_file = workdir / "serve.log"
     env = {k: v for k, v in os.environ.items() if k != "EXTRA_MODELS_DIR"}
     error: dict[str, Any] | None = None
+    process: subprocess.Popen | None = None
+    timer: threading.Timer | None = None
     with open(log_file, "w", encoding="utf-8") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "ttbundles.serving.harness", str(spec_file)],
-            stdout=subprocess.PIPE,
-            stderr=log,
-            text=True,
-            env=env,
-            cwd=workdir,
-        )
-        timer = threading.Timer(timeout, process.kill)
-        timer.start()
         try:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "ttbundles.serving.harness", str(spec_file)],
+                stdout=subprocess.PIPE,
+                stderr=log,
+                text=True,
+                env=env,
+                cwd=workdir,
+                # Its own process group: whatever it starts goes with it (`_stop_group`).
+                start_new_session=True,
+            )
+            timer = threading.Timer(timeout, _stop_group, (process,))
+            timer.start()
             assert process.stdout is not None
             for line in process.stdout:
                 try:
@@ -243,10 +247,10 @@ def serve(
                     progress(kind, **event)
             code = process.wait()
         finally:
-            timer.cancel()
-            if process.poll() is None:
-                process.kill()
-                process.wait()
+            if timer is not None:
+                timer.cancel()
+            if process is not None:
+                _stop_group(process)
     if error is not None or code != 0:
         tail = log_file.read_text(encoding="utf-8", errors="replace").splitlines()[-LOG_TAIL:]
         kept = keep_log(log_file, plan.metadata.name)
@@ -299,6 +303,18 @@ def keep_log(log_file: Path, name: str) -> Path | None:
     except OSError:
         return None
     return target
+
+
+def _stop_group(process: subprocess.Popen) -> None:
+    """Kill the serving process and any process it started (its group), and reap it: a
+    run that stops (finished, failed, timed out, Ctrl-C, SIGTERM) leaves nothing running,
+    whatever the bundle's generator or vLLM started below it."""
+    import contextlib
+    import signal
+
+    with contextlib.suppress(ProcessLookupError, PermissionError):  # the group is gone
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
 
 
 # --- one run --------------------------------------------------------------------------
