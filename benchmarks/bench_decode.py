@@ -35,6 +35,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from stopping import unwind_on_sigterm  # benchmarks/, on sys.path as the script folder
+
 from ttbundles.demo.checkpoint import write_demo_checkpoint
 from ttbundles.demo.server import serve_environment, start_server
 
@@ -140,6 +142,7 @@ def measure(name: str, checkpoint: Path, workdir: Path, args: argparse.Namespace
 
 
 def main() -> None:
+    unwind_on_sigterm()  # a killed run still stops the servers it started
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--output-len", type=int, default=128)

@@ -43,6 +43,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from stopping import unwind_on_sigterm  # noqa: E402 - benchmarks/, on sys.path
+
 from tests.oci_registry import running  # noqa: E402 - the tests' registry fixture
 
 MIB = 1 << 20
@@ -246,6 +248,7 @@ def registration(count: int, rounds: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    unwind_on_sigterm()  # a killed run still stops the servers it started
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--size-gib", type=float, default=1.0)
     parser.add_argument("--small-mib", type=float, default=32.0)

@@ -30,6 +30,7 @@ from ttbundles.demo.server import serve_environment, start_server
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_serve import bench_client, client_summary  # noqa: E402 - the same client as the serving benchmark
+from stopping import unwind_on_sigterm  # benchmarks/, on sys.path as the script folder
 
 
 def serve_and_measure(checkpoint: Path, workdir: Path, ranks: int, args) -> dict:
@@ -63,6 +64,7 @@ def serve_and_measure(checkpoint: Path, workdir: Path, ranks: int, args) -> dict
 
 
 def main() -> None:
+    unwind_on_sigterm()  # a killed run still stops the servers it started
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--num-prompts", type=int, default=64)
     parser.add_argument("--max-concurrency", type=int, default=16)

@@ -67,6 +67,8 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from stopping import unwind_on_sigterm  # benchmarks/, on sys.path as the script folder
+
 INPUT_LEN = 16
 SPECIAL_TOKENS = 7  # the demo tokenizer's first ids are its special tokens
 BLOCK = 16
@@ -435,6 +437,7 @@ def _short(path: str) -> str:
 
 
 def main() -> None:
+    unwind_on_sigterm()  # a killed run still stops the servers it started
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", type=int, nargs="*", default=[8, 32, 64, 128])
     parser.add_argument("--lanes", type=int, default=4, help="0: no lanes configuration")

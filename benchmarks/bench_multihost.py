@@ -33,6 +33,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from stopping import unwind_on_sigterm  # benchmarks/, on sys.path as the script folder
+
 from ttbundles.demo.checkpoint import write_demo_checkpoint
 from ttbundles.demo.hosts import start_hosts
 from ttbundles.demo.server import http_get, serve_environment, start_server
@@ -71,6 +73,7 @@ def per_engine(base_url: str) -> dict[str, float]:
 
 
 def main() -> None:
+    unwind_on_sigterm()  # a killed run still stops the servers it started
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--requests", type=int, default=32)

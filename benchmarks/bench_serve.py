@@ -33,6 +33,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from stopping import unwind_on_sigterm  # benchmarks/, on sys.path as the script folder
+
 from ttbundles.demo.checkpoint import write_demo_checkpoint
 from ttbundles.demo.server import serve_environment, start_server, vllm_command
 
@@ -189,6 +191,7 @@ def _client_env() -> dict[str, str]:
 
 
 def main() -> None:
+    unwind_on_sigterm()  # a killed run still stops the servers it started
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--num-prompts", type=int, default=64)
     parser.add_argument("--max-concurrency", type=int, default=16)

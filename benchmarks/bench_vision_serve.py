@@ -48,6 +48,7 @@ from ttbundles.reference.vl_golden import VisionGolden
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 # The same pictures, prompt and generate() side as the reference benchmark.
 from bench_vl_reference import batch_inputs, pictures, transformers_batch  # noqa: E402
+from stopping import unwind_on_sigterm  # benchmarks/, on sys.path as the script folder
 
 PROMPT = "What is in this picture?"  # bench_vl_reference.batch_inputs' text
 
@@ -84,6 +85,7 @@ def serve_round(client, model: str, urls: list[str], args: argparse.Namespace) -
 
 
 def main(argv: list[str] | None = None) -> int:
+    unwind_on_sigterm()  # a killed run still stops the servers it started
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=16, help="image requests per round")
     parser.add_argument(
