@@ -389,6 +389,22 @@ class Server:
         return [(kind, int(n)) for kind, n in _STEP.findall(self.log_since(offset))]
 
 
+SUCCESS = re.compile(r"^vllm:request_success_total\{([^}]*)\} (\S+)$", re.MULTILINE)
+
+
+def successes_per_engine(base_url: str) -> dict[str, float]:
+    """Finished requests per data-parallel engine, from the server's `/metrics`: how a
+    test sees that the load balancer spread its requests."""
+    status, body = http_get(f"{base_url}/metrics")
+    assert status == 200
+    per_engine: dict[str, float] = {}
+    for labels, value in SUCCESS.findall(body):
+        engine = re.search(r'engine="(\d+)"', labels)
+        assert engine, f"no engine label in {labels}"
+        per_engine[engine.group(1)] = per_engine.get(engine.group(1), 0.0) + float(value)
+    return per_engine
+
+
 def _environment(extra: dict[str, str]) -> dict[str, str]:
     import os
 

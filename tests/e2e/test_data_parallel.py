@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import LOGGING_CONFIG, Server, _environment
-from ttbundles.demo.server import http_get, start_server
+from tests.e2e.conftest import LOGGING_CONFIG, Server, _environment, successes_per_engine
+from ttbundles.demo.server import start_server
 from ttbundles.errors import TTBundleError
 
 pytestmark = pytest.mark.server
@@ -39,7 +39,6 @@ BOUND = re.compile(
     r"pid=(\d+)\) INFO .*ttbundles: Bound TT_VISIBLE_DEVICES=(\S+) for local DP rank (\d+)"
 )
 KV_BLOCKS = re.compile(r"pid=(\d+)\) INFO .*ttbundles: KV cache of (\d+) blocks")
-SUCCESS = re.compile(r"^vllm:request_success_total\{([^}]*)\} (\S+)$", re.MULTILINE)
 
 
 @pytest.fixture(scope="module")
@@ -63,17 +62,6 @@ def dp_server(tmp_path_factory, demo_checkpoint) -> Iterator[Server]:
         yield server
     finally:
         process.stop()
-
-
-def successes_per_engine(server: Server) -> dict[str, float]:
-    status, body = http_get(f"{server.process.base_url}/metrics")
-    assert status == 200
-    per_engine: dict[str, float] = {}
-    for labels, value in SUCCESS.findall(body):
-        engine = re.search(r'engine="(\d+)"', labels)
-        assert engine, f"no engine label in {labels}"
-        per_engine[engine.group(1)] = per_engine.get(engine.group(1), 0.0) + float(value)
-    return per_engine
 
 
 def greedy(server: Server, prompt: list[int], max_tokens: int = 10) -> list[int]:
@@ -101,7 +89,7 @@ def test_two_engines_serve_on_their_own_device_groups(dp_server, reference):
         # server matches in test_serving).
         for prompt, output in zip(prompts, outputs):
             assert output == reference.greedy(prompt, 10), f"prompt {prompt}"
-        per_engine = successes_per_engine(dp_server)
+        per_engine = successes_per_engine(dp_server.process.base_url)
         if len([e for e, n in per_engine.items() if n > 0]) == 2:
             break
     assert sorted(per_engine) == ["0", "1"]

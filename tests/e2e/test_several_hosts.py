@@ -25,9 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import LOGGING_CONFIG, _environment
+from tests.e2e.conftest import LOGGING_CONFIG, _environment, successes_per_engine
 from ttbundles.demo.hosts import Hosts, start_hosts
-from ttbundles.demo.server import http_get
 from ttbundles.errors import TTBundleError
 
 pytestmark = pytest.mark.server
@@ -37,7 +36,6 @@ GONE_TIMEOUT = 60.0  # every process of every host gone after a stop or a lost h
 ARGS = ["--max-model-len", "256", "--max-num-seqs", "4"]
 HEAD_ARGS = ["--api-server-count", "1"]
 IDS = {"ignore_eos": True, "return_token_ids": True}
-SUCCESS = re.compile(r"^vllm:request_success_total\{([^}]*)\} (\S+)$", re.MULTILINE)
 BOUND = re.compile(
     r"ttbundles: Bound TT_VISIBLE_DEVICES=(\S+) for local DP rank (\d+) \(DP rank (\d+) of (\d+)"
 )
@@ -115,17 +113,6 @@ def two_by_two(tmp_path_factory, demo_checkpoint) -> Iterator[Cluster]:
         cluster.hosts.stop()
 
 
-def successes_per_engine(cluster: Cluster) -> dict[str, float]:
-    status, body = http_get(f"{cluster.hosts.base_url}/metrics")
-    assert status == 200
-    per_engine: dict[str, float] = {}
-    for labels, value in SUCCESS.findall(body):
-        engine = re.search(r'engine="(\d+)"', labels)
-        assert engine, f"no engine label in {labels}"
-        per_engine[engine.group(1)] = per_engine.get(engine.group(1), 0.0) + float(value)
-    return per_engine
-
-
 def spread_greedy_requests(cluster: Cluster, reference, engines: int) -> dict[str, float]:
     """Rounds of concurrent greedy requests until every engine served some; each output
     equal to one engine's (transformers, which the one-engine demo server matches)."""
@@ -147,7 +134,7 @@ def spread_greedy_requests(cluster: Cluster, reference, engines: int) -> dict[st
             outputs = list(pool.map(send, prompts))
         for prompt, output in zip(prompts, outputs):
             assert output == reference.greedy(prompt, 10), f"prompt {prompt}"
-        per_engine = successes_per_engine(cluster)
+        per_engine = successes_per_engine(cluster.hosts.base_url)
         if len([e for e, n in per_engine.items() if n > 0]) == engines:
             break
     assert sorted(per_engine) == [str(e) for e in range(engines)]

@@ -11,7 +11,6 @@ vLLM or torch.
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +20,7 @@ from ttbundles.demo.server import (
     ServerProcess,
     free_port,
     serve_environment,
+    start_process,
     start_server,
     vllm_command,
 )
@@ -132,29 +132,9 @@ def start_hosts(
         for index, local in enumerate(ranks_per_host[1:], start=1):
             host_flags = multi_node_args(size, local, rpc_port)
             command = headless_command(checkpoint, first, host_flags, vllm_args)
-            hosts.headless.append(_start(command, environment(index), log(index)))
+            hosts.headless.append(start_process(command, environment(index), log(index)))
             first += local
     except BaseException:
         hosts.stop()
         raise
     return hosts
-
-
-def _start(command: list[str], env: Mapping[str, str], log_path: Path | None) -> ServerProcess:
-    output = None
-    if log_path is not None:
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        output = open(log_path, "wb")  # noqa: SIM115 - handed to the child, closed below
-    try:
-        process = subprocess.Popen(
-            command,
-            env=dict(env),
-            stdin=subprocess.DEVNULL,
-            stdout=output,
-            stderr=subprocess.STDOUT if output is not None else None,
-            start_new_session=True,  # a host of its own: its own process group
-        )
-    finally:
-        if output is not None:
-            output.close()
-    return ServerProcess(process, "", log_path)  # headless: no HTTP server

@@ -257,15 +257,28 @@ def start_server(
     port = free_port(host) if port is None else port
     check_port(host, port)
     command = serve_command(checkpoint, host=host, port=port, vllm_args=vllm_args)
-    environ = dict(serve_environment() if env is None else env)
+    environ = serve_environment() if env is None else env
+    return start_process(command, environ, log_path, f"http://{_client_host(host)}:{port}")
+
+
+def start_process(
+    command: Sequence[str],
+    env: Mapping[str, str],
+    log_path: Path | None,
+    base_url: str = "",
+) -> ServerProcess:
+    """Start one serving process in a process group of its own (so stopping it stops
+    everything it started), its output to `log_path` or, without one, to ours.
+
+    `base_url` is empty for a process that answers no HTTP (a headless host)."""
     output = None
     if log_path is not None:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         output = open(log_path, "wb")  # noqa: SIM115 - handed to the child, closed below
     try:
         process = subprocess.Popen(
-            command,
-            env=environ,
+            list(command),
+            env=dict(env),
             stdin=subprocess.DEVNULL,
             stdout=output,
             stderr=subprocess.STDOUT if output is not None else None,
@@ -274,4 +287,4 @@ def start_server(
     finally:
         if output is not None:
             output.close()
-    return ServerProcess(process, f"http://{_client_host(host)}:{port}", log_path)
+    return ServerProcess(process, base_url, log_path)
