@@ -452,6 +452,13 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=15)
     parser.add_argument("--json", action="store_true")
     parser.add_argument(
+        "--model",
+        choices=("tiny", "smollm2"),
+        default="tiny",
+        help="tiny: the demo's random checkpoint; smollm2: the demo's real model (its forward "
+        "is ~100x the tiny one's: use fewer --steps and smaller --batches)",
+    )
+    parser.add_argument(
         "--log-stats",
         action="store_true",
         help="keep vLLM's statistics on, as `vllm serve` does (vllm.LLM turns them off)",
@@ -474,7 +481,12 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="bench-engine-") as tmp:
         work = Path(tmp)
-        checkpoint = write_demo_checkpoint(work / "checkpoint")
+        if args.model == "smollm2":
+            from ttbundles.demo import model
+
+            checkpoint, _ = model.prepare()
+        else:
+            checkpoint = write_demo_checkpoint(work / "checkpoint")
         # The single-execute variant shadows the built-in demo: with one lane it is the
         # same generator and runner; with --data-parallel-size N it is N lanes.
         bundle = write_lanes_bundle(work / "models")
@@ -509,8 +521,9 @@ def main() -> None:
     if args.json:
         print(json.dumps(results, indent=2))
         return
+    model_name = "SmolLM2-135M" if args.model == "smollm2" else "demo"
     print(
-        f"demo checkpoint, greedy, device sampling, async scheduling; {INPUT_LEN}-token "
+        f"{model_name} checkpoint, greedy, device sampling, async scheduling; {INPUT_LEN}-token "
         f"prompts, {args.steps} decode steps a round, median (min-max) of "
         f"{args.rounds * args.repeat} interleaved rounds ({args.repeat} sweep(s))"
     )

@@ -114,6 +114,10 @@ def bench_client(base_url: str, checkpoint: Path, workdir: Path, args: argparse.
         "--max-concurrency",
         str(args.max_concurrency),
         "--ignore-eos",
+        # Greedy, as the transformers side decodes: without it `vllm bench serve` leaves
+        # the temperature to the server (1.0), and the two sides would not do the same work.
+        "--temperature",
+        "0",
         "--seed",
         str(args.seed),
         "--disable-tqdm",
