@@ -1,6 +1,7 @@
 """The engine's decode rate against the generator's own: what the serving stack costs per step.
 
-In one process, on the demo checkpoint (a tiny Llama, float32, CPU), for each batch size:
+In one process, on the demo checkpoint (a tiny Llama, float32, CPU; `--model smollm2`: the
+demo's real model, SmolLM2-135M), for each batch size:
 
 - generator: the reference generator driven directly, as a device loop would drive it:
   one prefill of the batch's prompts, then steady decode with device sampling (greedy),
@@ -49,7 +50,7 @@ lock is not counted), and the serving code's own top functions.
     .venv/bin/python benchmarks/bench_engine.py [--batches 8 32 64 128] [--lanes 4]
         [--lane-batch 32] [--steps 64] [--rounds 5] [--repeat 1] [--profile] [--json]
         [--log-stats]
-        [--switch-interval SECONDS]
+        [--switch-interval SECONDS] [--model tiny|smollm2]
 """
 
 from __future__ import annotations
