@@ -209,6 +209,48 @@ def test_steps_follow_the_decode_contract(demo_checkpoint, greedy, async_decode)
     assert STATS.snapshot().get("bookkeeping.steady", 0) - before >= len(steady)
 
 
+def test_rows_that_gain_a_block_in_the_same_step_are_staged_as_whole_arrays(
+    demo_checkpoint, greedy
+):
+    """Prompts of one length cross a block boundary in the same steady decode: the new
+    blocks go into vLLM's block table and the runner's per-slot page table as whole-array
+    writes, leaving both exactly as the per-row path would (each row its request's block
+    ids, nothing after them), and the tokens equal transformers'."""
+    scheduler, runner = build(demo_checkpoint, async_decode=True)
+    checked = []
+    original = runner._append_one_block_each
+
+    def checking(req_ids, index, new_blocks, grown):
+        took = original(req_ids, index, new_blocks, grown)
+        if took:
+            table = runner.input_batch.block_table.block_tables[0]
+            for i in grown:
+                blocks = runner.requests[req_ids[i]].block_ids[0]
+                row, slot = int(index[i]), runner.slot_of[req_ids[i]]
+                assert table.num_blocks_per_row[row] == len(blocks)
+                assert table.block_table.np[row, : len(blocks)].tolist() == blocks
+                assert runner._slot_blocks[slot] == len(blocks)
+                assert runner._slot_table_np[slot].tolist() == blocks + [0] * (
+                    runner._slot_table_np.shape[1] - len(blocks)
+                )
+            checked.append(len(grown))
+        return took
+
+    runner._append_one_block_each = checking
+    prompts = {
+        name: [start + i for i in range(14)] for name, start in (("a", 20), ("b", 60), ("c", 90))
+    }
+    out = run(
+        scheduler,
+        runner,
+        {0: [request(name, prompt, 8, temperature=0.0) for name, prompt in prompts.items()]},
+    )
+    for name, prompt in prompts.items():
+        assert out[name] == greedy(prompt, 8)
+    assert checked and max(checked) == 3  # all three rows grew in one step
+    assert any(d["reload_page_table"] for d in runner.generator.decodes)
+
+
 def test_a_host_only_request_takes_its_batches_to_the_host(demo_checkpoint, greedy):
     scheduler, runner = build(demo_checkpoint, async_decode=False)
     out = run(scheduler, runner, {0: [request("a", PROMPT_A, 4, temperature=0.0, min_tokens=2)]})

@@ -1184,16 +1184,58 @@ class TTModelRunner:
         batch.num_computed_tokens_cpu[index] = cached.num_computed_tokens
         new_blocks = cached.new_block_ids
         if new_blocks.count(None) != n:
-            for i, blocks in enumerate(new_blocks):
-                if blocks is None:
-                    continue
-                req_id = req_ids[i]
-                for ids, extra in zip(self.requests[req_id].block_ids, blocks):
-                    ids.extend(extra)
-                batch.block_table.append_row(blocks, int(index[i]))
-                self._stage_blocks(req_id)
+            grown = [i for i, blocks in enumerate(new_blocks) if blocks is not None]
+            if not self._append_one_block_each(req_ids, index, new_blocks, grown):
+                for i in grown:
+                    blocks = new_blocks[i]
+                    req_id = req_ids[i]
+                    for ids, extra in zip(self.requests[req_id].block_ids, blocks):
+                        ids.extend(extra)
+                    batch.block_table.append_row(blocks, int(index[i]))
+                    self._stage_blocks(req_id)
         batch.refresh_metadata()
         STATS.count("bookkeeping.steady")
+        return True
+
+    def _append_one_block_each(
+        self, req_ids: list[str], index: np.ndarray, new_blocks: list[Any], grown: list[int]
+    ) -> bool:
+        """The common case of new KV blocks in a steady decode, as whole-array writes: one
+        KV cache group, and each grown row (`grown`, positions in `req_ids`; `index`: their
+        batch rows) got exactly one block and holds a decode slot whose page-table row
+        is staged up to its request's blocks. With prompts of one length every row grows
+        in the same step (every 16 tokens), so this is where a per-row loop would cost
+        most. The same writes as `BlockTable.append_row` and `_stage_blocks` per row.
+        False, having changed nothing, when the case does not hold."""
+        tables = self.input_batch.block_table.block_tables
+        if len(tables) != 1:
+            return False
+        block_ids, slots, counts = [], [], []
+        for i in grown:
+            blocks = new_blocks[i]
+            if len(blocks) != 1 or len(blocks[0]) != 1:
+                return False
+            req_id = req_ids[i]
+            slot = self.slot_of.get(req_id)
+            owned = self.requests[req_id].block_ids[0]
+            if slot is None or self._slot_blocks[slot] != len(owned):
+                return False
+            block_ids.append(blocks[0][0])
+            slots.append(slot)
+            counts.append(len(owned))
+        for i, block in zip(grown, block_ids):
+            self.requests[req_ids[i]].block_ids[0].append(block)
+        new_ids = np.asarray(block_ids, dtype=np.int64)
+        table = tables[0]
+        rows = index[grown]
+        starts = table.num_blocks_per_row[rows]
+        table.block_table.np[rows, starts] = new_ids
+        table.num_blocks_per_row[rows] = starts + 1
+        at = np.asarray(slots, dtype=np.int64)
+        self._slot_table_np[at, np.asarray(counts, dtype=np.int64)] = new_ids
+        self._slot_blocks[at] += 1
+        self._table_version += 1
+        STATS.count("bookkeeping.blocks_whole")
         return True
 
 
