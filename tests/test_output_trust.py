@@ -463,6 +463,65 @@ def test_an_interrupted_test_run_stops_its_server_and_removes_its_folder(workdir
     assert left == [], "still running 15 s after: " + "; ".join(map(_describe, left))
 
 
+def test_a_killed_test_runs_folder_is_removed_by_the_next_run(run_cli, workdir):
+    """`kill -9` runs no clean-up: the folder stays, and the next run removes it (its
+    lock died with the process), whatever that run's own outcome."""
+    import os
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    env = _test_env(workdir)
+    ttbundle = str(Path(sys.executable).parent / "ttbundle")
+    run = subprocess.Popen(
+        [ttbundle, "test", "demo", "--model", "./ckpt"],
+        cwd=workdir,
+        env={**os.environ, **env},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not list((workdir / "tmp").glob("ttbundle-test-*/spec.json")):
+            assert time.monotonic() < deadline, "the serving process did not start"
+            time.sleep(0.1)
+        run.kill()
+        run.wait()
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+    (left,) = list((workdir / "tmp").iterdir())
+    assert left.name.startswith(f"ttbundle-test-{run.pid}-")
+    done = run_cli("test", "demo", "--model", "./ckpt", "--timeout", "1", env=env, cwd=workdir)
+    assert done.returncode == 1 and "TTB127" in done.stderr, done.stderr
+    assert list((workdir / "tmp").iterdir()) == []
+
+
+def test_the_sweep_removes_only_folders_whose_run_is_gone(tmp_path):
+    """A held lock (a live run), a folder without the lock file (one being made) and
+    anything not a run folder stay; an unheld one goes."""
+    import fcntl
+
+    from ttbundles.conformance.workdirs import LOCK, PREFIX, sweep_orphans
+
+    live, dead, bare = (tmp_path / f"{PREFIX}{n}-x" for n in (1, 2, 3))
+    for folder in (live, dead, bare):
+        folder.mkdir()
+    (dead / LOCK).touch()
+    (dead / "spec.json").write_text("{}")
+    (live / LOCK).touch()
+    (tmp_path / f"{PREFIX}4-file").write_text("")
+    (tmp_path / "other").mkdir()
+    with open(live / LOCK, "rb") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        assert sweep_orphans(tmp_path) == [dead]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [live.name, bare.name, f"{PREFIX}4-file", "other"]
+    )
+
+
 def _pid_running(argument: str) -> int | None:
     """The pid of a process with `argument` on its command line."""
     from pathlib import Path

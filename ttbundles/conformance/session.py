@@ -14,7 +14,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -23,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ttbundles.conformance.plan import TestPlan, resolve_plan
+from ttbundles.conformance.workdirs import RunFolder
 from ttbundles.errors import Diagnostic, InvalidBundleError, Severity, TTBundleError
 from ttbundles.format.golden_file import (
     DEFAULT_TOP_K,
@@ -339,8 +339,10 @@ def run_test(
     typed = str(checkpoint)  # what the report shows: the path as the user typed it
     checkpoint = model_argument(typed)  # what the harness, in another folder, reads
     # Removed on every way out (a failure, Ctrl-C, SIGTERM through the CLI's handler);
-    # a failed run's serving log is copied out first (`keep_log`).
-    workdir = Path(tempfile.mkdtemp(prefix="ttbundle-test-"))
+    # a failed run's serving log is copied out first (`keep_log`). After `kill -9`, by
+    # the next run (`workdirs`).
+    folder = RunFolder()
+    workdir = folder.path
     try:
         bundle_dir, metadata = checked_bundle(bundle, workdir)
         plan = resolve_plan(bundle_dir, metadata, paths=paths, max_tokens=max_tokens, mesh=mesh)
@@ -432,7 +434,7 @@ def run_test(
         from ttbundles.registry.index import forget_user_index
 
         forget_user_index(workdir / "models")  # the harness's registration wrote it
-        shutil.rmtree(workdir, ignore_errors=True)
+        folder.remove()
 
 
 def _version() -> str:
