@@ -23,9 +23,14 @@ Derived per batch:
 - `engine/generator`: the generator's rate over the engine's (1.0: the host costs nothing);
 - `host cost per step` = engine - generator, and per running request (/ batch);
 - `own host work per step`: the CPU time the engine thread spends in the model runner's
-  step functions (execute_model, sample_tokens, readback), less the time inside the
-  generator's own methods: the project's work, not vLLM's and not the model's (CPU time,
-  so that other processes on the machine do not inflate it);
+  step functions (execute_model, sample_tokens, readback) and in our scheduler (the phase
+  scheduler or the lane coordinator), less the time inside the generator's own methods
+  and vLLM's `Scheduler` methods: the project's work, not vLLM's and not the model's (CPU
+  time, so that other processes on the machine do not inflate it). Given two ways: a
+  round's whole own work / its decode steps, and the own work of the steady decode steps
+  alone (between the first and the last, as the step time) with the rest per request
+  (`once a request`: admission, prefill inputs, finishing, paid once per request, so it
+  shrinks per step as requests decode longer);
 - `wait per step`: the time the host blocks on a readback (device still computing);
 - `device idle per step`: the engine's step less the forward time in it, what the host's
   work did not hide behind the device's;
@@ -49,7 +54,7 @@ lock is not counted), and the serving code's own top functions.
 
     .venv/bin/python benchmarks/bench_engine.py [--batches 8 32 64 128] [--lanes 4]
         [--lane-batch 32] [--steps 64] [--rounds 5] [--repeat 1] [--profile] [--json]
-        [--log-stats]
+        [--log-stats] [--sync]
         [--switch-interval SECONDS] [--model tiny|smollm2]
 """
 
@@ -73,6 +78,11 @@ from stopping import unwind_on_sigterm  # benchmarks/, on sys.path as the script
 INPUT_LEN = 16
 SPECIAL_TOKENS = 7  # the demo tokenizer's first ids are its special tokens
 BLOCK = 16
+
+
+# The clock of the engine being measured: vLLM's `Scheduler` methods are patched once per
+# process, and charge their time to it.
+ACTIVE_CLOCK: list = [None]
 
 
 class DeviceClock:
@@ -190,6 +200,9 @@ class RunnerClock:
         self.inside = 0.0
         self.decode_starts: list[float] = []
         self.decode_cpu: list[float] = []  # the engine thread's CPU time at those starts
+        self.decode_own: list[float] = []  # own work so far at those starts
+        self.scheduler_own = 0.0  # the part of own work in our scheduler code
+        self.decode_scheduler_own: list[float] = []
         self._depth = 0
         self._wrap_instance("execute_model", self._execute)
         self._wrap_instance("sample_tokens", None)
@@ -206,8 +219,30 @@ class RunnerClock:
 
         module.TTAsyncOutput.get_output = get_output
 
+    def wrap_scheduler(self, scheduler) -> None:
+        """Count our scheduler code as own work: the engine's scheduler (the phase
+        scheduler, or the lane coordinator over several) is timed, less the time inside
+        vLLM's own `Scheduler` methods it calls (patched on vLLM's classes, which our
+        schedulers reach through `super()`)."""
+        from vllm.v1.core.sched.scheduler import Scheduler
+
+        if not getattr(Scheduler, "_bench_timed", False):
+            for name in ("schedule", "update_from_output"):
+                original = getattr(Scheduler, name)
+
+                def inside(*args, _original=original, **kwargs):
+                    with ACTIVE_CLOCK[0].timed("inside", scheduler=True):
+                        return _original(*args, **kwargs)
+
+                setattr(Scheduler, name, inside)
+            Scheduler._bench_timed = True
+        ACTIVE_CLOCK[0] = self
+        # After the patch, so that the bound methods reach the patched base.
+        self._wrap_instance("schedule", None, target=scheduler, scheduler=True)
+        self._wrap_instance("update_from_output", None, target=scheduler, scheduler=True)
+
     @contextmanager
-    def timed(self, kind: str):
+    def timed(self, kind: str, scheduler: bool = False):
         """Own and inside are the engine thread's CPU time (what other processes on the
         machine do not inflate), own counted at the outermost level only; wait is wall
         time blocked on a readback."""
@@ -222,21 +257,28 @@ class RunnerClock:
                 self._depth -= 1
                 if self._depth == 0:
                     self.own += elapsed
+                    if scheduler:
+                        self.scheduler_own += elapsed
             elif kind == "wait":
                 self.wait += elapsed
             else:
                 self.inside += elapsed
+                if scheduler:
+                    self.scheduler_own -= elapsed
 
-    def _wrap_instance(self, name: str, before, kind: str = "own") -> None:
-        original = getattr(self.runner, name)
+    def _wrap_instance(
+        self, name: str, before, kind: str = "own", target=None, scheduler: bool = False
+    ) -> None:
+        target = self.runner if target is None else target
+        original = getattr(target, name)
 
         def wrapped(*args, **kwargs):
             if before is not None:
                 before(*args)
-            with self.timed(kind):
+            with self.timed(kind, scheduler):
                 return original(*args, **kwargs)
 
-        setattr(self.runner, name, wrapped)
+        setattr(target, name, wrapped)
 
     def _execute(self, scheduler_output) -> None:
         so = scheduler_output
@@ -249,11 +291,15 @@ class RunnerClock:
         if steady:
             self.decode_starts.append(time.perf_counter())
             self.decode_cpu.append(time.thread_time())
+            self.decode_own.append(self.own - self.inside)
+            self.decode_scheduler_own.append(self.scheduler_own)
 
     def reset(self) -> None:
-        self.own = self.wait = self.inside = 0.0
+        self.own = self.wait = self.inside = self.scheduler_own = 0.0
         self.decode_starts = []
         self.decode_cpu = []
+        self.decode_own = []
+        self.decode_scheduler_own = []
 
 
 class Engine:
@@ -261,7 +307,13 @@ class Engine:
     itself refuses `data_parallel_size` > 1, which the platform folds into lanes)."""
 
     def __init__(
-        self, checkpoint: Path, batch: int, lanes: int, max_len: int, log_stats: bool = False
+        self,
+        checkpoint: Path,
+        batch: int,
+        lanes: int,
+        max_len: int,
+        log_stats: bool = False,
+        sync: bool = False,
     ):
         from vllm.engine.arg_utils import EngineArgs
         from vllm.v1.engine.llm_engine import LLMEngine
@@ -277,6 +329,10 @@ class Engine:
             num_gpu_blocks_override=batch * (-(-max_len // BLOCK)) + lanes,
             # As `vllm.LLM` sets it unless asked (`--log-stats`: as `vllm serve` runs).
             disable_log_stats=not log_stats,
+            # `--sync`: vLLM's synchronous scheduling, the host's work never overlapping a
+            # forward (a diagnostic: what the host costs without the "device" thread
+            # computing on the same cores at the same time).
+            async_scheduling=False if sync else None,
         )
         if lanes > 1:
             kwargs["data_parallel_size"] = lanes
@@ -285,6 +341,7 @@ class Engine:
         self.runner = core.model_executor.driver_worker.worker.model_runner
         self.requests = 0
         self.clock = RunnerClock(self.runner)
+        self.clock.wrap_scheduler(core.scheduler)
         self.device = DeviceClock(self.runner.generator)
 
     def round(self, prompts: list[list[int]], steps: int) -> dict:
@@ -315,12 +372,20 @@ class Engine:
             sys.exit("the engine ran fewer than two steady decode steps")
         decodes = max(1, after.get("step.decode", 0) - before.get("step.decode", 0))
         host = self.clock.own - self.clock.inside
+        own = self.clock.decode_own
+        steady = (own[-1] - own[0]) / intervals
+        ours = self.clock.decode_scheduler_own
         return {
             "ms_per_step": (starts[-1] - starts[0]) * 1000 / intervals,
             "cpu_ms_per_step": (self.clock.decode_cpu[-1] - self.clock.decode_cpu[0])
             * 1000
             / intervals,
             "own_ms_per_step": host * 1000 / decodes,
+            "own_steady_ms_per_step": steady * 1000,
+            "scheduler_steady_ms_per_step": (ours[-1] - ours[0]) * 1000 / intervals,
+            # What the steady steps do not account for (admission, prefill, the last
+            # steps' outputs, finishing), per request of the round: paid once a request.
+            "own_once_us_per_request": max(host - steady * decodes, 0.0) * 1e6 / len(prompts),
             "wait_ms_per_step": self.clock.wait * 1000 / decodes,
             "device_ms_per_step": self.device.seconds * 1000 / decodes,
             "decode_steps": decodes,
@@ -350,7 +415,7 @@ def measure(
     vocab = AutoConfig.from_pretrained(checkpoint).vocab_size
     max_len = INPUT_LEN + args.steps + 2 * BLOCK
     generator = GeneratorAlone(checkpoint, batch, lanes, max_len)
-    engine = Engine(checkpoint, batch, lanes, max_len, log_stats=args.log_stats)
+    engine = Engine(checkpoint, batch, lanes, max_len, log_stats=args.log_stats, sync=args.sync)
     prompts = prompts_for(batch, vocab, args.seed)
     generator.round(prompts, 4)  # warm-up, both sides
     engine.round(prompts, 4)
@@ -397,6 +462,9 @@ def summary(raw: dict) -> dict:
         "host_ms_per_step": spread(host),
         "host_us_per_request": spread([h * 1000 / batch for h in host]),
         "own_host_ms_per_step": spread([e["own_ms_per_step"] for e in eng]),
+        "own_steady_ms_per_step": spread([e["own_steady_ms_per_step"] for e in eng]),
+        "scheduler_steady_ms_per_step": spread([e["scheduler_steady_ms_per_step"] for e in eng]),
+        "own_once_us_per_request": spread([e["own_once_us_per_request"] for e in eng]),
         "engine_cpu_ms_per_step": spread([e["cpu_ms_per_step"] for e in eng]),
         "engine_cpu_over_generator": spread(
             [e["cpu_ms_per_step"] / g for g, e in zip(gen_ms, eng)]
@@ -463,6 +531,13 @@ def main() -> None:
         "--log-stats",
         action="store_true",
         help="keep vLLM's statistics on, as `vllm serve` does (vllm.LLM turns them off)",
+    )
+    parser.add_argument(
+        "--sync",
+        action="store_true",
+        help="synchronous scheduling: no overlap, so the host's work never runs while the "
+        "host mesh's forward computes on the same cores (a diagnostic of the own work's "
+        "growth; the engine/generator ratio then carries the host's whole cost)",
     )
     parser.add_argument(
         "--switch-interval",
@@ -539,7 +614,11 @@ def main() -> None:
             f"engine {fmt(r['engine_ms_per_step'])} ms, engine/generator "
             f"{fmt(r['engine_over_generator'])}; host {fmt(r['host_ms_per_step'])} ms/step "
             f"({r['host_us_per_request']['median']:.1f} us/request); own "
-            f"{fmt(r['own_host_ms_per_step'], 3)} ms/step; wait {fmt(r['wait_ms_per_step'])} ms; "
+            f"{fmt(r['own_host_ms_per_step'], 3)} ms/step (steady steps "
+            f"{fmt(r['own_steady_ms_per_step'], 3)} ms/step, of which our scheduler "
+            f"{r['scheduler_steady_ms_per_step']['median']:.3f}; once a request "
+            f"{r['own_once_us_per_request']['median']:.1f} us); "
+            f"wait {fmt(r['wait_ms_per_step'])} ms; "
             f"forward {r['generator_device_ms_per_step']['median']:.2f} ms alone, "
             f"{r['engine_device_ms_per_step']['median']:.2f} ms in the engine; device idle "
             f"{fmt(r['device_idle_ms_per_step'])} ms/step; engine thread CPU "
@@ -556,11 +635,15 @@ def main() -> None:
     single = [r for r in results if r["lanes"] == 1]
     if len(single) > 1:
         low, high = single[0], single[-1]
-        growth = high["own_host_ms_per_step"]["median"] / low["own_host_ms_per_step"]["median"]
-        print(
-            f"own host work per step, batch {high['batch']} over batch {low['batch']}: "
-            f"{growth:.2f}x (medians)"
-        )
+        for key, what in (
+            ("own_host_ms_per_step", "per decode step, a round's whole own work"),
+            ("own_steady_ms_per_step", "per steady decode step"),
+        ):
+            growth = high[key]["median"] / low[key]["median"]
+            print(
+                f"own host work {what}, batch {high['batch']} over batch {low['batch']}: "
+                f"{growth:.2f}x (medians)"
+            )
 
 
 if __name__ == "__main__":
