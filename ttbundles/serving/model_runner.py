@@ -1210,7 +1210,7 @@ class TTModelRunner:
         tables = self.input_batch.block_table.block_tables
         if len(tables) != 1:
             return False
-        block_ids, slots, counts = [], [], []
+        block_ids, slots = [], []
         for i in grown:
             blocks = new_blocks[i]
             if len(blocks) != 1 or len(blocks[0]) != 1:
@@ -1222,7 +1222,6 @@ class TTModelRunner:
                 return False
             block_ids.append(blocks[0][0])
             slots.append(slot)
-            counts.append(len(owned))
         for i, block in zip(grown, block_ids):
             self.requests[req_ids[i]].block_ids[0].append(block)
         new_ids = np.asarray(block_ids, dtype=np.int64)
@@ -1232,7 +1231,9 @@ class TTModelRunner:
         table.block_table.np[rows, starts] = new_ids
         table.num_blocks_per_row[rows] = starts + 1
         at = np.asarray(slots, dtype=np.int64)
-        self._slot_table_np[at, np.asarray(counts, dtype=np.int64)] = new_ids
+        # Each slot's row is staged up to its request's blocks (checked above): the new
+        # block goes at its count.
+        self._slot_table_np[at, self._slot_blocks[at]] = new_ids
         self._slot_blocks[at] += 1
         self._table_version += 1
         STATS.count("bookkeeping.blocks_whole")
