@@ -61,7 +61,7 @@ def validate(
     Exit 0 when valid (warnings allowed unless --strict), 1 when invalid.
     --strict and --strict-unverifiable are independent; use both for the strictest check.
 
-    Example: ttbundle validate bundles/ my-bundle/ dist/my-bundle-1.0.0.ttbundle
+    Example: ttbundle validate bundles/demo my-bundle/ dist/my-bundle-1.0.0.ttbundle
     """
     out = Output(fmt)
     results = [(path, validate_path(path, import_check=import_, timeout=timeout)) for path in paths]

@@ -526,3 +526,82 @@ def test_list_on_an_80_column_terminal(run_cli):
     for name in ("TTQwen2_5_VLForConditionalGeneration", "sample_on_device=decode_only+all"):
         assert name in words  # whole, never broken across lines
     assert "…" not in done.stdout
+
+
+# --- issue 35: what a new author meets ----------------------------------------------------
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_validate_refuses_what_python_cannot_compile(run_cli, tmp_path):
+    """`import os` above `from __future__` parses (ast) but does not compile: static
+    validate says so at the future import's line (TTB051), and pack refuses the bundle;
+    nothing is imported."""
+    import shutil
+
+    bundle = shutil.copytree(REPO / "bundles" / "demo", tmp_path / "mine")
+    adapter = bundle / "adapter.py"
+    adapter.write_text("import os\n" + adapter.read_text())
+    future = adapter.read_text().splitlines().index("from __future__ import annotations") + 1
+    done = no_traceback(run_cli("validate", bundle))
+    assert done.returncode == 1, done.stdout
+    assert f"{adapter}:{future}:1: error TTB051 syntax error: from __future__ imports" in (
+        done.stdout
+    )
+    packed = no_traceback(run_cli("pack", bundle, "-o", tmp_path / "dist"))
+    assert packed.returncode == 1 and "TTB051" in packed.stderr + packed.stdout
+
+
+def test_validate_compiles_every_module_of_the_bundle(make_bundle, run_cli):
+    """A helper module the class's file does not import at the top is imported when
+    served too: `return` outside a function in it is TTB051 at its line."""
+    bundle = make_bundle("helpers", files={"helpers/util.py": "x = 1\nreturn x\n"})
+    done = no_traceback(run_cli("validate", bundle))
+    assert done.returncode == 1
+    assert f"{bundle / 'helpers' / 'util.py'}:2:1: error TTB051 syntax error: 'return'" in (
+        done.stdout
+    )
+
+
+def test_the_validate_help_example_validates_in_the_repository(run_cli):
+    """The folders `validate --help`'s example names that exist in a checkout validate
+    (`bundles/` as a whole does not: tt-mllama is shipped refused, TTB202, as the worker
+    refuses it)."""
+    [example] = [
+        line.strip()
+        for line in run_cli("validate", "--help").stdout.splitlines()
+        if "Example:" in line
+    ]
+    paths = [p for p in example.split("ttbundle validate", 1)[1].split() if (REPO / p).exists()]
+    assert paths, example
+    done = no_traceback(run_cli("validate", "--strict", *paths, cwd=REPO))
+    assert done.returncode == 0, done.stdout
+
+
+def test_legacy_metadata_gets_the_verdict_list_gives(make_bundle, run_cli, tmp_path):
+    """A legacy bundle whose class supports prefix caching: `list` serves it with prefix
+    caching on (the class's capabilities), and `validate` says the same thing: legacy
+    (TTB021), not "declared below the class, stays off" (TTB059)."""
+    models = tmp_path / "models"
+    folder = legacy_bundle(make_bundle, parent=models, adapter=PREFIX_CLASS)
+    done = no_traceback(run_cli("validate", folder))
+    assert done.returncode == 0, done.stdout
+    assert "TTB059" not in done.stdout and "warning TTB021" in done.stdout
+    listed = as_json(run_cli("list", "--models-dir", models, "--format", "json"))
+    [row] = [r for r in listed["entries"] if r["path"] == str(folder)]
+    assert row["capabilities"]["prefix_caching"] is True
+
+
+def test_init_keep_adapter_reads_the_class_capabilities(run_cli, tmp_path):
+    """`init --keep-adapter` declares what the kept class's model_capabilities says (as
+    `migrate` does), so the new bundle validates strictly: no TTB059."""
+    folder = tmp_path / "kept"
+    folder.mkdir()
+    (folder / "adapter.py").write_text(PREFIX_CLASS)
+    done = no_traceback(run_cli("init", folder, "--arch", "DemoForCausalLM", "--keep-adapter"))
+    assert done.returncode == 0, done.stderr
+    assert "note: capabilities from the class: prefix_caching" in done.stderr
+    caps = json.loads((folder / META).read_text())["capabilities"]
+    assert caps["prefix_caching"] is True and caps["async_decode"] is False
+    done = no_traceback(run_cli("validate", "--strict", folder))
+    assert done.returncode == 0, done.stdout

@@ -23,7 +23,9 @@ from ttbundles.check.static_reader import (
     SourceRoots,
     _ClassFinder,
     _SourceError,
+    compile_tree,
     environment_roots,
+    syntax_diagnostic,
 )
 from ttbundles.errors import Diagnostic, Severity
 from ttbundles.format.contract import (
@@ -43,7 +45,7 @@ from ttbundles.format.contract import (
     decode_keywords,
 )
 from ttbundles.format.metadata import METADATA_FILE, BundleMetadata
-from ttbundles.format.modules import bundle_modules
+from ttbundles.format.modules import SKIP_DIRS, bundle_modules
 from ttbundles.suggest import hint_for
 
 
@@ -103,12 +105,20 @@ def check_adapter(
             )
         ]
     finder = _ClassFinder(roots, shallow=not contract)
+    finder.compile_check = contract
     if read is not None:
         finder.read = read
     try:
         info = finder.find(path, metadata.module, metadata.class_name)
     except _SourceError as exc:
-        return [exc.diagnostic]
+        others = _uncompilable(bundle_dir, skip=finder.read) if contract else []
+        return [exc.diagnostic, *others]
+    if contract:
+        # The modules the class's file and bases did not lead to (helpers imported inside
+        # a method) are imported when served too: each must compile.
+        broken = _uncompilable(bundle_dir, skip=finder.read)
+        if broken:
+            return broken
     if info is None:
         return [
             Diagnostic(
@@ -124,6 +134,25 @@ def check_adapter(
     if not contract:
         return []
     return _contract_diagnostics(info, metadata, meta_file)
+
+
+def _uncompilable(bundle_dir: Path, *, skip: list[Path]) -> list[Diagnostic]:
+    """TTB051 for each of the bundle's Python files (`bundle_modules`' walk) that Python
+    cannot compile, except those in `skip` (already read, and reported, by the finder)."""
+    out = []
+    done = {p.resolve() for p in skip}
+    for path in sorted(bundle_dir.rglob("*.py")):
+        relative = path.relative_to(bundle_dir)
+        if any(part in SKIP_DIRS for part in relative.parts) or path.resolve() in done:
+            continue
+        try:
+            source = path.read_text(encoding="utf-8")
+            compile_tree(ast.parse(source, filename=str(path)), path)
+        except (SyntaxError, ValueError) as exc:
+            out.append(syntax_diagnostic(exc, path))
+        except (OSError, UnicodeDecodeError) as exc:
+            out.append(Diagnostic("TTB003", Severity.ERROR, f"cannot read: {exc}", file=str(path)))
+    return out
 
 
 def still_template(info: ClassInfo, async_decode: bool = True) -> list[str]:

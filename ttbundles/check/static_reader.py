@@ -86,6 +86,44 @@ class SourceRoots:
         return ", ".join(str(p) for p in (*self.folders, *self.portions))
 
 
+def compile_tree(tree: ast.Module, path: Path) -> None:
+    """Compile a parsed module, executing nothing: raises what Python would raise at import
+    before running a line. `ast.parse` accepts more than `compile()` does: a `from
+    __future__` import after other statements, `return` or `await` outside a function,
+    `nonlocal` without a binding, a name both global and assigned before. A copy of the
+    tree is compiled (compiling adds fields to its nodes); warnings (an invalid escape
+    sequence) are not errors and stay quiet."""
+    import copy
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        compile(copy.deepcopy(tree), str(path), "exec", dont_inherit=True)
+
+
+def syntax_diagnostic(exc: SyntaxError | ValueError, path: Path) -> Diagnostic:
+    """TTB051 for a module Python cannot parse or compile, at its line (a `ValueError`:
+    the source holds a NUL byte)."""
+    if isinstance(exc, SyntaxError):
+        # compile() reports the file it was given; the line is the one to fix.
+        return Diagnostic(
+            "TTB051",
+            Severity.ERROR,
+            f"syntax error: {exc.msg}",
+            file=str(path),
+            line=exc.lineno,
+            column=exc.offset,
+            hint="fix the Python syntax",
+        )
+    return Diagnostic(
+        "TTB051",
+        Severity.ERROR,
+        f"not Python source: {exc}",
+        file=str(path),
+        hint="fix the Python syntax",
+    )
+
+
 class _SourceError(Exception):
     def __init__(self, diagnostic: Diagnostic):
         self.diagnostic = diagnostic
@@ -104,6 +142,8 @@ class _ClassFinder:
         self.shallow = shallow
         self._trees: dict[Path, ast.Module] = {}
         self.read: list[Path] = []
+        # Also compile each tree (validate's check): see `compile_tree`.
+        self.compile_check = False
 
     def locate(self, module: str) -> Path | None:
         path = self.roots.module_file(module)
@@ -118,18 +158,10 @@ class _ClassFinder:
             try:
                 source = path.read_text(encoding="utf-8")
                 self._trees[path] = ast.parse(source, filename=str(path))
-            except SyntaxError as exc:
-                raise _SourceError(
-                    Diagnostic(
-                        "TTB051",
-                        Severity.ERROR,
-                        f"syntax error: {exc.msg}",
-                        file=str(path),
-                        line=exc.lineno,
-                        column=exc.offset,
-                        hint="fix the Python syntax",
-                    )
-                ) from None
+                if self.compile_check:
+                    compile_tree(self._trees[path], path)
+            except (SyntaxError, ValueError) as exc:
+                raise _SourceError(syntax_diagnostic(exc, path)) from None
             except (OSError, UnicodeDecodeError) as exc:
                 raise _SourceError(
                     Diagnostic("TTB003", Severity.ERROR, f"cannot read: {exc}", file=str(path))

@@ -79,6 +79,8 @@ def check_bundle(
     metadata = loaded.metadata
     if metadata is None:
         return checked
+    if metadata.legacy:
+        metadata = checked.metadata = legacy_as_served(bundle_dir, metadata)
     checked.diagnostics.extend(
         _locate(
             semantic_checks(metadata, str(loaded.file))
@@ -108,6 +110,19 @@ def check_bundle(
                 for d in checked.diagnostics
             ]
     return checked
+
+
+def legacy_as_served(bundle_dir: Path, metadata: BundleMetadata) -> BundleMetadata:
+    """Legacy metadata with the capabilities the registry serves it with: the class's
+    `model_capabilities`, read from source (`registry._capabilities_from_class`, and
+    `migrate`), so that `validate`'s verdict is `list`'s, not "declared off" for each
+    capability the class supports (TTB059). A class that cannot be read keeps none."""
+    from ttbundles.check.static_reader import read_bundle_class
+
+    found = read_bundle_class(bundle_dir, metadata)
+    if found is None:
+        return metadata
+    return metadata.model_copy(update={"capabilities": found.capabilities})
 
 
 def semantic_checks(metadata: BundleMetadata, file: str) -> list[Diagnostic]:

@@ -197,8 +197,19 @@ def init_bundle(
     }
     if models:
         metadata["models"] = models
-    # Every capability the class's model_capabilities mirrors, off, as in the template.
-    metadata["capabilities"] = Capabilities().model_dump(include=set(CAPABILITY_KEYS.values()))
+    # Every capability the class's model_capabilities mirrors: off, as in the template, or
+    # what a kept class declares (read from source, as `migrate` reads it).
+    capabilities = Capabilities()
+    if adapter.exists():
+        from ttbundles.check.static_reader import read_class
+
+        found = read_class("adapter", class_name, roots=[folder])
+        if found is not None:
+            capabilities = found.capabilities
+            on = [k for k, v in capabilities.model_dump(exclude_defaults=True).items() if v]
+            if on:
+                notes.append(f"capabilities from the class: {', '.join(on)}")
+    metadata["capabilities"] = capabilities.model_dump(include=set(CAPABILITY_KEYS.values()))
     folder.mkdir(parents=True, exist_ok=True)
     if not adapter.exists():
         adapter.write_text(adapter_source(arch, class_name))
