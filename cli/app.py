@@ -24,7 +24,10 @@ app = typer.Typer(
     name="ttbundle",
     help="Validate, pack, verify and install Tenstorrent model bundles for vLLM.\n\n"
     "Example: ttbundle validate ./my-bundle && ttbundle pack ./my-bundle -o dist/\n\n"
-    "Example: ttbundle demo --query",
+    "Example: ttbundle demo --query\n\n"
+    "Docs (Markdown in the source tree, readable offline): docs/index.md; every command and "
+    "option: docs/reference/cli.md; what a TTB code means and what to do: "
+    "docs/reference/codes.md.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=True,  # typer's --install-completion / --show-completion

@@ -33,6 +33,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from ttbundles.codes import docs_page
 from ttbundles.errors import Diagnostic, Severity
 from ttbundles.format.loader import public_names
 
@@ -117,7 +118,8 @@ class Output:
             text = f"{escape(where)}: {head} {message}" if where else f"{head} {message}"
             console.print(text)
             if d.hint:
-                console.print(f"    [dim]fix:[/] {escape(public(d.hint))}")
+                fix = f"{public(d.hint)} (see {docs_page(d.code)})"
+                console.print(f"    [dim]fix:[/] {escape(fix)}")
 
     def table(
         self, title: str, columns: list[str], rows: list[list[Any]], *, head: int | None = None

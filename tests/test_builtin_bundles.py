@@ -493,12 +493,12 @@ def test_registry_selects_without_ambiguity(mesh: str | None, environ: dict[str,
     assert [d for d in registry.problems if d.code == "TTB071"] == []
 
 
-def test_readme_conformance_table_lists_every_builtin(builtins: dict[str, BundleMetadata]) -> None:
-    """README "Built-ins: contract form and outcome": one row per built-in with its
-    TT-Metal file and commit, its contract form (v1 exactly where the class declares
-    it) and whether it is served or refused (refused exactly for REFUSED)."""
-    readme = (BUNDLES.parent / "README.md").read_text(encoding="utf-8")
-    section = readme.split("### Built-ins: contract form and outcome")[1].split("\n## ")[0]
+def test_docs_conformance_table_lists_every_builtin(builtins: dict[str, BundleMetadata]) -> None:
+    """docs/authors/tt-metal-families.md, "Built-ins: contract form and outcome": one row
+    per built-in with its TT-Metal file and commit, its contract form (v1 exactly where the
+    class declares it) and whether it is served or refused (refused exactly for REFUSED)."""
+    page = (BUNDLES.parent / "docs" / "authors" / "tt-metal-families.md").read_text("utf-8")
+    section = page.split("## Built-ins: contract form and outcome")[1].split("\n## ")[0]
     rows = {}
     for line in section.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]

@@ -80,7 +80,7 @@ def test_validate_invalid_human(make_bundle, run_cli, kwargs, location, code, fi
     assert done.returncode == 1
     lines = done.stdout.splitlines()
     assert lines[0].startswith(f"{folder}/{location}: {code} ")
-    assert lines[1] == f"    fix: {fix}"
+    assert lines[1] == f"    fix: {fix} (see docs/reference/codes.md#{code.split()[1].lower()})"
     assert lines[-1].startswith(f"{folder}: INVALID (1 error, 0 warnings")
     assert done.stderr == ""
 

@@ -279,7 +279,7 @@ def test_init_a_mistyped_path_is_a_clear_error(run_cli, tmp_path, checkpoint):
     assert done.returncode == 1
     assert done.stderr.splitlines() == [
         "ckpt-typo: error TTB001 no such checkpoint folder",
-        "    fix: did you mean ckpt?",
+        "    fix: did you mean ckpt? (see docs/reference/codes.md#ttb001)",
     ]
     # A hub id not in the cache (offline): our words, not huggingface-hub's exception.
     done = no_traceback(run_cli("init", folder, "--from-hf", "org/not-cached", cwd=tmp_path))

@@ -1,40 +1,56 @@
-"""The README's table of error codes and `ttbundles.codes.CODES` say the same thing."""
+"""The docs say what the code does: generated pages are current, examples run.
+
+- The reference pages under docs/reference/ (all but commands.md) are what
+  `scripts/gen-docs` writes from the code; a page out of date fails here.
+- Every error code has what to do (`codes.WHAT_TO_DO`) and an anchor the CLI's fix lines
+  name (`codes.docs_page`).
+- Fenced blocks marked `<!-- runnable: ... -->` in README.md and docs/ run as a user
+  types them; `<!-- runnable server: ... -->` ones need vLLM and run in the slow tier.
+- The site builds with `mkdocs build --strict` (broken links and anchors, pages missing
+  from the navigation), and the README stays short, its links pointing at files.
+"""
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import re
+import shutil
+import subprocess
 import sys
-from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from ttbundles.codes import CODES, markdown_table
+from ttbundles.codes import CODES, WHAT_TO_DO, docs_page
 
-README = Path(__file__).parents[1] / "README.md"
+ROOT = Path(__file__).parents[1]
+README = ROOT / "README.md"
+DOCS = ROOT / "docs"
 CODE = re.compile(r"\bTTB\d{3}\b")
 
 
-def table_codes() -> Counter:
-    """Codes in the first cell of the README's Markdown table rows."""
-    found: Counter = Counter()
-    for line in README.read_text(encoding="utf-8").splitlines():
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if line.lstrip().startswith("|") and cells:
-            found.update(CODE.findall(cells[0]))
-    return found
+def _generator():
+    spec = importlib.util.spec_from_file_location("gen_docs", ROOT / "scripts" / "gen_docs.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def test_every_code_is_documented():
-    documented = table_codes()
-    missing = [code for code in CODES if code not in documented]
-    assert missing == [], f"add these codes to the README's error-code table: {missing}"
+# --- generated pages --------------------------------------------------------------------
 
 
-def test_table_lists_no_unknown_or_repeated_code():
-    documented = table_codes()
-    assert sorted(set(documented) - set(CODES)) == []
-    assert [code for code, n in documented.items() if n > 1] == []
+def test_generated_reference_pages_are_current():
+    """docs/reference/*.md as scripts/gen-docs writes them from the code, byte for byte."""
+    stale = _generator().stale_pages()
+    assert stale == [], f"out of date: {stale}; run scripts/gen-docs and commit the pages"
+
+
+def test_every_code_says_what_to_do():
+    assert [code for code in CODES if not WHAT_TO_DO.get(code, "").strip()] == [], (
+        "add what to do about these codes to ttbundles.codes.WHAT_TO_DO"
+    )
+    assert sorted(set(WHAT_TO_DO) - set(CODES)) == []
 
 
 def test_codes_are_well_formed():
@@ -42,23 +58,83 @@ def test_codes_are_well_formed():
     assert all(text and text == text.strip() for text in CODES.values())
 
 
-def test_the_readme_table_is_generated_from_the_catalogue():
-    """The README's table is `codes.markdown_table()`, row for row and word for word."""
-    text = README.read_text(encoding="utf-8")
-    section = text[text.index("## Error codes") :]
-    section = section[: section.index("\n## ", 1)]
-    assert markdown_table() in section, "regenerate the README's table from ttbundles.codes"
+def test_every_code_has_the_anchor_its_fix_line_names():
+    page = (DOCS / "reference" / "codes.md").read_text(encoding="utf-8")
+    for code in CODES:
+        path, anchor = docs_page(code).split("#")
+        assert (ROOT / path).is_file()
+        assert f"{{#{anchor}}}" in page, code
 
 
-# --- doc-tests: the README's runnable blocks ----------------------------------------------
+def test_the_codes_page_lists_each_code_once():
+    page = (DOCS / "reference" / "codes.md").read_text(encoding="utf-8")
+    headings = re.findall(r"^## (TTB\d{3}) ", page, re.MULTILINE)
+    assert headings == list(CODES)
 
-RUNNABLE = re.compile(r"<!-- runnable:[^>]*-->\n```\n(.*?)\n```", re.DOTALL)
+
+def test_every_environment_variable_is_documented():
+    from ttbundles import envs
+
+    page = (DOCS / "reference" / "environment.md").read_text(encoding="utf-8")
+    table = page.split("\n## ")[0]
+    rows = re.findall(r"^\| `([A-Z_0-9]+)` \|", table, re.MULTILINE)
+    assert sorted(rows) == sorted(n for n in dir(envs) if n.isupper() and n != "RENAMED")
+
+
+# --- the site and the README ------------------------------------------------------------
+
+
+def test_the_docs_site_builds_strictly(tmp_path):
+    """`mkdocs build --strict`: every page in the navigation, every link and anchor found."""
+    pytest.importorskip("mkdocs", reason="the docs extra is not installed (scripts/setup)")
+    done = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_readme_is_short():
+    assert len(README.read_text(encoding="utf-8").splitlines()) <= 160
+
+
+def test_the_readme_links_to_files_that_exist():
+    links = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", README.read_text(encoding="utf-8"))
+    local = [link for link in links if "://" not in link]
+    assert local, "README.md links into the docs"
+    assert [link for link in local if not (ROOT / link).exists()] == []
+
+
+# --- runnable blocks --------------------------------------------------------------------
+
+RUNNABLE = re.compile(r"<!-- runnable( server)?:[^>]*-->\n```[a-z]*\n(.*?)\n```", re.DOTALL)
 EXIT = re.compile(r"\s+#\s*exit\s+(\d+)\s*$")
 
 
-def runnable_blocks() -> list[str]:
-    """The fenced blocks the README marks `<!-- runnable: ... -->`."""
-    return RUNNABLE.findall(README.read_text(encoding="utf-8"))
+def _documents() -> list[Path]:
+    return [README, *sorted(DOCS.rglob("*.md"))]
+
+
+def runnable_blocks() -> list[tuple[str, bool, str]]:
+    """(where, needs a server, block) for each fenced block marked runnable."""
+    found = []
+    for path in _documents():
+        text = path.read_text(encoding="utf-8")
+        for index, match in enumerate(RUNNABLE.finditer(text)):
+            where = f"{path.relative_to(ROOT)}:{index}"
+            found.append((where, bool(match.group(1)), match.group(2)))
+    return found
+
+
+def _cases() -> list:
+    return [
+        pytest.param(block, id=where, marks=[pytest.mark.server] if server else [])
+        for where, server, block in runnable_blocks()
+    ]
 
 
 def _commands(block: str) -> list[tuple[str, int, list[str]]]:
@@ -82,19 +158,17 @@ def _pattern(lines: list[str]) -> re.Pattern:
     return re.compile(r"\A" + r"\n".join(parts) + r"\n?\Z", re.DOTALL)
 
 
-def test_the_readme_has_runnable_blocks():
-    assert runnable_blocks(), "README.md lost its runnable examples"
+def test_the_docs_have_runnable_blocks():
+    blocks = runnable_blocks()
+    assert any(not server for _, server, _ in blocks), "the docs lost their fast examples"
+    assert any(server for _, server, _ in blocks), "the docs lost their served examples"
 
 
-@pytest.mark.parametrize("index", range(len(runnable_blocks())))
-def test_readme_runnable_block(index, tmp_path):
+@pytest.mark.parametrize("block", _cases())
+def test_runnable_block(block, tmp_path):
     """Each command as a user types it (a shell, relative paths, output piped), in a
     fresh folder with a copy of the demo bundle at ./demo; its exit status and its
-    output (stdout, then stderr) as the README shows them."""
-    import os
-    import shutil
-    import subprocess
-
+    output (stdout, then stderr) as the page shows them."""
     from ttbundles.paths import builtin_bundles_dir
 
     shutil.copytree(builtin_bundles_dir() / "demo", tmp_path / "demo")
@@ -103,7 +177,7 @@ def test_readme_runnable_block(index, tmp_path):
     env.pop("MESH_DEVICE", None)
     bin_dir = str(Path(sys.executable).parent)
     env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")
-    for command, status, expected in _commands(runnable_blocks()[index]):
+    for command, status, expected in _commands(block):
         done = subprocess.run(
             command, shell=True, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
         )

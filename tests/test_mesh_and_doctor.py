@@ -243,7 +243,8 @@ def test_plan_refuses_an_unknown_mesh_before_importing_vllm(run_cli):
     assert done.stderr.splitlines() == [
         "error TTB106 --mesh 'N3000' is not a mesh",
         "    fix: did you mean N300? valid meshes: N150, N300, N150x4, T3K, TG, P100, P150, "
-        "P150x2, P150x4, P150x8, P300, P300x2, BH-Galaxy, HOST, or a grid such as (4,8)",
+        "P150x2, P150x4, P150x8, P300, P300x2, BH-Galaxy, HOST, or a grid such as (4,8) "
+        "(see docs/reference/codes.md#ttb106)",
     ]
     assert done.stdout == ""
 

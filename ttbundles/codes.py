@@ -1,7 +1,7 @@
 """The catalogue of stable diagnostic codes.
 
-Codes never change meaning once released: tools match on them. The README's table of
-error codes is checked against this catalogue by a test.
+Codes never change meaning once released: tools match on them. docs/reference/codes.md
+is generated from `CODES` and `WHAT_TO_DO` (scripts/gen-docs); a test keeps it current.
 """
 
 from __future__ import annotations
@@ -131,9 +131,7 @@ CODES: dict[str, str] = {
 
 
 def markdown_table() -> str:
-    """The README's table of error codes, generated from `CODES` (a test keeps the README
-    equal to it: `python -c "from ttbundles.codes import markdown_table as t; print(t())"`
-    prints it)."""
+    """The table of error codes, generated from `CODES`."""
     rows = ["| code | meaning |", "|---|---|"]
     rows += [f"| `{code}` | {meaning} |" for code, meaning in CODES.items()]
     return "\n".join(rows) + "\n"
@@ -144,3 +142,176 @@ UNVERIFIABLE: frozenset[str] = frozenset({"TTB040", "TTB057", "TTB058"})
 class from an environment this machine lacks, a value only running code knows), not that
 something is wrong. `--strict` leaves them as they are, so that a real TT-Metal class
 validates on a machine without TT-Metal; `--strict-unverifiable` makes them errors."""
+
+
+WHAT_TO_DO: dict[str, str] = {
+    # What to do about each code, in general; a diagnostic's own fix line is specific to
+    # its case. docs/reference/codes.md is generated from CODES and this table
+    # (scripts/gen-docs), and a test fails when a code has no entry here.
+    "TTB001": "Check the path: a bundle is a folder holding vllm_metadata.json, an archive "
+    "ends in .ttbundle, and a folder of bundles holds bundle folders. Relative paths are "
+    "read from the folder you typed the command in.",
+    "TTB002": "Add a vllm_metadata.json (`ttbundle init DIR --arch ARCH` writes one), or "
+    "point at the bundle's own folder rather than its parent.",
+    "TTB003": "Make the file readable by this user and save it as UTF-8.",
+    "TTB004": "Read the command's help (`ttbundle COMMAND -h`); the message names the "
+    "option and suggests the one you probably meant.",
+    "TTB005": "A bug in ttbundles. Run again with TT_BUNDLES_DEBUG=1 to see the traceback "
+    "and report it with the command line you ran.",
+    "TTB010": "Fix the JSON at the line and column given (a trailing comma, a missing "
+    "quote or bracket).",
+    "TTB011": "The file must hold one JSON object (`{...}`), not a list or a value.",
+    "TTB020": "Write a schema_version this release reads (the message lists them); a "
+    "field that needs a higher version names it. Write the lowest version that "
+    "expresses the bundle.",
+    "TTB021": "Run `ttbundle migrate DIR` to rewrite the two-key metadata as schema "
+    "version 1 (`--dry-run` shows the change first).",
+    "TTB030": "Remove or correct the key (the did-you-mean names the one you likely "
+    "meant); free extensions start with `x-`.",
+    "TTB031": "Add the field the message names.",
+    "TTB032": "Give the value the type the schema asks for (the message names it).",
+    "TTB033": "Give one of the allowed values (the message lists them or suggests one).",
+    "TTB034": "Write a PEP 440 version (`1.2.0`) or a specifier pip reads (`>=0.33,<0.35`).",
+    "TTB035": "Use one of the mesh names the message lists (N150, N300, T3K, TG, P150x4, "
+    "HOST, ...).",
+    "TTB036": "Write main_class as `module:Class`, e.g. `adapter:MyGenerator`.",
+    "TTB037": "Pin the checkpoint: give `revision` a commit hash of the Hugging Face repository.",
+    "TTB038": "Use a device option from the reference page, with a value of its type.",
+    "TTB040": "Nothing is wrong: the value is computed, so only running code knows it. "
+    "`ttbundle validate --import` checks it where the class imports.",
+    "TTB050": "Add the module main_class names to the bundle (`adapter:Gen` is "
+    "adapter.py or adapter/__init__.py), or correct main_class.",
+    "TTB051": "Fix the Python syntax at the line given.",
+    "TTB052": "Define the class main_class names in that module, or correct its name.",
+    "TTB053": "Implement the contract method the message names (see the generator contract).",
+    "TTB054": "Add read_decode_output and process_decode_output_host, or stop declaring "
+    "async_decode.",
+    "TTB055": "Give decode_forward a sampling_params parameter, or stop declaring "
+    "sample_on_device.",
+    "TTB056": "Declare no more than the class's model_capabilities supports: lower the "
+    "bundle's capability, or add the key to the class.",
+    "TTB057": "Nothing is wrong here: part of the class (a base class) is outside the "
+    "bundle. `ttbundle validate --import` checks it where it imports.",
+    "TTB058": "Run where the serving environment (TT-Metal) is installed, or with "
+    "`--strict-unverifiable --import` there to check everything.",
+    "TTB059": "Safe: the feature stays off. Declare it in the bundle to use it.",
+    "TTB060": "Reproduce with `ttbundle validate --import PATH`; the message gives the "
+    "exception the import raised (often a missing dependency or an import-time error).",
+    "TTB061": "Make the module's import quicker (no work at import time), or raise `--timeout`.",
+    "TTB062": "Give the method the signature the worker calls it with (the message names "
+    "the parameter): every required parameter must be one the worker passes.",
+    "TTB063": "The generator raised while loading (initialize_vllm_model, "
+    "get_max_tokens_all_users): read its message; often the checkpoint, the mesh or "
+    "max_model_len/max_num_seqs is one it does not support.",
+    "TTB064": "Remove the key from model_capabilities or use one the worker applies "
+    "(the generator contract lists them).",
+    "TTB065": "Write the method: the scaffold's template only raises "
+    "NotImplementedError. pack, install and test refuse it until then.",
+    "TTB070": "Rename one of the bundles: names are unique in a models folder.",
+    "TTB071": "Make the registrations disjoint: different targets, a `when` condition, "
+    "or remove one bundle.",
+    "TTB080": "Re-create or download the archive again: it is not a readable .ttbundle (gzip tar).",
+    "TTB081": "Re-pack the bundle with `ttbundle pack`: its MANIFEST.json is missing or invalid.",
+    "TTB082": "The file changed after packing: re-pack, or get the archive again from its source.",
+    "TTB083": "A file is missing from the archive or folder: re-pack or reinstall.",
+    "TTB084": "A file was added after packing: remove it or re-pack.",
+    "TTB085": "Refused for safety: re-pack with `ttbundle pack`, which writes only plain "
+    "files and folders.",
+    "TTB086": "Re-pack the archive: an entry appears twice.",
+    "TTB087": "Re-pack or download the archive again: an entry is larger than its manifest says.",
+    "TTB088": "The archive was altered after packing: get it again from its source.",
+    "TTB089": "Choose an output folder that exists, is writable and has space (`-o DIR`).",
+    "TTB090": "Pass --replace to install this version over the installed one (the "
+    "message says whether it is an upgrade or a downgrade).",
+    "TTB091": "Pass --models-dir DIR, or set EXTRA_MODELS_DIR.",
+    "TTB092": "Check the name with `ttbundle list --models-dir DIR`.",
+    "TTB093": "Nothing was changed. Fix the errors listed above it (the bundle's own "
+    "validation), or pass --force to install anyway.",
+    "TTB094": "The next `ttbundle install` or `uninstall` in that folder removes it; "
+    "vLLM ignores it meanwhile.",
+    "TTB095": "Download the archive first, then install the file; for OCI registries use "
+    "`ttbundle pull REF --install`.",
+    "TTB100": "Install what the bundle's `requires` asks for (the message names the "
+    "package and the versions), or use a bundle for this environment.",
+    "TTB101": "Informational: the bundle targets another mesh or environment. Set "
+    "MESH_DEVICE or the selector it needs if you meant to serve it.",
+    "TTB102": "Informational: your extra bundle serves this architecture instead of the "
+    "built-in. Nothing to do unless you meant the built-in.",
+    "TTB103": "Informational: TT_MODEL_CLASS_OVERRIDES serves this architecture. Unset "
+    "the entry to serve the bundle.",
+    "TTB104": "Write TT_MODEL_CLASS_OVERRIDES as `Arch=module:Class,...`; the message "
+    "names the item that does not parse.",
+    "TTB105": "Set the selector to one of the variants the message lists, or unset it "
+    "for the default variant.",
+    "TTB106": "Set MESH_DEVICE (or --mesh) to a preset (any case), a grid such as "
+    "(4,8), or HOST for the host mesh.",
+    "TTB107": "Install TT-Metal (ttnn) in this Python, or use MESH_DEVICE=HOST for the "
+    "host mesh; `ttbundle doctor` shows what is found.",
+    "TTB108": "Add tt and tt_model_registry to VLLM_PLUGINS (or unset it), make sure "
+    "ttbundles is installed in vLLM's environment, and set MESH_DEVICE; `ttbundle "
+    "doctor` says which is missing.",
+    "TTB110": "Declare the capability the path needs, or drop the path from tests.paths or --path.",
+    "TTB111": "Fix the file the tests section names (prompt file, image or recorded "
+    "golden): it must exist inside the bundle and parse.",
+    "TTB120": "Start where the hint points (the prefill, the chunks, the cache hit, a "
+    "decode step) and compare the failing step's logits; `--steps` shows every step.",
+    "TTB121": "Make device sampling use each request's seed independently of the batch it runs in.",
+    "TTB122": "Check the device sampler's top-k/top-p filtering against the golden's.",
+    "TTB123": "Check the logits over whole sequences: positions, the KV cache, the final norm.",
+    "TTB124": "Make the path happen: a longer prompt or smaller chunk_size for chunked "
+    "prefill, a resent prompt longer than one KV block for a prefix-cache hit, "
+    "sample_on_device_mode for device sampling.",
+    "TTB125": "Pick a golden that covers the checkpoint (--golden transformers, or a "
+    "recorded file); the message says why this one cannot.",
+    "TTB126": "Record the golden again for these prompts, settings and checkpoint "
+    "(`--record FILE`).",
+    "TTB127": "Read the serving log the message names ($XDG_CACHE_HOME/ttbundles/"
+    "test-logs/NAME.log).",
+    "TTB130": "Write the reference as HOST[:PORT]/REPO[:TAG] or HOST/REPO@sha256:DIGEST.",
+    "TTB131": "Check the address and the network; TT_BUNDLES_REGISTRY_TIMEOUT raises the wait.",
+    "TTB132": "Set TT_BUNDLES_REGISTRY_USERNAME and TT_BUNDLES_REGISTRY_PASSWORD, or "
+    "`docker login` the registry.",
+    "TTB133": "Check the tag or digest (the repository exists but not that reference).",
+    "TTB134": "The reference points at another kind of artifact: check it names a "
+    "bundle pushed with `ttbundle push`.",
+    "TTB135": "The registry or the network corrupted the download: pull again; nothing "
+    "was written.",
+    "TTB136": "Read the registry's answer in the message; retry or ask its operator.",
+    "TTB140": "Sign the bundle (`ttbundle sign DIR --key KEY`) with a key the policy "
+    "trusts, or change TT_BUNDLES_TRUST.",
+    "TTB141": "Re-sign after changing files, or sign with a key or certificate the "
+    "policy trusts; the message says which file or key failed.",
+    "TTB142": "Check the key and certificate files: PEM, readable, an EC private key.",
+    "TTB143": "Fix TT_BUNDLES_TRUST: a folder of *.pub/*.pem keys, one key file, or a "
+    "JSON policy file; registration stops until it reads.",
+    "TTB200": "Install or enable a bundle for the checkpoint's architecture (`ttbundle "
+    "list` shows what registers), or check the checkpoint's config.json architectures.",
+    "TTB201": "Drop --tensor-parallel-size/--pipeline-parallel-size: on Tenstorrent the "
+    "mesh (MESH_DEVICE) provides that parallelism.",
+    "TTB202": "Not supported yet: drop the option or feature the message names.",
+    "TTB203": "Informational: the plan changed the setting to what the bundle declares; "
+    "`ttbundle plan` shows every decision.",
+    "TTB204": "Use a sample_on_device_mode the bundle declares, or leave it unset for "
+    "host sampling.",
+    "TTB205": "Choose --max-num-seqs so that every lane gets the same number (with N "
+    "lanes the target's max_num_seqs must divide by N).",
+    "TTB206": "Drop prompt_logprobs from the request: it is not supported.",
+    "TTB207": "Serve the mixture-of-experts model without --data-parallel-size.",
+    "TTB208": "Check the model path or hub id, and that its config.json reads; offline, "
+    "the hub cache must hold it.",
+    "TTB209": "Read vLLM's reason in the message and change that option.",
+    "TTB210": "Choose another --port, or stop what listens there.",
+    "TTB212": "Use a --data-parallel-size the mesh splits into evenly (the message lists "
+    "the sizes), and leave TT_VISIBLE_DEVICES and --device-ids unset for the server.",
+    "TTB213": "Check TT-Metal on this host (`ttbundle doctor`); the message gives its "
+    "error or the timeout.",
+    "TTB214": "Give the KV cache more blocks (--num-gpu-blocks-override, "
+    "--kv-cache-memory-bytes), or serve fewer lanes or a shorter max_model_len.",
+    "TTB215": "Ask for at most what the bundle declares (--limit-mm-per-prompt may lower "
+    "a limit, not raise it).",
+}
+
+
+def docs_page(code: str) -> str:
+    """Where `code` is explained: a path in the source tree's docs, readable offline."""
+    return f"docs/reference/codes.md#{code.lower()}"

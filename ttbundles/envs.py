@@ -57,7 +57,8 @@ _VARIABLES: dict[str, Callable[[str | None], Any]] = {
     "TT_QWEN3_TEXT_VER": _text,
     "TT_QWEN35_TEXT_VER": _text,
     "TT_GEMMA4_TEXT_VER": _text,
-    # 1: a broken bundle or an ambiguous registration is fatal instead of skipped.
+    # 1: a broken bundle or an ambiguous registration is fatal instead of skipped (vllm
+    # serve refuses to start, and `ttbundle list` exits 1).
     "TT_BUNDLES_STRICT": _flag(False),
     # The mesh: a preset name in any case (N150, T3K, TG, P150x4, BH-Galaxy, ...), a grid
     # such as "(4,8)", or HOST for the host mesh; parsed by `format.meshes.parse_mesh`
@@ -67,10 +68,12 @@ _VARIABLES: dict[str, Callable[[str | None], Any]] = {
     # mesh opens; the platform's device control variable (per data-parallel rank).
     "TT_VISIBLE_DEVICES": _text,
     # Set by the platform, read by its child processes: the data-parallel device groups
-    # TT-Metal reported, so that processes planning again do not open the mesh again.
+    # TT-Metal reported, so that processes planning again do not open the mesh again
+    # (not for users).
     "TT_BUNDLES_DEVICE_GROUPS": _text,
-    # The worker writes its step and sampling-path counters (JSON) here after each step
-    # (one file per rank with multi-process data parallelism: stats.dp0.json, ...).
+    # The worker writes its step and sampling-path counters (JSON) here after each step,
+    # for tests and benchmarks (one file per rank with multi-process data parallelism:
+    # stats.dp0.json, ...).
     "TT_BUNDLES_STATS_FILE": _text,
     # Seconds since the epoch for archive entry times (reproducible builds).
     "SOURCE_DATE_EPOCH": _text,
@@ -79,10 +82,13 @@ _VARIABLES: dict[str, Callable[[str | None], Any]] = {
     # Set by `vllm serve`'s API server for its engine processes: the file an engine that
     # cannot start writes its one-line reason to (serving.faults; not for users).
     "TT_BUNDLES_ENGINE_REPORT": _text,
-    # Others' variables ttbundles reads. The user cache's base folder (XDG).
+    # XDG's (read, not ours): the user cache is $XDG_CACHE_HOME/ttbundles
+    # (the registry's index, the demo's checkpoints, test logs) (default ~/.cache).
     "XDG_CACHE_HOME": _text,
-    # vLLM's: DEBUG shows the engine's tracebacks; which plugins vLLM loads (doctor).
+    # vLLM's: DEBUG shows the engine's tracebacks (as TT_BUNDLES_DEBUG=1 does).
     "VLLM_LOGGING_LEVEL": _text,
+    # vLLM's: which plugins vLLM loads; when set it must name tt and tt_model_registry
+    # (read by `ttbundle doctor`, TTB108).
     "VLLM_PLUGINS": _text,
     # The trust policy (ttbundles.trust.policy): a folder of trusted public keys (*.pem,
     # *.pub), one key file, or a policy file (*.json). Unset: every bundle may be served
@@ -90,9 +96,11 @@ _VARIABLES: dict[str, Callable[[str | None], Any]] = {
     # signed by a trusted key or certificate chain.
     "TT_BUNDLES_TRUST": _text,
     # Registry credentials for `ttbundle push`/`pull` (every registry), before the docker
-    # config; DOCKER_CONFIG is the docker config folder (default ~/.docker).
+    # config.
     "TT_BUNDLES_REGISTRY_USERNAME": _text,
     "TT_BUNDLES_REGISTRY_PASSWORD": _text,
+    # The docker config folder push/pull read credentials from, as `docker login` writes
+    # them (default ~/.docker).
     "DOCKER_CONFIG": _text,
     # Seconds to wait for a registry to connect or answer (default 30).
     "TT_BUNDLES_REGISTRY_TIMEOUT": _text,
