@@ -20,7 +20,7 @@ rounds, and ours / transformers. As a check, the server's prompt ids must be the
 processor's (exit 1 otherwise). Reported beside: how many served rows have the greedy ids
 of transformers run one prompt at a time (`VisionGolden`, as the end-to-end tests check;
 outside the timing) and of the batched generate(), with the first token where each other
-row parts (not all rows agree under 8 concurrent image requests: see the README). generate() runs
+row parts (not all rows agree under 8 concurrent image requests: docs/performance). generate() runs
 on `--threads` torch threads (default 1: the server's engine shares the 2 cores).
 
     .venv/bin/python benchmarks/bench_vision_serve.py --rounds 3 --requests 16

@@ -4,7 +4,7 @@ no import cycles.
 Layers: every top-level module and package of `ttbundles` sits in one layer (`LAYERS`),
 and a module imports only its own package, the base, and packages of lower layers;
 function-level and type-checking imports count too. Packages that share a layer are
-peers and import neither each other. The README's "Layout" draws the same layers.
+peers and import neither each other. docs/contributors/layout.md draws the same layers.
 
 Only `serving/` and `reference/` may import vLLM or torch (and `demo/checkpoint`, which
 writes weights with torch when asked, inside the function that does). Every other package
@@ -184,7 +184,7 @@ def _layer_of(module: str) -> tuple[int, str]:
             return index, top
     raise AssertionError(
         f"ttbundles.{top} is in no layer: place it in LAYERS in tests/test_architecture.py "
-        "(and in the README's Layout)"
+        "(and in docs/contributors/layout.md)"
     )
 
 

@@ -6,7 +6,7 @@ process of its own, `tests/twins/serve_twin.py`) on the host mesh. A twin's outp
 equal transformers' greedy continuation, seeded sampling must not depend on the batch,
 and its record of calls shows what the worker sent: the keywords its signature accepts,
 the decode form it declares. A family that cannot be served yet is refused at load with
-a clear "not supported yet". The README's conformance table lists the same families.
+a clear "not supported yet". docs/authors/tt-metal-families.md lists the same families.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ that vLLM loads in every process:
 - `compute_registry()`: what vLLM would register, and why not the rest.
 
 Stages live in packages of their own, each importing only those below it (the
-README's "Layout" draws them; tests/test_architecture.py keeps it so): `format`,
+docs/contributors/layout.md draws them; tests/test_architecture.py keeps it so): `format`,
 `archive`, `check`, `registry`, `installer`, `serving` and `reference` (the only ones
 that import vLLM and torch), `conformance`, `demo`, and `cli` on top.
 """

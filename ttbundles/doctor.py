@@ -82,7 +82,7 @@ def diagnose(environ: Mapping[str, str] | None = None) -> Report:
                     "TTB108",
                     Severity.ERROR,
                     f"{name} is not installed in this Python: vllm serve cannot run",
-                    hint="install ttbundles' dependencies (see the README's Install section)",
+                    hint="install ttbundles' dependencies (see docs/get-started/setup.md)",
                 )
             )
     _ttnn_and_mesh(report, environ)

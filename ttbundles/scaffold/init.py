@@ -33,7 +33,7 @@ from ttbundles.suggest import did_you_mean
 _ADAPTER_HEADER = '''"""Generator for {arch}, served by vLLM on Tenstorrent hardware.
 
 The worker calls each method below with keyword arguments, passing those the signature
-accepts (the generator contract: ttbundles.format.contract, and the README). Replace each
+accepts (the generator contract: ttbundles.format.contract; the docs explain it). Replace each
 body with your TT-NN implementation.
 """
 

@@ -267,7 +267,7 @@ def _refuse_unsupported(vllm_config: VllmConfig, mesh: str | None) -> None:
             "its own mesh, and it places ranks by one device count per node, while a TT "
             "rank is a submesh",
             "use the default backend (mp): the head with --data-parallel-size-local, the "
-            "other hosts with vllm serve --headless (README: Several hosts)",
+            "other hosts with vllm serve --headless (docs/operators/several-hosts.md)",
         )
     if vllm_config.speculative_config is not None:
         raise _error(
@@ -735,7 +735,7 @@ def _plan_device_groups(vllm_config: VllmConfig, plan: Plan) -> None:
             f"--data-parallel-size={ranks} with one server per rank behind an external "
             "load balancer is not supported on Tenstorrent",
             "start the head with --data-parallel-size-local and the other hosts with "
-            "--headless --data-parallel-start-rank (see README: Several hosts)",
+            "--headless --data-parallel-start-rank (see docs/operators/several-hosts.md)",
         )
     if several_hosts and not 0 <= start <= start + local <= ranks:
         raise _error(

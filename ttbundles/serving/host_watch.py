@@ -128,7 +128,7 @@ def _stop_head(rank: int, host: str) -> None:
     line = (
         f"DP rank {rank} on host {host} is gone (its engine's connection to the head "
         "closed): vLLM cannot serve on without a rank, so this server stops; restart "
-        "the headless hosts, then this head (README: Several hosts)"
+        "the headless hosts, then this head (docs/operators/several-hosts.md)"
     )
     logger.error("ttbundles: %s", line)
     from ttbundles.serving import faults
