@@ -81,7 +81,10 @@ def command() -> Any:
     """The click command tree, with value names in its help (`names`)."""
     from .names import apply_value_names
 
-    return apply_value_names(typer.main.get_command(app))
+    root = apply_value_names(typer.main.get_command(app))
+    for name, sub in root.commands.items():  # each command's -h names its docs page
+        sub.epilog = sub.epilog or f"Docs: docs/reference/cli.md#ttbundle-{name}"
+    return root
 
 
 def main(argv: list[str] | None = None) -> None:

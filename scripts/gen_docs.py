@@ -224,7 +224,9 @@ def env_page() -> str:
         _banner("ttbundles/envs.py"),
         "# Environment variables\n",
         "Every variable ttbundles reads. `ttbundles/envs.py` is the one module that reads "
-        "any: this page is its table, its comments as the meanings. Flags read "
+        "any: this page is its table, its comments as the meanings. The variables the "
+        "reference Tenstorrent plugin reads keep its names and meanings; ttbundles' own are "
+        "named `TT_BUNDLES_*`. Flags read "
         "`0`/`false`/`no`/`off` as off and anything else as on. A selector's default is "
         "the variant whose bundle says `when.default_for` (see "
         "[Built-in bundles](bundles.md)).\n",
@@ -415,7 +417,8 @@ def bundles_page() -> str:
                 )
         if meta.get("x-required-env"):
             facts.append(
-                "- required from the user: " + ", ".join(f"`{v}`" for v in meta["x-required-env"])
+                "- required from the user (`x-required-env`): "
+                + ", ".join(f"`{v}`" for v in meta["x-required-env"])
             )
         if meta.get("targets"):
             for mesh, target in meta["targets"].items():

@@ -64,8 +64,9 @@ _VARIABLES: dict[str, Callable[[str | None], Any]] = {
     # such as "(4,8)", or HOST for the host mesh; parsed by `format.meshes.parse_mesh`
     # (TTB106 otherwise). It replaces vLLM's tensor/pipeline parallelism. Blank is unset.
     "MESH_DEVICE": _stripped,
-    # Which chips this process may open (comma-separated ids), read by TT-Metal when the
-    # mesh opens; the platform's device control variable (per data-parallel rank).
+    # Which chips this process may open (comma-separated ids; unset: every chip), read by
+    # TT-Metal when the mesh opens; the platform's device control variable (per
+    # data-parallel rank).
     "TT_VISIBLE_DEVICES": _text,
     # Set by the platform, read by its child processes: the data-parallel device groups
     # TT-Metal reported, so that processes planning again do not open the mesh again
