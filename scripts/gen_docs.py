@@ -266,6 +266,8 @@ _CODE_PAGES = [
     ("TTB100", "../operators/serving.md", "Serving with vLLM"),
     ("TTB110", "../authors/testing.md", "Testing a bundle"),
     ("TTB130", "../operators/distribution.md", "Distribution and trust"),
+    ("TTB144", "../operators/installing.md", "Installing bundles"),
+    ("TTB145", "../operators/distribution.md", "Distribution and trust"),
     ("TTB200", "../operators/serving.md", "Serving with vLLM"),
 ]
 

@@ -343,7 +343,10 @@ def test_concurrent_replacing_installs_leave_one_consistent_bundle(tmp_path: Pat
     models = tmp_path / "models"
     for _ in range(3):
         assert _race([first, second], models, replace=True) == ["ok", "ok"]
-        assert sorted(p.name for p in models.iterdir()) == [LOCK_FILE, INDEX_FILE, "demo"]
+        found = sorted(p.name for p in models.iterdir())
+        kept = [n for n in found if n.startswith(".prev-demo-")]  # the old version kept
+        assert len(kept) <= 1 and all(verify_dir(models / n).ok() for n in kept)
+        assert [n for n in found if n not in kept] == [LOCK_FILE, INDEX_FILE, "demo"]
         assert verify_dir(models / "demo").ok()
         assert installed_version(models / "demo") in {"1.0.0", "2.0.0"}
 

@@ -127,6 +127,25 @@ def _poll(path: str, started, stop, results) -> None:
     results.put((reads, missing, torn, sorted(versions)))
 
 
+@pytest.fixture
+def cpu_burner():
+    """A process spinning on a core beside the test, as on a loaded machine (the reader
+    missed the bundle in a full run on a busy 2-core machine, issue 34). It stops by
+    itself after 10 minutes if the test could not stop it."""
+    burner = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import time\nend = time.monotonic() + 600\nwhile time.monotonic() < end: pass",
+        ]
+    )
+    try:
+        yield burner
+    finally:
+        burner.kill()
+        burner.wait(30)
+
+
 def _replace_while_polling(models: Path, archives: list[Path], times: int) -> tuple:
     """Replace the bundle `times` times, alternating archives, while another process polls
     it: (how each replace swapped, whole reads, misses, torn reads, versions seen)."""
@@ -149,12 +168,20 @@ def _replace_while_polling(models: Path, archives: list[Path], times: int) -> tu
     return (swaps, *polled)
 
 
-@pytest.mark.parametrize("layout", ["exchange", "link"])
-def test_a_reader_never_misses_the_bundle_during_replaces(layout: str, tmp_path: Path, request):
-    if layout == "link":
+@pytest.fixture(params=["exchange", "link"])
+def layout(request) -> str:
+    """Both ways a replace is atomic: RENAME_EXCHANGE, and the link layout without it."""
+    if request.param == "link":
         request.getfixturevalue("no_exchange")
     elif not publish_module._renameat2():
         pytest.skip("no renameat2 here")
+    return request.param
+
+
+def test_a_reader_never_misses_the_bundle_during_replaces(layout: str, tmp_path: Path, cpu_burner):
+    """20 replaces while another process polls the bundle, with a core kept busy: every
+    look finds it, whole; the replaced versions are removed, one at a time, by the next
+    replace, and one stays (the last one replaced)."""
     archives = [make_archive(tmp_path, "1.0.0"), make_archive(tmp_path, "2.0.0")]
     models = tmp_path / "models"
     assert install(archives[0], models).layout == ("link" if layout == "link" else "folder")
@@ -164,7 +191,51 @@ def test_a_reader_never_misses_the_bundle_during_replaces(layout: str, tmp_path:
     assert versions == ["1.0.0", "2.0.0"]
     assert verify_dir(models / "demo").ok()
     assert installed(models)["version"] == "1.0.0"  # 20 replaces: back to the first
-    assert leftovers(models) == ([_version_folder(models)] if layout == "link" else [])
+    (kept,) = kept_versions(models)  # at most one old version
+    assert installed(models / kept)["version"] == "2.0.0" and verify_dir(models / kept).ok()
+    if layout == "link":
+        expected = [kept, _version_folder(models), os.readlink(models / kept)]
+    else:
+        expected = [kept]
+    assert sorted(leftovers(models)) == sorted(expected)
+
+
+def test_a_walk_inside_the_old_version_finds_it_whole_until_the_next_install(
+    layout: str, tmp_path: Path
+):
+    """What the reader above relies on, step by step: a walk that looked `demo` up (a
+    folder's handle, or the link's text) just before a replace still finds every file of
+    the old version after it; the next operation in the folder removes it."""
+    models = tmp_path / "models"
+    install(make_archive(tmp_path, "1.0.0"), models)
+    handle = os.open(models / "demo", os.O_RDONLY | os.O_DIRECTORY)
+    inside = os.readlink(models / "demo") if layout == "link" else None
+
+    def read_old() -> str:
+        """The rest of the walk: the metadata file inside what `demo` was."""
+        if inside is not None:  # the link's text, looked up in the folder
+            fd = os.open(models / inside / "vllm_metadata.json", os.O_RDONLY)
+        else:  # a look-up inside the folder `demo` named
+            fd = os.open("vllm_metadata.json", os.O_RDONLY, dir_fd=handle)
+        with os.fdopen(fd, "rb") as old:
+            return json.loads(old.read())["version"]
+
+    try:
+        result = install(make_archive(tmp_path, "2.0.0"), models, replace=True)
+        assert result.kept is not None and result.kept.name.startswith(".prev-demo-")
+        assert installed(models)["version"] == "2.0.0"
+        assert read_old() == "1.0.0"
+        assert verify_dir(result.kept).ok()
+        after = install(make_archive(tmp_path, name="other"), models)
+        assert after.removed_kept == (result.kept,) and not os.path.lexists(result.kept)
+        with pytest.raises(FileNotFoundError):
+            read_old()
+    finally:
+        os.close(handle)
+    assert kept_versions(models) == [] and not [n for n in leftovers(models) if "tmp" in n]
+    assert [n for n in leftovers(models) if "demo" in n] == (
+        [_version_folder(models)] if layout == "link" else []
+    )
 
 
 def test_the_reader_does_see_the_gap_of_two_renames(tmp_path: Path, no_exchange, monkeypatch):
@@ -192,7 +263,13 @@ def test_the_reader_does_see_the_gap_of_two_renames(tmp_path: Path, no_exchange,
 
 
 def installed(models: Path) -> dict:
-    return json.loads((models / "demo" / "vllm_metadata.json").read_text())
+    """The metadata of `models/demo`, or of `models` itself when it is a bundle."""
+    folder = models if (models / "vllm_metadata.json").exists() else models / "demo"
+    return json.loads((folder / "vllm_metadata.json").read_text())
+
+
+def kept_versions(models: Path) -> list[str]:
+    return [n for n in names(models) if n.startswith(".prev-")]
 
 
 def _version_folder(models: Path) -> str:
@@ -218,15 +295,23 @@ def test_without_exchange_bundles_use_the_link_layout(tmp_path: Path, no_exchang
     assert leftover_diagnostics([models]) == []  # the linked version folder is in use
 
 
-def test_link_layout_replace_removes_the_old_version(tmp_path: Path, no_exchange):
+def test_link_layout_replace_keeps_the_old_version_until_the_next_install(
+    tmp_path: Path, no_exchange
+):
     models = tmp_path / "models"
     install(make_archive(tmp_path, "1.0.0"), models)
     old = _version_folder(models)
     result = install(make_archive(tmp_path, "2.0.0"), models, replace=True)
     assert (result.swap, result.previous_version, result.version) == ("symlink", "1.0.0", "2.0.0")
     assert _version_folder(models) != old
-    assert names(models) == [LOCK_FILE, _version_folder(models), "demo"]
+    (kept,) = kept_versions(models)
+    assert result.kept == models / kept and os.readlink(models / kept) == old
+    assert names(models) == sorted([LOCK_FILE, kept, _version_folder(models), old, "demo"])
     assert installed(models)["version"] == "2.0.0"
+    assert installed(models / old)["version"] == "1.0.0"
+    install(make_archive(tmp_path, "1.0.0", name="other"), models)
+    other = os.readlink(models / "other")
+    assert names(models) == sorted([LOCK_FILE, _version_folder(models), other, "demo", "other"])
 
 
 def test_link_layout_uninstall_removes_the_link_and_its_version(tmp_path: Path, no_exchange):
@@ -249,9 +334,14 @@ def test_an_exchange_over_a_link_layout_bundle_removes_its_version(tmp_path: Pat
     monkeypatch.setattr(publish_module, "exchange", unsupported)
     install(make_archive(tmp_path, "1.0.0"), models)  # made where there was no exchange
     monkeypatch.setattr(publish_module, "exchange", real_exchange)
+    old = _version_folder(models)
     result = install(make_archive(tmp_path, "2.0.0"), models, replace=True)
     assert (result.swap, result.layout) == ("exchange", "folder")
-    assert names(models) == [LOCK_FILE, "demo"]
+    (kept,) = kept_versions(models)  # the old link, pointing at the old version still
+    assert os.readlink(models / kept) == old
+    assert names(models) == sorted([LOCK_FILE, kept, old, "demo"])
+    uninstall("demo", models)
+    assert names(models) == [LOCK_FILE]
 
 
 def test_a_folder_without_exchange_is_replaced_once_by_two_renames(tmp_path: Path, monkeypatch):
@@ -265,9 +355,16 @@ def test_a_folder_without_exchange_is_replaced_once_by_two_renames(tmp_path: Pat
     monkeypatch.setattr(publish_module, "exchange", unsupported)
     result = install(make_archive(tmp_path, "2.0.0"), models, replace=True)
     assert (result.swap, result.layout) == ("rename", "link")
-    assert names(models) == [LOCK_FILE, _version_folder(models), "demo"]
+    (kept,) = kept_versions(models)  # the old folder, moved there
+    assert installed(models / kept)["version"] == "1.0.0"
+    assert names(models) == sorted([LOCK_FILE, kept, _version_folder(models), "demo"])
+    second = _version_folder(models)
     again = install(make_archive(tmp_path, "3.0.0"), models, replace=True)
     assert again.swap == "symlink" and installed(models)["version"] == "3.0.0"
+    assert again.removed_kept == (models / kept,)
+    (kept,) = kept_versions(models)
+    assert os.readlink(models / kept) == second
+    assert names(models) == sorted([LOCK_FILE, kept, second, _version_folder(models), "demo"])
 
 
 def test_a_replaced_link_to_elsewhere_leaves_its_target(tmp_path: Path):
@@ -275,10 +372,32 @@ def test_a_replaced_link_to_elsewhere_leaves_its_target(tmp_path: Path):
     models = tmp_path / "models"
     models.mkdir()
     (models / "demo").symlink_to(elsewhere)
-    install(make_archive(tmp_path, "2.0.0"), models, replace=True)
+    result = install(make_archive(tmp_path, "2.0.0"), models, replace=True)
+    assert os.readlink(result.kept) == str(elsewhere)  # kept: the old link
+    install(make_archive(tmp_path, "1.0.0", name="other"), models)  # removes it, not its target
     assert verify_dir(elsewhere).ok() and installed(tmp_path / "elsewhere")["version"] == "1.0.0"
     assert installed(models)["version"] == "2.0.0"
     assert leftovers(models) == ([] if publish_module._renameat2() else [_version_folder(models)])
+
+
+def test_list_notes_a_kept_version_and_uninstall_removes_it(tmp_path: Path, run_cli):
+    models = tmp_path / "models"
+    install(make_archive(tmp_path, "1.0.0"), models)
+    kept = install(make_archive(tmp_path, "2.0.0"), models, replace=True).kept
+    listed = run_cli("list", "--models-dir", models)
+    assert listed.returncode == 0, listed.stderr
+    (line,) = [n for n in listed.stdout.splitlines() if "TTB144" in n]
+    assert line.startswith(f"{kept}: info TTB144 stale copy: the old version 1.0.0 of demo")
+    assert (
+        "fix: the next 'ttbundle install' or 'ttbundle uninstall' in this folder" in listed.stdout
+    )
+    as_json = json.loads(run_cli("list", "--models-dir", models, "--format", "json").stdout)
+    (note,) = [p for p in as_json["diagnostics"] if p["code"] == "TTB144"]
+    assert (note["file"], note["severity"]) == (str(kept), "info")
+    done = run_cli("uninstall", "demo", "--models-dir", models, "--format", "json")
+    assert json.loads(done.stdout)["removed_kept"] == [str(kept)]
+    assert names(models) == [LOCK_FILE]
+    assert "TTB144" not in run_cli("list", "--models-dir", models).stdout
 
 
 # --- the folder lock is a filelock ------------------------------------------------------
@@ -453,6 +572,24 @@ def test_an_uninstall_removes_leftovers_too(tmp_path: Path, run_cli):
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith(f"removed {models}/.tmp-demo-")
     assert names(models) == [LOCK_FILE]
+
+
+def test_an_install_that_changes_nothing_removes_leftovers_too(tmp_path: Path, run_cli):
+    """Installing what is installed already ("up to date") still sweeps (issue 34)."""
+    models = tmp_path / "models"
+    other = make_archive(tmp_path, name="other")
+    install(other, models)
+    process, _ = _paused_install(make_archive(tmp_path), models, tmp_path)
+    _killed(process)
+    (tmp,) = [n for n in leftovers(models) if n.startswith(".tmp-demo-")]
+    done = run_cli("install", other, "--models-dir", models)
+    assert (done.returncode, done.stderr) == (0, "")
+    lines = done.stdout.splitlines()
+    assert lines[0] == f"removed {models / tmp}: leftover of an interrupted install or uninstall"
+    assert lines[1].startswith("up to date: other 1.0.0 ") and len(lines) == 2
+    assert names(models) == [LOCK_FILE, "other"]
+    again = install(other, models)  # nothing left to sweep
+    assert (again.action, again.removed_leftovers) == ("up to date", ())
 
 
 def test_a_live_install_is_never_cleaned_up(tmp_path: Path, run_cli):

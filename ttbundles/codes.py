@@ -105,6 +105,10 @@ CODES: dict[str, str] = {
     "TTB141": "signature invalid: files changed, wrong key or not a model-signing bundle",
     "TTB142": "signing failed (key or certificate unreadable)",
     "TTB143": "trust policy (TT_BUNDLES_TRUST) unreadable or invalid",
+    # Installing (continued)
+    "TTB144": (
+        "old version kept after a replace for readers inside it (the next install removes it)"
+    ),
     # Configuration (plan and the platform)
     "TTB200": "no registered TT architecture serves this checkpoint",
     "TTB201": "parallelism is provided by the mesh, not by vLLM options",
@@ -284,6 +288,9 @@ WHAT_TO_DO: dict[str, str] = {
     "TTB142": "Check the key and certificate files: PEM, readable, an EC private key.",
     "TTB143": "Fix TT_BUNDLES_TRUST: a folder of *.pub/*.pem keys, one key file, or a "
     "JSON policy file; registration stops until it reads.",
+    "TTB144": "Informational: a replace keeps the version it replaced for readers that were "
+    "inside it at the swap; the next `ttbundle install` or `uninstall` in that folder "
+    "removes it (no sooner than 0.5 s after the replace). vLLM ignores it meanwhile.",
     "TTB200": "Install or enable a bundle for the checkpoint's architecture (`ttbundle "
     "list` shows what registers), or check the checkpoint's config.json architectures.",
     "TTB201": "Drop --tensor-parallel-size/--pipeline-parallel-size: on Tenstorrent the "

@@ -11,6 +11,12 @@ two-rename replace cut in the middle: it is put back (when complete), not delete
 Names starting with '.' are never bundles (the registry skips them), so leftovers are
 harmless until then, and `ttbundle list` reports them (TTB094).
 
+A replace keeps the version it replaced as `.prev-<name>-<token>` (the old folder, or a
+link to the old `.ver-` folder of the link layout): a reader whose path walk went into the
+old version just before the swap must still find its files there. The next install or
+uninstall in the folder removes it once it has been replaced for `RETIRED_GRACE` seconds
+(waiting for the rest of that time if it must), so a bundle has at most one old version
+when no operation is running; `ttbundle list` notes each one kept (TTB144).
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
@@ -32,8 +39,13 @@ LOCK_FILE = ".ttbundle.lock"
 TEMP_PREFIX = ".tmp-"
 OLD_PREFIX = ".old-"
 VERSION_PREFIX = ".ver-"
+PREV_PREFIX = ".prev-"
+# How long a replaced version stays whole at least: far longer than any path walk that
+# went into it before the swap can take, even on a loaded machine (issue 34).
+RETIRED_GRACE = 0.5
 # `.tmp-`, `.old-`, `.ver-` + name + token; the token names the operation's lock.
 _ENTRY = re.compile(r"^\.(?P<kind>tmp|old|ver)-(?P<name>.+)-(?P<token>[0-9a-f]{8,32})$")
+_PREV = re.compile(r"^\.prev-(?P<name>.+)-(?P<token>[0-9a-f]{8,32})$")
 _OP_LOCK = re.compile(r"^\.ttbundle-(?P<token>[0-9a-f]{8,32})\.lock$")
 
 
@@ -149,12 +161,13 @@ def _entries(models_dir: Path) -> dict[str, list[tuple[str, str, Path]]]:
     found: dict[str, list[tuple[str, str, Path]]] = {}
     with os.scandir(models_dir) as it:
         names = [e.name for e in it if e.name.startswith(".")]
+    kept = {_link_target(models_dir / n) for n in names if _PREV.fullmatch(n)}
     for entry in names:
         match = _ENTRY.fullmatch(entry)
         if match is not None:
             kind, name, token = match["kind"], match["name"], match["token"]
-            if kind == "ver" and _link_target(models_dir / name) == entry:
-                continue  # the installed version of a link-layout bundle
+            if kind == "ver" and (entry in kept or _link_target(models_dir / name) == entry):
+                continue  # the installed or the kept old version of a link-layout bundle
             found.setdefault(token, []).append((kind, name, models_dir / entry))
         elif (lock := _OP_LOCK.fullmatch(entry)) is not None:
             found.setdefault(lock["token"], [])
@@ -240,6 +253,110 @@ def _sweep(models_dir: Path) -> _Sweep:
     return sweep
 
 
+def _kept_versions(models_dir: Path) -> list[Path]:
+    """The `.prev-` entries: versions replaced and kept for readers still inside them."""
+    with os.scandir(models_dir) as it:
+        return sorted(models_dir / e.name for e in it if _PREV.fullmatch(e.name))
+
+
+def _stamp(path: Path) -> None:
+    """Record when `path` became a kept old version: its own time (a link's, not its
+    target's), from this machine's clock (a network file system's server may differ)."""
+    now = time.time_ns()
+    with suppress(OSError, NotImplementedError):
+        os.utime(path, ns=(now, now), follow_symlinks=False)
+
+
+@dataclass
+class _Retired(_Sweep):
+    """Kept old versions claimed for removal, and when the newest of them was replaced."""
+
+    newest: float = 0.0
+    # The `.prev-` name each claimed entry had; links to nothing of ours, removed at once.
+    origins: dict[Path, Path] = field(default_factory=dict)
+    unlinked: list[Path] = field(default_factory=list)
+
+    def finish(self) -> list[Path]:
+        """Wait until every claimed version was replaced `RETIRED_GRACE` ago, then remove
+        them; the `.prev-` entries gone. A clock set back waits `RETIRED_GRACE` at most."""
+        if self.claims:
+            wait = min(RETIRED_GRACE, self.newest + RETIRED_GRACE - time.time())
+            if wait > 0:
+                time.sleep(wait)
+        gone = self.unlinked + [self.origins.get(p, p) for p in super().finish()]
+        self.unlinked = []
+        return sorted(gone)
+
+
+def _claim_kept(models_dir: Path, keep: Path | None) -> _Retired:
+    """Claim every kept old version but `keep` (call under the folder lock).
+
+    Its name goes at once (nobody walks a `.prev-` name); its files stay until `finish`.
+    A folder becomes a `.tmp-` entry under the adopted lock of the operation that kept it;
+    a link is removed, and the `.ver-` folder it points to claimed under the lock of the
+    operation that made that folder, unless `<name>` links to it again. A version whose
+    lock is held (an operation we cannot tell about) is left alone.
+    """
+    retired = _Retired()
+    for path in _kept_versions(models_dir):
+        if path == keep:
+            continue
+        match = _PREV.fullmatch(path.name)
+        assert match is not None
+        name = match["name"]
+        try:
+            replaced_at = os.lstat(path).st_mtime
+        except OSError:
+            continue
+        if path.is_symlink():
+            pointed = _link_target(path)
+            version = _ENTRY.fullmatch(pointed or "")
+            managed = version is not None and version["kind"] == "ver" and version["name"] == name
+            if managed and _link_target(models_dir / name) == pointed:
+                managed = False  # in use again: only the link goes
+            hold = _Hold.adopt(models_dir, version["token"]) if managed and version else None
+            if managed and hold is None:
+                continue
+            try:
+                path.unlink()
+            except OSError:
+                if hold is not None:
+                    hold.close()
+                continue
+            if hold is None:
+                retired.unlinked.append(path)
+                continue
+            retired.claims.append((hold, [models_dir / str(pointed)]))
+            retired.origins[models_dir / str(pointed)] = path
+        else:
+            hold = _Hold.adopt(models_dir, match["token"])
+            if hold is None:
+                continue
+            claimed = hold.path(TEMP_PREFIX, name)
+            try:
+                os.rename(path, claimed)
+            except OSError:
+                hold.close()
+                continue
+            retired.claims.append((hold, [claimed]))
+            retired.origins[claimed] = path
+        retired.newest = max(retired.newest, replaced_at)
+    return retired
+
+
+def drop_kept(models_dir: Path, keep: Path | None = None) -> list[Path]:
+    """Remove every kept old version in the folder but `keep` (the one this operation
+    just kept), once it was replaced `RETIRED_GRACE` ago; the entries removed. Best
+    effort, as the sweep: a folder that cannot be locked keeps them."""
+    retired = _Retired()
+    try:
+        with _locked(models_dir):
+            retired = _claim_kept(models_dir, keep)
+    except OSError:
+        pass
+    return retired.finish()
+
+
 def leftover_diagnostics(models_dirs: Iterable[Path]) -> list[Diagnostic]:
     """A warning (TTB094) for each leftover of a dead install or uninstall in the folders.
 
@@ -263,6 +380,11 @@ def leftover_diagnostics(models_dirs: Iterable[Path]) -> list[Diagnostic]:
                     continue  # finished meanwhile
                 found.append(_leftover_diagnostic(kind, name, path, models_dir, why))
         try:
+            kept = _kept_versions(models_dir)
+        except OSError:
+            kept = []
+        found.extend(d for d in map(_kept_diagnostic, kept) if d is not None)
+        try:
             temps = _index_temps(models_dir)
         except OSError:
             temps = []
@@ -280,6 +402,39 @@ def leftover_diagnostics(models_dirs: Iterable[Path]) -> list[Diagnostic]:
                 for path in temps
             )
     return sorted(found, key=lambda d: d.file or "")
+
+
+def _kept_diagnostic(path: Path) -> Diagnostic | None:
+    """TTB144 (info) for a kept old version; None when it went meanwhile."""
+    import json
+
+    match = _PREV.fullmatch(path.name)
+    if match is None or not os.path.lexists(path):
+        return None
+    try:
+        metadata = json.loads((path / METADATA_FILE).read_text(encoding="utf-8"))
+        version = f" {metadata['version']}"
+    except (OSError, ValueError, TypeError, KeyError):
+        version = ""
+    size = _size(path)
+    return Diagnostic(
+        "TTB144",
+        Severity.INFO,
+        f"stale copy: the old version{version} of {match['name']} a replace took out "
+        f"({size / (1 << 20):.1f} MiB), kept for readers that were inside it; ignored by vLLM",
+        file=str(path),
+        hint="the next 'ttbundle install' or 'ttbundle uninstall' in this folder removes it",
+    )
+
+
+def _size(path: Path) -> int:
+    """The bytes of the files under `path` (following `path` itself when a link)."""
+    total = 0
+    for folder, _, files in os.walk(path):
+        for file in files:
+            with suppress(OSError):
+                total += os.lstat(os.path.join(folder, file)).st_size
+    return total
 
 
 def _leftover_diagnostic(

@@ -21,7 +21,7 @@ from ttbundles.archive.reader import extract_into, extraction_failed, verified_m
 from ttbundles.errors import InstallError, TTBundleError, missing_path
 from ttbundles.format.metadata import METADATA_FILE, NAME_PATTERN
 from ttbundles.installer.admission import admit
-from ttbundles.installer.leftovers import TEMP_PREFIX, _Hold, _locked, _Sweep, _sweep
+from ttbundles.installer.leftovers import TEMP_PREFIX, _Hold, _locked, _Sweep, _sweep, drop_kept
 from ttbundles.installer.publish import (
     _already_installed,
     _clean_up,
@@ -55,6 +55,9 @@ class InstallResult:
     `swap` is how a replace published: "exchange" (renameat2), "symlink" (the link
     layout), or "rename" (two renames: readers could miss the bundle for a moment).
     `layout` is "folder" (`<name>` is the bundle) or "link" (a link to `.ver-...`).
+    `kept` is where a replace kept the old version for readers still inside it (the next
+    install or uninstall in the folder removes it); `removed_kept` the old versions of
+    earlier replaces this operation removed.
     """
 
     action: str  # "installed", "replaced" or "uninstalled"
@@ -69,6 +72,8 @@ class InstallResult:
     restored: tuple[Path, ...] = ()
     digest: str | None = None
     previous_digest: str | None = None
+    kept: Path | None = None
+    removed_kept: tuple[Path, ...] = ()
 
     @property
     def change(self) -> str | None:
@@ -92,6 +97,8 @@ class InstallResult:
             "layout": self.layout,
             "removed_leftovers": [str(p) for p in self.removed_leftovers],
             "restored": [str(p) for p in self.restored],
+            "kept": str(self.kept) if self.kept is not None else None,
+            "removed_kept": [str(p) for p in self.removed_kept],
         }
 
 
@@ -150,7 +157,10 @@ def install(
     `models_dir` None means `$EXTRA_MODELS_DIR` (see `resolve_models_dir`); it is created
     when missing. The installed folder keeps `MANIFEST.json`, so `ttbundle verify` works
     on it and packing it again gives the same archive, byte for byte. Leftovers of dead
-    installs in the folder are removed first (`removed_leftovers`).
+    installs in the folder are removed first (`removed_leftovers`), also by an install
+    that changes nothing; a replace keeps the old version for readers still inside it
+    (`kept`), and every install removes the versions earlier replaces kept
+    (`removed_kept`), waiting until they were replaced `leftovers.RETIRED_GRACE` ago.
 
     Idempotent: the same root digest already installed (and intact) is "up to date" and
     changes nothing, so a deployment script can run it every time. Another version or
@@ -170,6 +180,7 @@ def install(
     installed = _installed_manifest(target)
     same = installed is not None and installed.root_digest == manifest.root_digest
     if same and verify_dir(target).ok():
+        removed, restored = _sweep_only(models_dir)
         return InstallResult(
             action="up to date",
             name=name,
@@ -179,6 +190,9 @@ def install(
             digest=manifest.root_digest,
             previous_version=manifest.version,
             previous_digest=manifest.root_digest,
+            removed_leftovers=removed,
+            restored=restored,
+            removed_kept=tuple(drop_kept(models_dir)),
         )
     if not replace and os.path.lexists(target):
         raise _installed_differs(target, installed, manifest)  # early: spare the extraction
@@ -199,16 +213,15 @@ def install(
             _static_checks(tmp, archive)
         admit(tmp, archive, name, manifest.root_digest, provenance)
         with _locked(models_dir):
-            swap, previous, old_version = _publish(hold, tmp, target, name, replace)
+            swap, previous, kept = _publish(hold, tmp, target, name, replace)
     except OSError as exc:
         raise extraction_failed(exc, models_dir) from None
     finally:
         sweep.finish()
         if hold is not None:
-            _clean_up(hold, name, target)  # after a replace: the old bundle
-    if old_version is not None:
-        old_version.finish()
+            _clean_up(hold, name, target)  # after a replace: the old bundle, if not kept
     refresh_index(models_dir)
+    removed_kept = drop_kept(models_dir, keep=kept)  # the old versions of earlier replaces
     return InstallResult(
         action="replaced" if swap else "installed",
         name=name,
@@ -222,6 +235,8 @@ def install(
         restored=tuple(sweep.restored),
         digest=manifest.root_digest,
         previous_digest=installed.root_digest if installed is not None and swap else None,
+        kept=kept,
+        removed_kept=tuple(removed_kept),
     )
 
 
@@ -353,7 +368,8 @@ def uninstall(name: str, models_dir: Path | None) -> InstallResult:
 
     The bundle is renamed out of sight first, so the registry never sees a half-deleted
     one; a link is removed, never what it points to, except the version folder of the
-    link layout. Leftovers of dead installs in the folder are removed too.
+    link layout. Leftovers of dead installs in the folder are removed too, and so are
+    the old versions replaces kept (`removed_kept`).
     """
     models_dir = resolve_models_dir(models_dir)
     target, version = find_installed(name, models_dir)  # cheap checks before the lock
@@ -377,6 +393,7 @@ def uninstall(name: str, models_dir: Path | None) -> InstallResult:
         if hold is not None:
             _clean_up(hold, name, target)  # the bundle, now under the operation's name
     refresh_index(models_dir)
+    removed_kept = drop_kept(models_dir)
     return InstallResult(
         action="uninstalled",
         name=name,
@@ -385,7 +402,19 @@ def uninstall(name: str, models_dir: Path | None) -> InstallResult:
         models_dir=models_dir,
         removed_leftovers=tuple(removed),
         restored=tuple(sweep.restored),
+        removed_kept=tuple(removed_kept),
     )
+
+
+def _sweep_only(models_dir: Path) -> tuple[tuple[Path, ...], tuple[Path, ...]]:
+    """The sweep of an install that changes nothing: (leftovers removed, bundles put back).
+    Best effort: a folder that cannot be locked (read-only, say) is left as it is."""
+    try:
+        with _locked(models_dir):
+            sweep = _sweep(models_dir)
+    except OSError:
+        return (), ()
+    return tuple(sweep.finish()), tuple(sweep.restored)
 
 
 def refresh_index(models_dir: Path) -> bool:

@@ -3,14 +3,20 @@
 The bundle is extracted into `.tmp-<name>-<token>` inside the models folder
 (same file system, so a rename publishes it). A first install renames it to `<name>`.
 `--replace` swaps the two names in one step with Linux `renameat2(RENAME_EXCHANGE)`, so
-a reader opening `<name>/...` finds the old bundle or the new one, never nothing; the old
-one, now under the temporary name, is then removed. Where the kernel or the file system
-cannot exchange names (not Linux, NFS, some FUSE and older ZFS), bundles use the *link
-layout*: `<name>` is a symbolic link to a version folder `.ver-<name>-<token>`, and a
-replace switches it with one `os.replace` of a new link, which is just as atomic. A
-plain folder met on such a file system (installed elsewhere, or by an older release) is
-replaced with two renames once, with a moment where `<name>` is missing, and is in the
-link layout from then on; the result says so (`swap == "rename"`).
+a reader opening `<name>/...` finds the old bundle or the new one, never nothing. Where
+the kernel or the file system cannot exchange names (not Linux, NFS, some FUSE and older
+ZFS), bundles use the *link layout*: `<name>` is a symbolic link to a version folder
+`.ver-<name>-<token>`, and a replace switches it with one `os.replace` of a new link,
+which is just as atomic. A plain folder met on such a file system (installed elsewhere,
+or by an older release) is replaced with two renames once, with a moment where `<name>`
+is missing, and is in the link layout from then on; the result says so
+(`swap == "rename"`).
+
+A path walk that went into the old version just before the swap (it looked up `<name>`,
+or read the old link, and is about to look up a file inside) must still find it whole,
+so the old version is not removed by the replace: it is kept as `.prev-<name>-<token>`
+(the old folder moved there, or a link to the old version folder, whose name must stay),
+and the next install or uninstall in the folder removes it (`leftovers.drop_kept`).
 """
 
 from __future__ import annotations
@@ -29,12 +35,14 @@ from ttbundles.format.metadata import METADATA_FILE
 from ttbundles.installer.leftovers import (
     _ENTRY,
     OLD_PREFIX,
+    PREV_PREFIX,
     TEMP_PREFIX,
     VERSION_PREFIX,
     _Hold,
     _link_target,
     _managed_version,
     _remove,
+    _stamp,
     _Sweep,
 )
 
@@ -128,11 +136,11 @@ def _as_link(hold: _Hold, tmp: Path, name: str) -> bool:
 
 def _publish(
     hold: _Hold, tmp: Path, target: Path, name: str, replace: bool
-) -> tuple[str | None, str | None, _Sweep | None]:
+) -> tuple[str | None, str | None, Path | None]:
     """Give the extracted bundle its name (under the folder lock).
 
-    (how a replace swapped or None, the replaced version, the claimed old version folder
-    of a link-layout bundle). Nothing after the step that publishes can raise.
+    (how a replace swapped or None, the replaced version, where the replaced version is
+    kept or None). Nothing after the step that publishes can raise.
     """
     if not os.path.lexists(target):
         probes = (hold.path(TEMP_PREFIX, f"{name}.probe-{n}") for n in "ab")  # swept if killed
@@ -143,31 +151,46 @@ def _publish(
     if not replace:
         raise _already_installed(target)
     previous = _installed_version(target)
-    old_version = _claim_old_version(hold.models_dir, target, name)
     try:
-        try:
-            exchange(tmp, target)  # `tmp` now holds the old bundle
-            return "exchange", previous, old_version
-        except ExchangeUnsupported:
-            pass
-        if _as_link(hold, tmp, name) and target.is_symlink():
-            os.replace(tmp, target)
-            return "symlink", previous, old_version
-        # A folder in place and no exchange: two renames, with a moment where the name is
-        # missing. The link layout makes the next replace atomic.
-        old = hold.path(OLD_PREFIX, name)
-        os.rename(target, old)
-        try:
-            os.rename(tmp, target)
-        except BaseException:
-            os.rename(old, target)
-            raise
-        return "rename", previous, old_version
+        exchange(tmp, target)  # `tmp` now holds the old bundle (a folder or a link)
+        return "exchange", previous, _keep(hold, name, moved=tmp)
+    except ExchangeUnsupported:
+        pass
+    if _as_link(hold, tmp, name) and target.is_symlink():
+        replaced = _link_target(target)
+        os.replace(tmp, target)
+        return "symlink", previous, _keep(hold, name, link_to=replaced)
+    # A folder in place and no exchange: two renames, with a moment where the name is
+    # missing. The link layout makes the next replace atomic.
+    old = hold.path(OLD_PREFIX, name)
+    os.rename(target, old)
+    try:
+        os.rename(tmp, target)
     except BaseException:
-        if old_version is not None:
-            for claimed, _ in old_version.claims:
-                claimed.close()  # still in use: release the claim, remove nothing
+        os.rename(old, target)
         raise
+    return "rename", previous, _keep(hold, name, moved=old)
+
+
+def _keep(
+    hold: _Hold, name: str, *, moved: Path | None = None, link_to: str | None = None
+) -> Path | None:
+    """Keep the replaced version as `.prev-<name>-<token>`: the entry `moved` (the old
+    folder or link, now under an operation name) renamed there, or a new link to
+    `link_to` (a replaced link's target). Never raises: where it cannot, the old version
+    is left to `_clean_up` (or to the next sweep), as before there were kept versions."""
+    kept = hold.path(PREV_PREFIX, name)
+    try:
+        if moved is not None:
+            os.rename(moved, kept)
+        elif link_to is not None:
+            os.symlink(link_to, kept)
+        else:
+            return None
+    except OSError:
+        return None
+    _stamp(kept)
+    return kept
 
 
 def _claim_old_version(models_dir: Path, target: Path, name: str) -> _Sweep | None:
@@ -207,9 +230,10 @@ def _move_aside(hold: _Hold, target: Path, name: str) -> _Sweep | None:
 def _clean_up(hold: _Hold, name: str, target: Path) -> None:
     """Remove the operation's entries, success or failure, then release its lock.
 
-    After a replace they hold the old bundle. A version folder `target` links to is the
-    installed bundle and stays; a `.old-` folder stays when `target` is missing (a failed
-    two-rename replace could not put it back): the next sweep restores it.
+    After a replace whose old version could not be kept they hold it. A version folder
+    `target` links to is the installed bundle and stays; a `.old-` folder stays when
+    `target` is missing (a failed two-rename replace could not put it back): the next
+    sweep restores it.
     """
     try:
         _remove(hold.path(TEMP_PREFIX, name))
