@@ -489,6 +489,21 @@ def _fields_table(node: dict[str, Any]) -> list[str]:
     return lines + [""]
 
 
+def _versions_section() -> list[str]:
+    from ttbundles.format.metadata import SCHEMA_VERSION, SUPPORTED_SCHEMA_VERSIONS
+
+    lines = [
+        "## Schema versions {#schema-versions}\n",
+        f"The versions this release reads; `ttbundle init` and `migrate` write version "
+        f"{SCHEMA_VERSION}, the lowest that expresses a text bundle. A document needs a "
+        "higher version only for what that version added (TTB020 names it otherwise).\n",
+        "| version | what it has |",
+        "|---|---|",
+    ]
+    lines += [f"| {v} | {cell(text)} |" for v, text in SUPPORTED_SCHEMA_VERSIONS.items()]
+    return [*lines, ""]
+
+
 def metadata_page() -> str:
     schema = json.loads((ROOT / "schemas" / "vllm_metadata.schema.json").read_text("utf-8"))
     lines = [
@@ -500,6 +515,7 @@ def metadata_page() -> str:
         f"The JSON Schema is `schemas/vllm_metadata.schema.json` (`$id` `{schema['$id']}`, "
         "JSON Schema 2020-12; `ttbundle schema` prints it). A guided tour with an example "
         "is [The bundle format](../authors/format.md).\n",
+        *_versions_section(),
         "## BundleMetadata {#bundlemetadata}\n",
         "The document itself.\n",
     ]
