@@ -111,7 +111,14 @@ def pull(
 
     target = resolve_models_dir(models_dir)
     target.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=".ttbundle-pull-", dir=target) as tmp:
+    from ttbundles.errors import shown_as
+
+    # The pulled archive is ours, in a work folder removed on the way out: errors name
+    # the registry reference the user typed.
+    with (
+        tempfile.TemporaryDirectory(prefix=".ttbundle-pull-", dir=target) as tmp,
+        shown_as(tmp, ref),
+    ):
         with _progress("pulling", not out.is_json) as progress:
             result, archive = pull_bundle(
                 ref, Path(tmp), plain_http=plain_http, progress=progress, keep=False

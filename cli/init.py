@@ -32,17 +32,41 @@ def init(
             help="Keep an adapter.py already in the folder and name its class in the metadata.",
         ),
     ] = False,
+    reference: Annotated[
+        bool,
+        typer.Option(
+            "--reference",
+            help="Start from the torch reference generator (Llama, Mistral, Qwen2, Qwen3): "
+            "the bundle serves on a CPU (MESH_DEVICE=HOST) at once, and you replace its "
+            "methods with TT-NN code one by one. Without it: the TT-NN template, whose "
+            "methods raise until written.",
+        ),
+    ] = False,
     fmt: FormatOption = Format.human,
 ) -> None:
     """Create a bundle that validates: vllm_metadata.json plus an adapter template.
 
+    Example: ttbundle init my-llama --arch LlamaForCausalLM --reference
+
     Example: ttbundle init my-llama --from-hf meta-llama/Llama-3.1-8B-Instruct
     """
-    from ttbundles.scaffold.init import init_bundle
-
     if arch is None and from_hf is None:
         raise typer.BadParameter("give --arch, --from-hf, or both", param_hint="--arch")
-    created = init_bundle(folder, arch=arch, from_hf=from_hf, name=name, keep_adapter=keep_adapter)
+    if reference and keep_adapter:
+        raise typer.BadParameter(
+            "--reference writes a new adapter; --keep-adapter keeps the one there: pick one",
+            param_hint="--reference",
+        )
+    from ttbundles.scaffold.init import init_bundle
+
+    created = init_bundle(
+        folder,
+        arch=arch,
+        from_hf=from_hf,
+        name=name,
+        keep_adapter=keep_adapter,
+        reference=reference,
+    )
     out = Output(fmt)
     if out.is_json:
         out.result(True, folder=str(created.folder), notes=list(created.notes))

@@ -605,3 +605,97 @@ def test_init_keep_adapter_reads_the_class_capabilities(run_cli, tmp_path):
     assert caps["prefix_caching"] is True and caps["async_decode"] is False
     done = no_traceback(run_cli("validate", "--strict", folder))
     assert done.returncode == 0, done.stdout
+
+
+def test_init_reference_validates_strictly_and_packs(run_cli, tmp_path):
+    """`init --reference` writes a bundle on the torch reference generator: it validates
+    strictly (every capability the reference has, in agreement with the class) and
+    packs; its adapter says where TT-NN code replaces it."""
+    done = no_traceback(
+        run_cli("init", "my-llama", "--arch", "LlamaForCausalLM", "--reference", cwd=tmp_path)
+    )
+    assert done.returncode == 0, done.stderr
+    bundle = tmp_path / "my-llama"
+    source = (bundle / "adapter.py").read_text()
+    assert "from ttbundles.reference.generator import ReferenceLlamaGenerator" in source
+    assert source.count('"""TT-NN: ') == 8 and "NotImplementedError" not in source
+    meta = json.loads((bundle / META).read_text())
+    assert meta["capabilities"]["sample_on_device"] == ["decode_only", "all"]
+    assert list(meta["targets"]) == ["HOST"]
+    done = no_traceback(run_cli("validate", "--strict", "-v", bundle))
+    assert done.returncode == 0 and "(0 errors, 0 warnings;" in done.stdout, done.stdout
+    packed = no_traceback(run_cli("pack", bundle, "-o", tmp_path / "dist"))
+    assert packed.returncode == 0, packed.stderr
+
+
+def test_init_reference_names_the_families_it_covers(run_cli, tmp_path):
+    done = no_traceback(
+        run_cli("init", tmp_path / "g", "--arch", "GemmaForCausalLM", "--reference")
+    )
+    assert done.returncode == 1 and not (tmp_path / "g").exists()
+    assert "error TTB033 the torch reference generator does not cover GemmaForCausalLM" in (
+        done.stderr
+    )
+    assert "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM" in done.stderr
+    done = no_traceback(
+        run_cli(
+            "init", tmp_path / "k", "--arch", "LlamaForCausalLM", "--reference", "--keep-adapter"
+        )
+    )
+    assert done.returncode == 2 and "pick one" in done.stderr
+
+
+def test_the_reference_families_are_the_reference_generators():
+    """scaffold.reference lists them without importing torch; they must stay the same."""
+    from ttbundles.reference.config import SUPPORTED_ARCHITECTURES
+    from ttbundles.scaffold.reference import REFERENCE_BASES
+
+    assert tuple(REFERENCE_BASES) == SUPPORTED_ARCHITECTURES
+
+
+def test_errors_name_the_users_paths_not_our_work_folders(tmp_path):
+    """A diagnostic raised inside one of our work folders names what the user gave: a
+    file inside an archive as ARCHIVE!/path, the folder itself (a command's argument) as
+    the archive, a registry reference as typed."""
+    from ttbundles.errors import Diagnostic, Severity, relocated
+
+    work = tmp_path / "ttbundle-test-1-abc" / "models" / "mine"
+    found = Diagnostic(
+        "TTB060",
+        Severity.ERROR,
+        f"importing {work}/adapter.py failed",
+        file=f"{work}/adapter.py",
+        hint=f"reproduce with: ttbundle validate --import {work}",
+    )
+    [archive] = relocated([found], work, "dist/mine-1.0.0.ttbundle!")
+    assert archive.file == "dist/mine-1.0.0.ttbundle!/adapter.py"
+    assert archive.hint == "reproduce with: ttbundle validate --import dist/mine-1.0.0.ttbundle"
+    [folder] = relocated([found], work, "mine")
+    assert (folder.file, folder.message) == ("mine/adapter.py", "importing mine/adapter.py failed")
+
+
+IMPORT_FAILS = "raise ImportError('ttnn is not installed here')\n"
+
+
+@pytest.mark.server
+def test_test_names_the_bundle_as_typed_when_serving_fails(make_bundle, run_cli, tmp_path):
+    """`ttbundle test` of a bundle whose adapter cannot be imported: the hint to reproduce
+    names the bundle folder the user typed, not the run's temporary copy."""
+    bundle = make_bundle("importfail", adapter=IMPORT_FAILS + make_bundle.adapter)
+    ckpt = tmp_path / "ckpt"
+    assert run_cli("demo", "--write-checkpoint", ckpt, timeout=300).returncode == 0
+    done = no_traceback(
+        run_cli(
+            "test",
+            "importfail",
+            "--model",
+            ckpt,
+            "--path",
+            "prefill",
+            cwd=bundle.parent,
+            timeout=600,
+        )
+    )
+    assert done.returncode == 1, done.stdout
+    assert "ttbundle-test-" not in done.stderr + done.stdout
+    assert "ttbundle validate --import importfail" in done.stderr, done.stderr

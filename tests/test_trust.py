@@ -128,6 +128,8 @@ def test_tampered_signature_fails(run_cli, tmp_path, keys, trust_alice):
     archive = pack(folder, tmp_path / "dist")
     done = run_cli("verify", archive, "--key", keys["alice"].public)
     assert done.returncode == 1 and "TTB141" in done.stdout + done.stderr
+    # Named as the user gave it, never our work folder (removed by then).
+    assert "ttbundle-verify-" not in done.stdout + done.stderr
     models = tmp_path / "models"
     done = run_cli(
         "install", archive, "--models-dir", models, env={"TT_BUNDLES_TRUST": str(trust_alice)}

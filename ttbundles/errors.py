@@ -7,8 +7,10 @@ Exceptions carry diagnostics; the CLI decides how to render them (never a traceb
 
 from __future__ import annotations
 
+import contextlib
 import enum
-from collections.abc import Iterable
+import os
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -174,3 +176,46 @@ def missing_path(path: str | Path, *, what: str = "file or folder") -> Diagnosti
         file=str(path),
         hint="check the path (relative paths are read from the current folder)",
     )
+
+
+def relocated(
+    diagnostics: Iterable[Diagnostic], folder: str | Path, shown: str
+) -> list[Diagnostic]:
+    """`diagnostics` naming `shown` (the archive, registry reference or folder the user
+    gave) wherever they name `folder`, a work folder of ours that is gone by the time the
+    user reads them: in the file, the message and the hint ("reproduce with: ttbundle
+    validate --import <our temporary copy>" is no use)."""
+    import re
+
+    prefixes = sorted({str(folder), os.path.realpath(folder)}, key=len, reverse=True)
+    # A file inside an archive is `ARCHIVE!/path`; the folder itself, as a command's
+    # argument, is the archive.
+    pattern = re.compile("|".join(re.escape(p) for p in prefixes) + r"(?P<inside>/)?")
+    whole = shown[:-1] if shown.endswith("!") else shown
+
+    def swap(match: re.Match) -> str:
+        return shown + "/" if match.group("inside") else whole
+
+    out = []
+    for d in diagnostics:
+        changes = {}
+        for name in ("file", "message", "hint"):
+            text = getattr(d, name)
+            if not text:
+                continue
+            text = pattern.sub(swap, text)
+            if text != getattr(d, name):
+                changes[name] = text
+        out.append(replace(d, **changes) if changes else d)
+    return out
+
+
+@contextlib.contextmanager
+def shown_as(folder: str | Path, shown: str) -> Iterator[None]:
+    """Errors raised inside name `shown` where they would name `folder` (`relocated`)."""
+    try:
+        yield
+    except TTBundleError as exc:
+        exc.diagnostics = relocated(exc.diagnostics, folder, shown)
+        exc.args = ("\n".join(str(d) for d in exc.diagnostics),)
+        raise

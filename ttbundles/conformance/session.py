@@ -23,7 +23,7 @@ from typing import Any
 
 from ttbundles.conformance.plan import TestPlan, resolve_plan
 from ttbundles.conformance.workdirs import RunFolder
-from ttbundles.errors import Diagnostic, InvalidBundleError, Severity, TTBundleError
+from ttbundles.errors import Diagnostic, InvalidBundleError, Severity, TTBundleError, shown_as
 from ttbundles.format.golden_file import (
     DEFAULT_TOP_K,
     GoldenFile,
@@ -390,7 +390,12 @@ def run_test(
 
         loader = threading.Thread(target=load_all, name="ttbundle-golden", daemon=True)
         loader.start()
-        served, arrays = serve(plan, str(checkpoint), workdir, progress=relay, timeout=timeout)
+        # The harness serves a link to the bundle in the run's folder (or the archive's
+        # extracted copy): its errors name the bundle as the user gave it.
+        served_as = workdir / "models" / plan.bundle_dir.name
+        shown = f"{bundle}!" if Path(bundle).is_file() else str(bundle)
+        with shown_as(served_as, shown), shown_as(plan.bundle_dir, shown):
+            served, arrays = serve(plan, str(checkpoint), workdir, progress=relay, timeout=timeout)
         report.seconds["serve"] = time.perf_counter() - started
         progress("progress", label="loading the golden")
         loader.join()

@@ -28,6 +28,12 @@ from ttbundles.format.contract import (
 from ttbundles.format.metadata import METADATA_FILE, SCHEMA_VERSION, Capabilities, slug
 from ttbundles.fsutil import write_json_atomic
 from ttbundles.scaffold.hf_config import _read_hf_config, architectures_by_model_type
+from ttbundles.scaffold.reference import (
+    REFERENCE_BASES,
+    REFERENCE_CAPABILITIES,
+    REFERENCE_TARGETS,
+    reference_adapter_source,
+)
 from ttbundles.suggest import did_you_mean
 
 _ADAPTER_HEADER = '''"""Generator for {arch}, served by vLLM on Tenstorrent hardware.
@@ -132,8 +138,13 @@ def init_bundle(
     from_hf: str | None = None,
     name: str | None = None,
     keep_adapter: bool = False,
+    reference: bool = False,
 ) -> Created:
     """Create a bundle that validates: metadata plus an adapter template.
+
+    With `reference`, the adapter builds on the torch reference generator for the
+    architecture's family (`scaffold.reference`) and the metadata declares what it does:
+    a bundle that serves on the host mesh at once, to be replaced by TT-NN code.
 
     An `adapter.py` already in the folder is never mixed with silently: without
     `keep_adapter` it is refused (TTB033); with it, the adapter stays and the metadata
@@ -165,6 +176,8 @@ def init_bundle(
             "TTB031", "no architecture given", hint="pass --arch LlamaForCausalLM, or --from-hf"
         )
     _check_architecture(arch, config)
+    if reference:
+        _check_reference_family(arch)
     if (folder / METADATA_FILE).exists():
         raise TTBundleError.single(
             "TTB033",
@@ -200,7 +213,11 @@ def init_bundle(
     # Every capability the class's model_capabilities mirrors: off, as in the template, or
     # what a kept class declares (read from source, as `migrate` reads it).
     capabilities = Capabilities()
-    if adapter.exists():
+    if reference:
+        metadata["description"] = f"{bare}, from the torch reference generator (to TT-NN)"
+        capabilities = Capabilities(**REFERENCE_CAPABILITIES)
+        metadata["targets"] = REFERENCE_TARGETS
+    elif adapter.exists():
         from ttbundles.check.static_reader import read_class
 
         found = read_class("adapter", class_name, roots=[folder])
@@ -211,7 +228,9 @@ def init_bundle(
                 notes.append(f"capabilities from the class: {', '.join(on)}")
     metadata["capabilities"] = capabilities.model_dump(include=set(CAPABILITY_KEYS.values()))
     folder.mkdir(parents=True, exist_ok=True)
-    if not adapter.exists():
+    if reference:
+        adapter.write_text(reference_adapter_source(arch, class_name, str(folder)))
+    elif not adapter.exists():
         adapter.write_text(adapter_source(arch, class_name))
     write_json_atomic(folder / METADATA_FILE, metadata)
     return Created(folder, notes)
@@ -240,6 +259,18 @@ def _existing_class(adapter: Path, preferred: str) -> str:
         + ": which one is the generator cannot be told",
         file=adapter,
         hint="leave one generator class in it, or choose an empty folder",
+    )
+
+
+def _check_reference_family(arch: str) -> None:
+    """`--reference` needs a family the torch reference generator reads."""
+    if arch in REFERENCE_BASES:
+        return
+    families = ", ".join(REFERENCE_BASES)
+    raise TTBundleError.single(
+        "TTB033",
+        f"the torch reference generator does not cover {arch} (it reads {families})",
+        hint=f"init without --reference for the TT-NN template, or pick one of {families}",
     )
 
 

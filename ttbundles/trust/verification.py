@@ -183,10 +183,15 @@ def _reason(exc: BaseException, folder: Path, claim: Claim) -> str:
 def verify_archive(archive: Path, trusted: Trusted, *, name: str | None = None) -> str:
     """Verify an archive's signature (extracted, verified, into a temporary folder)."""
     from ttbundles.archive.reader import extract_verified
+    from ttbundles.errors import shown_as
 
-    with tempfile.TemporaryDirectory(prefix="ttbundle-verify-") as tmp:
+    with (
+        tempfile.TemporaryDirectory(prefix="ttbundle-verify-") as tmp,
+        shown_as(tmp, f"{archive}!"),
+    ):
         folder = extract_verified(Path(archive), Path(tmp))
-        return verify_folder(folder, trusted, name=name or folder.name)
+        with shown_as(folder, f"{archive}!"):
+            return verify_folder(folder, trusted, name=name or folder.name)
 
 
 def trusted_from(paths: Sequence[Path], chains: Sequence[Sequence[Path]] = ()) -> Trusted:

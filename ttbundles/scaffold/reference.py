@@ -1,0 +1,206 @@
+"""`ttbundle init --reference`: a bundle that runs on a CPU from the first command.
+
+Its adapter builds on the project's torch reference generator for the architecture's
+family (`ttbundles.reference.generator`), as the demo bundle's does, so the new bundle
+validates strictly, packs, passes `ttbundle test` and serves with `vllm serve` on the host
+mesh (MESH_DEVICE=HOST) before any TT-NN code exists. The author then replaces it method
+by method: each method says what it must return, and the class docstring says in which
+order to replace them. The plain template (`init.adapter_source`) stays for TT-NN work
+started from nothing.
+
+Every contract method is spelled out and forwards to the reference, because `ttbundle
+validate` reads the adapter without importing it and cannot see into ttbundles: spelled
+out, the whole contract and the capabilities are in the bundle's own source.
+
+Pure text; neither torch nor vLLM is imported here (the family list is checked against
+`ttbundles.reference.config.SUPPORTED_ARCHITECTURES` by a test).
+"""
+
+from __future__ import annotations
+
+# The Hugging Face architectures whose checkpoints the reference generator reads, with
+# the class an adapter builds on (module, class).
+REFERENCE_BASES: dict[str, tuple[str, str]] = {
+    arch: ("ttbundles.reference.generator", "ReferenceLlamaGenerator")
+    for arch in (
+        "LlamaForCausalLM",
+        "MistralForCausalLM",
+        "Qwen2ForCausalLM",
+        "Qwen3ForCausalLM",
+    )
+}
+
+# What the reference generator implements: the bundle declares all of it (the class's
+# model_capabilities below say the same, so validate finds them in agreement).
+REFERENCE_CAPABILITIES: dict = {
+    "prefix_caching": True,
+    "chunked_prefill": True,
+    "async_decode": True,
+    "sample_on_device": ["decode_only", "all"],
+}
+
+# The reference runs in float32 on the host: small contexts keep a CPU run quick. Raise
+# them, and add a target per Tenstorrent mesh, as the TT-NN code comes.
+REFERENCE_TARGETS: dict = {"HOST": {"max_model_len": 512, "max_num_seqs": 32}}
+
+_TEMPLATE = '''"""{class_name}: {arch} for vLLM on Tenstorrent hardware, starting from the torch
+reference generator ({base_module}.{base}).
+
+As written, every method forwards to the reference, so this bundle runs on a CPU at once:
+
+    ttbundle validate --strict {folder}
+    ttbundle test {folder} --model CHECKPOINT
+    MESH_DEVICE=HOST EXTRA_MODELS_DIR=<folder holding {folder}> vllm serve CHECKPOINT
+
+Replace it with TT-NN code one method at a time, running `ttbundle test` after each (it
+compares logits with the golden, per prompt and step). Each method marked "TT-NN:" says
+what it must return. A good order: initialize_vllm_model (load weights to the mesh) and
+allocate_kv_cache, then prefill_forward, then decode_forward with its readback
+(read_decode_output, process_decode_output_host), then the warm-ups (compile and capture
+traces). When no method calls `super()` any more, drop the base class. Turn a capability
+off here and in vllm_metadata.json together while your code lacks it; add a target per
+mesh in vllm_metadata.json ("targets") as it runs there.
+
+The shapes and the contract: {base_module} and ttbundles/format/contract.py.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from {base_module} import {base}
+
+
+class {class_name}({base}):
+    """{arch} generator; today the torch reference, see the module docstring."""
+
+    # TT-Metal reads this dict from the class; keep it equal to "capabilities" in
+    # vllm_metadata.json (ttbundle validate compares them).
+    model_capabilities = {{
+        "supports_prefix_caching": True,
+        "supports_async_decode": True,
+        "supports_sample_on_device": True,
+        "supports_chunked_prefill": True,
+        "supports_device_penalties": True,
+        "max_device_logprobs": 20,
+    }}
+    # The decode input-update contract v1: decode_forward takes the four keyword-only
+    # commands (reload_inputs, ...), saying what to restage on the device.
+    decode_input_update_contract = 1
+
+    @classmethod
+    def initialize_vllm_model(
+        cls,
+        hf_config: Any,
+        mesh_device: Any,
+        max_batch_size: int,
+        max_seq_len: int,
+        n_layers: int | None = None,
+        tt_data_parallel: int = 1,
+        optimizations: str | None = None,
+    ) -> {class_name}:
+        """TT-NN: load the checkpoint (hf_config._name_or_path) onto mesh_device; return
+        the generator."""
+        return super().initialize_vllm_model(
+            hf_config=hf_config,
+            mesh_device=mesh_device,
+            max_batch_size=max_batch_size,
+            max_seq_len=max_seq_len,
+            n_layers=n_layers,
+            tt_data_parallel=tt_data_parallel,
+            optimizations=optimizations,
+        )
+
+    def allocate_kv_cache(self, kv_cache_shape: Any, dtype: Any, num_layers: int) -> Any:
+        """TT-NN: the paged KV cache on the device, per layer [k_cache, v_cache]."""
+        return super().allocate_kv_cache(
+            kv_cache_shape=kv_cache_shape, dtype=dtype, num_layers=num_layers
+        )
+
+    def prefill_forward(
+        self,
+        tokens: Any,
+        page_table: Any,
+        kv_cache: Any,
+        prompt_lens: Any,
+        empty_slots: Any = None,
+        enable_trace: bool = True,
+        sampling_params: Any = None,
+        start_pos: Any = None,
+        **kwargs: Any,
+    ) -> Any:
+        """TT-NN: fill the KV cache for the prompts; return the last token's logits
+        [B, 1, V] (or sampled tokens with sampling_params)."""
+        return super().prefill_forward(
+            tokens=tokens,
+            page_table=page_table,
+            kv_cache=kv_cache,
+            prompt_lens=prompt_lens,
+            empty_slots=empty_slots,
+            enable_trace=enable_trace,
+            sampling_params=sampling_params,
+            start_pos=start_pos,
+            **kwargs,
+        )
+
+    def decode_forward(
+        self,
+        tokens: Any,
+        start_pos: Any,
+        page_table: Any = None,
+        kv_cache: Any = None,
+        enable_trace: bool = True,
+        read_from_device: bool = True,
+        sampling_params: Any = None,
+        prompt_tokens: Any = None,
+        output_tokens: Any = None,
+        slot_remap: Any = None,
+        *,
+        reload_inputs: bool = True,
+        reload_page_table: bool = False,
+        reload_sampling_params: bool = False,
+        reset_sampling_state: bool = False,
+        **kwargs: Any,
+    ) -> Any:
+        """TT-NN: one decode step for the batch; return the device output that
+        read_decode_output reads back."""
+        return super().decode_forward(
+            tokens,
+            start_pos,
+            page_table,
+            kv_cache,
+            enable_trace=enable_trace,
+            read_from_device=read_from_device,
+            sampling_params=sampling_params,
+            prompt_tokens=prompt_tokens,
+            output_tokens=output_tokens,
+            slot_remap=slot_remap,
+            reload_inputs=reload_inputs,
+            reload_page_table=reload_page_table,
+            reload_sampling_params=reload_sampling_params,
+            reset_sampling_state=reset_sampling_state,
+            **kwargs,
+        )
+
+    def read_decode_output(self, out: Any, async_read: bool = False) -> Any:
+        """TT-NN: start copying decode_forward's output to the host."""
+        return super().read_decode_output(out, async_read=async_read)
+
+    def process_decode_output_host(self, host_out: Any, is_tokens: bool = False) -> Any:
+        """TT-NN: the copied output as logits [B, 1, V] or tokens [B]."""
+        return super().process_decode_output_host(host_out, is_tokens=is_tokens)
+
+    def warmup_model_prefill(self, *args: Any, **kwargs: Any) -> None:
+        """TT-NN: compile and capture the prefill traces (nothing to do on the host)."""
+
+    def warmup_model_decode(self, *args: Any, **kwargs: Any) -> None:
+        """TT-NN: compile and capture the decode traces (nothing to do on the host)."""
+'''
+
+
+def reference_adapter_source(arch: str, class_name: str, folder: str) -> str:
+    """The adapter of an `init --reference` bundle for `arch` (a key of REFERENCE_BASES)."""
+    base_module, base = REFERENCE_BASES[arch]
+    return _TEMPLATE.format(
+        arch=arch, class_name=class_name, base_module=base_module, base=base, folder=folder
+    )
