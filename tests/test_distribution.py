@@ -346,3 +346,119 @@ def test_interrupted_pull_leaves_nothing(registry, tmp_path: Path):
     process.communicate(timeout=60)
     assert process.returncode == 130
     assert list(out.iterdir()) == []
+
+
+# --- token auth (the bearer-token flow) -------------------------------------------------
+
+
+def _grant(user: str, kind: str, name: str, actions: list[str]) -> list[str]:
+    """The token service's permissions: alice may pull and push team/*, only pull
+    readonly/*, nothing else."""
+    if user != USER or kind != "repository":
+        return []
+    if name.startswith("team/"):
+        return actions
+    if name.startswith("readonly/"):
+        return [a for a in actions if a == "pull"]
+    return []
+
+
+@pytest.fixture(scope="module")
+def token_registry(tmp_path_factory):
+    """A registry demanding the bearer-token flow, its realm a token server issuing real
+    RS256 JWTs, and both (registry, token server)."""
+    folder = tmp_path_factory.mktemp("token-registry")
+    tokens = oci_registry.TokenServer(USER, PASSWORD, folder / "tokens", grant=_grant)
+    with tokens, oci_registry.running(folder / "registry", tokens=tokens) as running:
+        yield running, tokens
+
+
+RIGHT = {"TT_BUNDLES_REGISTRY_USERNAME": USER, "TT_BUNDLES_REGISTRY_PASSWORD": PASSWORD}
+
+
+def _one_error(done, code: str) -> str:
+    """The refusal: exit 1, one error line with `code`, no traceback; the line."""
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr and "Traceback" not in done.stdout
+    errors = [line for line in done.stderr.splitlines() if " TTB" in line or "TTB" in line[:12]]
+    (line,) = [e for e in errors if not e.lstrip().startswith("fix:")]
+    assert f"error {code} " in line, done.stderr
+    return line
+
+
+def _repository_written(registry, repository: str) -> bool:
+    return (registry.storage / "docker/registry/v2/repositories" / repository).exists()
+
+
+def test_token_auth_push_and_pull(run_cli, token_registry, tmp_path: Path):
+    registry, tokens = token_registry
+    archive = _archive(tmp_path)
+    ref = registry.ref("team/tokened:1.0.0")
+    anonymous = run_cli("push", archive, ref)
+    line = _one_error(anonymous, "TTB132")
+    assert "anonymously" in line and "insufficient_scope" in line
+    assert not _repository_written(registry, "team/tokened")
+    tokens.requests.clear()
+    pushed = run_cli("push", archive, ref, env=RIGHT)
+    assert pushed.returncode == 0, pushed.stderr
+    asked = [scope for user, scope in tokens.requests if user == USER]
+    assert "repository:team/tokened:pull,push" in asked
+    assert len(asked) == len(set(asked)), asked  # one token per scope, kept for the rest
+    # pulled with the docker config's credentials, as `docker login` writes them
+    docker = tmp_path / "docker"
+    docker.mkdir()
+    auth = base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
+    (docker / "config.json").write_text(json.dumps({"auths": {registry.host: {"auth": auth}}}))
+    out = tmp_path / "out"
+    pulled = run_cli("pull", ref, "-o", out, env={"DOCKER_CONFIG": str(docker)})
+    assert pulled.returncode == 0, pulled.stderr
+    (got,) = out.glob("*.ttbundle")
+    assert got.read_bytes() == archive.read_bytes()
+
+
+def test_token_auth_wrong_password_writes_nothing(run_cli, token_registry, tmp_path: Path):
+    registry, _ = token_registry
+    wrong = {**RIGHT, "TT_BUNDLES_REGISTRY_PASSWORD": "nope"}
+    pushed = run_cli("push", _archive(tmp_path), registry.ref("team/wrongpw:1"), env=wrong)
+    line = _one_error(pushed, "TTB132")
+    assert "token service" in line and "wrong username or password" in line and USER in line
+    assert not _repository_written(registry, "team/wrongpw")
+    out = tmp_path / "out"
+    pulled = run_cli("pull", registry.ref("team/wrongpw:1"), "-o", out, env=wrong)
+    assert "wrong username or password" in _one_error(pulled, "TTB132")
+    assert snapshot(out) == {}
+
+
+def test_token_auth_a_token_for_the_wrong_scope_writes_nothing(
+    run_cli, token_registry, tmp_path: Path
+):
+    """The token service grants pull only (readonly/*) or nothing (other/*): the
+    registry refuses the token for what was asked (insufficient_scope)."""
+    registry, _ = token_registry
+    pushed = run_cli("push", _archive(tmp_path), registry.ref("readonly/demo:1"), env=RIGHT)
+    line = _one_error(pushed, "TTB132")
+    assert "does not grant pull and push on readonly/demo (insufficient_scope)" in line
+    assert not _repository_written(registry, "readonly/demo")
+    out = tmp_path / "out"
+    pulled = run_cli("pull", registry.ref("other/demo:1"), "-o", out, env=RIGHT)
+    assert "does not grant pull on other/demo" in _one_error(pulled, "TTB132")
+    assert snapshot(out) == {}
+
+
+def test_token_auth_an_expired_token_writes_nothing(run_cli, token_registry, tmp_path: Path):
+    registry, tokens = token_registry
+    archive = _archive(tmp_path)
+    assert run_cli("push", archive, registry.ref("team/expiry:1"), env=RIGHT).returncode == 0
+    tokens.lifetime = -600  # issued expired ten minutes ago
+    try:
+        pushed = run_cli("push", archive, registry.ref("team/expiry:2"), env=RIGHT)
+        line = _one_error(pushed, "TTB132")
+        assert "token service issued is not valid there (invalid_token: expired" in line
+        out = tmp_path / "out"
+        pulled = run_cli("pull", registry.ref("team/expiry:1"), "-o", out, env=RIGHT)
+        assert "invalid_token" in _one_error(pulled, "TTB132")
+        assert snapshot(out) == {}
+    finally:
+        tokens.lifetime = 300
+    tags = registry.storage / "docker/registry/v2/repositories/team/expiry/_manifests/tags"
+    assert sorted(p.name for p in tags.iterdir()) == ["1"]  # nothing of the refused push

@@ -7,16 +7,24 @@ is small, and owning it gives what the issue asks for: streaming with the digest
 on the fly, one timeout, and every failure mapped to one stable code.
 
 Auth: anonymous first; on 401 the challenge decides: `Basic` resends with credentials
-(`credentials`), `Bearer` fetches a token from the realm (with credentials when there
-are some), as docker does. Errors: TTB131 unreachable/timeout, TTB132 401/403, TTB133
-not found, TTB136 any other error status.
+(`credentials`), `Bearer` (docker's token flow, as Harbor, GitLab and the cloud
+registries answer) reads realm, service and scope from `WWW-Authenticate`, GETs a token
+from the realm with the credentials (basic auth; anonymously when there are none), and
+retries with `Authorization: Bearer`. Tokens are kept per scope for their `expires_in`,
+so a push's pull and push scopes each fetch one token. Errors: TTB131
+unreachable/timeout, TTB132 401/403 (a wrong password at the token service, a token
+that does not grant the scope, a token the registry refuses as invalid or expired: each
+its own line), TTB133 not found, TTB136 any other error status or an unreadable token
+answer.
 """
 
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -27,6 +35,17 @@ from ttbundles.errors import TTBundleError
 
 DEFAULT_TIMEOUT = 30.0
 _CHALLENGE = re.compile(r'(\w+)="([^"]*)"')
+# A token whose answer gives no `expires_in` lives 60 s (docker's token spec); one is not
+# sent in its last seconds, when it could expire on the way.
+_TOKEN_LIFETIME = 60
+_TOKEN_MARGIN = 5
+
+
+def _challenge(response: httpx.Response) -> tuple[str, dict[str, str]]:
+    """(scheme in lower case, parameters) of a 401's `WWW-Authenticate`."""
+    header = response.headers.get("www-authenticate", "")
+    scheme, _, rest = header.strip().partition(" ")
+    return scheme.lower(), dict(_CHALLENGE.findall(rest))
 
 
 def _timeout() -> float:
@@ -50,8 +69,8 @@ class RegistryClient:
         self.base = f"{scheme}://{ref.registry}/v2/{ref.repository}"
         self._credentials = credentials_for(ref.registry)
         self._auth: httpx.Auth | None = None
-        self._token: str | None = None
-        self._scope: str | None = None
+        self._token: str | None = None  # the bearer token requests carry
+        self._tokens: dict[str, tuple[str, float]] = {}  # scope -> (token, good until)
         timeout = _timeout()
         # No retries: a refused connection is reported at once (oras-py retries minutes).
         self._http = httpx.Client(
@@ -144,39 +163,86 @@ class RegistryClient:
 
     def _answer(self, response: httpx.Response) -> bool:
         """Prepare credentials for a 401's challenge; whether retrying can help."""
-        challenge = response.headers.get("www-authenticate", "")
-        scheme = challenge.split(" ", 1)[0].lower()
+        scheme, params = _challenge(response)
         if scheme == "basic":
             if self._credentials is None or self._auth is not None:
                 return False
             self._auth = httpx.BasicAuth(*self._credentials)
             return True
-        if scheme == "bearer":
-            params = dict(_CHALLENGE.findall(challenge))
-            if self._token is not None and params.get("scope") == self._scope:
-                return False  # this token was refused already
-            self._scope = params.get("scope")
-            realm = params.pop("realm", None)
-            if not realm:
-                return False
-            auth = httpx.BasicAuth(*self._credentials) if self._credentials else None
-            try:
-                answer = self._http.get(realm, params=params, auth=auth)
-            except httpx.TransportError as exc:
-                raise self._unreachable(exc) from None
-            self._check(answer, (200,), "the registry's token service")
+        if scheme != "bearer" or not params.get("realm"):
+            return False
+        scope = params.get("scope", "")
+        token, good_until = self._tokens.get(scope, (None, 0.0))
+        if token is not None and token == self._token:
+            return False  # this token was refused: `_check` says why
+        if token is None or time.monotonic() >= good_until:
+            token = self._fetch_token(params["realm"], params.get("service"), scope)
+        self._token = token
+        return True
+
+    def _fetch_token(self, realm: str, service: str | None, scope: str) -> str:
+        """A token for `scope` from the token service at `realm`, kept for its lifetime."""
+        query = {k: v for k, v in (("service", service), ("scope", scope)) if v}
+        auth = httpx.BasicAuth(*self._credentials) if self._credentials else None
+        what = f"the token service of {self.ref.registry} ({urlsplit(realm).netloc or realm})"
+        try:
+            answer = self._http.get(realm, params=query, auth=auth)
+        except httpx.TransportError as exc:
+            raise self._unreachable(exc, what) from None
+        if answer.status_code in (401, 403):
+            raise TTBundleError.single(
+                "TTB132",
+                f"{what} refused the credentials {self._who()} ({answer.status_code}): "
+                "wrong username or password",
+                hint=_LOGIN_HINT,
+            )
+        self._check(answer, (200,), what)
+        try:
             body = answer.json()
-            self._token = body.get("token") or body.get("access_token")
-            return bool(self._token)
-        return False
+            token = body.get("token") or body.get("access_token")
+            lifetime = float(body.get("expires_in") or _TOKEN_LIFETIME)
+        except (ValueError, TypeError, AttributeError):
+            token, lifetime = None, 0.0
+        if not isinstance(token, str) or not token:
+            raise TTBundleError.single(
+                "TTB136",
+                f"{what} answered 200 without a token: {_short(answer)}",
+                hint="see the token service's logs; it must answer JSON with a token",
+            )
+        self._tokens[scope] = (token, time.monotonic() + max(0.0, lifetime - _TOKEN_MARGIN))
+        return token
+
+    def _who(self) -> str:
+        return f"of {self._credentials[0]!r}" if self._credentials else "(none: anonymous)"
+
+    def _refusal(self, response: httpx.Response) -> str:
+        """Why a registry refused a request, from its challenge."""
+        who = f"as {self._credentials[0]!r}" if self._credentials else "anonymously"
+        base = f"registry {self.ref.registry} refused access to {self.ref.repository} {who}"
+        scheme, params = _challenge(response)
+        if scheme != "bearer" or self._token is None:
+            return f"{base} ({response.status_code})"
+        error = params.get("error")
+        if error == "insufficient_scope":
+            wanted = params.get("scope", "").rsplit(":", 1)[-1] or "access"
+            return (
+                f"{base}: the token its token service issued does not grant "
+                f"{wanted.replace(',', ' and ')} on {self.ref.repository} (insufficient_scope)"
+            )
+        if error == "invalid_token":
+            return (
+                f"{base}: the token its token service issued is not valid there (invalid_token: "
+                "expired, not yet valid, or signed by a key the registry does not trust)"
+            )
+        return f"{base} ({response.status_code}, bearer token{f': {error}' if error else ''})"
 
     # --- errors ---------------------------------------------------------------------
 
-    def _unreachable(self, exc: httpx.TransportError) -> TTBundleError:
+    def _unreachable(self, exc: httpx.TransportError, what: str = "") -> TTBundleError:
         kind = "timed out" if isinstance(exc, httpx.TimeoutException) else "unreachable"
         return TTBundleError.single(
             "TTB131",
-            f"registry {self.ref.registry} {kind}: {exc or type(exc).__name__}",
+            f"{what or f'registry {self.ref.registry}'} {kind}: {exc or type(exc).__name__}",
             hint="check the host and port, that the registry runs, and "
             "TT_BUNDLES_REGISTRY_TIMEOUT; plain HTTP is used only for loopback or "
             "--plain-http",
@@ -187,14 +253,7 @@ class RegistryClient:
         if status in tuple(ok):
             return response
         if status in (401, 403):
-            who = f"as {self._credentials[0]!r}" if self._credentials else "anonymously"
-            raise TTBundleError.single(
-                "TTB132",
-                f"registry {self.ref.registry} refused access to {self.ref.repository} "
-                f"{who} ({status})",
-                hint="log in with `docker login` (credentials in ~/.docker/config.json) or "
-                "set TT_BUNDLES_REGISTRY_USERNAME and TT_BUNDLES_REGISTRY_PASSWORD",
-            )
+            raise TTBundleError.single("TTB132", self._refusal(response), hint=_LOGIN_HINT)
         if status == 404:
             raise TTBundleError.single(
                 "TTB133",
@@ -206,6 +265,13 @@ class RegistryClient:
             f"registry {self.ref.registry} answered {status} for {what}: {_short(response)}",
             hint="see the registry's logs",
         )
+
+
+_LOGIN_HINT = (
+    "log in with `docker login` (credentials in ~/.docker/config.json) or set "
+    "TT_BUNDLES_REGISTRY_USERNAME and TT_BUNDLES_REGISTRY_PASSWORD; a token that does not "
+    "grant the access is the registry's permissions for that user"
+)
 
 
 def _short(response: httpx.Response) -> str:
