@@ -272,7 +272,30 @@ _CODE_PAGES = [
 ]
 
 
+# Codes explained on a page of their own, over their group's page.
+_CODE_PAGE = {
+    "TTB020": ("../authors/migrating.md", "Migrating schema versions"),
+    "TTB021": ("../authors/migrating.md", "Migrating schema versions"),
+    "TTB038": ("device-options.md", "Device options"),
+    "TTB053": ("../authors/generator-contract.md", "The generator contract"),
+    "TTB062": ("../authors/generator-contract.md", "The generator contract"),
+    "TTB063": ("../authors/generator-contract.md", "The generator contract"),
+    "TTB064": ("../authors/generator-contract.md", "The generator contract"),
+    "TTB105": ("environment.md", "Environment variables"),
+    "TTB106": ("environment.md", "Environment variables"),
+    "TTB144": ("../operators/installing.md", "Installing bundles"),
+    "TTB205": ("../operators/lanes.md", "Data parallelism: lanes"),
+    "TTB207": ("../operators/data-parallel.md", "Data parallelism: several processes"),
+    "TTB212": ("../operators/data-parallel.md", "Data parallelism: several processes"),
+    "TTB213": ("../operators/data-parallel.md", "Data parallelism: several processes"),
+    "TTB214": ("../operators/lanes.md", "Data parallelism: lanes"),
+    "TTB215": ("../operators/images.md", "Images"),
+}
+
+
 def _page_of(code: str) -> tuple[str, str]:
+    if code in _CODE_PAGE:
+        return _CODE_PAGE[code]
     page = _CODE_PAGES[0][1:]
     for first, path, title in _CODE_PAGES:
         if code >= first:

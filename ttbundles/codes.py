@@ -300,8 +300,9 @@ WHAT_TO_DO: dict[str, str] = {
     "`ttbundle plan` shows every decision.",
     "TTB204": "Use a sample_on_device_mode the bundle declares, or leave it unset for "
     "host sampling.",
-    "TTB205": "Choose --max-num-seqs so that every lane gets the same number (with N "
-    "lanes the target's max_num_seqs must divide by N).",
+    "TTB205": "Use a --data-parallel-size (the lanes) that divides the total the lanes "
+    "hold: --max-num-seqs is per lane, and the target's max_num_seqs, which caps it, "
+    "counts all lanes.",
     "TTB206": "Drop prompt_logprobs from the request: it is not supported.",
     "TTB207": "Serve the mixture-of-experts model without --data-parallel-size.",
     "TTB208": "Check the model path or hub id, and that its config.json reads; offline, "
