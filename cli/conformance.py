@@ -11,6 +11,8 @@ from typing import Annotated, Any
 
 import typer
 
+from ttbundles import envs
+
 from .output import Format, Output
 
 
@@ -29,7 +31,12 @@ def test(
     model: Annotated[
         str, typer.Option("--model", help="Checkpoint folder or hub repo.", show_default=False)
     ],
-    mesh: Annotated[str, typer.Option(help="Mesh to serve on (MESH_DEVICE).")] = "HOST",
+    mesh: Annotated[
+        str | None,
+        typer.Option(
+            help="Mesh to serve on. Default: $MESH_DEVICE, else HOST.", show_default=False
+        ),
+    ] = None,
     golden: Annotated[
         list[str] | None,
         typer.Option(
@@ -101,7 +108,7 @@ def test(
         report = run_test(
             bundle,
             model,
-            mesh=mesh,
+            mesh=mesh or envs.MESH_DEVICE or "HOST",
             goldens=list(golden or []),
             paths=list(path or []) or None,
             max_tokens=max_tokens,

@@ -42,7 +42,10 @@ def push(
             help="A .ttbundle archive, or a bundle folder (packed first).", metavar="ARCHIVE|DIR"
         ),
     ],
-    ref: Annotated[str, typer.Argument(help="HOST[:PORT]/REPOSITORY:TAG", metavar="REF")],
+    ref: Annotated[
+        str,
+        typer.Argument(help="HOST[:PORT]/REPOSITORY[:TAG] (no tag: latest)", metavar="REF"),
+    ],
     plain_http: PlainHttpOption = False,
     fmt: FormatOption = Format.human,
 ) -> None:
@@ -146,7 +149,11 @@ def sign(
     ] = None,
     chain: Annotated[
         list[Path] | None,
-        typer.Option("--chain", help="Certificates up to the root (repeat).", dir_okay=False),
+        typer.Option(
+            "--certificate-chain",
+            help="Certificates up to the root, root last (repeat), as for verify.",
+            dir_okay=False,
+        ),
     ] = None,
     fmt: FormatOption = Format.human,
 ) -> None:

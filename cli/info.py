@@ -35,7 +35,7 @@ def list_bundles(
 
     Honours EXTRA_MODELS_DIR, TT_VLLM_BUILTIN_MODELS and MESH_DEVICE, computed by the same
     code the vLLM plugin runs. A registered class this machine cannot import is shown
-    "unservable" (TTB058); leftovers of interrupted installs are warned of (TTB094).
+    "not servable" (TTB058); leftovers of interrupted installs are warned of (TTB094).
     Exits 1 where `vllm serve` would not start: a wrong mesh (TTB106), a Tenstorrent
     MESH_DEVICE without TT-Metal here (TTB107; not for --mesh, a what-if), and under
     TT_BUNDLES_STRICT=1 any skipped bundle or warning.

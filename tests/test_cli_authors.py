@@ -681,7 +681,11 @@ IMPORT_FAILS = "raise ImportError('ttnn is not installed here')\n"
 def test_test_names_the_bundle_as_typed_when_serving_fails(make_bundle, run_cli, tmp_path):
     """`ttbundle test` of a bundle whose adapter cannot be imported: the hint to reproduce
     names the bundle folder the user typed, not the run's temporary copy."""
-    bundle = make_bundle("importfail", adapter=IMPORT_FAILS + make_bundle.adapter)
+    bundle = make_bundle(
+        "importfail",
+        metadata={"arch": "LlamaForCausalLM"},
+        adapter=IMPORT_FAILS + make_bundle.adapter,
+    )
     ckpt = tmp_path / "ckpt"
     assert run_cli("demo", "--write-checkpoint", ckpt, timeout=300).returncode == 0
     done = no_traceback(
@@ -699,3 +703,28 @@ def test_test_names_the_bundle_as_typed_when_serving_fails(make_bundle, run_cli,
     assert done.returncode == 1, done.stdout
     assert "ttbundle-test-" not in done.stderr + done.stdout
     assert "ttbundle validate --import importfail" in done.stderr, done.stderr
+
+
+def test_a_bound_is_said_in_our_words_with_a_fix(make_bundle, run_cli):
+    """pydantic's "Input should be greater than 0" never reaches the user: what the value
+    is, what it must be, and a fix line."""
+    bundle = make_bundle("bounds", metadata={"targets": {"HOST": {"max_model_len": 0}}})
+    done = no_traceback(run_cli("validate", bundle))
+    assert done.returncode == 1
+    assert "Input should" not in done.stdout
+    assert "error TTB033 max_model_len is 0; it must be greater than 0" in done.stdout
+    assert "fix: set max_model_len to a number greater than 0, or remove it" in done.stdout
+
+
+def test_one_spelling_and_one_code_across_commands(make_bundle, run_cli, tmp_path):
+    """sign takes --certificate-chain as verify does; a --key file that is not there is
+    TTB001 (a missing path, as everywhere), not TTB142 (a key that cannot sign); push's
+    help says the tag is optional; test's --mesh defaults to $MESH_DEVICE as elsewhere."""
+    assert "--certificate-chain" in run_cli("sign", "--help").stdout
+    assert "--chain " not in run_cli("sign", "--help").stdout
+    bundle = make_bundle("signme")
+    done = no_traceback(run_cli("sign", bundle, "--key", tmp_path / "nope.pem"))
+    assert done.returncode == 1
+    assert f"{tmp_path / 'nope.pem'}: error TTB001 no such file" in done.stderr
+    assert "REPOSITORY[:TAG] (no tag: latest)" in run_cli("push", "--help").stdout
+    assert "Default: $MESH_DEVICE, else HOST" in run_cli("test", "--help").stdout

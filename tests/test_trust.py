@@ -149,7 +149,7 @@ def test_certificate_chain(run_cli, tmp_path):
         chain.key,
         "--certificate",
         chain.certificate,
-        "--chain",
+        "--certificate-chain",
         chain.root,
     )
     assert done.returncode == 0, done.stderr

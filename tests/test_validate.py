@@ -493,13 +493,15 @@ def test_folder_with_a_subfolder_that_is_not_a_bundle(make_bundle, tmp_path):
     assert [b.metadata.name for b in result.bundles] == ["good"]
 
 
-@pytest.mark.parametrize("kind", ["empty folder", "missing path"])
-def test_not_a_bundle(tmp_path, kind):
+@pytest.mark.parametrize("kind, code", [("empty folder", "TTB002"), ("missing path", "TTB001")])
+def test_not_a_bundle(tmp_path, kind, code):
+    """A folder without metadata is TTB002 (as the codes page says); a path that is not
+    there, TTB001."""
     path = tmp_path / "x"
     if kind == "empty folder":
         path.mkdir()
     [d] = validate_path(path).report.diagnostics
-    assert (d.code, d.severity, d.file) == ("TTB001", ERROR, str(path))
+    assert (d.code, d.severity, d.file) == (code, ERROR, str(path))
 
 
 def test_unparsable_metadata_is_located(make_bundle):

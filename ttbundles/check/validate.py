@@ -321,7 +321,9 @@ def validate_path(
         if not folders:
             result.report.add(
                 Diagnostic(
-                    "TTB001",
+                    # The folder is there: what it lacks is the metadata (TTB001 is a
+                    # path that does not exist), as pack and install say it.
+                    "TTB002",
                     Severity.ERROR,
                     f"neither a bundle (no {METADATA_FILE}) nor a folder of bundles",
                     file=str(path),

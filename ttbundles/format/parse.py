@@ -372,15 +372,48 @@ def diagnostics_from_validation(exc: ValidationError, fname: str | None) -> list
                 )
             )
         else:
+            message, hint = _constraint(kind, ctx, label, value, error["msg"])
             out.append(
-                _diag(
-                    "TTB038" if in_tt else "TTB033",
-                    f"{label}: {error['msg']}",
-                    fname,
-                    pointer=where,
-                )
+                _diag("TTB038" if in_tt else "TTB033", message, fname, pointer=where, hint=hint)
             )
     return out
+
+
+# pydantic's bound checks, in our words: (what the value must be, the comparison).
+_BOUNDS = {
+    "greater_than": ("gt", "greater than"),
+    "greater_than_equal": ("ge", "at least"),
+    "less_than": ("lt", "less than"),
+    "less_than_equal": ("le", "at most"),
+}
+
+
+def _constraint(kind: str, ctx: dict, label: str, value: object, raw: str) -> tuple[str, str]:
+    """A failed constraint said as our messages say things (what the value is, what it
+    must be) with a fix line, instead of pydantic's wording ("Input should be greater
+    than 0")."""
+    shown = json.dumps(value) if isinstance(value, (int, float, str, bool)) else repr(value)
+    if kind in _BOUNDS:
+        key, words = _BOUNDS[kind]
+        limit = ctx.get(key)
+        return f"{label} is {shown}; it must be {words} {limit}", (
+            f"set {label} to a number {words} {limit}, or remove it for the default"
+        )
+    if kind in ("too_short", "too_long"):
+        least, most = ctx.get("min_length"), ctx.get("max_length")
+        need = f"at least {least}" if kind == "too_short" else f"at most {most}"
+        return f"{label} has {ctx.get('actual_length')} entries; it needs {need}", (
+            f"give {label} {need} entries"
+        )
+    if kind == "multiple_of":
+        return f"{label} is {shown}; it must be a multiple of {ctx.get('multiple_of')}", (
+            f"set {label} to a multiple of {ctx.get('multiple_of')}"
+        )
+    if kind == "int_from_float":
+        return f"{label} is {shown}; it must be a whole number", f"write {label} without a fraction"
+    # A validator of ours (value_error) words its own message; keep it, minus the prefix.
+    text = raw.removeprefix("Value error, ")
+    return f"{label}: {text}", f"fix {label} (ttbundle schema shows what it takes)"
 
 
 def _label(loc: tuple) -> str:

@@ -46,6 +46,14 @@ def sign_folder(
     """Sign the bundle folder; the signature file's path."""
     from model_signing import hashing, signing
 
+    from ttbundles.errors import missing_path
+
+    # A path the user gave that is not there is TTB001, as everywhere; TTB142 is a file
+    # that is there but cannot sign.
+    absent = [p for p in (key, certificate, *chain) if p is not None and not Path(p).is_file()]
+    if absent:
+        raise TTBundleError([missing_path(p, what="file") for p in absent])
+
     folder = Path(folder)
     signed = set(list_files(folder)) - {SIGNATURE_FILE}
     ignored = sorted({*_unsigned_paths(folder, signed), SIGNATURE_FILE})
