@@ -27,7 +27,8 @@ def list_bundles(
         str | None, typer.Option(help="The mesh to select for. Default: $MESH_DEVICE.")
     ] = None,
     verbose: Annotated[
-        bool, typer.Option("--verbose", "-v", help="Show whole paths (default: shortened).")
+        bool,
+        typer.Option("--verbose", "-v", help="More detail: whole paths (default: shortened)."),
     ] = False,
     fmt: FormatOption = Format.human,
 ) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import sys
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -37,8 +38,12 @@ def plan(
             file_okay=False,
         ),
     ] = None,
+    vllm_log: Annotated[
+        bool, typer.Option("--vllm-log", help="Also show vLLM's log (on stderr).")
+    ] = False,
     verbose: Annotated[
-        bool, typer.Option("--verbose", "-v", help="Also show vLLM's log (on stderr).")
+        bool,
+        typer.Option("--verbose", "-v", help="More detail: whole paths (default: shortened)."),
     ] = False,
     fmt: FormatOption = Format.human,
 ) -> None:
@@ -48,10 +53,38 @@ def plan(
 
     Example: ttbundle plan ./ckpt --mesh HOST --max-model-len 2048 --async-scheduling
     """
+    out = Output(fmt)
+    ours = [o for p in ctx.command.params for o in getattr(p, "opts", [])]
+    # A slip in one of our own options is answered at once, not after vLLM's import (15 s)
+    # and its parser: vLLM's options are not known before then, ours are.
+    for arg in ctx.args:
+        option = arg.partition("=")[0]
+        slip = next((o for o in ours if o.startswith("--") and _one_slip(option, o)), None)
+        if slip is not None:
+            if out.is_json:
+                from ttbundles.errors import Diagnostic, Severity
+
+                out.result(
+                    False,
+                    [
+                        Diagnostic(
+                            "TTB004",
+                            Severity.ERROR,
+                            f"no such option {option}",
+                            hint=f"did you mean {slip}?",
+                        )
+                    ],
+                )
+            else:
+                sys.stderr.write(no_such_option(ctx.command_path, option, ours, also="") + "\n")
+            sys.exit(2)
     from ttbundles.serving.dry_run import ServeOptionsError, make_plan
 
-    out = Output(fmt)
-    log = io.StringIO()  # vLLM's log: the plan is the output; -v shows the log too
+    log = io.StringIO()  # vLLM's log: the plan is the output; --vllm-log shows it too
+    stages = not out.is_json and out.err.is_terminal
+    if stages:
+        out.err.print("plan: building the configuration as vllm serve does (imports vLLM)...")
+    began = time.monotonic()
     try:
         result = make_plan(
             model, list(ctx.args), mesh=mesh, models_dirs=models_dir or None, log=log
@@ -69,8 +102,10 @@ def plan(
             out.diagnostics(exc.diagnostics, stderr=True)
         sys.exit(2)
     finally:
-        if verbose:
+        if vllm_log:
             sys.stderr.write(log.getvalue())
+        if stages:
+            out.err.print(f"plan: vLLM took {time.monotonic() - began:.1f} s")
     from ttbundles.errors import Diagnostic, Severity
 
     problems = [
@@ -83,7 +118,7 @@ def plan(
     bundle = result["bundle"]
     out.line(
         f"{result['tt_arch']}: {bundle['name']}@{bundle['version']} ({bundle['source']}, "
-        f"{short_path(bundle['path'])}) on mesh {result['mesh'] or 'unset'}",
+        f"{short_path(bundle['path'], verbose=verbose)}) on mesh {result['mesh'] or 'unset'}",
         style="bold",
     )
     out.table(
@@ -93,3 +128,25 @@ def plan(
         head=3,
     )
     out.diagnostics(problems, stderr=True)
+
+
+def _one_slip(word: str, option: str) -> bool:
+    """`word` is `option` with one typing slip: two neighbours swapped (`--fromat`), one
+    character wrong, missing or extra. Tighter than a did-you-mean, since a word that is
+    not ours may be one of vLLM's options (`--load-format` is not a slip of `--format`)."""
+    if word == option:
+        return False
+    if len(word) == len(option):
+        diff = [i for i, (a, b) in enumerate(zip(word, option)) if a != b]
+        if len(diff) == 1:
+            return True
+        return (
+            len(diff) == 2
+            and diff[1] == diff[0] + 1
+            and word[diff[0]] == option[diff[1]]
+            and word[diff[1]] == option[diff[0]]
+        )
+    short, long = sorted((word, option), key=len)
+    if len(long) - len(short) != 1:
+        return False
+    return any(long[:i] + long[i + 1 :] == short for i in range(len(long)))

@@ -52,7 +52,8 @@ def validate(
         float, typer.Option(help="Seconds allowed for each --import.", min=1)
     ] = 60.0,
     verbose: Annotated[
-        bool, typer.Option("--verbose", "-v", help="Also show notes (what was not checked).")
+        bool,
+        typer.Option("--verbose", "-v", help="More detail: notes too (what was not checked)."),
     ] = False,
     fmt: FormatOption = Format.human,
 ) -> None:

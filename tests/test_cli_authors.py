@@ -728,3 +728,30 @@ def test_one_spelling_and_one_code_across_commands(make_bundle, run_cli, tmp_pat
     assert f"{tmp_path / 'nope.pem'}: error TTB001 no such file" in done.stderr
     assert "REPOSITORY[:TAG] (no tag: latest)" in run_cli("push", "--help").stdout
     assert "Default: $MESH_DEVICE, else HOST" in run_cli("test", "--help").stdout
+
+
+def test_plan_answers_a_slip_in_its_own_options_at_once(run_cli, tmp_path):
+    """`plan ./ckpt --fromat json` is a usage error (exit 2) before vLLM is imported:
+    well under the 15 s vLLM's import and parser cost (timeout below)."""
+    import time
+
+    began = time.monotonic()
+    done = no_traceback(run_cli("plan", "./ckpt", "--fromat", "json", cwd=tmp_path, timeout=10))
+    assert done.returncode == 2
+    assert "ttbundle plan: error: no such option --fromat; did you mean --format?" in done.stderr
+    assert time.monotonic() - began < 8
+    done = run_cli("plan", "./ckpt", "--modls-dir", "x", "-f", "json", cwd=tmp_path, timeout=10)
+    assert done.returncode == 2 and as_json(done)["diagnostics"][0]["code"] == "TTB004"
+
+
+def test_one_meaning_for_verbose():
+    """-v is --verbose everywhere, and only adds detail; plan's vLLM log is --vllm-log."""
+    from ttbundles.cli.app import command
+
+    root = command()
+    for name, sub in root.commands.items():
+        for param in sub.params:
+            if "-v" in getattr(param, "opts", []):
+                assert "--verbose" in param.opts and param.help.startswith("More detail"), name
+    plan_options = {o for p in root.commands["plan"].params for o in getattr(p, "opts", [])}
+    assert "--vllm-log" in plan_options

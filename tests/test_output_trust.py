@@ -131,7 +131,7 @@ def test_plan_is_quiet_and_uses_the_servers_defaults(run_cli, workdir):
     assert done.stderr == ""  # vLLM's log is captured
     seqs = next(d for d in data["decisions"] if d["setting"] == "max_num_seqs")
     assert seqs["requested"] == 256  # vllm serve's default (the offline LLM class's is 128)
-    verbose = run_cli("plan", "./ckpt", "--mesh", "HOST", "-v", cwd=workdir, timeout=300)
+    verbose = run_cli("plan", "./ckpt", "--mesh", "HOST", "--vllm-log", cwd=workdir, timeout=300)
     assert verbose.returncode == 0
     assert "Resolved architecture: LlamaForCausalLM" in verbose.stderr
     assert "TTLlamaForCausalLM: demo@1.0.0" in verbose.stdout

@@ -61,7 +61,7 @@ def make_plan(
     `model` is None (`ttbundle plan MODEL --max-model-len 2048` reads like `vllm serve`).
     `models_dirs` replaces EXTRA_MODELS_DIR, as `ttbundle list --models-dir` does.
     vLLM's log (and ours, its child) goes to `log`, a text stream, instead of stderr:
-    the plan is the output; a caller shows the log on request (`plan -v`).
+    the plan is the output; a caller shows the log on request (`plan --vllm-log`).
     """
     from ttbundles.format.meshes import mesh_or_none
     from ttbundles.paths import model_argument
