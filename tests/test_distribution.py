@@ -462,3 +462,18 @@ def test_token_auth_an_expired_token_writes_nothing(run_cli, token_registry, tmp
         tokens.lifetime = 300
     tags = registry.storage / "docker/registry/v2/repositories/team/expiry/_manifests/tags"
     assert sorted(p.name for p in tags.iterdir()) == ["1"]  # nothing of the refused push
+
+
+def test_token_auth_renews_a_token_before_it_expires(run_cli, token_registry, tmp_path: Path):
+    """Tokens that live 5 s (within the client's margin) are renewed before each request
+    instead of being sent to expire on the way: a streamed upload cannot be sent twice."""
+    registry, tokens = token_registry
+    tokens.lifetime = 5
+    tokens.requests.clear()
+    try:
+        done = run_cli("push", _archive(tmp_path), registry.ref("team/short:1"), env=RIGHT)
+    finally:
+        tokens.lifetime = 300
+    assert done.returncode == 0, done.stderr
+    pushes = [s for u, s in tokens.requests if s == "repository:team/short:pull,push"]
+    assert len(pushes) > 1  # renewed for the upload's later requests

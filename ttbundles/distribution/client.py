@@ -71,6 +71,7 @@ class RegistryClient:
         self._auth: httpx.Auth | None = None
         self._token: str | None = None  # the bearer token requests carry
         self._tokens: dict[str, tuple[str, float]] = {}  # scope -> (token, good until)
+        self._challenged: tuple[str, str | None, str] | None = None  # the current token's
         timeout = _timeout()
         # No retries: a refused connection is reported at once (oras-py retries minutes).
         self._http = httpx.Client(
@@ -90,6 +91,13 @@ class RegistryClient:
 
     def _headers(self, headers: dict[str, str] | None) -> dict[str, str]:
         merged = dict(headers or {})
+        if self._token is not None and self._challenged is not None:
+            # A token about to expire is renewed before the request, not after a 401: a
+            # streamed upload in a long push cannot be sent twice.
+            realm, service, scope = self._challenged
+            token, good_until = self._tokens.get(scope, (None, 0.0))
+            if token == self._token and time.monotonic() >= good_until:
+                self._token = self._fetch_token(realm, service, scope)
         if self._token is not None:
             merged["Authorization"] = f"Bearer {self._token}"
         return merged
@@ -173,11 +181,12 @@ class RegistryClient:
             return False
         scope = params.get("scope", "")
         token, good_until = self._tokens.get(scope, (None, 0.0))
-        if token is not None and token == self._token:
-            return False  # this token was refused: `_check` says why
         if token is None or time.monotonic() >= good_until:
             token = self._fetch_token(params["realm"], params.get("service"), scope)
+        elif token == self._token:
+            return False  # this token, still in its lifetime, was refused: `_check` says why
         self._token = token
+        self._challenged = (params["realm"], params.get("service"), scope)
         return True
 
     def _fetch_token(self, realm: str, service: str | None, scope: str) -> str:
