@@ -117,9 +117,11 @@ class Output:
             message = escape(public(d.message))
             text = f"{escape(where)}: {head} {message}" if where else f"{head} {message}"
             console.print(text)
-            if d.hint:
+            if d.hint:  # the fix, and the page that explains the code
                 fix = f"{public(d.hint)} (see {docs_page(d.code)})"
                 console.print(f"    [dim]fix:[/] {escape(fix)}")
+            elif d.is_error:
+                console.print(f"    [dim]fix:[/] see {docs_page(d.code)}")
 
     def table(
         self, title: str, columns: list[str], rows: list[list[Any]], *, head: int | None = None
