@@ -100,6 +100,11 @@ def test(
     Example: ttbundle test my-bundle --model ./ckpt --golden transformers --format junit
     """
     from ttbundles.conformance.session import run_test
+    from ttbundles.hub import answer_offline
+
+    # Without a network: the cache (offline for the harness and the golden too) or TTB208
+    # at once, as plan and init --from-hf answer, not two minutes of retries.
+    answer_offline(model)
 
     # SIGTERM unwinds like Ctrl-C: the serving process is stopped and the run's temporary
     # folder removed on the way out (exit 143).

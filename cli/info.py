@@ -30,6 +30,14 @@ def list_bundles(
         bool,
         typer.Option("--verbose", "-v", help="More detail: whole paths (default: shortened)."),
     ] = False,
+    show_all: Annotated[
+        bool,
+        typer.Option(
+            "--all",
+            help="Also a row for each built-in that cannot be served here (by default one "
+            "line counts them).",
+        ),
+    ] = False,
     fmt: FormatOption = Format.human,
 ) -> None:
     """What vLLM would register: each TT architecture, its bundle, source and status.
@@ -43,8 +51,15 @@ def list_bundles(
 
     Example: EXTRA_MODELS_DIR=/opt/tt-bundles ttbundle list --mesh T3K
     """
+    from ttbundles.errors import TTBundleError, missing_path
     from ttbundles.installer.leftovers import leftover_diagnostics
     from ttbundles.registry.registry import Source, compute, sources, table
+
+    # A --models-dir typed wrong is the user's error, said first (exit 1); a missing
+    # EXTRA_MODELS_DIR folder is a warning, at the top (the server starts without it).
+    absent = [folder for folder in models_dir or [] if not folder.is_dir()]
+    if absent:
+        raise TTBundleError([missing_path(folder, what="models folder") for folder in absent])
     from ttbundles.registry.servable import mark_unservable, refusals
     from ttbundles.serving.registration import fallbacks
 
@@ -61,6 +76,15 @@ def list_bundles(
         # would not start); errors about single bundles are in the diagnostics.
         out.result(not refused, problems, mesh=registry.mesh, entries=rows)
     else:
+        # About what the command was given (a models folder that is not there): the
+        # command's own warning, on stderr and first; what it found goes to stdout.
+        given = [d for d in problems if d.code == "TTB001"]
+        out.diagnostics(given, stderr=True)
+        problems = [d for d in problems if d not in given]
+        folded = []
+        if not show_all:
+            folded = [r for r in rows if r["status"] == "unservable" and r["source"] == "built-in"]
+            rows = [r for r in rows if r not in folded]
         out.table(
             f"TT architectures (mesh: {registry.mesh or 'any'})",
             [
@@ -86,6 +110,14 @@ def list_bundles(
             ],
             head=4,
         )
+        if folded:
+            from ttbundles.registry.servable import not_servable_counts
+
+            counts = not_servable_counts([r["reason"] for r in folded])
+            out.line(
+                f"{len(folded)} built-in{'s' * (len(folded) != 1)} not servable here "
+                f"({counts}): ttbundle list --all shows them"
+            )
         out.diagnostics(problems)
         for line in fallbacks(registry):
             out.line(f"note: {line}")

@@ -78,6 +78,19 @@ def plan(
             else:
                 sys.stderr.write(no_such_option(ctx.command_path, option, ours, also="") + "\n")
             sys.exit(2)
+    from ttbundles.errors import TTBundleError, missing_path
+    from ttbundles.hub import answer_offline
+
+    # A --models-dir typed wrong is an error now, as for list (not a note in vLLM's log).
+    absent = [folder for folder in models_dir or [] if not folder.is_dir()]
+    if absent:
+        raise TTBundleError([missing_path(folder, what="models folder") for folder in absent])
+
+    # Without a network a hub id is answered from the cache or refused (TTB208) now, not
+    # after vLLM's and the hub's retries (33 s).
+    source = model or (ctx.args[0] if ctx.args and not ctx.args[0].startswith("-") else None)
+    if source is not None:
+        answer_offline(source)
     from ttbundles.serving.dry_run import ServeOptionsError, make_plan
 
     log = io.StringIO()  # vLLM's log: the plan is the output; --vllm-log shows it too

@@ -755,3 +755,64 @@ def test_one_meaning_for_verbose():
                 assert "--verbose" in param.opts and param.help.startswith("More detail"), name
     plan_options = {o for p in root.commands["plan"].params for o in getattr(p, "opts", [])}
     assert "--vllm-log" in plan_options
+
+
+@pytest.mark.parametrize("command", ["plan", "test"])
+def test_without_a_network_plan_and_test_answer_as_init_does(run_cli, tmp_path, command):
+    """Online mode and a hub that cannot be reached (a closed port): a hub id not in the
+    cache is TTB208 at once from plan and test, as from init --from-hf, one code for one
+    condition, without the hub's or vLLM's retries (the timeout is shorter)."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {
+        "HF_HUB_OFFLINE": "",
+        "HF_ENDPOINT": f"http://127.0.0.1:{port}",
+        "HF_HUB_CACHE": str(tmp_path / "hub"),
+    }
+    args = {
+        "plan": ["plan", "org/not-cached", "--mesh", "HOST"],
+        "test": ["test", str(REPO / "bundles" / "demo"), "--model", "org/not-cached"],
+    }[command]
+    done = no_traceback(run_cli(*args, env=env, timeout=15))
+    assert done.returncode == 1, done.stderr
+    assert "error TTB208 'org/not-cached' is not in the hub cache, and the hub cannot" in (
+        done.stderr
+    )
+    init = no_traceback(
+        run_cli("init", tmp_path / "b", "--from-hf", "org/not-cached", env=env, timeout=15)
+    )
+    assert "error TTB208" in init.stderr
+
+
+def test_list_and_doctor_agree_and_list_folds_what_cannot_serve_here(run_cli, tmp_path):
+    """On HOST without TT-Metal: list folds the built-ins that cannot be served here into
+    one line (--all shows their rows), with the same count and split doctor gives; a
+    --models-dir that is not there is an error (exit 1) before any table; a missing
+    EXTRA_MODELS_DIR folder is a warning on stderr, before the table on stdout."""
+    env = {"MESH_DEVICE": "HOST"}
+    folded = no_traceback(run_cli("list", env=env))
+    assert folded.returncode == 0, folded.stderr
+    [line] = [x for x in folded.stdout.splitlines() if "not servable here" in x]
+    count, split = line.split(" built-ins not servable here (")
+    split = split.split("):")[0]
+    assert "not servable" not in "".join(
+        x for x in folded.stdout.splitlines()[1:] if x.startswith("TT")
+    )
+    every = no_traceback(run_cli("list", "--all", env=env))
+    rows = [x for x in every.stdout.splitlines() if x.startswith("TT")]
+    assert sum("  not servable  " in x for x in rows) == int(count)
+    doctor = no_traceback(run_cli("doctor", env=env))
+    assert f"{count} registered but not servable here: {split}" in doctor.stdout
+    for command in (["list"], ["plan", "./ckpt"]):
+        missing = no_traceback(
+            run_cli(*command, "--models-dir", tmp_path / "nope", env=env, timeout=10)
+        )
+        assert missing.returncode == 1 and missing.stdout == ""
+        assert f"{tmp_path / 'nope'}: error TTB001 no such models folder" in missing.stderr
+    unset = no_traceback(run_cli("list", env={**env, "EXTRA_MODELS_DIR": str(tmp_path / "no")}))
+    assert unset.returncode == 0
+    assert unset.stderr.startswith(f"{tmp_path / 'no'}: warning TTB001 models folder")
+    assert "TTB001" not in unset.stdout

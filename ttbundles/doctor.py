@@ -260,8 +260,14 @@ def _bundles(report: Report, environ: Mapping[str, str]) -> None:
     if servable:
         detail += ": " + ", ".join(f"{e.tt_arch} ({e.label})" for e in servable[:4])
         detail += ", ... (ttbundle list shows all)" if len(servable) > 4 else ""
-    if unservable:
-        detail += f"; {len(registered) - len(servable)} registered but not servable here"
+    not_servable = [e for e in registered if e.status.value == "unservable"]
+    if not_servable:
+        # Split by why, so that the count agrees with the warnings below (TTB058 names
+        # the classes not importable here; a TTB202 refusal is in its bundle's reason).
+        from ttbundles.registry.servable import not_servable_counts
+
+        counts = not_servable_counts([e.reason for e in not_servable])
+        detail += f"; {len(not_servable)} registered but not servable here: {counts}"
     if skipped:
         detail += f"; {len(skipped)} skipped"
     status = "error" if refused or not servable else ("warning" if unservable or skipped else "ok")

@@ -97,6 +97,19 @@ def unservable(registry: Registry) -> dict[str, Diagnostic]:
     return found
 
 
+# Why a registered entry is not servable, by the code its reason starts with: one
+# wording for `list`'s folded line and `doctor`'s count.
+NOT_SERVABLE_WHY = {"TTB058": "not importable here", "TTB202": "refused by the pinned vLLM"}
+
+
+def not_servable_counts(reasons: list[str | None]) -> str:
+    """`14 not importable here (TTB058), 1 refused by the pinned vLLM (TTB202)`."""
+    codes = [(reason or "").split(" ")[0] for reason in reasons]
+    return ", ".join(
+        f"{codes.count(c)} {NOT_SERVABLE_WHY.get(c, c)} ({c})" for c in dict.fromkeys(codes)
+    )
+
+
 def mark_unservable(registry: Registry) -> list[Diagnostic]:
     """Mark each registered entry whose class cannot be imported here UNSERVABLE, where
     this machine opens the registry's mesh (elsewhere the question is for that machine).

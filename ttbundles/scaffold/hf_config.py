@@ -100,10 +100,12 @@ def _read_hf_config(source: str) -> tuple[dict, dict | None, str | None]:
     from huggingface_hub import hf_hub_download
     from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
 
+    from ttbundles.hub import hub_reachable
+
     try:
         with _hub_quiet():
             file = Path(
-                hf_hub_download(source, "config.json", local_files_only=not _hub_reachable())
+                hf_hub_download(source, "config.json", local_files_only=not hub_reachable())
             )
     except HFValidationError:
         raise TTBundleError.single(
@@ -129,34 +131,6 @@ def _read_hf_config(source: str) -> tuple[dict, dict | None, str | None]:
     revision = file.parent.name if file.parent.parent.name == "snapshots" else None
     ref = {"repo": source, **({"revision": revision} if revision else {})}
     return _load_json(file), ref, None
-
-
-def _hub_reachable(timeout_s: float = 3.0) -> bool:
-    """Whether a connection to the hub's endpoint opens (`HF_ENDPOINT`, default
-    huggingface.co). huggingface_hub retries a failed connection for about 23 s before
-    it looks in its cache; without a network `init --from-hf` should answer at once, from
-    the cache or with TTB208. With a proxy configured the probe cannot tell (only the
-    proxy may be reachable): the hub's own handling decides, as before."""
-    import os
-    import socket
-    from urllib.parse import urlsplit
-
-    from huggingface_hub import constants
-
-    if constants.HF_HUB_OFFLINE:
-        return False
-    proxies = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
-    if any(os.environ.get(name) for name in proxies):
-        return True
-    url = urlsplit(constants.ENDPOINT)
-    if not url.hostname:
-        return True
-    port = url.port or (443 if url.scheme == "https" else 80)
-    try:
-        with socket.create_connection((url.hostname, port), timeout=timeout_s):
-            return True
-    except OSError:
-        return False
 
 
 @contextlib.contextmanager
