@@ -117,8 +117,13 @@ def demo(
 
     out = Output(fmt)
 
+    stages = _Stages(out)
+
     def say(line: str) -> None:  # progress: stdout for people, stderr beside JSON
+        stages.done()
         (out.err if out.is_json else out.out).print(line, style="dim", markup=False)
+        if line.startswith(("downloading", "converting", "starting vllm serve")):
+            stages.begin(line)  # long: a spinner with the time taken, on a terminal
 
     if write_checkpoint is not None:
         if vision:
@@ -131,7 +136,10 @@ def demo(
         if vision:
             folder, _ = ensure_vision_checkpoint(checkpoint_dir)
         else:
-            folder, _ = model.prepare(checkpoint_dir, say=say)
+            try:
+                folder, _ = model.prepare(checkpoint_dir, say=say)
+            finally:
+                stages.done()
         out.result(True, path=str(folder)) if out.is_json else out.plain(str(folder))
         return
     # A plain `kill` of this command must still stop the server it started.
@@ -171,5 +179,36 @@ def demo(
         )
     except KeyboardInterrupt:
         answers = None  # Ctrl-C is how a foreground server is meant to end; it has stopped
+    finally:
+        stages.done()
     if out.is_json:
         out.result(True, answers=None if answers is None else asdict(answers))
+
+
+class _Stages:
+    """A spinner with the time taken beside a long stage (the 93 MB download, the
+    conversion, vLLM's start), on stderr when it is a terminal; nothing otherwise."""
+
+    def __init__(self, out: Output):
+        self.console = out.err
+        self.status = None
+
+    def begin(self, line: str) -> None:
+        if not self.console.is_terminal:
+            return
+        from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+        self.status = Progress(
+            SpinnerColumn(),
+            TextColumn("{task.description}"),
+            TimeElapsedColumn(),
+            console=self.console,
+            transient=True,
+        )
+        self.status.start()
+        self.status.add_task(line.split(" (")[0], total=None)
+
+    def done(self) -> None:
+        if self.status is not None:
+            self.status.stop()
+            self.status = None

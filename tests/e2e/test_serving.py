@@ -419,6 +419,42 @@ def test_demo_command_answers_in_words(real_model):
     assert "Paris" in chat and "TTFT" in chat and "tokens/s" in chat
 
 
+def test_demo_in_the_foreground_keeps_vllms_log_in_its_file(tmp_path):
+    """`ttbundle demo --tiny` without --query: vLLM's log goes to its file, not over the
+    demo's lines, and the curl hint is the last line printed while it serves."""
+    import signal
+    import time
+
+    from ttbundles.demo.server import free_port
+
+    env = {k: v for k, v in os.environ.items() if k not in ("VLLM_PLUGINS", "EXTRA_MODELS_DIR")}
+    env.update({"XDG_CACHE_HOME": str(tmp_path), "COLUMNS": "250", "NO_COLOR": "1"})
+    out = tmp_path / "stdout.txt"
+    with out.open("w") as sink:
+        demo = subprocess.Popen(
+            [TTBUNDLE, "demo", "--tiny", "--port", str(free_port())],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + 600
+        while "try: curl" not in out.read_text():
+            assert demo.poll() is None and time.monotonic() < deadline, out.read_text()
+            time.sleep(1)
+        time.sleep(2)  # anything vLLM would still print after the hint
+        lines = out.read_text().splitlines()
+        assert lines[-1].startswith("try: curl http://127.0.0.1:"), lines[-5:]
+        assert not [line for line in lines if "INFO" in line or "(APIServer" in line], lines
+        log = tmp_path / "ttbundles" / "demo-server.log"
+        assert f"vLLM's log: {log}" in lines[-3]
+        assert "Application startup complete" in log.read_text()
+    finally:
+        os.killpg(demo.pid, signal.SIGINT)
+        demo.wait(60)
+
+
 def test_demo_command_tiny_checkpoint(tmp_path):
     """On a port a stopped server left in TIME_WAIT: `--port` takes it, as vllm serve's
     listener does (SO_REUSEADDR)."""

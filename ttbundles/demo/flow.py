@@ -89,7 +89,9 @@ def run_demo(
     else:
         checkpoint, written = model.prepare(checkpoint_dir, say=say)
     say(f"checkpoint: {checkpoint} ({'prepared now' if written else 'cached'})")
-    log_path = user_cache_dir() / "demo-server.log" if with_query else None
+    # vLLM's log always goes to its file: in the foreground too, so that it does not run
+    # over the lines said here (the curl hint is the last line on the terminal).
+    log_path = user_cache_dir() / "demo-server.log"
     # The host-mesh demo, whatever mesh the shell names.
     env = serve_environment({**os.environ, "MESH_DEVICE": HOST})
     if lanes > 1:
@@ -115,6 +117,7 @@ def run_demo(
             answers = query_image(server.api_url) if vision else query(server.api_url)
             show(answers)
             return answers
+        say(f"vLLM's log: {log_path} (tail -f it to follow the server)")
         say(f"serving {checkpoint} at {server.api_url}; press Ctrl-C to stop")
         if vision:
             picture = user_cache_dir() / "demo-picture.png"
