@@ -166,9 +166,11 @@ def test_tampered_layer_is_refused(run_cli, registry, tmp_path: Path):
     done = run_cli("pull", ref, "-o", out)
     assert done.returncode == 1
     assert "TTB135" in done.stderr and "nothing was written" in done.stderr
+    assert ".ttbundle-pull-" not in done.stderr  # our part file, gone: never named
     assert snapshot(out) == {}
     done = run_cli("pull", pushed["reference"], "--install", "--models-dir", models)
     assert done.returncode == 1 and "TTB135" in done.stderr
+    assert ".ttbundle-pull-" not in done.stderr
     assert not (models / "tampered").exists()
     assert [p.name for p in models.iterdir() if not p.name.startswith(".ttbundle")] == []
 

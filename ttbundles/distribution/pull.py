@@ -24,7 +24,7 @@ from ttbundles.distribution.blobs import Progress, download, fetch_bytes, mismat
 from ttbundles.distribution.client import RegistryClient
 from ttbundles.distribution.push import read_members
 from ttbundles.distribution.reference import Reference, parse_reference
-from ttbundles.errors import TTBundleError
+from ttbundles.errors import TTBundleError, relocated
 from ttbundles.format.metadata import METADATA_FILE
 from ttbundles.trust.provenance import Provenance
 from ttbundles.trust.signature import SIGNATURE_FILE, read_claim
@@ -231,8 +231,11 @@ def pull(
                 final = output_dir / f"{manifest.name}-{manifest.version}.ttbundle"
                 os.replace(part, final)
                 provenance.write_beside(final)
-        except BaseException:
+        except BaseException as exc:
             part.unlink(missing_ok=True)
+            if isinstance(exc, TTBundleError):
+                # The part file was ours, and is gone: name the reference the user typed.
+                exc.diagnostics = relocated(exc.diagnostics, part, f"{reference}!")
             raise
     result = PullResult(
         reference=str(reference.with_digest(digest)),
