@@ -27,6 +27,7 @@ PACKAGE = Path(ttbundles.__file__).parent
 LIGHT = [
     "ttbundles",
     "ttbundles.format.metadata",
+    "ttbundles.hub",
     "ttbundles.format.contract",
     "ttbundles.format.parse",
     "ttbundles.format.schema",
@@ -153,9 +154,19 @@ def test_no_module_imports_itself_through_others():
 # Lowest first. A module may import the base, its own package, and lower layers.
 LAYERS: list[set[str]] = [
     # The base: small utilities every layer uses (codes, errors, environment, paths,
-    # writes, did-you-mean, where TT-Metal is, the torchvision import step); they import
-    # only each other.
-    {"codes", "errors", "envs", "fsutil", "paths", "suggest", "tt_metal", "torchvision_compat"},
+    # writes, did-you-mean, where TT-Metal is, the torchvision import step, whether the
+    # model hub answers); they import only each other.
+    {
+        "codes",
+        "errors",
+        "envs",
+        "fsutil",
+        "hub",
+        "paths",
+        "suggest",
+        "tt_metal",
+        "torchvision_compat",
+    },
     {"format"},  # the bundle format, its contract, selection rule and module loader
     {"archive"},  # `.ttbundle` files: manifest, writer, reader
     {"trust"},  # signatures (model-signing), the trust policy, provenance records
