@@ -816,3 +816,22 @@ def test_list_and_doctor_agree_and_list_folds_what_cannot_serve_here(run_cli, tm
     assert unset.returncode == 0
     assert unset.stderr.startswith(f"{tmp_path / 'no'}: warning TTB001 models folder")
     assert "TTB001" not in unset.stdout
+
+
+def test_demo_prepare_without_a_network_is_ttb208_at_once(run_cli, tmp_path):
+    """`demo --prepare` with a package index that cannot be reached: TTB208 (the code
+    plan, test and init --from-hf give offline), without pip's retries (timeout below)."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {
+        "XDG_CACHE_HOME": str(tmp_path),
+        "PIP_CONFIG_FILE": os.devnull,
+        "PIP_INDEX_URL": f"http://127.0.0.1:{port}/simple",
+        "PIP_FIND_LINKS": "",
+    }
+    done = no_traceback(run_cli("demo", "--prepare", env=env, timeout=30))
+    assert done.returncode == 1, done.stdout
+    assert "error TTB208 cannot download the demo model" in done.stderr

@@ -85,6 +85,12 @@ def _download(work: Path) -> Path:
         "--only-binary",
         ":all:",
         "--disable-pip-version-check",
+        # Without a network, fail at once (TTB208 below, the code plan, test and init
+        # --from-hf give offline) instead of pip's five retries of 15 s each.
+        "--retries",
+        "0",
+        "--timeout",
+        "5",
         "-q",
         "-d",
         str(work),
