@@ -76,7 +76,9 @@ def build_scheduler(
         hf_overrides={"max_position_embeddings": max_len},
     )
     config.cache_config.num_gpu_blocks = num_blocks
-    with mock.patch.dict(os.environ, {"VLLM_USE_V2_MODEL_RUNNER": "0"}):
+    from ttbundles.serving import compat
+
+    with mock.patch.dict(os.environ, compat.runner_protocol_env()):
         return cls(
             vllm_config=config,
             kv_cache_config=kv_cache_config(num_blocks, BLOCK_SIZE),
@@ -112,7 +114,7 @@ class Bench:
         assert scheduler.get_request_counts() == (num_requests, 0)
 
     def step(self, timed: bool = True) -> None:
-        from vllm.v1.outputs import ModelRunnerOutput
+        from ttbundles.serving import compat
 
         scheduler = self.scheduler
         start = time.perf_counter_ns()
@@ -120,10 +122,8 @@ class Bench:
         elapsed = time.perf_counter_ns() - start
         # The fake model: built outside the timed region (it is the device's part).
         req_ids = list(output.num_scheduled_tokens)
-        model_output = ModelRunnerOutput(
-            req_ids=req_ids,
-            req_id_to_index={req_id: i for i, req_id in enumerate(req_ids)},
-            sampled_token_ids=[[TOKEN]] * len(req_ids),
+        model_output = compat.model_runner_output(
+            req_ids, {req_id: i for i, req_id in enumerate(req_ids)}, [[TOKEN]] * len(req_ids), None
         )
         self.in_flight.append((output, model_output))
         if len(self.in_flight) >= self.depth:

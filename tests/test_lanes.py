@@ -26,6 +26,7 @@ from vllm.v1.structured_output import StructuredOutputManager
 from tests.vllm_config import kv_cache_config, vllm_config
 from ttbundles.demo.checkpoint import write_checkpoint
 from ttbundles.errors import ConfigurationError
+from ttbundles.serving import compat
 from ttbundles.serving.configuration import PLAN_KEY, TT_DEFAULTS, Plan
 from ttbundles.serving.lane_metrics import take_lane_stats
 from ttbundles.serving.lanes import (
@@ -171,10 +172,8 @@ class LaneDriver:
     def model_output(self, output: SchedulerOutput) -> ModelRunnerOutput:
         req_ids = list(output.num_scheduled_tokens)
         sampled = [[] if self.requests[r].is_prefill_chunk else [TOKEN] for r in req_ids]
-        return ModelRunnerOutput(
-            req_ids=req_ids,
-            req_id_to_index={r: i for i, r in enumerate(req_ids)},
-            sampled_token_ids=sampled,
+        return compat.model_runner_output(
+            req_ids, {r: i for i, r in enumerate(req_ids)}, sampled, None
         )
 
     def run(self, arrivals: dict[int, list[Request]] | None = None, max_steps: int = 3000):
@@ -355,6 +354,8 @@ def test_an_abort_reaches_its_lane_and_is_reported_once(make_coordinator):
 
 
 def test_merge_concatenates_in_lane_order_and_takes_the_largest_common_prefix():
+    if not hasattr(SchedulerOutput.make_empty(), "num_common_prefix_blocks"):
+        pytest.skip("this vLLM release has no num_common_prefix_blocks (removed in 0.34.0)")
     lanes = [SchedulerOutput.make_empty() for _ in range(3)]
     lanes[0].num_scheduled_tokens = {"a": 3}
     lanes[0].total_num_scheduled_tokens = 3

@@ -42,9 +42,10 @@ from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request, RequestStatus
 from vllm.v1.structured_output import StructuredOutputManager
 
-from tests.vllm_config import kv_cache_config, vllm_config
+from tests.vllm_config import kv_cache_config, runner_env, vllm_config
 from ttbundles.demo.checkpoint import write_checkpoint
 from ttbundles.errors import ConfigurationError
+from ttbundles.serving import compat
 from ttbundles.serving.configuration import effective_options
 from ttbundles.serving.scheduler import (
     TTAsyncScheduler,
@@ -79,10 +80,10 @@ def make_scheduler(checkpoint: Path):
         tt: dict[str, Any] | None = None,
         policy: str = "fcfs",
         prefix_caching: bool = False,
-        v2_runner: bool = False,
+        v2_runner: bool | None = None,
         prefill_schedule_interval: int = 1,
     ) -> Scheduler:
-        env = {"VLLM_USE_V2_MODEL_RUNNER": "1" if v2_runner else "0"}
+        env = runner_env(v2_runner)
         config = vllm_config(
             checkpoint,
             max_num_seqs=max_num_seqs,
@@ -178,7 +179,7 @@ class Driver:
         else:
             output = scheduler.schedule(self.throttle(len(self.outputs)))
         admitted = [new.req_id for new in output.scheduled_new_reqs]
-        admitted += output.scheduled_cached_reqs.resumed_req_ids
+        admitted += compat.resumed_req_ids(output)
         for req_id in admitted:
             self.prefill_target[req_id] = self.requests[req_id].num_tokens
         self.carried_prefill.append(
@@ -216,10 +217,8 @@ class Driver:
         """One token for each request whose prompt is complete after this step."""
         req_ids = list(output.num_scheduled_tokens)
         sampled = [[] if self.in_prefill(self.requests[req_id]) else [TOKEN] for req_id in req_ids]
-        return ModelRunnerOutput(
-            req_ids=req_ids,
-            req_id_to_index={req_id: i for i, req_id in enumerate(req_ids)},
-            sampled_token_ids=sampled,
+        return compat.model_runner_output(
+            req_ids, {req_id: i for i, req_id in enumerate(req_ids)}, sampled, None
         )
 
     def schedule_and_finish(self) -> None:
@@ -382,7 +381,13 @@ def test_a_resumed_request_is_in_prefill_until_its_output_is_recomputed(make_sch
     for _ in range(3):
         driver.schedule_and_finish()
     resumed, last_chunk, decode = driver.outputs[first:]
-    assert resumed.scheduled_cached_reqs.resumed_req_ids == {"d", "v"}
+    if compat.RESUMED_IN_CACHED:
+        assert resumed.scheduled_cached_reqs.resumed_req_ids == {"d", "v"}
+    else:  # re-sent in full, their outputs after the prompt
+        sent = {new.req_id: new for new in resumed.scheduled_new_reqs}
+        assert set(sent) == {"d", "v"}
+        # (the request's own token buffer, which has grown since: its first 22 then)
+        assert list(sent["v"].prefill_token_ids)[:22] == list(v.all_token_ids)[:22]
     assert resumed.num_scheduled_tokens == {"d": 6, "v": 21}
     assert v.num_computed_tokens - 1 > v.num_prompt_tokens  # v's prompt was complete
     assert last_chunk.num_scheduled_tokens == {"v": 1}
@@ -760,7 +765,7 @@ def test_finished_ids_survive_a_discarded_prefill_attempt(make_scheduler, v2_run
     assert list(output.num_scheduled_tokens) == ["r0"]
     assert scheduler.last_step_kind == "decode"
     assert scheduler.current_step == step_before + 1  # one step, however many attempts
-    if not v2_runner:
+    if compat.RESUMED_IN_CACHED and not v2_runner:
         # r0 ran in the previous step: the runner already has its tokens.
         assert output.scheduled_cached_reqs.all_token_ids == {}
     assert len(driver.outputs) == calls + 1

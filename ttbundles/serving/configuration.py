@@ -495,7 +495,7 @@ def _plan_inputs(vllm_config: VllmConfig, plan: Plan, bundle: str, limits: dict[
         plan.inputs = {}
         plan.decide("inputs", None, "text only", reason)
         return
-    from vllm.config.multimodal import MultiModalConfig
+    from ttbundles.serving import compat
 
     configured = mm.limit_per_prompt
     requested = {
@@ -512,7 +512,7 @@ def _plan_inputs(vllm_config: VllmConfig, plan: Plan, bundle: str, limits: dict[
         )
     effective = {m: min(requested.get(m, limits.get(m, 0)), limits.get(m, 0)) for m in MODALITIES}
     effective.update({m: 0 for m in configured if m not in effective})
-    fresh = MultiModalConfig._validate_limit_per_prompt(effective)
+    fresh = compat.validate_limit_per_prompt(effective)
     for modality, count in effective.items():
         options = configured.get(modality)
         if options is None:

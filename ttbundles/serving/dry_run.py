@@ -89,13 +89,12 @@ def make_plan(
     # config, each time from this variable).
     LOG_SINK.target = log if log is not None else sys.stderr
     os.environ["VLLM_LOGGING_STREAM"] = f"ext://{__name__}.LOG_SINK"
-    import vllm.platforms
-
+    from ttbundles.serving import compat
     from ttbundles.serving.platform import TTPlatform
 
     # Planning for a mesh that is not attached here: the TT platform decides regardless.
     TTPlatform.planning = True
-    vllm.platforms._current_platform = TTPlatform()
+    compat.set_current_platform(TTPlatform())
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.entrypoints.common.cli_args import make_arg_parser
     from vllm.usage.usage_lib import UsageContext

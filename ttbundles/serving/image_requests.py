@@ -88,10 +88,10 @@ def install() -> None:
     if _state.get("installed"):
         return
     from vllm.exceptions import VLLMValidationError
-    from vllm.multimodal.media.connector import MediaConnector
 
-    load_file = MediaConnector._load_file_url
-    load_data = MediaConnector._load_data_url
+    from ttbundles.serving import compat
+
+    _, load_file, load_data = compat.media_connector_loaders()
 
     def _load_file_url(self: Any, url_spec: Any, media_io: Any) -> Any:
         if self.allowed_local_media_path is None:
@@ -112,6 +112,5 @@ def install() -> None:
                 parameter="image_url",
             ) from error
 
-    MediaConnector._load_file_url = _load_file_url
-    MediaConnector._load_data_url = _load_data_url
+    compat.replace_media_connector_loaders(_load_file_url, _load_data_url)
     _state["installed"] = True

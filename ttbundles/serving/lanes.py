@@ -41,11 +41,12 @@ from typing import TYPE_CHECKING, Any
 
 from vllm.multimodal import MULTIMODAL_REGISTRY
 from vllm.v1.core.sched.interface import PauseState, SchedulerInterface
-from vllm.v1.core.sched.output import CachedRequestData, GrammarOutput, SchedulerOutput
+from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
 from vllm.v1.engine import EngineCoreOutputs
 from vllm.v1.metrics.stats import PrefixCacheStats, SchedulerStats
 
 from ttbundles.errors import ConfigurationError
+from ttbundles.serving import compat
 from ttbundles.serving.configuration import effective_options, served_plan
 from ttbundles.serving.lane_metrics import encode_lane_stats
 from ttbundles.serving.scheduler import (
@@ -102,37 +103,20 @@ def merge_outputs(outputs: list[SchedulerOutput]) -> SchedulerOutput:
     unique across lanes), sets unioned, flags or-ed, `num_common_prefix_blocks` the
     element-wise max (the merged batch must reserve what its most demanding lane needs).
     Block ids stay lane-local."""
-    cached = CachedRequestData.make_empty()
     merged = SchedulerOutput.make_empty()
-    merged.scheduled_cached_reqs = cached
+    merged.scheduled_cached_reqs = compat.merge_cached_request_data(
+        [out.scheduled_cached_reqs for out in outputs]
+    )
     preempted: set[str] | None = None
     for out in outputs:
         merged.scheduled_new_reqs.extend(out.scheduled_new_reqs)
-        lane = out.scheduled_cached_reqs
-        if lane.num_reqs or lane.resumed_req_ids or lane.all_token_ids:
-            cached.req_ids.extend(lane.req_ids)
-            cached.resumed_req_ids |= lane.resumed_req_ids
-            cached.new_token_ids.extend(lane.new_token_ids)
-            cached.all_token_ids.update(lane.all_token_ids)
-            cached.new_block_ids.extend(lane.new_block_ids)
-            cached.num_computed_tokens.extend(lane.num_computed_tokens)
-            cached.num_output_tokens.extend(lane.num_output_tokens)
         merged.num_scheduled_tokens.update(out.num_scheduled_tokens)
         merged.total_num_scheduled_tokens += out.total_num_scheduled_tokens
         merged.scheduled_spec_decode_tokens.update(out.scheduled_spec_decode_tokens)
         merged.scheduled_encoder_inputs.update(out.scheduled_encoder_inputs)
         for req_id, updates in out.encoder_input_updates.items():
             merged.encoder_input_updates.setdefault(req_id, {}).update(updates)
-        if out.num_common_prefix_blocks:
-            if not merged.num_common_prefix_blocks:
-                merged.num_common_prefix_blocks = list(out.num_common_prefix_blocks)
-            else:
-                merged.num_common_prefix_blocks = [
-                    max(a, b)
-                    for a, b in zip(
-                        merged.num_common_prefix_blocks, out.num_common_prefix_blocks, strict=True
-                    )
-                ]
+        compat.merge_common_prefix_blocks(merged, out)
         merged.finished_req_ids |= out.finished_req_ids
         merged.free_encoder_mm_hashes.extend(out.free_encoder_mm_hashes)
         if out.preempted_req_ids is not None:

@@ -35,12 +35,10 @@ from vllm.v1.outputs import (
     LogprobsTensors,
     ModelRunnerOutput,
 )
-from vllm.v1.sample.logits_processor import build_logitsprocs
-from vllm.v1.sample.sampler import Sampler
-from vllm.v1.worker.gpu_input_batch import CachedRequestState, InputBatch
 
 from ttbundles.format import contract
-from ttbundles.format.contract import SamplingParams, seed_for_position
+from ttbundles.format.contract import SamplingParams
+from ttbundles.serving import compat
 from ttbundles.serving.binding import (
     BoundMethod,
     GeneratorContractError,
@@ -313,20 +311,10 @@ class TTModelRunner:
         self.generator: Any = None
         self.kv_cache: Any = None
         self.cache_layers = 0  # layers of a per-layer cache: page_tables_per_layer is sent
-        self.requests: dict[str, CachedRequestState] = {}
-        custom = self.model_config.logits_processors or ()
-        self.input_batch = InputBatch(
-            max_num_reqs=self.max_num_reqs,
-            max_model_len=self.max_model_len,
-            max_num_batched_tokens=sched.max_num_batched_tokens,
-            device=self.device,
-            vocab_size=self.model_config.get_vocab_size(),
-            block_sizes=[self.block_size],
-            max_num_blocks_per_req=[-(-self.max_model_len // self.block_size)],
-            logitsprocs=build_logitsprocs(vllm_config, self.device, False, False, custom),
-            logitsprocs_need_output_token_ids=bool(custom),
-        )
-        self.sampler = Sampler(logprobs_mode=self.model_config.logprobs_mode)
+        self.requests: dict[str, Any] = {}  # compat.RequestState by request id
+        # The request rows and the host sampler: vLLM's V1 parts where the release ships
+        # them, ours on the release's parts otherwise (see `serving.compat`).
+        self.input_batch = compat.host_batch(vllm_config, self.device)
         self._step: _StepState | None = None
         # Asynchronous decode: the bundle declares it and async scheduling stayed on.
         self.async_decode = bool(sched.async_scheduling)
@@ -542,7 +530,7 @@ class TTModelRunner:
         # this step, or continuing a prompt, however few of its tokens are left (a final
         # chunk can be one token; a resumed request recomputes its output too).
         admitted = {new.req_id for new in scheduler_output.scheduled_new_reqs}
-        admitted |= scheduler_output.scheduled_cached_reqs.resumed_req_ids
+        admitted |= compat.resumed_req_ids(scheduler_output)
         is_decode = (
             bool((counts == 1).all() and (computed >= totals - 1).all())
             and admitted.isdisjoint(req_ids)
@@ -793,28 +781,20 @@ class TTModelRunner:
         logits = step.logits
         assert logits is not None
         if grammar_output is not None:
-            from vllm.v1.structured_output.utils import apply_grammar_bitmask
-
-            apply_grammar_bitmask(step.scheduler_output, grammar_output, batch, logits)
+            batch.apply_grammar(step.scheduler_output, grammar_output, logits)
         # A seeded row draws the token at position p from a generator seeded for (seed,
         # p), as the reference generator's device sampler does: the same tokens whatever
         # the batch, its order, or which path sampled the steps before. (It also makes a
         # discarded draw of an incomplete prompt harmless: nothing carries over.)
-        for index, generator in batch.generators.items():
-            seed = self.requests[step.req_ids[index]].sampling_params.seed
-            generator.manual_seed(seed_for_position(int(seed), int(step.positions[index])))
-        sampler_output = self.sampler(logits=logits, sampling_metadata=batch.sampling_metadata)
-        sampled = sampler_output.sampled_token_ids.tolist()
+        sampled, logprobs = batch.sample(logits, step.positions, step.layout.params)
         for i in np.nonzero(step.discard)[0]:
             sampled[int(i)] = []
         self._append_sampled(step.req_ids, sampled)
-        logprobs = sampler_output.logprobs_tensors
-        return ModelRunnerOutput(
-            req_ids=list(step.req_ids),
-            req_id_to_index=step.layout.index,
-            sampled_token_ids=sampled,
-            logprobs=logprobs.tolists() if logprobs is not None else None,
-            prompt_logprobs_dict={},
+        return compat.model_runner_output(
+            list(step.req_ids),
+            step.layout.index,
+            sampled,
+            logprobs.tolists() if logprobs is not None else None,
         )
 
     def _finish_with_tokens(self, step: _StepState, tokens: torch.Tensor) -> ModelRunnerOutput:
@@ -835,12 +815,11 @@ class TTModelRunner:
         if len(discarded) or not self._append_rows(step, values, flat.numpy()):
             self._append_sampled(step.req_ids, sampled)
         logprobs = self._device_logprobs(step, values)
-        return ModelRunnerOutput(
-            req_ids=list(step.req_ids),
-            req_id_to_index=step.layout.index,
-            sampled_token_ids=sampled,
-            logprobs=logprobs.tolists() if logprobs is not None else None,
-            prompt_logprobs_dict={},
+        return compat.model_runner_output(
+            list(step.req_ids),
+            step.layout.index,
+            sampled,
+            logprobs.tolists() if logprobs is not None else None,
         )
 
     def _device_logprobs(self, step: _StepState, tokens: list[int]) -> LogprobsTensors | None:
@@ -959,8 +938,7 @@ class TTModelRunner:
         previous = self._async_req_ids
         if previous is None or so.scheduled_new_reqs or so.has_structured_output_requests:
             return False
-        cached = so.scheduled_cached_reqs
-        if cached.resumed_req_ids:
+        if compat.resumed_req_ids(so):
             return False
         scheduled = so.num_scheduled_tokens
         # One token each (every scheduled request has at least one), the same requests.
@@ -1000,7 +978,6 @@ class TTModelRunner:
         rows = np.arange(n)
         ends = batch.num_tokens_no_spec[:n]
         batch.token_ids_cpu[rows, ends] = array
-        batch.is_token_ids[rows, ends] = True
         batch.num_tokens_no_spec[:n] = ends + 1
         return True
 
@@ -1018,7 +995,6 @@ class TTModelRunner:
             start = int(batch.num_tokens_no_spec[index])
             end = start + len(token_ids)
             batch.token_ids_cpu[index, start:end] = token_ids
-            batch.is_token_ids[index, start:end] = True
             batch.num_tokens_no_spec[index] = end
 
     def _page_table(self, req_ids: list[str], slots: list[int] | None, rows: int) -> torch.Tensor:
@@ -1081,14 +1057,19 @@ class TTModelRunner:
         for req_id in scheduler_output.preempted_req_ids or ():
             self._release_slot(req_id)
             self._mid_prefill.discard(req_id)
+            if not compat.RESUMED_IN_CACHED:
+                # It will be re-sent in full, as a new request: its state goes now.
+                self.requests.pop(req_id, None)
+                batch.remove_request(req_id)
         scheduled = scheduler_output.num_scheduled_tokens.keys()
         cached = scheduler_output.scheduled_cached_reqs
-        for req_id in cached.resumed_req_ids:
+        resumed = compat.resumed_req_ids(scheduler_output)
+        for req_id in resumed:
             self._release_slot(req_id)  # preempted earlier: its old slot is gone
-        for req_id in list(batch.req_id_to_index.keys() - (scheduled - cached.resumed_req_ids)):
+        for req_id in list(batch.req_id_to_index.keys() - (scheduled - resumed)):
             batch.remove_request(req_id)
 
-        to_add: list[CachedRequestState] = []
+        to_add: list[Any] = []
         staged: list[str] = []  # requests whose block ids changed: their table rows
         for new in scheduler_output.scheduled_new_reqs:
             params = new.sampling_params
@@ -1096,7 +1077,7 @@ class TTModelRunner:
             if params is not None and params.sampling_type == SamplingType.RANDOM_SEED:
                 generator = torch.Generator(device=self.device)
                 generator.manual_seed(params.seed)
-            state = CachedRequestState(
+            state = compat.RequestState(
                 req_id=new.req_id,
                 prompt_token_ids=new.prompt_token_ids,
                 mm_features=new.mm_features,
@@ -1104,7 +1085,7 @@ class TTModelRunner:
                 generator=generator,
                 block_ids=tuple(list(ids) for ids in new.block_ids),
                 num_computed_tokens=new.num_computed_tokens,
-                output_token_ids=[],
+                output_token_ids=compat.new_request_outputs(new),
                 lora_request=new.lora_request,
             )
             self.requests[new.req_id] = state
@@ -1121,7 +1102,7 @@ class TTModelRunner:
                 if index is not None:  # the batch's token count follows the state's
                     batch.num_tokens_no_spec[index] = state.num_tokens
             new_blocks = cached.new_block_ids[i]
-            if req_id in cached.resumed_req_ids:
+            if req_id in resumed:
                 assert new_blocks is not None
                 state.block_ids = tuple(list(ids) for ids in new_blocks)
             elif new_blocks is not None:
@@ -1133,8 +1114,6 @@ class TTModelRunner:
                 to_add.append(state)
                 continue
             batch.num_computed_tokens_cpu[index] = state.num_computed_tokens
-            if new_blocks is not None:
-                batch.block_table.append_row(new_blocks, index)
         for state in to_add:
             batch.add_request(state)
         for req_id in scheduled:
@@ -1163,7 +1142,7 @@ class TTModelRunner:
             n == 0
             or so.finished_req_ids
             or so.scheduled_new_reqs
-            or cached.resumed_req_ids
+            or compat.resumed_req_ids(so)
             or so.preempted_req_ids
             or n != batch.num_reqs
             or n != len(so.num_scheduled_tokens)
@@ -1191,7 +1170,6 @@ class TTModelRunner:
                     req_id = req_ids[i]
                     for ids, extra in zip(self.requests[req_id].block_ids, blocks):
                         ids.extend(extra)
-                    batch.block_table.append_row(blocks, int(index[i]))
                     self._stage_blocks(req_id)
         batch.refresh_metadata()
         STATS.count("bookkeeping.steady")
@@ -1201,15 +1179,12 @@ class TTModelRunner:
         self, req_ids: list[str], index: np.ndarray, new_blocks: list[Any], grown: list[int]
     ) -> bool:
         """The common case of new KV blocks in a steady decode, as whole-array writes: one
-        KV cache group, and each grown row (`grown`, positions in `req_ids`; `index`: their
-        batch rows) got exactly one block and holds a decode slot whose page-table row
-        is staged up to its request's blocks. With prompts of one length every row grows
-        in the same step (every 16 tokens), so this is where a per-row loop would cost
-        most. The same writes as `BlockTable.append_row` and `_stage_blocks` per row.
-        False, having changed nothing, when the case does not hold."""
-        tables = self.input_batch.block_table.block_tables
-        if len(tables) != 1:
-            return False
+        KV cache group, and each grown row (`grown`, positions in `req_ids`) got exactly
+        one block and holds a decode slot whose page-table row is staged up to its
+        request's blocks. With prompts of one length every row grows in the same step
+        (every 16 tokens), so this is where a per-row loop would cost most. The same
+        writes as `_stage_blocks` per row. False, having changed nothing, when the case
+        does not hold."""
         block_ids, slots = [], []
         for i in grown:
             blocks = new_blocks[i]
@@ -1225,11 +1200,6 @@ class TTModelRunner:
         for i, block in zip(grown, block_ids):
             self.requests[req_ids[i]].block_ids[0].append(block)
         new_ids = np.asarray(block_ids, dtype=np.int64)
-        table = tables[0]
-        rows = index[grown]
-        starts = table.num_blocks_per_row[rows]
-        table.block_table.np[rows, starts] = new_ids
-        table.num_blocks_per_row[rows] = starts + 1
         at = np.asarray(slots, dtype=np.int64)
         # Each slot's row is staged up to its request's blocks (checked above): the new
         # block goes at its count.

@@ -65,9 +65,11 @@ class TTPlatform(Platform):
     def check_and_update_config(cls, vllm_config: VllmConfig) -> None:
         import os
 
-        # The TT worker speaks the V1 runner's output protocol; vLLM would switch to V2
-        # (other resumed-request semantics) wherever Triton happens to be installed.
-        os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
+        from ttbundles.serving import compat
+
+        # The runner protocol the TT worker speaks on this release (see there).
+        for name, value in compat.runner_protocol_env().items():
+            os.environ.setdefault(name, value)
         # Configuration errors are raised inside vLLM's config construction: uncaught, they
         # end `vllm serve` with their message.
         report_errors_cleanly()

@@ -49,6 +49,7 @@ from vllm.v1.core.sched.request_queue import RequestQueue, create_request_queue
 from vllm.v1.core.sched.scheduler import Scheduler
 
 from ttbundles.errors import ConfigurationError
+from ttbundles.serving import compat
 from ttbundles.serving.configuration import effective_options
 
 if TYPE_CHECKING:  # annotations only: these modules are loaded by the base classes
@@ -285,11 +286,7 @@ class PhaseSchedulingMixin:
 
         # A discarded attempt clears this set in place (MRV1 bookkeeping of the previous
         # step); keep a copy only when a second attempt is possible.
-        previous_step_ids = (
-            set(self.prev_step_scheduled_req_ids)
-            if len(phases) > 1 and not self.use_v2_model_runner
-            else None
-        )
+        previous_step_ids = compat.previous_step_ids(self) if len(phases) > 1 else None
         # Preemptions made before this step (reset_prefix_cache) are already here.
         num_preempted_before = len(self.reset_preempted_req_ids)
         phase = phases[0]
@@ -333,7 +330,7 @@ class PhaseSchedulingMixin:
     def previous_step_ids(self) -> set[str] | None:
         """A copy of the previous step's scheduled ids, which a discarded attempt would
         clear (MRV1 bookkeeping), or None where nothing needs keeping."""
-        return None if self.use_v2_model_runner else set(self.prev_step_scheduled_req_ids)
+        return compat.previous_step_ids(self)
 
     def record_step(self, kind: StepKind) -> None:
         self.step_kinds[kind] += 1
@@ -424,8 +421,7 @@ class PhaseSchedulingMixin:
             self.reset_preempted_req_ids = discarded.preempted_req_ids
         self.current_step -= 1
         if previous_step_ids is not None:
-            self.prev_step_scheduled_req_ids.clear()
-            self.prev_step_scheduled_req_ids.update(previous_step_ids)
+            compat.restore_previous_step_ids(self, previous_step_ids)
 
     @staticmethod
     def merge_discarded(discarded: SchedulerOutput, output: SchedulerOutput) -> SchedulerOutput:

@@ -40,8 +40,9 @@ _ENDED = "_ttbundles_ended_open_requests"
 def end_open_requests_on_shutdown() -> bool:
     """Wrap `AsyncLLM.shutdown` (once per process) so that the requests it leaves open
     get `EngineDeadError`. False if it was already wrapped."""
-    from vllm.v1.engine.async_llm import AsyncLLM
+    from ttbundles.serving import compat
 
+    AsyncLLM = compat.async_llm_class()
     original = AsyncLLM.shutdown
     if getattr(original, _MARK, False):
         return False

@@ -1,0 +1,244 @@
+"""Every difference between the vLLM releases of the tested window, and every private
+vLLM hook ttbundles uses: the file to re-read at the next vLLM bump.
+
+Each difference is named by what it is (a part that exists or not, a field that moved),
+found by looking at the installed vLLM, never by comparing version numbers; each private
+hook says the releases it was checked on. The rest of the serving layer asks here and
+stays release-blind. The window itself (which releases) is `ttbundles.vllm_window`.
+
+- `V1_RUNNER_PARTS`: V1's `InputBatch`, `Sampler`, logits processors and grammar
+  bitmask exist (0.33.0); removed in 0.34.0 (`host_batch` picks ours there).
+- `RESUMED_IN_CACHED`: a preempted request resumes in `scheduled_cached_reqs`
+  (0.33.0); 0.34.0 re-sends it in full as a new request (`prefill_token_ids`).
+- `OUTPUT_INDEX`: `ModelRunnerOutput.req_id_to_index` (0.33.0); removed in 0.34.0.
+- `previous_step_ids`: the scheduler's `prev_step_scheduled_req_ids`, kept for V1
+  (0.33.0); gone in 0.34.0.
+- `runner_protocol_env`: `VLLM_USE_V2_MODEL_RUNNER=0` selects V1's protocol (0.33.0);
+  0.34.0 refuses any value but 1.
+- `cached_request_data`: `CachedRequestData`'s fields (`resumed_req_ids`,
+  `all_token_ids` in 0.33.0 only).
+
+Private hooks (all checked on 0.33.0 and 0.34.0):
+- `set_current_platform`: `vllm.platforms._current_platform` (`ttbundle plan` decides
+  as the TT platform on a machine without the mesh);
+- `validate_limit_per_prompt`: `MultiModalConfig._validate_limit_per_prompt` (the
+  plan rewrites `--limit-mm-per-prompt` to what the bundle takes);
+- `media_connector_loaders` / `replace_media_connector_loaders`: `MediaConnector.
+  _load_file_url` and `_load_data_url` (clear 400s for file:// and malformed data URLs);
+- `async_llm_class`: `AsyncLLM.shutdown` is wrapped (`serving.shutdown`: requests left
+  open when `vllm serve` stops).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.v1.core.sched.output import NewRequestData, SchedulerOutput
+
+
+def _has_module(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+def _has_field(cls: type, name: str) -> bool:
+    fields = getattr(cls, "__dataclass_fields__", None)
+    return name in fields if fields is not None else hasattr(cls, name)
+
+
+V1_RUNNER_PARTS = _has_module("vllm.v1.worker.gpu_input_batch") and _has_module(
+    "vllm.v1.sample.sampler"
+)
+
+
+def _resumed_in_cached() -> bool:
+    from vllm.v1.core.sched.output import CachedRequestData
+
+    return _has_field(CachedRequestData, "resumed_req_ids")
+
+
+def _output_index() -> bool:
+    from vllm.v1.outputs import ModelRunnerOutput
+
+    return _has_field(ModelRunnerOutput, "req_id_to_index")
+
+
+RESUMED_IN_CACHED = _resumed_in_cached()
+OUTPUT_INDEX = _output_index()
+
+if V1_RUNNER_PARTS:
+    from ttbundles.serving.compat.v1_parts import RequestState
+    from ttbundles.serving.compat.v1_parts import V1HostBatch as _HostBatch
+else:
+    from ttbundles.serving.compat.host_batch import HostBatch as _HostBatch
+    from ttbundles.serving.compat.host_batch import RequestState
+
+__all__ = [
+    "OUTPUT_INDEX",
+    "RESUMED_IN_CACHED",
+    "V1_RUNNER_PARTS",
+    "RequestState",
+    "host_batch",
+    "runner_protocol_env",
+    "model_runner_output",
+    "new_request_outputs",
+    "resumed_req_ids",
+]
+
+
+def host_batch(vllm_config: VllmConfig, device: torch.device) -> Any:
+    """The persistent batch of request rows with its host sampler: V1's `InputBatch`
+    and `Sampler` where the release ships them, else ours on the release's parts
+    (`compat.host_batch`). Both offer the same attributes and `sample`/`apply_grammar`."""
+    return _HostBatch(vllm_config, device)
+
+
+_NONE: frozenset[str] = frozenset()
+
+
+def resumed_req_ids(scheduler_output: SchedulerOutput) -> Any:
+    """The requests resuming from preemption in `scheduled_cached_reqs` (0.33.0); a
+    release that re-sends them as new requests has none there."""
+    if RESUMED_IN_CACHED:
+        return scheduler_output.scheduled_cached_reqs.resumed_req_ids
+    return _NONE
+
+
+def new_request_outputs(new: NewRequestData) -> list[int]:
+    """The tokens a new request already generated: a preempted request re-sent in full
+    carries them after its prompt in `prefill_token_ids` (0.34.0); on 0.33.0 a new
+    request has none (resumption comes as a cached request)."""
+    prefill = getattr(new, "prefill_token_ids", None)
+    prompt = new.prompt_token_ids or []
+    if RESUMED_IN_CACHED or not prefill or len(prefill) <= len(prompt):
+        return []
+    return list(prefill[len(prompt) :])
+
+
+def model_runner_output(
+    req_ids: list[str], index: dict[str, int], sampled: list[list[int]], logprobs: Any
+) -> Any:
+    """vLLM's `ModelRunnerOutput`; `index` (request id -> row) only where it has the
+    field."""
+    from vllm.v1.outputs import ModelRunnerOutput
+
+    extra = {"req_id_to_index": index} if OUTPUT_INDEX else {}
+    return ModelRunnerOutput(
+        req_ids=req_ids,
+        sampled_token_ids=sampled,
+        logprobs=logprobs,
+        prompt_logprobs_dict={},
+        **extra,
+    )
+
+
+def runner_protocol_env() -> dict[str, str]:
+    """The environment that makes vLLM speak the runner protocol the TT worker speaks.
+    0.33.0 switches to Model Runner V2's protocol (resumed requests re-sent in full)
+    wherever Triton is importable, so the worker pins V1's there
+    (`VLLM_USE_V2_MODEL_RUNNER=0`); 0.34.0 has only V2's protocol, refuses any value
+    but 1, and our worker speaks it (`RESUMED_IN_CACHED` false)."""
+    return {"VLLM_USE_V2_MODEL_RUNNER": "0"} if V1_RUNNER_PARTS else {}
+
+
+def merge_cached_request_data(parts: list[Any]) -> Any:
+    """The lanes' `CachedRequestData` as one, field by field as the release defines it
+    (lists in lane order, sets unioned, dicts merged): 0.33.0 has `resumed_req_ids` and
+    `all_token_ids`, 0.34.0 neither."""
+    import dataclasses
+
+    from vllm.v1.core.sched.output import CachedRequestData
+
+    merged = CachedRequestData.make_empty()
+    for part in parts:
+        for item in dataclasses.fields(CachedRequestData):
+            mine, theirs = getattr(merged, item.name), getattr(part, item.name)
+            if isinstance(mine, list):
+                mine.extend(theirs)
+            elif isinstance(mine, set):
+                mine |= theirs
+            elif isinstance(mine, dict):
+                mine.update(theirs)
+    return merged
+
+
+def merge_common_prefix_blocks(merged: Any, out: Any) -> None:
+    """`SchedulerOutput.num_common_prefix_blocks`, element-wise max over the lanes (the
+    merged batch reserves what its most demanding lane needs); 0.33.0 still has the field
+    (always empty since cascade attention went), 0.34.0 removed it."""
+    theirs = getattr(out, "num_common_prefix_blocks", None)
+    if not theirs:
+        return
+    mine = merged.num_common_prefix_blocks
+    merged.num_common_prefix_blocks = (
+        [max(a, b) for a, b in zip(mine, theirs, strict=True)] if mine else list(theirs)
+    )
+
+
+def previous_step_ids(scheduler: Any) -> set[str] | None:
+    """A copy of the scheduler's record of the previous step's requests, which a
+    discarded `schedule()` attempt overwrites, or None where there is none to keep:
+    0.33.0 keeps it for Model Runner V1 (`prev_step_scheduled_req_ids`, unused with V2);
+    0.34.0 has no such record."""
+    kept = getattr(scheduler, "prev_step_scheduled_req_ids", None)
+    if kept is None or getattr(scheduler, "use_v2_model_runner", False):
+        return None
+    return set(kept)
+
+
+def restore_previous_step_ids(scheduler: Any, ids: set[str]) -> None:
+    """Put back what `previous_step_ids` copied."""
+    kept = scheduler.prev_step_scheduled_req_ids
+    kept.clear()
+    kept.update(ids)
+
+
+# --- private hooks ---------------------------------------------------------------------
+
+
+def set_current_platform(platform: Any) -> None:
+    """Make `platform` vLLM's current platform in this process (private:
+    `vllm.platforms._current_platform`; checked on 0.33.0 and 0.34.0)."""
+    import vllm.platforms
+
+    vllm.platforms._current_platform = platform
+
+
+def validate_limit_per_prompt(limits: dict[str, int]) -> dict[str, Any]:
+    """vLLM's own parsing of a `--limit-mm-per-prompt` mapping into its option objects
+    (private: `MultiModalConfig._validate_limit_per_prompt`; checked on 0.33.0 and
+    0.34.0)."""
+    from vllm.config.multimodal import MultiModalConfig
+
+    return MultiModalConfig._validate_limit_per_prompt(limits)
+
+
+def media_connector_loaders() -> tuple[type, Any, Any]:
+    """The media connector class and its file:// and data: URL loaders (private:
+    `MediaConnector._load_file_url`, `_load_data_url`; checked on 0.33.0 and 0.34.0)."""
+    from vllm.multimodal.media.connector import MediaConnector
+
+    return MediaConnector, MediaConnector._load_file_url, MediaConnector._load_data_url
+
+
+def replace_media_connector_loaders(load_file: Any, load_data: Any) -> None:
+    """Put wrapped loaders in place of `media_connector_loaders`' originals."""
+    from vllm.multimodal.media.connector import MediaConnector
+
+    MediaConnector._load_file_url = load_file
+    MediaConnector._load_data_url = load_data
+
+
+def async_llm_class() -> type:
+    """`AsyncLLM`, whose `shutdown` `serving.shutdown` wraps (checked on 0.33.0 and
+    0.34.0: it leaves requests in flight open when `vllm serve` stops)."""
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    return AsyncLLM
