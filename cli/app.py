@@ -18,7 +18,18 @@ import typer
 from ttbundles import envs
 from ttbundles.errors import Diagnostic, Severity, TTBundleError
 
-from . import archive, conformance, demo, distribution, doctor, info, init, plan, validate
+from . import (
+    archive,
+    compat,
+    conformance,
+    demo,
+    distribution,
+    doctor,
+    info,
+    init,
+    plan,
+    validate,
+)
 
 app = typer.Typer(
     name="ttbundle",
@@ -70,6 +81,7 @@ app.command()(init.init)
 app.command()(init.migrate)
 app.command()(demo.demo)
 app.command()(doctor.doctor)
+app.command()(compat.compat)
 app.command("test")(conformance.test)
 app.command(
     context_settings={"allow_extra_args": True, "ignore_unknown_options": True},

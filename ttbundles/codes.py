@@ -131,6 +131,9 @@ CODES: dict[str, str] = {
     ),
     "TTB214": "the KV cache is too small for every data-parallel lane",
     "TTB215": "a multimodal limit beyond what the bundle declares",
+    "TTB216": "the installed vLLM lacks a part ttbundles serves with (outside the tested window)",
+    "TTB217": "the installed vLLM is outside the tested window (a warning: it may still serve)",
+    "TTB218": "a bundle's requires.vllm excludes the vLLM release asked about",
 }
 
 

@@ -42,6 +42,7 @@ class Report:
     problems: list[Diagnostic] = field(default_factory=list)
     mesh: str | None = None
     bundles: list[dict[str, Any]] = field(default_factory=list)
+    vllm: dict[str, Any] | None = None  # the installed vLLM against the tested window
 
     @property
     def ok(self) -> bool:
@@ -55,6 +56,7 @@ class Report:
         return {
             "ok": self.ok,
             "mesh": self.mesh,
+            "vllm": self.vllm,
             "checks": [c.to_dict() for c in self.checks],
             "bundles": self.bundles,
             "problems": [d.to_dict() for d in self.problems],
@@ -75,6 +77,9 @@ def diagnose(environ: Mapping[str, str] | None = None) -> Report:
     report.add("ttbundles", "info", _version("ttbundles") or "(not installed)")
     for name in ("vllm", "torch"):
         found = _version(name)
+        if name == "vllm" and found:
+            _vllm_window(report, found)
+            continue
         report.add(name, "ok" if found else "error", found or "not installed")
         if not found:
             report.problems.append(
@@ -90,6 +95,32 @@ def diagnose(environ: Mapping[str, str] | None = None) -> Report:
     _trust(report, environ)
     _bundles(report, environ)
     return report
+
+
+def _vllm_window(report: Report, found: str) -> None:
+    """The installed vLLM against the tested window (`ttbundles.vllm_window`): in it, ok;
+    outside, a warning (TTB217) naming both and what to do. JSON carries the window."""
+    from ttbundles import vllm_window
+
+    verdict = vllm_window.verdict(found)
+    report.vllm = {
+        "version": verdict.version,
+        "tested_window": list(vllm_window.TESTED_VLLM),
+        "in_window": verdict.tested,
+        "relation": verdict.relation,
+    }
+    if verdict.tested:
+        report.add("vllm", "ok", f"{found} (tested window: {vllm_window.window_text()})")
+        return
+    report.add("vllm", "warning", verdict.line())
+    report.problems.append(
+        Diagnostic(
+            "TTB217",
+            Severity.WARNING,
+            verdict.problem(),
+            hint=verdict.advice(),
+        )
+    )
 
 
 def _trust(report: Report, environ: Mapping[str, str]) -> None:

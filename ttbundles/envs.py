@@ -83,6 +83,9 @@ _VARIABLES: dict[str, Callable[[str | None], Any]] = {
     # Set by `vllm serve`'s API server for its engine processes: the file an engine that
     # cannot start writes its one-line reason to (serving.faults; not for users).
     "TT_BUNDLES_ENGINE_REPORT": _text,
+    # Set by the plugin once it warned that the installed vLLM is outside the tested
+    # window (TTB217), so vLLM's child processes do not warn again (not for users).
+    "TTBUNDLES_VLLM_WINDOW_WARNED": _flag(False),
     # XDG's (read, not ours): the user cache is $XDG_CACHE_HOME/ttbundles
     # (the registry's index, the demo's checkpoints, test logs) (default ~/.cache).
     "XDG_CACHE_HOME": _text,

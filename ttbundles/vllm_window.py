@@ -68,6 +68,12 @@ class WindowVerdict:
             )
         return f"install a tested release (pip install 'vllm=={DEFAULT_VLLM}')"
 
+    def problem(self) -> str:
+        """What is wrong, without the advice (a diagnostic carries that as its fix)."""
+        if self.relation == "invalid":
+            return f"vLLM version {self.version!r} cannot be read as a release"
+        return f"vLLM {self.version} is outside the tested window ({window_text()})"
+
     def line(self) -> str:
         """One line for a log or a report."""
         if self.tested:

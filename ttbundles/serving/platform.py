@@ -65,14 +65,15 @@ class TTPlatform(Platform):
     def check_and_update_config(cls, vllm_config: VllmConfig) -> None:
         import os
 
+        # Configuration errors are raised inside vLLM's config construction: uncaught, they
+        # end `vllm serve` with their message (a vLLM lacking a part we serve with, too:
+        # importing `compat` says so, TTB216).
+        report_errors_cleanly()
         from ttbundles.serving import compat
 
         # The runner protocol the TT worker speaks on this release (see there).
         for name, value in compat.runner_protocol_env().items():
             os.environ.setdefault(name, value)
-        # Configuration errors are raised inside vLLM's config construction: uncaught, they
-        # end `vllm serve` with their message.
-        report_errors_cleanly()
         from ttbundles import envs
         from ttbundles.format.meshes import mesh_or_none
         from ttbundles.registry import servable

@@ -71,7 +71,31 @@ def platform_plugin() -> str | None:
     if value and name and name != value:
         os.environ["MESH_DEVICE"] = name
     logger.debug("ttbundles: activating the TT platform: %s", why)
+    warn_outside_window()
     return PLATFORM_QUALNAME
+
+
+_WARNED_ENV = "TTBUNDLES_VLLM_WINDOW_WARNED"
+
+
+def warn_outside_window() -> str | None:
+    """One WARNING when the installed vLLM is outside the tested window: the version,
+    the window and what to do. Once for a whole `vllm serve` (vLLM's child processes
+    inherit the mark); reads distribution metadata only. Returns the line logged."""
+    from ttbundles import envs, vllm_window
+
+    if envs.read(_WARNED_ENV):
+        return None
+    version = vllm_window.installed_vllm()
+    if version is None:
+        return None
+    verdict = vllm_window.verdict(version)
+    if verdict.tested:
+        return None
+    os.environ[_WARNED_ENV] = "1"
+    line = f"TTB217 ttbundles: {verdict.line()}"
+    logger.warning("%s", line)
+    return line
 
 
 def register_models() -> None:

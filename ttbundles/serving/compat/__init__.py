@@ -70,15 +70,36 @@ def _output_index() -> bool:
     return _has_field(ModelRunnerOutput, "req_id_to_index")
 
 
-RESUMED_IN_CACHED = _resumed_in_cached()
-OUTPUT_INDEX = _output_index()
 
-if V1_RUNNER_PARTS:
-    from ttbundles.serving.compat.v1_parts import RequestState
-    from ttbundles.serving.compat.v1_parts import V1HostBatch as _HostBatch
-else:
-    from ttbundles.serving.compat.host_batch import HostBatch as _HostBatch
-    from ttbundles.serving.compat.host_batch import RequestState
+
+def missing_part(error: ImportError) -> Exception:
+    """The one error for a vLLM that lacks a part we serve with (TTB216): the part, the
+    installed version, the tested window, what to do; never our ModuleNotFoundError."""
+    from ttbundles import vllm_window
+    from ttbundles.errors import ConfigurationError
+
+    version = vllm_window.installed_vllm() or "(unknown)"
+    part = getattr(error, "name", None) or str(error)
+    return ConfigurationError.single(
+        "TTB216",
+        f"vLLM {version} lacks {part}, which ttbundles serves with; ttbundles is tested on "
+        f"vLLM {vllm_window.window_text()}",
+        hint=f"install a tested release (pip install 'vllm=={vllm_window.DEFAULT_VLLM}'), or "
+        "a ttbundles release whose window includes this vLLM",
+    )
+
+
+try:
+    RESUMED_IN_CACHED = _resumed_in_cached()
+    OUTPUT_INDEX = _output_index()
+    if V1_RUNNER_PARTS:
+        from ttbundles.serving.compat.v1_parts import RequestState
+        from ttbundles.serving.compat.v1_parts import V1HostBatch as _HostBatch
+    else:
+        from ttbundles.serving.compat.host_batch import HostBatch as _HostBatch
+        from ttbundles.serving.compat.host_batch import RequestState
+except ImportError as _error:
+    raise missing_part(_error) from _error
 
 __all__ = [
     "OUTPUT_INDEX",
@@ -86,6 +107,7 @@ __all__ = [
     "V1_RUNNER_PARTS",
     "RequestState",
     "host_batch",
+    "missing_part",
     "runner_protocol_env",
     "model_runner_output",
     "new_request_outputs",
