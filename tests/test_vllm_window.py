@@ -152,3 +152,13 @@ def test_a_missing_part_is_one_error_naming_the_release_and_the_window():
         "ttbundles is tested on vLLM 0.33.0 and 0.34.0"
     )
     assert "pip install 'vllm==0.34.0'" in diagnostic.hint
+
+
+def test_the_scripts_name_the_same_window():
+    """scripts/window.sh (which venv a VLLM_VERSION gets) and TESTED_VLLM agree, and
+    pyproject's range admits exactly the window's minor releases."""
+    root = Path(__file__).resolve().parents[1]
+    script = (root / "scripts" / "window.sh").read_text()
+    assert f'TESTED_VLLM_VERSIONS="{" ".join(vllm_window.TESTED_VLLM)}"' in script
+    assert f"DEFAULT_VLLM_VERSION={vllm_window.DEFAULT_VLLM}" in script
+    assert '"vllm>=0.33.0,<0.35",' in (root / "pyproject.toml").read_text()

@@ -311,7 +311,7 @@ class TTModelRunner:
         self.generator: Any = None
         self.kv_cache: Any = None
         self.cache_layers = 0  # layers of a per-layer cache: page_tables_per_layer is sent
-        self.requests: dict[str, Any] = {}  # compat.RequestState by request id
+        self.requests: dict[str, Any] = {}  # compat.request_state(...) by request id
         # The request rows and the host sampler: vLLM's V1 parts where the release ships
         # them, ours on the release's parts otherwise (see `serving.compat`).
         self.input_batch = compat.host_batch(vllm_config, self.device)
@@ -1077,7 +1077,7 @@ class TTModelRunner:
             if params is not None and params.sampling_type == SamplingType.RANDOM_SEED:
                 generator = torch.Generator(device=self.device)
                 generator.manual_seed(params.seed)
-            state = compat.RequestState(
+            state = compat.request_state(
                 req_id=new.req_id,
                 prompt_token_ids=new.prompt_token_ids,
                 mm_features=new.mm_features,

@@ -71,6 +71,7 @@ class TTPlatform(Platform):
         report_errors_cleanly()
         from ttbundles.serving import compat
 
+        compat.require_parts()
         # The runner protocol the TT worker speaks on this release (see there).
         for name, value in compat.runner_protocol_env().items():
             os.environ.setdefault(name, value)

@@ -15,6 +15,9 @@ stays release-blind. The window itself (which releases) is `ttbundles.vllm_windo
   (0.33.0); gone in 0.34.0.
 - `runner_protocol_env`: `VLLM_USE_V2_MODEL_RUNNER=0` selects V1's protocol (0.33.0);
   0.34.0 refuses any value but 1.
+- Followed, not bridged: vLLM's default KV block size (`CacheConfig.DEFAULT_BLOCK_SIZE`)
+  is 16 tokens in 0.33.0 and 64 in 0.34.0; a generator that needs one declares
+  `required_block_size`.
 - `cached_request_data`: `CachedRequestData`'s fields (`resumed_req_ids`,
   `all_token_ids` in 0.33.0 only).
 
@@ -70,8 +73,6 @@ def _output_index() -> bool:
     return _has_field(ModelRunnerOutput, "req_id_to_index")
 
 
-
-
 def missing_part(error: ImportError) -> Exception:
     """The one error for a vLLM that lacks a part we serve with (TTB216): the part, the
     installed version, the tested window, what to do; never our ModuleNotFoundError."""
@@ -92,22 +93,51 @@ def missing_part(error: ImportError) -> Exception:
 try:
     RESUMED_IN_CACHED = _resumed_in_cached()
     OUTPUT_INDEX = _output_index()
-    if V1_RUNNER_PARTS:
-        from ttbundles.serving.compat.v1_parts import RequestState
-        from ttbundles.serving.compat.v1_parts import V1HostBatch as _HostBatch
-    else:
-        from ttbundles.serving.compat.host_batch import HostBatch as _HostBatch
-        from ttbundles.serving.compat.host_batch import RequestState
 except ImportError as _error:
     raise missing_part(_error) from _error
+
+_PARTS: dict[str, Any] = {}
+
+
+def _parts() -> dict[str, Any]:
+    """The host batch's parts for this release, imported on first use: they import
+    vLLM's CPU modules, whose import asks the current platform for kernels, so they must
+    not load before the TT platform is vLLM's (`ttbundle plan` sets it first)."""
+    if not _PARTS:
+        try:
+            if V1_RUNNER_PARTS:
+                from ttbundles.serving.compat import v1_parts as parts
+
+                _PARTS.update(batch=parts.V1HostBatch, state=parts.RequestState)
+            else:
+                from ttbundles.serving.compat import host_batch as parts
+
+                _PARTS.update(batch=parts.HostBatch, state=parts.RequestState)
+        except ImportError as error:
+            raise missing_part(error) from error
+    return _PARTS
+
+
+def require_parts() -> None:
+    """Import what the worker will serve with now, so that a vLLM lacking a part ends
+    `vllm serve` at configuration time with TTB216 (the platform calls this)."""
+    _parts()
+
+
+def request_state(**fields: Any) -> Any:
+    """A request's state as the host batch keeps it (V1's `CachedRequestState` on
+    0.33.0, ours on 0.34.0), from its fields."""
+    return _parts()["state"](**fields)
+
 
 __all__ = [
     "OUTPUT_INDEX",
     "RESUMED_IN_CACHED",
     "V1_RUNNER_PARTS",
-    "RequestState",
     "host_batch",
     "missing_part",
+    "request_state",
+    "require_parts",
     "runner_protocol_env",
     "model_runner_output",
     "new_request_outputs",
@@ -119,7 +149,7 @@ def host_batch(vllm_config: VllmConfig, device: torch.device) -> Any:
     """The persistent batch of request rows with its host sampler: V1's `InputBatch`
     and `Sampler` where the release ships them, else ours on the release's parts
     (`compat.host_batch`). Both offer the same attributes and `sample`/`apply_grammar`."""
-    return _HostBatch(vllm_config, device)
+    return _parts()["batch"](vllm_config, device)
 
 
 _NONE: frozenset[str] = frozenset()
