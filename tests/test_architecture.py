@@ -100,7 +100,7 @@ def test_light_packages_import_without_vllm_or_torch(tmp_path):
 
 def test_the_blocker_really_blocks(tmp_path):
     done = subprocess.run(
-        [sys.executable, "-c", BLOCKER, "ttbundles.serving.model_runner"],
+        [sys.executable, "-c", BLOCKER, "ttbundles.serving.runner"],
         capture_output=True,
         text=True,
         timeout=120,

@@ -20,7 +20,7 @@ from ttbundles.serving.binding import (
     decode_offer,
     split_output,
 )
-from ttbundles.serving.model_runner import DecodeCommands, tt_data_parallel
+from ttbundles.serving.runner import DecodeCommands, tt_data_parallel
 
 # --- binding -----------------------------------------------------------------------------
 

@@ -16,8 +16,8 @@ from vllm.multimodal.inputs import (
     PlaceholderRange,
 )
 
-from ttbundles.serving.model_runner import TTModelRunner
 from ttbundles.serving.pixel_store import PixelStore
+from ttbundles.serving.runner import TTModelRunner
 
 
 def feature(

@@ -24,7 +24,7 @@ from ttbundles.format.contract import HostMesh
 from ttbundles.reference.generator import ReferenceLlamaGenerator
 from ttbundles.serving.configuration import PLAN_KEY
 from ttbundles.serving.lanes import TTLaneCoordinator
-from ttbundles.serving.model_runner import TTModelRunner
+from ttbundles.serving.runner import TTModelRunner
 from ttbundles.serving.scheduler import TTScheduler
 from ttbundles.serving.stats import STATS
 

@@ -32,7 +32,7 @@ from ttbundles.fsutil import write_text_atomic
 from ttbundles.serving import faults, host_watch
 from ttbundles.serving.configuration import Plan, served_plan
 from ttbundles.serving.device_groups import bind_rank
-from ttbundles.serving.model_runner import TTModelRunner
+from ttbundles.serving.runner import TTModelRunner
 from ttbundles.serving.stats import STATS
 
 if TYPE_CHECKING:  # only for annotations

@@ -1,10 +1,10 @@
 """Drive a TT generator from vLLM's scheduler output, step by step, through the real
 generator contract (`ttbundles.format.contract`).
 
-The runner keeps vLLM's request bookkeeping (`InputBatch`: tokens, sampling parameters,
-seeded generators, logits processors) so that host sampling is vLLM's own `Sampler`, bit
-for bit; the generator owns the model and attention over the paged KV cache the runner
-allocates through it. Each step is prefill-only or decode-only (the phase-based scheduler
+The runner keeps the request rows in a host batch (`serving.compat.host_batch`: vLLM's V1
+`InputBatch` and `Sampler` where the release ships them, ours on the release's parts
+otherwise), so that host sampling keeps vLLM's semantics; the generator owns the model
+and attention over the paged KV cache the runner allocates through it. Each step is prefill-only or decode-only (the phase-based scheduler
 guarantees it), which maps onto `prefill_forward` and `decode_forward`.
 
 Device rows are *slots*: a request holds one slot from its first prefill until it
@@ -22,19 +22,12 @@ the others: see `DecodeCommands`.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from vllm.sampling_params import SamplingType
-from vllm.v1.outputs import (
-    EMPTY_MODEL_RUNNER_OUTPUT,
-    AsyncModelRunnerOutput,
-    LogprobsTensors,
-    ModelRunnerOutput,
-)
+from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, LogprobsTensors, ModelRunnerOutput
 
 from ttbundles.format import contract
 from ttbundles.format.contract import SamplingParams
@@ -50,11 +43,21 @@ from ttbundles.serving.binding import (
 from ttbundles.serving.configuration import effective_options, served_plan
 from ttbundles.serving.lanes import lane_of
 from ttbundles.serving.pixel_store import PixelStore
+from ttbundles.serving.runner.commands import DecodeCommands
+from ttbundles.serving.runner.families import tt_data_parallel
+from ttbundles.serving.runner.history import PenaltyHistory
+from ttbundles.serving.runner.readback import TTAsyncOutput
+from ttbundles.serving.runner.step import (
+    EMPTY_POSITION,
+    Layout,
+    StepObserver,
+    StepState,
+    rows_of,
+)
 from ttbundles.serving.sampling_path import (
     batch_host_reason,
     device_params,
     device_support,
-    has_penalties,
 )
 from ttbundles.serving.stats import STATS
 
@@ -63,214 +66,6 @@ if TYPE_CHECKING:  # vLLM's config and scheduler types are only needed for annot
     from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
 
 logger = logging.getLogger("vllm.ttbundles")
-
-EMPTY_POSITION = -1  # start_pos of an empty decode slot, as TT-Metal's generators expect
-
-StepObserver = Callable[[str, list[str], list[int], list[int], "torch.Tensor | None"], None]
-"""`observer(kind, req_ids, starts, ends, logits)`, called after each prefill or decode
-call returned: `kind` "prefill" or "decode"; row i is request `req_ids[i]`, which computed
-positions `starts[i] .. ends[i] - 1` this step; `logits` `[rows, V]` float32 on the host
-(row i predicts position `ends[i]`), or None when the generator sampled on the device.
-`ttbundle test` records the served logits through it; serving leaves it None."""
-
-
-@dataclass
-class _StepState:
-    """What execute_model leaves for sample_tokens."""
-
-    scheduler_output: SchedulerOutput
-    req_ids: list[str]
-    discard: np.ndarray  # rows whose prompt is not complete: no token this step
-    positions: np.ndarray  # per row, the position the token drawn this step takes
-    layout: _Layout
-    logits: torch.Tensor | None = None  # [num_reqs, vocab], host path
-    tokens: torch.Tensor | None = None  # [num_reqs], device path, on the host
-    logprobs: Any = None  # the device's log-probs for those rows (see _device_logprobs)
-    readback: tuple[Any, list[Any]] | None = None  # device path, asynchronous readback
-    rows: torch.Tensor | None = None  # decode: each request's slot in the device output
-
-
-class _Layout:
-    """What a batch's rows imply and does not change while the same requests hold the
-    same slots: computed once per layout, not once per step (the per-row work of a
-    steady decode). `key` is the runner's slot epoch and the request ids in row order."""
-
-    def __init__(self, runner: TTModelRunner, key: tuple[int, tuple[str, ...]]):
-        self.key = key
-        req_ids = key[1]
-        capacity = runner.max_num_reqs
-        self.states = [runner.requests[r] for r in req_ids]
-        self.params = [s.sampling_params for s in self.states]
-        slots = [runner.slot_of.get(r, -1) for r in req_ids]
-        self.slots = np.asarray(slots, dtype=np.int64)
-        self.rows = torch.from_numpy(self.slots)
-        owners: list[str | None] = [None] * capacity
-        for req_id, slot in zip(req_ids, slots):
-            if slot >= 0:
-                owners[slot] = req_id
-        self.owners = tuple(owners)  # the request in each slot (decode)
-        self.idle = np.ones(capacity, dtype=bool)  # slots no row of this batch holds
-        self.idle[self.slots[self.slots >= 0]] = False
-        self.any_logprobs = any(p is not None and p.logprobs is not None for p in self.params)
-        self.penalised = any(p is not None and has_penalties(p) for p in self.params)
-        self.reasons: dict[tuple[bool, bool], str | None] = {}
-        self.slot_params: SamplingParams | None = None
-        # Per-step work of a steady decode, done once here: each row's output list (the
-        # state's own, appended to in place), the `req_id_to_index` every output of this
-        # layout carries (vLLM only reads it), whether row i is slot i (a device output
-        # read back by slot then needs no gather), the idle slots' rows, and the decode
-        # page table with the table version it was cut at (see `_decode_page_table`).
-        self.outputs = [s.output_token_ids for s in self.states]
-        self.index = {r: i for i, r in enumerate(req_ids)}
-        self.id_set = frozenset(req_ids)
-        self.in_order = bool(np.array_equal(self.slots, np.arange(len(slots))))
-        self.idle_rows = torch.from_numpy(np.flatnonzero(self.idle))
-        self.table: tuple[int, torch.Tensor] | None = None
-
-
-class _PenaltyHistory:
-    """The prompt and output tokens of each slot's request, -1 padded, for generators
-    that apply penalties on the device. Assembled only for a batch where a request asks
-    for a penalty; kept between steps and brought up to date per row (a new owner: its
-    prompt; then the output tokens it gained, usually one), then copied out whole."""
-
-    def __init__(self, capacity: int):
-        self.capacity = capacity
-        self.prompt = np.full((capacity, 1), -1, dtype=np.int64)
-        self.output = np.full((capacity, 1), -1, dtype=np.int64)
-        self.prompt_len = np.zeros(capacity, dtype=np.int64)
-        self.output_len = np.zeros(capacity, dtype=np.int64)
-        self.owner: list[Any] = [None] * capacity  # the request state each row holds
-        self.builds = 0  # decodes that carried a history (tests read it)
-
-    def _widen(self, table: np.ndarray, width: int) -> np.ndarray:
-        if table.shape[1] >= width:
-            return table
-        wider = np.full((self.capacity, max(width, 2 * table.shape[1])), -1, dtype=np.int64)
-        wider[:, : table.shape[1]] = table
-        return wider
-
-    def tensors(self, layout: _Layout) -> dict[str, torch.Tensor]:
-        self.builds += 1
-        for state, slot in zip(layout.states, layout.slots.tolist()):
-            if self.owner[slot] is not state:
-                ids = state.prompt_token_ids or []
-                self.prompt = self._widen(self.prompt, len(ids))
-                self.prompt[slot] = -1
-                self.prompt[slot, : len(ids)] = ids
-                self.prompt_len[slot] = len(ids)
-                self.output[slot] = -1
-                self.output_len[slot] = 0
-                self.owner[slot] = state
-            out = state.output_token_ids
-            have = int(self.output_len[slot])
-            if len(out) != have:
-                if len(out) < have:  # the scheduler took tokens back: rewrite the row
-                    self.output[slot] = -1
-                    have = 0
-                self.output = self._widen(self.output, len(out))
-                self.output[slot, have : len(out)] = out[have:]
-                self.output_len[slot] = len(out)
-        slots = layout.slots
-        prompt_width = max(int(self.prompt_len[slots].max()), 1)
-        output_width = max(int(self.output_len[slots].max()), 1)
-        prompt = self.prompt[:, :prompt_width].copy()
-        output = self.output[:, :output_width].copy()
-        prompt[layout.idle] = -1
-        output[layout.idle] = -1
-        return {
-            "prompt_tokens": torch.from_numpy(prompt),
-            "output_tokens": torch.from_numpy(output),
-        }
-
-
-@dataclass(frozen=True)
-class DecodeCommands:
-    """What one decode tells the generator about its inputs (decode contract v1).
-
-    - `reload_inputs`: host tokens, positions and page table are authoritative: every
-      step that is not a steady device-sampling decode of a generator that keeps its
-      inputs resident (declares async decode, traces on).
-    - `reload_page_table`: a steady step whose page table changed (new KV blocks).
-    - `reload_sampling_params` and `reset_sampling_state`: the first device-sampling
-      decode of a layout (after a prefill, a host-sampled step, or any change of which
-      request holds which slot): parameters and seeds are registered, per-slot history
-      rebuilt.
-    A legacy class gets `reset_batch` on device-sampling calls in place of all this.
-    """
-
-    reload_inputs: bool
-    reload_page_table: bool
-    reload_sampling_params: bool
-    reset_sampling_state: bool
-
-    @property
-    def transition(self) -> bool:
-        return self.reset_sampling_state
-
-    @classmethod
-    def decide(
-        cls,
-        *,
-        device: bool,
-        resident: bool,
-        layout: tuple[str | None, ...],
-        previous_layout: tuple[str | None, ...] | None,
-        page_table: torch.Tensor,
-        previous_page_table: torch.Tensor | None,
-    ) -> DecodeCommands:
-        """The commands for a decode: `device` (it samples on the device), `resident`
-        (the generator keeps its inputs resident), the slot layout (request id per slot)
-        and page table of this decode and of the last device-sampling decode (None: none
-        since the last prefill or host-sampled step)."""
-        transition = device and layout != previous_layout
-        steady = device and resident and not transition
-        table_changed = previous_page_table is not page_table and (
-            previous_page_table is None
-            or previous_page_table.shape != page_table.shape
-            or not torch.equal(previous_page_table, page_table)
-        )
-        return cls(
-            reload_inputs=not steady,
-            reload_page_table=steady and table_changed,
-            reload_sampling_params=transition,
-            reset_sampling_state=transition,
-        )
-
-
-class TTAsyncOutput(AsyncModelRunnerOutput):
-    """A decode step whose sampled tokens are still being read back from the device.
-
-    vLLM keeps up to two steps in flight and calls `get_output` when it needs this one,
-    so the host schedules step N+1 while step N is read back. The runner can also resolve
-    it early (a drain) when the next step needs the tokens on the host.
-    """
-
-    def __init__(self, runner: TTModelRunner, step: _StepState):
-        self._runner = runner
-        self._step = step
-        self._output: ModelRunnerOutput | None = None
-
-    @property
-    def resolved(self) -> bool:
-        return self._output is not None
-
-    def get_output(self) -> ModelRunnerOutput:
-        if self._output is None:
-            runner = self._runner
-            host_out, events = self._step.readback  # type: ignore[misc]
-            for event in events:
-                runner.synchronize(event)
-            tokens, logprobs = split_output(
-                runner.process_output(host_out=host_out, is_tokens=True)
-            )
-            self._step.logprobs = logprobs
-            self._output = runner._finish_with_tokens(self._step, tokens)
-            runner._inflight.remove(self)
-        return self._output
-
-    def get_kv_connector_output(self) -> None:
-        return None
 
 
 class TTModelRunner:
@@ -315,12 +110,12 @@ class TTModelRunner:
         # The request rows and the host sampler: vLLM's V1 parts where the release ships
         # them, ours on the release's parts otherwise (see `serving.compat`).
         self.input_batch = compat.host_batch(vllm_config, self.device)
-        self._step: _StepState | None = None
+        self._step: StepState | None = None
         # Asynchronous decode: the bundle declares it and async scheduling stayed on.
         self.async_decode = bool(sched.async_scheduling)
         self._inflight: list[TTAsyncOutput] = []
         self._async_req_ids: list[str] | None = None
-        self._async_layout: _Layout | None = None  # the layout of those rows
+        self._async_layout: Layout | None = None  # the layout of those rows
         # Slots: which request holds which device row, for its whole life (its lane's
         # rows; a preempted request keeps its lane and takes a row there on resuming).
         self.slot_of: dict[str, int] = {}
@@ -341,10 +136,10 @@ class TTModelRunner:
         self._slot_table = torch.zeros((self.max_num_reqs, width), dtype=torch.int32)
         self._slot_table_np = self._slot_table.numpy()
         self._slot_blocks = np.zeros(self.max_num_reqs, dtype=np.int64)
-        self._history = _PenaltyHistory(self.max_num_reqs)
-        # Bumped whenever a slot changes hands: a cached _Layout is valid while it holds.
+        self._history = PenaltyHistory(self.max_num_reqs)
+        # Bumped whenever a slot changes hands: a cached Layout is valid while it holds.
         self._slot_epoch = 0
-        self._layout: _Layout | None = None
+        self._layout: Layout | None = None
         # Bumped whenever a slot's page-table row changes: a layout's cut table is valid
         # (and is sent again, the same tensor) while it holds.
         self._table_version = 0
@@ -537,7 +332,7 @@ class TTModelRunner:
             and self._mid_prefill.isdisjoint(req_ids)
         )
         ends = computed + counts
-        step = _StepState(scheduler_output, req_ids, ends < totals, ends, layout)
+        step = StepState(scheduler_output, req_ids, ends < totals, ends, layout)
         if self._mid_prefill:
             self._mid_prefill.difference_update(req_ids)
         for i in np.flatnonzero(step.discard):
@@ -571,7 +366,7 @@ class TTModelRunner:
 
     def _run_decode(
         self,
-        step: _StepState,
+        step: StepState,
         computed: np.ndarray,
         totals: np.ndarray,
         *,
@@ -658,7 +453,7 @@ class TTModelRunner:
         primary, logprobs = split_output(out)
         if device and not primary.is_floating_point():
             step.tokens = primary.reshape(-1)[step.rows]
-            step.logprobs = _rows_of(logprobs, step.rows)
+            step.logprobs = rows_of(logprobs, step.rows)
         else:
             step.logits = primary.reshape(capacity, -1)[step.rows].float()
         if self.observer is not None:
@@ -686,7 +481,7 @@ class TTModelRunner:
         )
 
     def _run_prefill(
-        self, step: _StepState, ends: list[int], computed: list[int], *, device: bool
+        self, step: StepState, ends: list[int], computed: list[int], *, device: bool
     ) -> None:
         """One chunk per request row, each row holding its tokens from position 0
         (TT-Metal's convention); positions below `computed` are already in the cache.
@@ -724,7 +519,7 @@ class TTModelRunner:
                 STATS.count("sampling.device_returned_logits")  # e.g. Mistral3's prefill
         else:
             step.tokens = primary.reshape(-1)[:rows]
-            step.logprobs = _rows_of(extra, list(range(rows)))
+            step.logprobs = rows_of(extra, list(range(rows)))
         if self.observer is not None:
             self.observer("prefill", step.req_ids, computed, ends, step.logits)
 
@@ -771,7 +566,13 @@ class TTModelRunner:
         if step is None:
             return EMPTY_MODEL_RUNNER_OUTPUT
         if step.readback is not None:
-            pending = TTAsyncOutput(self, step)
+            pending = TTAsyncOutput(
+                step,
+                synchronize=self.synchronize,
+                process_output=self.process_output,
+                finish=self._finish_with_tokens,
+                resolved=self._inflight.remove,
+            )
             self._inflight.append(pending)
             STATS.record_max("decode.max_in_flight", len(self._inflight))
             return pending
@@ -797,7 +598,7 @@ class TTModelRunner:
             logprobs.tolists() if logprobs is not None else None,
         )
 
-    def _finish_with_tokens(self, step: _StepState, tokens: torch.Tensor) -> ModelRunnerOutput:
+    def _finish_with_tokens(self, step: StepState, tokens: torch.Tensor) -> ModelRunnerOutput:
         """The output of a step whose tokens the device sampled: whole-tensor conversions
         and the layout's cached index, no per-row Python beyond the output lists vLLM
         takes."""
@@ -822,7 +623,7 @@ class TTModelRunner:
             logprobs.tolists() if logprobs is not None else None,
         )
 
-    def _device_logprobs(self, step: _StepState, tokens: list[int]) -> LogprobsTensors | None:
+    def _device_logprobs(self, step: StepState, tokens: list[int]) -> LogprobsTensors | None:
         """vLLM's logprobs for the rows that asked, from the device's top log-probs.
 
         The device returns `(top_logprobs [B, K], top_ids [B, K])`; the sampling path
@@ -834,7 +635,7 @@ class TTModelRunner:
         wanted = [self.requests[r].sampling_params.logprobs for r in step.req_ids]
         raw = step.logprobs
         if step.readback is not None and step.rows is not None and isinstance(raw, tuple):
-            raw = _rows_of(raw, step.rows)
+            raw = rows_of(raw, step.rows)
         if not isinstance(raw, tuple):
             raise GeneratorContractError.single(
                 "TTB062",
@@ -878,7 +679,7 @@ class TTModelRunner:
             [self.requests[r].sampling_params for r in req_ids], self.input_batch.vocab_size
         )
 
-    def _slot_params(self, layout: _Layout) -> SamplingParams:
+    def _slot_params(self, layout: Layout) -> SamplingParams:
         """TT's SamplingParams, one entry per slot (decode); empty slots are greedy.
         Built once per layout: a request's parameters do not change."""
         if layout.slot_params is None:
@@ -888,13 +689,13 @@ class TTModelRunner:
             layout.slot_params = device_params(per_slot, self.input_batch.vocab_size)
         return layout.slot_params
 
-    def _penalty_history(self, layout: _Layout) -> dict[str, torch.Tensor]:
+    def _penalty_history(self, layout: Layout) -> dict[str, torch.Tensor]:
         """`prompt_tokens` / `output_tokens` `[capacity, L]` by slot, -1 padded: what a
         device applying penalties rebuilds its per-slot history from (see
         `_PenaltyHistory`: kept per slot, appended to, copied out)."""
         return self._history.tensors(layout)
 
-    def _decode_page_table(self, layout: _Layout) -> torch.Tensor:
+    def _decode_page_table(self, layout: Layout) -> torch.Tensor:
         """`[capacity, W]` int32 by slot: the persistent per-slot table, cut to the widest
         row of this batch, rows of slots outside it zero. A copy: the generator may read
         it after the host has moved on. Cut again only when a row changed since this
@@ -924,11 +725,13 @@ class TTModelRunner:
         self._slot_blocks[slot] = count
         self._table_version += 1
 
-    def _layout_of(self, req_ids: list[str]) -> _Layout:
+    def _layout_of(self, req_ids: list[str]) -> Layout:
         """The cached layout of these rows, rebuilt when the rows or any slot changed."""
         key = (self._slot_epoch, tuple(req_ids))
         if self._layout is None or self._layout.key != key:
-            self._layout = _Layout(self, key)
+            self._layout = Layout(
+                key, [self.requests[r] for r in key[1]], self.slot_of, self.max_num_reqs
+            )
         return self._layout
 
     # --- asynchronous decode ------------------------------------------------------------
@@ -964,7 +767,7 @@ class TTModelRunner:
 
     # --- bookkeeping --------------------------------------------------------------------
 
-    def _append_rows(self, step: _StepState, values: list[int], array: np.ndarray) -> bool:
+    def _append_rows(self, step: StepState, values: list[int], array: np.ndarray) -> bool:
         """One token for every row of a step whose rows are still the batch's first rows
         in the same order (a steady decode): the batch's arrays written in one operation
         per array, each request's output list appended to (`values` and `array` hold the
@@ -1208,37 +1011,3 @@ class TTModelRunner:
         self._table_version += 1
         STATS.count("bookkeeping.blocks_whole")
         return True
-
-
-def tt_data_parallel(generator_cls: type, lanes: int, mesh_device: Any) -> int:
-    """The `tt_data_parallel` a TT-Metal generator family needs.
-
-    DeepSeek-V3 (`models/demos/deepseek_v3`) runs one replica per chip: it requires the
-    chip count. Galaxy generators (`llama3_70b_galaxy`, `qwen3_32b_galaxy`, ...) split the
-    mesh by columns and assert `tt_data_parallel % mesh.shape[1] == 0`: refused here with
-    the numbers. Everything else gets the plan's lanes.
-    """
-    module = generator_cls.__module__
-    num_devices = int(getattr(mesh_device, "get_num_devices", lambda: 1)())
-    if "deepseek_v3" in module:
-        return num_devices
-    if "galaxy" in module:
-        shape = tuple(getattr(mesh_device, "shape", (1, 1)))
-        columns = int(shape[1]) if len(shape) > 1 else 1
-        if lanes % columns:
-            raise GeneratorContractError.single(
-                "TTB205",
-                f"{generator_cls.__qualname__} needs tt_data_parallel to be a multiple of the "
-                f"mesh's {columns} columns; --data-parallel-size {lanes} is not",
-                hint=f"use --data-parallel-size {columns} (or a multiple of it)",
-            )
-    return lanes
-
-
-def _rows_of(logprobs: Any, rows: list[int]) -> Any:
-    """The device's log-probs for `rows`: a (values, ids) pair or a flat tensor, indexed."""
-    if logprobs is None:
-        return None
-    if isinstance(logprobs, tuple):
-        return tuple(torch.as_tensor(t)[rows] for t in logprobs)
-    return torch.as_tensor(logprobs).reshape(-1)[rows]
