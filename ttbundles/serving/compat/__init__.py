@@ -110,7 +110,7 @@ def _parts() -> dict[str, Any]:
 
                 _PARTS.update(batch=parts.V1HostBatch, state=parts.RequestState)
             else:
-                from ttbundles.serving.compat import host_batch as parts
+                from ttbundles.serving.compat import cpu_parts as parts
 
                 _PARTS.update(batch=parts.HostBatch, state=parts.RequestState)
         except ImportError as error:
@@ -148,7 +148,7 @@ __all__ = [
 def host_batch(vllm_config: VllmConfig, device: torch.device) -> Any:
     """The persistent batch of request rows with its host sampler: V1's `InputBatch`
     and `Sampler` where the release ships them, else ours on the release's parts
-    (`compat.host_batch`). Both offer the same attributes and `sample`/`apply_grammar`."""
+    (`compat.cpu_parts`). Both offer the same attributes and `sample`/`apply_grammar`."""
     return _parts()["batch"](vllm_config, device)
 
 

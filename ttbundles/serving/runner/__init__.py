@@ -2,7 +2,7 @@
 through the real generator contract (`ttbundles.format.contract`). One concept a module:
 
 - `model_runner`: `TTModelRunner`, binding the contract, the slots and per-slot page
-  table, the bookkeeping beside the host batch (`serving.compat.host_batch`), assembling
+  table, the bookkeeping beside the host batch (`serving.compat.host_batch()`), assembling
   each prefill and decode, and sampling;
 - `step`: one step's state and the layout of a batch's rows;
 - `commands`: what a decode tells the generator (decode contract v1);

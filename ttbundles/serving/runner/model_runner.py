@@ -1,7 +1,7 @@
 """Drive a TT generator from vLLM's scheduler output, step by step, through the real
 generator contract (`ttbundles.format.contract`).
 
-The runner keeps the request rows in a host batch (`serving.compat.host_batch`: vLLM's V1
+The runner keeps the request rows in a host batch (`serving.compat.host_batch()`: vLLM's V1
 `InputBatch` and `Sampler` where the release ships them, ours on the release's parts
 otherwise), so that host sampling keeps vLLM's semantics; the generator owns the model
 and attention over the paged KV cache the runner allocates through it. Each step is prefill-only or decode-only (the phase-based scheduler
