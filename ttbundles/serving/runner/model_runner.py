@@ -1,11 +1,12 @@
 """Drive a TT generator from vLLM's scheduler output, step by step, through the real
 generator contract (`ttbundles.format.contract`).
 
-The runner keeps the request rows in a host batch (`serving.compat.host_batch()`: vLLM's V1
-`InputBatch` and `Sampler` where the release ships them, ours on the release's parts
+The runner keeps the request rows in a host batch (`serving.compat.host_batch()`: vLLM's
+V1 `InputBatch` and `Sampler` where the release ships them, ours on the release's parts
 otherwise), so that host sampling keeps vLLM's semantics; the generator owns the model
-and attention over the paged KV cache the runner allocates through it. Each step is prefill-only or decode-only (the phase-based scheduler
-guarantees it), which maps onto `prefill_forward` and `decode_forward`.
+and attention over the paged KV cache the runner allocates through it. Each step is
+prefill-only or decode-only (the phase-based scheduler guarantees it), which maps onto
+`prefill_forward` and `decode_forward`.
 
 Device rows are *slots*: a request holds one slot from its first prefill until it
 finishes or is preempted, so the generator's per-slot state (resident decode inputs,
