@@ -320,6 +320,13 @@ WHAT_TO_DO: dict[str, str] = {
     "--kv-cache-memory-bytes), or serve fewer lanes or a shorter max_model_len.",
     "TTB215": "Ask for at most what the bundle declares (--limit-mm-per-prompt may lower "
     "a limit, not raise it).",
+    "TTB216": "Install a vLLM release of the tested window (`ttbundle doctor` names it; "
+    "pip install 'vllm==0.34.0'), or a ttbundles release whose window includes yours. See "
+    "docs/operators/upgrading-vllm.md.",
+    "TTB217": "Nothing is refused: the server may still serve. To be on tested ground, "
+    "install a release of the window (docs/operators/upgrading-vllm.md).",
+    "TTB218": "Before the upgrade, install a release of the bundle whose requires.vllm "
+    "admits the new vLLM, or stay on the current vLLM (`ttbundle compat VERSION` lists them).",
 }
 
 
