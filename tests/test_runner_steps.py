@@ -470,3 +470,32 @@ def test_a_lane_under_kv_pressure_preempts_inside_itself(demo_checkpoint, greedy
     assert preempted and preempted <= {"a", "c"}  # lane 0's; b ran alone in lane 1
     assert scheduler.assigned == [2, 1]
     assert scheduler.get_kv_cache_usage() == 0.0
+
+
+def test_the_host_sampler_applies_every_per_request_parameter_in_one_batch(demo_checkpoint, greedy):
+    """Four requests with different host-only parameters share each host-sampled step
+    (vLLM's V1 sampler on 0.33.0, ours on 0.34.0's parts): each parameter holds for its
+    own row, whatever its neighbours ask."""
+    scheduler, runner = build(demo_checkpoint, async_decode=False)
+    plain = greedy(PROMPT_A, 6)
+    banned, biased = plain[0], (plain[0] + 7) % 300
+    bad = request("bad", PROMPT_A, 3, temperature=0.0)
+    bad.sampling_params._bad_words_token_ids = [[banned]]  # what the tokenizer step makes
+    out = run(
+        scheduler,
+        runner,
+        {
+            0: [
+                # min_p near 1 keeps only the most likely token: greedy, though sampled.
+                request("min_p", PROMPT_A, 6, temperature=1.0, min_p=0.999, seed=3),
+                request("allowed", PROMPT_B, 6, temperature=0.8, allowed_token_ids=[5, 9]),
+                request("bias", PROMPT_A, 6, temperature=0.0, logit_bias={biased: 100.0}),
+                bad,
+            ]
+        },
+    )
+    assert not any(d["device"] for d in runner.generator.decodes)  # the host sampled
+    assert out["min_p"] == plain
+    assert set(out["allowed"]) <= {5, 9} and len(out["allowed"]) == 6
+    assert out["bias"] == [biased] * 6
+    assert banned not in out["bad"] and len(out["bad"]) == 3

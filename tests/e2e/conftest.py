@@ -87,9 +87,12 @@ SERVER_PLANS: dict[str, tuple[list[str], dict[str, str]]] = {
     ),
     # The demo bundle's single-execute variant: 4 in-process lanes x 2 sequences, 12 KV
     # blocks (192 tokens) per lane so that long requests press on their lane's cache;
-    # async decode and device sampling as on "demo".
+    # async decode and device sampling as on "demo". 16-token blocks on every release
+    # (vLLM's default: 16 in 0.33.0, 64 in 0.34.0).
     "lanes": (
         [
+            "--block-size",
+            "16",
             "--data-parallel-size",
             "4",
             "--max-num-seqs",

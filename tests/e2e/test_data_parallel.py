@@ -26,9 +26,12 @@ pytestmark = pytest.mark.server
 READY_TIMEOUT = 600.0  # six vLLM processes start on two cores
 MAX_NUM_SEQS = 4
 MAX_MODEL_LEN = 256
+BLOCK_SIZE = 16  # pinned: vLLM's default is 16 tokens in 0.33.0, 64 in 0.34.0
 DP_ARGS = [
     "--data-parallel-size",
     "2",
+    "--block-size",
+    str(BLOCK_SIZE),
     "--max-model-len",
     str(MAX_MODEL_LEN),
     "--max-num-seqs",
@@ -115,6 +118,6 @@ def test_each_rank_sizes_its_kv_cache_for_its_own_sequences(dp_server):
     assert len(blocks) == 2, blocks  # one line per engine process
     # Room for one rank's max_num_seqs at full length (16-token blocks, one spare), not
     # for both ranks' together.
-    expected = MAX_NUM_SEQS * MAX_MODEL_LEN // 16 + 1
+    expected = MAX_NUM_SEQS * MAX_MODEL_LEN // BLOCK_SIZE + 1
     assert set(blocks.values()) == {str(expected)}
     assert "2 engine cores, one per 1x1 submesh of HOST" in log

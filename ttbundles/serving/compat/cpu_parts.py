@@ -257,7 +257,8 @@ class HostSampler:
             scaled = processed / torch.where(greedy, 1.0, temperature).unsqueeze(1)
             min_p = torch.tensor([p.min_p for p in params], dtype=torch.float32)
             if bool((min_p > 0).any()):
-                threshold = scaled.amax(dim=1, keepdim=True) + min_p.clamp_min(1e-30).log()
+                floor = min_p.clamp_min(1e-30).log().unsqueeze(1)  # [n, 1], as the max
+                threshold = scaled.amax(dim=1, keepdim=True) + floor
                 keep = (min_p <= 0).unsqueeze(1) | (scaled >= threshold)
                 scaled = scaled.masked_fill(~keep, float("-inf"))
             scaled = self._top_k_top_p(scaled, params)
