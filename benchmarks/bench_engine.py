@@ -192,7 +192,7 @@ class RunnerClock:
     started, and the runner's own wall time less its device waits and generator calls."""
 
     def __init__(self, runner) -> None:
-        from ttbundles.serving import model_runner as module
+        from ttbundles.serving.runner.readback import TTAsyncOutput
 
         self.runner = runner
         self.own = 0.0
@@ -210,14 +210,14 @@ class RunnerClock:
         for name in ("_decode", "_prefill", "_read", "_process"):
             if getattr(runner, name, None) is not None:
                 self._wrap_instance(name, None, kind="inside")
-        original = module.TTAsyncOutput.get_output
+        original = TTAsyncOutput.get_output
         clock = self
 
         def get_output(output):
             with clock.timed("own"):
                 return original(output)
 
-        module.TTAsyncOutput.get_output = get_output
+        TTAsyncOutput.get_output = get_output
 
     def wrap_scheduler(self, scheduler) -> None:
         """Count our scheduler code as own work: the engine's scheduler (the phase

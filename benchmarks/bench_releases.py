@@ -46,8 +46,10 @@ def run_once(venv: Path, args: argparse.Namespace) -> list[dict]:
     if done.returncode != 0:
         sys.stderr.write(done.stderr[-4000:])
         raise SystemExit(f"bench_engine failed in {venv}")
-    start = done.stdout.index("[")
-    return json.loads(done.stdout[start:])
+    # vLLM logs to stdout too: the report is the indented JSON array that ends it.
+    lines = done.stdout.splitlines()
+    start = max(i for i, line in enumerate(lines) if line == "[")
+    return json.loads("\n".join(lines[start:]))
 
 
 def spread(values: list[float]) -> dict[str, float]:
