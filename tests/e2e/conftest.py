@@ -44,7 +44,11 @@ from ttbundles.errors import TTBundleError
 READY_TIMEOUT = 600.0  # four cold starts share two cores with the test process
 STOP_TIMEOUT = 30.0
 
+# 16-token KV blocks on every release (vLLM's default: 16 in 0.33.0, 64 in 0.34.0): the
+# tests count blocks, prefix-cache hits and page-table rows in those units.
 DEMO_ARGS = [
+    "--block-size",
+    "16",
     "--max-num-batched-tokens",
     "64",
     "--max-model-len",
@@ -53,7 +57,15 @@ DEMO_ARGS = [
     "--max-num-seqs",
     "8",
 ]
-PLAIN_ARGS = ["--enable-prefix-caching", "--max-model-len", "512", "--max-num-seqs", "8"]
+PLAIN_ARGS = [
+    "--block-size",
+    "16",
+    "--enable-prefix-caching",
+    "--max-model-len",
+    "512",
+    "--max-num-seqs",
+    "8",
+]
 
 
 def tt_options(**options) -> list[str]:
@@ -74,6 +86,8 @@ SERVER_PLANS: dict[str, tuple[list[str], dict[str, str]]] = {
     # prompts prefill in chunks.
     "real": (
         [
+            "--block-size",
+            "16",
             "--max-model-len",
             "512",
             "--max-num-seqs",
@@ -113,6 +127,8 @@ SERVER_PLANS: dict[str, tuple[list[str], dict[str, str]]] = {
     # decode; images over 250,000 pixels refused (vLLM's VLLM_MAX_IMAGE_PIXELS).
     "vision": (
         [
+            "--block-size",
+            "16",
             "--max-model-len",
             "1024",
             "--max-num-seqs",
@@ -127,6 +143,8 @@ SERVER_PLANS: dict[str, tuple[list[str], dict[str, str]]] = {
     # Its single-execute variant as 2 in-process lanes x 2 (M-RoPE deltas per slot).
     "vision-lanes": (
         [
+            "--block-size",
+            "16",
             "--data-parallel-size",
             "2",
             "--max-num-seqs",

@@ -117,6 +117,10 @@ def close(llm: Any) -> None:
     gc.collect()
 
 
+CONFORMANCE_BLOCK_SIZE = 16
+"""The KV block size `ttbundle test` serves with (see `engine_plan`)."""
+
+
 def engine_plan(spec: dict[str, Any], lengths: dict[str, int], max_positions: int | None):
     """`[(name, LLM keyword arguments, runs)]` for the paths asked for."""
     paths = spec["paths"]
@@ -137,6 +141,10 @@ def engine_plan(spec: dict[str, Any], lengths: dict[str, int], max_positions: in
     base = {
         "model": spec["checkpoint"],
         "enforce_eager": True,
+        # Small KV blocks, so that the test's short sequences cross block boundaries and
+        # every path reads the page table past a sequence's first block, whatever vLLM's
+        # default (16 tokens in 0.33.0, 64 in 0.34.0).
+        "block_size": spec.get("block_size") or CONFORMANCE_BLOCK_SIZE,
         "seed": 0,
         "max_model_len": max_model_len,
         "max_num_seqs": max_num_seqs,
