@@ -233,10 +233,12 @@ class RegistryClient:
             return f"{base} ({response.status_code})"
         error = params.get("error")
         if error == "insufficient_scope":
-            wanted = params.get("scope", "").rsplit(":", 1)[-1] or "access"
+            # Sorted: registries name the actions in no fixed order (a Go map's).
+            actions = sorted(filter(None, params.get("scope", "").rsplit(":", 1)[-1].split(",")))
+            wanted = " and ".join(actions) or "access"
             return (
                 f"{base}: the token its token service issued does not grant "
-                f"{wanted.replace(',', ' and ')} on {self.ref.repository} (insufficient_scope)"
+                f"{wanted} on {self.ref.repository} (insufficient_scope)"
             )
         if error == "invalid_token":
             return (
