@@ -2,28 +2,18 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from .options import FormatOption
+from .options import BundleFoldersOption, FormatOption, MeshOption
 from .output import Format, Output, short_path
 
 
 def compat(
     version: Annotated[str, typer.Argument(help="The vLLM release to ask about, e.g. 0.34.0.")],
-    models_dir: Annotated[
-        list[Path] | None,
-        typer.Option(
-            "--models-dir",
-            help="Folders of bundles, in order (repeatable). Default: $EXTRA_MODELS_DIR.",
-            file_okay=False,
-        ),
-    ] = None,
-    mesh: Annotated[
-        str | None, typer.Option(help="The mesh to select for. Default: $MESH_DEVICE.")
-    ] = None,
+    models_dir: BundleFoldersOption = None,
+    mesh: MeshOption = None,
     fmt: FormatOption = Format.human,
 ) -> None:
     """Which installed and built-in bundles would register on vLLM VERSION, without

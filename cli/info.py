@@ -10,22 +10,13 @@ import typer
 
 from ttbundles.format.metadata import capability_flags
 
-from .options import FormatOption
+from .options import BundleFoldersOption, FormatOption, MeshOption
 from .output import Format, Output, short_path
 
 
 def list_bundles(
-    models_dir: Annotated[
-        list[Path] | None,
-        typer.Option(
-            "--models-dir",
-            help="Folders of bundles, in order (repeatable). Default: $EXTRA_MODELS_DIR.",
-            file_okay=False,
-        ),
-    ] = None,
-    mesh: Annotated[
-        str | None, typer.Option(help="The mesh to select for. Default: $MESH_DEVICE.")
-    ] = None,
+    models_dir: BundleFoldersOption = None,
+    mesh: MeshOption = None,
     verbose: Annotated[
         bool,
         typer.Option("--verbose", "-v", help="More detail: whole paths (default: shortened)."),

@@ -12,6 +12,17 @@ from .output import Format
 FormatOption = Annotated[
     Format, typer.Option("--format", "-f", help="Output: human (default) or json.")
 ]
+BundleFoldersOption = Annotated[
+    list[Path] | None,
+    typer.Option(
+        "--models-dir",
+        help="Folders of bundles, in order (repeatable). Default: $EXTRA_MODELS_DIR.",
+        file_okay=False,
+    ),
+]
+MeshOption = Annotated[
+    str | None, typer.Option(help="The mesh to select for. Default: $MESH_DEVICE.")
+]
 ModelsDirOption = Annotated[
     Path | None,
     typer.Option(
