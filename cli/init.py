@@ -84,7 +84,7 @@ def migrate(
     ] = False,
     fmt: FormatOption = Format.human,
 ) -> None:
-    """Rewrite legacy metadata (arch + main_class only) as schema_version 1, in place.
+    """Rewrite legacy metadata (arch + main_class only) as versioned metadata, in place.
 
     Capabilities come from the class's model_capabilities (read, not imported); any other
     key is kept as an x- extension. The file keeps its permissions.
@@ -105,11 +105,12 @@ def migrate(
             kept_as_extensions=result.kept,
             capabilities=result.capabilities,
             note=result.class_note,
+            schema_version=result.version,
             diff=result.diff(),
         )
         return
     if not result.changed:
-        out.line(f"{bundle}: already schema_version 1; nothing to do")
+        out.line(f"{bundle}: already schema_version {result.version}; nothing to do")
         return
     if dry_run:
         out.plain(result.diff().rstrip("\n"))
@@ -120,4 +121,7 @@ def migrate(
     if result.class_note:
         out.line(f"{bundle}: note: {result.class_note}")
     done = "would migrate" if dry_run else "migrated"
-    out.line(f"{bundle}: {done} to schema_version 1" + (" (dry run: nothing written)" * dry_run))
+    out.line(
+        f"{bundle}: {done} to schema_version {result.version}"
+        + (" (dry run: nothing written)" * dry_run)
+    )

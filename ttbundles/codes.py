@@ -134,6 +134,14 @@ CODES: dict[str, str] = {
     "TTB216": "the installed vLLM lacks a part ttbundles serves with (outside the tested window)",
     "TTB217": "the installed vLLM is outside the tested window (a warning: it may still serve)",
     "TTB218": "a bundle's requires.vllm excludes the vLLM release asked about",
+    # Speculative decoding declared by a bundle (schema 3), checked by validate
+    "TTB230": "speculative decoding declared beyond what the class's model_capabilities says",
+    "TTB231": "speculative capability declared below what the class says (safe: it stays off)",
+    "TTB232": "spec_plan declared but the class has no spec_plan classmethod of the contract",
+    "TTB233": "a declared speculative method lacks its part of the class (drafter or verify)",
+    "TTB234": "the speculative declaration contradicts itself",
+    # Prompt logprobs (schema 3)
+    "TTB240": "prompt_logprobs declared but prefill_forward does not take return_prompt_logits",
 }
 
 
@@ -327,6 +335,19 @@ WHAT_TO_DO: dict[str, str] = {
     "install a release of the window (docs/operators/upgrading-vllm.md).",
     "TTB218": "Before the upgrade, install a release of the bundle whose requires.vllm "
     "admits the new vLLM, or stay on the current vLLM (`ttbundle compat VERSION` lists them).",
+    "TTB230": "Declare only what the class's model_capabilities says (supports_spec_decode, "
+    "supports_async_spec_decode, the spec_requirements and spec_hidden_handoff entries), or "
+    "implement it and say so in the class.",
+    "TTB231": "Safe: what is left off stays off. Declare it in the bundle to serve it.",
+    "TTB232": "Give the class `@classmethod def spec_plan(cls, vllm_config, max_num_seqs, "
+    "requested_k)` returning a plan or a refusal, or declare spec_plan: false.",
+    "TTB233": "Implement the part the message names (propose_draft_tokens for "
+    "custom_class; decode_forward taking num_valid_drafts, accepted_counts and spec_mode "
+    "for the verify), or drop the method from spec_decode.",
+    "TTB234": "Make the declaration agree with itself as the message says (spec_decode is "
+    "the master gate; custom_class needs device_propose; hidden_feed needs a handoff).",
+    "TTB240": "Let prefill_forward take return_prompt_logits (or **kwargs) and return "
+    "[B, S, V] logits when it is True, or declare prompt_logprobs: false.",
 }
 
 

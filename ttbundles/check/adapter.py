@@ -16,6 +16,7 @@ import functools
 from pathlib import Path
 
 from ttbundles.check.capabilities import ClassCapabilities, agreement, key_notes
+from ttbundles.check.speculative import spec_agreement, static_method_diagnostics
 from ttbundles.check.static_reader import (
     ClassInfo,
     Definition,
@@ -285,28 +286,33 @@ def _contract_diagnostics(
             )
         )
     out.extend(_unfillable(info, name))
+    out.extend(
+        static_method_diagnostics(
+            info.methods,
+            caps,
+            name,
+            partial=partial,
+            outside=outside,
+            class_file=str(info.file),
+            class_line=info.line,
+        )
+    )
     if info.capabilities is not None:
-        out.extend(agreement(info.capabilities, caps, name, meta_file))
-        out.extend(key_notes(info.capabilities, name, meta_file))
+        class_caps = info.capabilities
+        out.extend(key_notes(class_caps, name, meta_file))
     elif not partial:
         # Every base was read and none defines the dict: nothing is supported.
-        out.extend(agreement(ClassCapabilities(absent=True), caps, name, meta_file))
+        class_caps = ClassCapabilities(absent=True)
     else:
         # The dict may come from a base outside the bundle; say so where it matters.
-        out.extend(
-            agreement(
-                ClassCapabilities(
-                    open=(
-                        "TTB057",
-                        f"is not known here: the dict is not in the bundle and may come from "
-                        f"{outside}",
-                    )
-                ),
-                caps,
-                name,
-                meta_file,
+        class_caps = ClassCapabilities(
+            open=(
+                "TTB057",
+                f"is not known here: the dict is not in the bundle and may come from {outside}",
             )
         )
+    out.extend(agreement(class_caps, caps, name, meta_file))
+    out.extend(spec_agreement(class_caps, caps, name, meta_file))
     return out
 
 

@@ -22,6 +22,12 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from ttbundles.check.capabilities import agreement, from_mapping
+from ttbundles.check.speculative import (
+    imported_method_problems,
+    json_ready,
+    spec_agreement,
+    spec_from_mapping,
+)
 from ttbundles.errors import Diagnostic, Severity
 from ttbundles.format.contract import (
     CAPABILITIES_ATTRIBUTE,
@@ -99,13 +105,12 @@ def import_check(
     ]
     capabilities = result.get("capabilities")
     if capabilities is not None or result.get("has_capabilities") is False:
+        meta_file = str(bundle_dir / METADATA_FILE)
+        name = metadata.class_name
+        out.extend(agreement(from_mapping(capabilities), metadata.capabilities, name, meta_file))
+        speculative = result.get("speculative") if capabilities is not None else None
         out.extend(
-            agreement(
-                from_mapping(capabilities),
-                metadata.capabilities,
-                metadata.class_name,
-                str(bundle_dir / METADATA_FILE),
-            )
+            spec_agreement(spec_from_mapping(speculative), metadata.capabilities, name, meta_file)
         )
     return out
 
@@ -135,6 +140,7 @@ def _check_in_this_process(bundle_dir: Path, metadata: BundleMetadata) -> dict:
         if isinstance(caps, Mapping)
         else None,
         "has_capabilities": isinstance(caps, Mapping),
+        "speculative": json_ready(caps) if isinstance(caps, Mapping) else None,
     }
 
 
@@ -166,6 +172,7 @@ def check_class(cls: type, metadata: BundleMetadata) -> list[dict]:
         problems.append(
             {"code": "TTB053", "message": f"{name} lacks {' or '.join(KV_CACHE_METHODS)}"}
         )
+    problems.extend(imported_method_problems(cls, declared))
     return problems
 
 

@@ -24,16 +24,22 @@ from pathlib import Path
 from ttbundles.check.capabilities import ClassCapabilities
 from ttbundles.errors import Diagnostic, Severity
 from ttbundles.format.contract import (
+    ASYNC_SPEC_DECODE_KEY,
     CAPABILITIES_ATTRIBUTE,
     CAPABILITY_KEYS,
     CONTRACT_MARKER,
     CONTRACT_V1,
     METHODS_BY_NAME,
+    SPEC_DECODE_KEY,
+    SPEC_KEYS,
+    SPEC_LIST_KEYS,
+    SPEC_METHODS_OF_CLASS,
 )
 from ttbundles.format.metadata import BundleMetadata, Capabilities
 from ttbundles.format.modules import module_file
 
 Function = ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda
+SPEC_METHOD_NAMES = frozenset(m.name for m in SPEC_METHODS_OF_CLASS)
 
 
 @dataclass(frozen=True)
@@ -247,7 +253,7 @@ class _ClassFinder:
                         except (ValueError, TypeError, SyntaxError, RecursionError):
                             value = 0
                         info.contract = CONTRACT_V1 if isinstance(value, int) and value >= 1 else 0
-                    elif target.id in METHODS_BY_NAME:
+                    elif target.id in METHODS_BY_NAME or target.id in SPEC_METHOD_NAMES:
                         # `decode_forward = _decode`: an alias defines the method too.
                         info.methods[target.id] = self._alias(
                             item.value, info.methods, path, module, depth
@@ -392,6 +398,8 @@ class StaticClass:
     model_capabilities: dict[str, bool] | None
     # Every base was found and read, so a method absent from `methods` is really absent.
     complete: bool
+    # The literal values of the speculative keys (`contract.SPEC_KEYS`) the dict shows.
+    spec_literals: dict[str, object] = field(default_factory=dict)
 
     @property
     def capabilities(self) -> Capabilities:
@@ -400,11 +408,43 @@ class StaticClass:
         TT-Metal's rule: an absent key (or no dict at all, or a value not known here)
         means "not supported"; declaring less than a class supports is safe, more is not.
         `supports_sample_on_device` is one flag there: both sampling modes here.
+        Speculative decoding as the reference plugin serves such a class: `ngram` with the
+        master gate, `custom_class` too when its drafter proposes on the device and the
+        class has `propose_draft_tokens`; left off when the keys contradict themselves.
         """
         caps = self.model_capabilities or {}
         supported = {name: caps.get(key) is True for key, name in CAPABILITY_KEYS.items()}
         sample = supported.pop("sample_on_device")
-        return Capabilities(**supported, sample_on_device=["decode_only", "all"] if sample else [])
+        plain = Capabilities(**supported, sample_on_device=["decode_only", "all"] if sample else [])
+        spec = self._speculative(caps)
+        if not spec:
+            return plain
+        try:
+            return Capabilities(**{**plain.model_dump(), **spec})
+        except ValueError:  # the class's keys contradict themselves: not served
+            return plain
+
+    def _speculative(self, caps: dict[str, bool]) -> dict[str, object]:
+        if caps.get(SPEC_DECODE_KEY) is not True:
+            return {}
+        lists = {}
+        for key in SPEC_LIST_KEYS:
+            value = self.spec_literals.get(key, [])
+            if not isinstance(value, list | tuple | set | frozenset):
+                return {}
+            lists[SPEC_KEYS[key]] = sorted(str(v) for v in value)
+        methods = ["ngram"]
+        if (
+            "device_propose" in lists["spec_requirements"]
+            and "propose_draft_tokens" in self.methods
+        ):
+            methods.append("custom_class")
+        return {
+            "spec_decode": methods,
+            "async_spec_decode": caps.get(ASYNC_SPEC_DECODE_KEY) is True,
+            **lists,
+            "spec_plan": "spec_plan" in self.methods,
+        }
 
 
 def read_class(module: str, class_name: str, *, roots: Sequence[Path] = ()) -> StaticClass | None:
@@ -440,6 +480,11 @@ def read_class(module: str, class_name: str, *, roots: Sequence[Path] = ()) -> S
                 None if caps is None else {k: v is True for k, v in caps.values.items()}
             ),
             complete=not info.unresolved_bases,
+            spec_literals=(
+                {}
+                if caps is None
+                else {k: caps.literals[k] for k in SPEC_LIST_KEYS if k in caps.literals}
+            ),
         )
     return None
 

@@ -90,6 +90,57 @@ REQUIRED_BLOCK_SIZE_KEY = "required_block_size"
 """The KV block size the class's cache layout needs (the executor-based Llama3 generator
 in `models/common/models`); another `--block-size` is refused at load (TTB063)."""
 
+# --- speculative decoding (the reference plugin's docs/SPEC_DECODE_CONTRACT.md) ---------
+
+SPEC_DECODE_KEY = "supports_spec_decode"
+"""The master gate: absent or False, the class serves no speculative configuration."""
+ASYNC_SPEC_DECODE_KEY = "supports_async_spec_decode"
+"""Verification output and any hidden handle stay valid through a deferred readback, so
+speculation may run with asynchronous scheduling."""
+SPEC_REQUIREMENTS_KEY = "spec_requirements"
+SPEC_HIDDEN_HANDOFF_KEY = "spec_hidden_handoff"
+SPEC_KEYS: dict[str, str] = {
+    SPEC_DECODE_KEY: "spec_decode",
+    ASYNC_SPEC_DECODE_KEY: "async_spec_decode",
+    SPEC_REQUIREMENTS_KEY: "spec_requirements",
+    SPEC_HIDDEN_HANDOFF_KEY: "spec_hidden_handoff",
+}
+"""The plugin's speculative `model_capabilities` keys and the bundle capability mirroring
+each (schema 3). `spec_decode` is a list of methods where the class has a flag, as
+`sample_on_device` lists modes where the class has `supports_sample_on_device`."""
+SPEC_LIST_KEYS = (SPEC_REQUIREMENTS_KEY, SPEC_HIDDEN_HANDOFF_KEY)
+SPEC_METHODS = ("ngram", "custom_class")
+"""vLLM's speculative methods a bundle may serve: `ngram` drafts on the host and asks the
+model for nothing; `custom_class` is the model's own drafter (`propose_draft_tokens`),
+selected by vLLM's custom-proposer method with the marker below as its `model`."""
+SPEC_METHOD_REQUIREMENTS: dict[str, tuple[str, ...]] = {
+    "ngram": (),
+    "custom_class": ("device_propose",),
+}
+"""What each method needs of the model's `spec_requirements` (the plugin owns this map, so
+a model never names a vLLM method in its class)."""
+MODEL_OWNED_DRAFTER = "vllm_tt_plugin.model_owned_drafter"
+"""The `speculative_config.model` of a `custom_class` launch: a marker, never imported."""
+SPEC_REQUIREMENTS = ("device_propose", "hidden_feed", "drafter_scores", "paged_drafter_cache")
+SPEC_HANDOFFS = ("on_device", "roundtrip")
+SPEC_ACCEPT_MODES = ("argmax_ids", "logits", "fused_sample")
+"""What a verify may return (`SpecPlan.accept_modes`); the reference runner executes
+`argmax_ids` only, so a plan must include it."""
+SPEC_DRAFTER_STATES = ("none", "dense", "paged")
+"""Where a drafter's own state lives (`SpecPlan.drafter_state`); `paged` needs a
+scheduler-owned drafter cache the reference plugin does not allocate."""
+VERIFY_KEYWORDS = ("num_valid_drafts", "accepted_counts", "spec_mode")
+"""What a verify adds to `decode_forward`: it is the same call with `tokens` and
+`start_pos` `[B, 1+K]` wide and these three keywords, answered with a `VerifyOutput`."""
+
+# --- prompt logprobs (ttbundles' own: TT-Metal's prefill returns the last position) ------
+
+PROMPT_LOGITS_KEYWORD = "return_prompt_logits"
+"""Passed as True to `prefill_forward` of a bundle declaring `prompt_logprobs`, on a step
+where a request asked for prompt logprobs: the call then returns logits for every
+position of `tokens` (`[B, S, V]`, row b's position i the distribution after its token
+i), not `[B, 1, V]`; vLLM's prompt-logprobs processing does the rest on the host."""
+
 KNOWN_CAPABILITY_KEYS: dict[str, str] = {
     **{
         key: f"mirrored by the bundle's capabilities.{name}"
@@ -110,10 +161,7 @@ KNOWN_CAPABILITY_KEYS: dict[str, str] = {
         "not applied: the worker opens the mesh with the device option tt.fabric_config "
         "(the class's ttnn.set_fabric_config keywords are not read); validate warns"
     ),
-    "supports_spec_decode": "ignored: speculative decoding is refused at configuration",
-    "supports_async_spec_decode": "ignored: speculative decoding is refused at configuration",
-    "spec_requirements": "ignored: speculative decoding is refused at configuration",
-    "spec_hidden_handoff": "ignored: speculative decoding is refused at configuration",
+    **{key: f"mirrored by the bundle's capabilities.{name}" for key, name in SPEC_KEYS.items()},
     "tt_adaptive_block_output": "ignored: block output (output_tokens_per_step > 1) is refused",
     "tt_adaptive_block_max_prompt_tokens": "ignored: block output is refused",
     "tt_block_kv_extent_tokens": "ignored: block output is refused",
@@ -248,6 +296,35 @@ PROCESS_DECODE_OUTPUT = Method(
     needs="async_decode",
     leading=1,
 )
+
+SPEC_PLAN = Method(
+    "spec_plan",
+    "classmethod",
+    (),
+    "a SpecPlan (effective_k, accept_modes, extra_bytes_per_seq, extra_bytes_per_token, "
+    "drafter_state, ...) or a SpecReject (reason, supported_k)",
+    required=False,
+    needs="spec_plan",
+    leading=3,
+)
+"""`spec_plan(vllm_config, max_num_seqs, requested_k)`, called once per process at
+configuration, positionally (the names are not part of the contract), before any instance
+exists; it must not raise."""
+PROPOSE_DRAFT_TOKENS = Method(
+    "propose_draft_tokens",
+    "method",
+    ("hidden",),
+    "a DraftOutput: draft_token_ids [B, K] int32, num_valid [B] int32 or None",
+    required=False,
+    needs="spec_drafter",
+    leading=4,
+)
+"""`propose_draft_tokens(num_drafts, committed_tokens, committed_positions,
+accepted_counts, hidden=None)`: the model's own drafter, after every commit."""
+SPEC_METHODS_OF_CLASS = (SPEC_PLAN, PROPOSE_DRAFT_TOKENS)
+"""Contract methods of speculative decoding: checked only where the bundle declares what
+needs them (`Method.needs` names a `Capabilities` attribute); not in `METHODS`, which
+the worker binds at load."""
 
 METHODS: tuple[Method, ...] = (
     INITIALIZE,

@@ -1,4 +1,4 @@
-"""The bundle format: `vllm_metadata.json`, schema version 1, as a pydantic model.
+"""The bundle format: `vllm_metadata.json`, schema versions 1 to 3, as a pydantic model.
 
 This model is the single source of truth: `schemas/vllm_metadata.schema.json` is generated
 from it (`ttbundle schema`), and a test fails when the checked-in file drifts. It imports
@@ -25,6 +25,12 @@ from pydantic import (
 from pydantic.json_schema import SkipJsonSchema
 from pydantic_core import PydanticCustomError
 
+from ttbundles.format.contract import (
+    SPEC_HANDOFFS,
+    SPEC_METHOD_REQUIREMENTS,
+    SPEC_METHODS,
+    SPEC_REQUIREMENTS,
+)
 from ttbundles.format.meshes import MESH_NAMES
 from ttbundles.format.selection import applies
 from ttbundles.format.tt_options import SampleOnDeviceMode, TTOptions
@@ -34,12 +40,28 @@ METADATA_FILE = "vllm_metadata.json"
 # every ttbundles release reads it. A document needs a higher one only for what that
 # version added (see `needs_version`).
 SCHEMA_VERSION = 1
-LATEST_SCHEMA_VERSION = 2
+LATEST_SCHEMA_VERSION = 3
 # Every schema version this release reads, with what it changed.
 SUPPORTED_SCHEMA_VERSIONS: dict[int, str] = {
     1: "first versioned format: identity, capabilities, targets, when, requires",
     2: "capabilities.modalities: the input modalities and their per-prompt limits; "
     "tests.image_prompts",
+    3: "speculative decoding (capabilities.spec_decode, async_spec_decode, "
+    "spec_requirements, spec_hidden_handoff, spec_plan) as the reference plugin's class "
+    "keys; capabilities.prompt_logprobs",
+}
+# What each version added, as (object, key) pairs: a document of a lower version using
+# one is refused with the version it needs (TTB020), and the schema says the same.
+ADDED_IN: dict[int, tuple[tuple[str, str], ...]] = {
+    2: (("capabilities", "modalities"), ("tests", "image_prompts")),
+    3: (
+        ("capabilities", "spec_decode"),
+        ("capabilities", "async_spec_decode"),
+        ("capabilities", "spec_requirements"),
+        ("capabilities", "spec_hidden_handoff"),
+        ("capabilities", "spec_plan"),
+        ("capabilities", "prompt_logprobs"),
+    ),
 }
 # Input modalities vLLM's multimodal processors know; a bundle lists those it serves.
 Modality = Literal["image", "video", "audio"]
@@ -58,6 +80,9 @@ ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
 SPDX_PATTERN = r"^[A-Za-z0-9.+-]+( (AND|OR|WITH) [A-Za-z0-9.+-]+)*$"
 
 MeshName = Literal[MESH_NAMES]  # type: ignore[valid-type]
+SpecMethod = Literal[SPEC_METHODS]  # type: ignore[valid-type]
+SpecRequirement = Literal[SPEC_REQUIREMENTS]  # type: ignore[valid-type]
+SpecHandoff = Literal[SPEC_HANDOFFS]  # type: ignore[valid-type]
 EnvName = Annotated[str, Field(pattern=ENV_NAME_PATTERN)]
 # pydantic renders a key pattern as patternProperties, which lets other keys through; the
 # schema must reject them as the model does.
@@ -110,6 +135,29 @@ def _aside(obj: Any) -> Any:
     if extensions is not None:
         out[EXTENSIONS_KEY] = extensions
     return out
+
+
+def _version_gates() -> list[dict[str, Any]]:
+    """JSON Schema `if`/`then` pairs: a document of version v has none of the keys a
+    later version added (`ADDED_IN`), as `needs_version` refuses them in the model."""
+    gates = []
+    for version in range(1, LATEST_SCHEMA_VERSION):
+        later: dict[str, dict[str, bool]] = {}
+        for added, keys in ADDED_IN.items():
+            if added > version:
+                for owner, key in keys:
+                    later.setdefault(owner, {})[key] = False
+        gates.append(
+            {
+                "if": {"properties": {"schema_version": {"const": version}}},
+                "then": {
+                    "properties": {
+                        owner: {"properties": keys} for owner, keys in sorted(later.items())
+                    }
+                },
+            }
+        )
+    return gates
 
 
 class _Strict(BaseModel):
@@ -186,6 +234,51 @@ class Capabilities(_Strict):
         "listed are refused by the API server (HTTP 400). Implies multimodal.",
     )
 
+    spec_decode: list[SpecMethod] = Field(
+        default_factory=list,
+        description="Schema 3: the speculative methods the bundle serves, 'ngram' (drafts "
+        "proposed on the host) and 'custom_class' (the model's own drafter, "
+        "propose_draft_tokens); mirrors supports_spec_decode (the master gate: empty means "
+        "speculative decoding is refused). The target verifies drafts in decode_forward.",
+        json_schema_extra={"uniqueItems": True},
+    )
+    async_spec_decode: bool = Field(
+        False,
+        description="Schema 3: mirrors supports_async_spec_decode: verification output and "
+        "any hidden handle stay valid through the deferred readback, so speculation may run "
+        "with asynchronous scheduling (needs async_decode and spec_decode).",
+    )
+    spec_requirements: list[SpecRequirement] = Field(
+        default_factory=list,
+        description="Schema 3: mirrors spec_requirements, what the drafter can serve: "
+        "'device_propose', 'hidden_feed', 'drafter_scores', 'paged_drafter_cache' "
+        "('custom_class' needs 'device_propose').",
+        json_schema_extra={"uniqueItems": True},
+    )
+    spec_hidden_handoff: list[SpecHandoff] = Field(
+        default_factory=list,
+        description="Schema 3: mirrors spec_hidden_handoff, how the target's hidden state "
+        "reaches a device drafter: 'on_device', 'roundtrip' (required with 'hidden_feed').",
+        json_schema_extra={"uniqueItems": True},
+    )
+    spec_plan: bool = Field(
+        False,
+        description="Schema 3: the class answers the classmethod spec_plan(vllm_config, "
+        "max_num_seqs, requested_k) with a plan (effective k, accept modes, extra bytes per "
+        "sequence and per token, drafter state) or a refusal (with the k that would work).",
+    )
+    prompt_logprobs: bool = Field(
+        False,
+        description="Schema 3: prefill_forward returns logits for every prompt position "
+        "when the worker passes return_prompt_logits=True, so requests may ask for prompt "
+        "logprobs (completions' echo with logprobs); undeclared, they are refused (HTTP 400).",
+    )
+
+    @property
+    def spec_drafter(self) -> bool:
+        """The model owns the drafter (`custom_class`): the class has propose_draft_tokens."""
+        return "custom_class" in self.spec_decode
+
     def input_limits(self) -> dict[str, int]:
         """Items per prompt for each modality the generator takes; {} for text only."""
         return input_limits(self.model_dump(include={"multimodal", "modalities"}))
@@ -200,14 +293,59 @@ class Capabilities(_Strict):
             )
         return self
 
-    @field_validator("sample_on_device")
+    @model_validator(mode="after")
+    def _speculation_is_consistent(self) -> Capabilities:
+        problem = speculation_problem(self)
+        if problem is not None:
+            message, hint = problem
+            raise PydanticCustomError("TTB234", message, {"hint": hint})
+        return self
+
+    @field_validator("sample_on_device", "spec_decode", "spec_requirements", "spec_hidden_handoff")
     @classmethod
-    def _unique_modes(cls, value: list[str]) -> list[str]:
+    def _unique_modes(cls, value: list[str], info: ValidationInfo) -> list[str]:
         if len(set(value)) != len(value):
             raise PydanticCustomError(
-                "TTB033", "sample_on_device lists a mode twice", {"hint": "list each once"}
+                "TTB033",
+                "{name} lists a value twice",
+                {"name": info.field_name, "hint": "list each once"},
             )
         return value
+
+
+def speculation_problem(caps: Capabilities) -> tuple[str, str] | None:
+    """What makes a speculative declaration contradict itself, as (message, hint); None
+    when it holds together. The reference plugin refuses the same launches at
+    configuration (`resolve_speculative_plan`); the format refuses the file first."""
+    others = [
+        name
+        for name in ("async_spec_decode", "spec_requirements", "spec_hidden_handoff", "spec_plan")
+        if getattr(caps, name)
+    ]
+    if not caps.spec_decode:
+        if others:
+            return (
+                f"{', '.join(others)} declared without spec_decode (the master gate)",
+                'list the methods served in spec_decode, e.g. ["ngram"], or drop '
+                + ", ".join(others),
+            )
+        return None
+    for method in caps.spec_decode:
+        missing = [r for r in SPEC_METHOD_REQUIREMENTS[method] if r not in caps.spec_requirements]
+        if missing:
+            return (
+                f"spec_decode lists {method!r}, which needs {', '.join(missing)} in "
+                "spec_requirements",
+                f"add {', '.join(repr(m) for m in missing)} to spec_requirements (the model's "
+                f"drafter proposes on the device), or drop {method!r}",
+            )
+    if "hidden_feed" in caps.spec_requirements and not caps.spec_hidden_handoff:
+        return (
+            "spec_requirements has 'hidden_feed' but spec_hidden_handoff is empty",
+            "say how the hidden state reaches the drafter: spec_hidden_handoff "
+            '["on_device"] or ["roundtrip"]',
+        )
+    return None
 
 
 class Target(_Strict):
@@ -489,27 +627,22 @@ class BundleTests(_Strict):
 
 
 class BundleMetadata(_Strict):
-    """`vllm_metadata.json`, schema version 1."""
+    """`vllm_metadata.json`, schema versions 1 to 3 (`SUPPORTED_SCHEMA_VERSIONS`)."""
 
     model_config = ConfigDict(
         title="ttbundles vllm_metadata.json",
         json_schema_extra={
             "patternProperties": {"^x-": {}},
-            # What schema 2 added is refused in a schema 1 document (`needs_version`).
-            "if": {"properties": {"schema_version": {"const": 1}}},
-            "then": {
-                "properties": {
-                    "capabilities": {"properties": {"modalities": False}},
-                    "tests": {"properties": {"image_prompts": False}},
-                }
-            },
+            # What a later version added is refused in an earlier document
+            # (`needs_version`).
+            "allOf": _version_gates(),
         },
     )
 
     schema_uri: str | None = Field(
         None, alias="$schema", description="Schema URI, so editors can validate the file."
     )
-    schema_version: Literal[1, 2] = Field(description="Version of this format.")
+    schema_version: Literal[1, 2, 3] = Field(description="Version of this format.")
     name: str = Field(
         pattern=NAME_PATTERN, max_length=64, description="Bundle name, unique in a folder."
     )
@@ -581,7 +714,7 @@ class BundleMetadata(_Strict):
         if isinstance(value, bool):
             raise PydanticCustomError(
                 "TTB032",
-                "schema_version must be a number (1 or 2), not a boolean",
+                "schema_version must be a number (1, 2 or 3), not a boolean",
                 {"hint": f'write "schema_version": {SCHEMA_VERSION}'},
             )
         return value
@@ -594,9 +727,7 @@ class BundleMetadata(_Strict):
                 "TTB020",
                 "{what} needs schema_version {needed} (the file says {version})",
                 {
-                    "what": "capabilities.modalities"
-                    if self.capabilities.modalities
-                    else "tests.image_prompts",
+                    "what": added_keys(self)[needed][0],
                     "needed": needed,
                     "version": self.schema_version,
                     "hint": f'write "schema_version": {needed}; ttbundles releases before '
@@ -662,17 +793,30 @@ def capability_flags(capabilities: dict[str, Any] | None) -> list[str]:
         flags.append("sample_on_device=" + "+".join(capabilities["sample_on_device"]))
     if capabilities.get("execution") == "single":
         flags.append("single-execute")
+    if capabilities.get("spec_decode"):
+        flags.append("spec_decode=" + "+".join(capabilities["spec_decode"]))
+    if capabilities.get("prompt_logprobs"):
+        flags.append("prompt_logprobs")
     limits = input_limits(capabilities)
     if limits:
         flags.append("inputs=text+" + "+".join(f"{m}:{n}" for m, n in limits.items()))
     return flags
 
 
+def added_keys(metadata: BundleMetadata) -> dict[int, list[str]]:
+    """The keys `metadata` uses that a later schema version added, by that version."""
+    used: dict[int, list[str]] = {}
+    for version, keys in ADDED_IN.items():
+        for owner, key in keys:
+            value = getattr(metadata, owner)
+            if value is not None and getattr(value, key):
+                used.setdefault(version, []).append(f"{owner}.{key}")
+    return used
+
+
 def needs_version(metadata: BundleMetadata) -> int:
     """The lowest schema version that expresses `metadata` (what `init` would write)."""
-    if metadata.capabilities.modalities or (metadata.tests and metadata.tests.image_prompts):
-        return 2
-    return 1
+    return max(added_keys(metadata), default=1)
 
 
 def _aside_prompt(prompt: Any) -> Any:

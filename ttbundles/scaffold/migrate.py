@@ -1,4 +1,8 @@
-"""Legacy metadata rewritten to v1: `ttbundle migrate`, with the diff it shows."""
+"""Legacy metadata rewritten as versioned metadata: `ttbundle migrate`, with the diff.
+
+The migrated file has the lowest schema version that expresses it (`needs_version`): 1,
+or 3 when the class's `model_capabilities` declares speculative decoding, which the
+registry serves a legacy bundle with as the reference plugin does."""
 
 from __future__ import annotations
 
@@ -8,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ttbundles.errors import Diagnostic, Severity, TTBundleError
-from ttbundles.format.metadata import SCHEMA_VERSION
+from ttbundles.format.metadata import SCHEMA_VERSION, BundleMetadata, needs_version
 from ttbundles.fsutil import write_text_atomic
 
 
@@ -29,6 +33,8 @@ class Migration:
     kept: dict[str, str] = field(default_factory=dict)
     capabilities: dict = field(default_factory=dict)
     class_note: str | None = None
+    version: int = SCHEMA_VERSION
+    """The schema version of the file after migration (the one it had when unchanged)."""
 
     def diff(self) -> str:
         """A unified diff of the metadata, `before` to `after` (empty: no change)."""
@@ -65,7 +71,14 @@ def migrate_bundle(folder: Path, *, dry_run: bool = False) -> Migration:
     before = file.read_text(encoding="utf-8")
     meta = loaded.metadata
     if not meta.legacy:
-        return Migration(file, changed=False, written=False, before=before, after=before)
+        return Migration(
+            file,
+            changed=False,
+            written=False,
+            before=before,
+            after=before,
+            version=meta.schema_version,
+        )
     raw = json.loads(before)
     kept: dict[str, str] = {}
     clashes = []
@@ -110,6 +123,8 @@ def migrate_bundle(folder: Path, *, dry_run: bool = False) -> Migration:
         **meta.extensions,
         **{new: raw[old] for old, new in kept.items()},
     }
+    version = needs_version(BundleMetadata.model_validate({**document, "schema_version": 3}))
+    document["schema_version"] = version
     after = json.dumps(document, indent=2) + "\n"
     if not dry_run:
         write_text_atomic(file, after)  # keeps the file's mode
@@ -122,4 +137,5 @@ def migrate_bundle(folder: Path, *, dry_run: bool = False) -> Migration:
         kept=kept,
         capabilities=capabilities,
         class_note=note,
+        version=version,
     )
