@@ -153,12 +153,13 @@ def test_a_second_process_takes_unchanged_bundles_from_the_user_cache(make_bundl
     models = tmp_path / "models"
     make_bundle("good", parent=models)
     first = compute(env(models), mesh="HOST")
-    assert by_name(first, "good")._metadata is not None  # checked in this process
+    assert by_name(first, "good").record.checked  # checked in this process
     (cache,) = user_cache_dir().glob("index-*.json")
     assert "good" in json.loads(cache.read_text())["bundles"]
     second = compute(env(models), mesh="HOST")
     good = by_name(second, "good")
-    assert good.status is Status.REGISTERED and good._metadata is None  # from the index
+    assert good.status is Status.REGISTERED and not good.record.checked  # from the index
+    assert good._metadata is None  # validated again only when looked into
     # Built when asked, and equal to a fresh validation.
     assert good.metadata == by_name(first, "good").metadata
     assert good.class_ref() == by_name(first, "good").class_ref()
@@ -178,7 +179,7 @@ import sys
 from ttbundles.registry.registry import compute
 env = {"EXTRA_MODELS_DIR": sys.argv[1], "MESH_DEVICE": "HOST", "TT_VLLM_BUILTIN_MODELS": "0"}
 (good,) = [e for e in compute(env, mesh="HOST").entries if e.path.name == "good"]
-print("checked" if good._metadata is not None else "kept", good.status.name)
+print("checked" if good.record.checked else "kept", good.status.name)
 """
 
 
@@ -289,7 +290,7 @@ def test_an_unwritable_cache_only_costs_the_check(make_bundle, tmp_path, monkeyp
     blocker.write_text("")
     monkeypatch.setenv("XDG_CACHE_HOME", str(blocker))
     assert by_name(compute(env(models)), "good").status is Status.REGISTERED
-    assert by_name(compute(env(models)), "good")._metadata is not None  # checked again
+    assert by_name(compute(env(models)), "good").record.checked  # checked again
 
 
 def test_the_index_is_replaced_atomically(make_bundle, tmp_path):

@@ -56,11 +56,13 @@ def check_adapter(
     *,
     read: list[Path] | None = None,
     contract: bool = True,
+    signatures: dict[Path, tuple[int, int, int] | None] | None = None,
 ) -> list[Diagnostic]:
     """Every contract problem of the bundle's main class that shows in its source.
 
     `read`, when given, receives every source file parsed: what the outcome depends on
-    (the registry's index keys a bundle's check by them). `contract=False` is
+    (the registry's index keys a bundle's check by them), and `signatures` what each was
+    when read (`static_reader.signature`). `contract=False` is
     registration's check: only whether the class can be found (module present, parses,
     defines or imports the class; TTB050-052), without walking its body and bases for the
     contract, which is `validate`'s to report and costs as much again as the parse.
@@ -109,6 +111,7 @@ def check_adapter(
     finder.compile_check = contract
     if read is not None:
         finder.read = read
+    finder.signatures = signatures
     try:
         info = finder.find(path, metadata.module, metadata.class_name)
     except _SourceError as exc:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -130,6 +131,15 @@ def syntax_diagnostic(exc: SyntaxError | ValueError, path: Path) -> Diagnostic:
     )
 
 
+def signature(before: os.stat_result, after: os.stat_result) -> tuple[int, int, int] | None:
+    """(size, mtime_ns, inode) of a file read between two `fstat`s of it; None when the
+    two differ (it was written while read: nothing may be concluded from it)."""
+    found = (before.st_size, before.st_mtime_ns, before.st_ino)
+    if found != (after.st_size, after.st_mtime_ns, after.st_ino):
+        return None
+    return found
+
+
 class _SourceError(Exception):
     def __init__(self, diagnostic: Diagnostic):
         self.diagnostic = diagnostic
@@ -148,6 +158,10 @@ class _ClassFinder:
         self.shallow = shallow
         self._trees: dict[Path, ast.Module] = {}
         self.read: list[Path] = []
+        # When a dict: each file parsed -> (size, mtime_ns, inode) of what was read, from
+        # the open file before and after reading (None when it changed meanwhile), so a
+        # caller keying an outcome by the files needs no second look at them.
+        self.signatures: dict[Path, tuple[int, int, int] | None] | None = None
         # Also compile each tree (validate's check): see `compile_tree`.
         self.compile_check = False
 
@@ -162,7 +176,15 @@ class _ClassFinder:
         if path not in self._trees:
             self.read.append(path)
             try:
-                source = path.read_text(encoding="utf-8")
+                with open(path, encoding="utf-8") as handle:
+                    if self.signatures is None:
+                        source = handle.read()
+                    else:
+                        first = os.fstat(handle.fileno())
+                        try:
+                            source = handle.read()
+                        finally:  # a file that does not decode is an outcome too
+                            self.signatures[path] = signature(first, os.fstat(handle.fileno()))
                 self._trees[path] = ast.parse(source, filename=str(path))
                 if self.compile_check:
                     compile_tree(self._trees[path], path)

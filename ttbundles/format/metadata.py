@@ -117,10 +117,18 @@ NO_EXTENSIONS = "no_extensions"
 _RESERVED = (EXTENSIONS_KEY, LEGACY_KEY)
 
 
-def _aside(obj: Any) -> Any:
-    """`obj` with its `x-*` keys moved under EXTENSIONS_KEY (a copy; input untouched)."""
+def _aside(obj: Any, *, copy: bool = False) -> Any:
+    """`obj` with its `x-*` keys moved under EXTENSIONS_KEY (a copy; input untouched):
+    `obj` itself when it has none and no reserved key, unless `copy` (the caller changes
+    the result)."""
     if not isinstance(obj, dict):
         return obj
+    if not copy:
+        for key in obj:
+            if key.startswith(EXTENSION_PREFIX) or key in _RESERVED:
+                break
+        else:
+            return obj
     out: dict[str, Any] = {}
     extensions: dict[str, Any] | None = None
     for key, value in obj.items():
@@ -686,7 +694,7 @@ class BundleMetadata(_Strict):
         if (info.context or {}).get(NO_EXTENSIONS):
             data = dict(data)
         else:
-            data = _aside(data)
+            data = _aside(data, copy=True)
             for key in ("capabilities", "when", "requires"):
                 if key in data:
                     data[key] = _aside(data[key])
@@ -695,7 +703,7 @@ class BundleMetadata(_Strict):
             if isinstance(data.get("targets"), dict):
                 data["targets"] = {k: _aside(v) for k, v in data["targets"].items()}
             if isinstance(data.get("tests"), dict):
-                tests = data["tests"] = _aside(data["tests"])
+                tests = data["tests"] = _aside(data["tests"], copy=True)
                 for key in ("sampling", "thresholds"):
                     if key in tests:
                         tests[key] = _aside(tests[key])
@@ -821,7 +829,7 @@ def needs_version(metadata: BundleMetadata) -> int:
 
 def _aside_prompt(prompt: Any) -> Any:
     """An image prompt with its and its images' `x-*` keys set aside."""
-    prompt = _aside(prompt)
+    prompt = _aside(prompt, copy=True)
     if isinstance(prompt, dict) and isinstance(prompt.get("images"), list):
         prompt["images"] = [_aside(i) for i in prompt["images"]]
     return prompt

@@ -42,7 +42,7 @@ from typing import Any
 
 from ttbundles.errors import ConfigurationError, Diagnostic, Severity
 from ttbundles.format.metadata import METADATA_FILE, NO_EXTENSIONS, BundleMetadata
-from ttbundles.format.parse import load_metadata
+from ttbundles.format.parse import load_metadata, parse_metadata
 from ttbundles.fsutil import write_text_atomic
 from ttbundles.paths import user_cache_dir
 
@@ -117,22 +117,41 @@ class Record:
     # the document is read from again when a process looks into the bundle.
     summary: dict | None = None
     folder: str | None = None
+    # Checked in this process (`examine`), not taken from an index.
+    checked: bool = False
+
+    def compact(self, folder: str) -> Record:
+        """Keep only what an index would (the summary, not the document and the model),
+        as for a record read from one: registration keeps every bundle's record, and a
+        thousand documents and models surviving it would make the cyclic collector's
+        next pass over them cost more than validating them did. The model is built again
+        from the file for the bundles a process looks into (`materialize`)."""
+        if self.valid and self.document is not None:
+            self.summary = _summary(self.document)
+            self.document = None
+            self.metadata = None
+            self.folder = folder
+        return self
 
     def selection(self) -> dict | None:
         """What `registry.Facts` reads: the summary, else the document itself."""
         return self.summary if self.summary is not None else self.document
 
-    def to_json(self, shared: dict[str, int]) -> list:
+    def to_json(self, shared: dict[str, tuple[int, dict]]) -> list:
         """The stored form: a list, not an object, and each distinct capabilities dict
-        stored once for the whole index (`shared` maps its JSON to its position), since
-        parsing the index is most of what a warm start costs."""
+        stored once for the whole index (`shared` maps its repr to its position and
+        itself: the models' dumps list their keys in one order), since parsing the index
+        is most of what a warm start costs."""
         summary = self.summary
         if summary is None and self.valid and self.document is not None:
             summary = _summary(self.document)
         capabilities = None
         if self.capabilities is not None:
-            text = json.dumps(self.capabilities, sort_keys=True)
-            capabilities = shared.setdefault(text, len(shared))
+            text = repr(self.capabilities)
+            found = shared.get(text)
+            if found is None:
+                found = shared[text] = (len(shared), self.capabilities)
+            capabilities = found[0]
         diagnostics = [d.to_dict() for d in self.diagnostics] if self.diagnostics else 0
         flags = (1 if self.valid else 0) | (2 if self.legacy else 0)
         return [self.key, summary, capabilities, diagnostics, self.arch, flags]
@@ -219,27 +238,6 @@ def _has_extensions(document: Any) -> bool:
     return False
 
 
-def _key(folder: str, files: list[str]) -> list | None:
-    """(mtime, inode) of the folder, then (name, size, mtime, inode) of each file, flat.
-
-    The files' change when they are rewritten or replaced; the folder's when a file
-    appears, goes or is renamed in it, which matters only where the check looked for a
-    file and did not find it (a missing module, a class imported from a missing file).
-    For a bundle whose class was found the outcome depends only on the files read, so
-    `examine` blanks the folder's part and it is not looked at (one system call a bundle
-    less, in every process).
-    """
-    try:
-        top = os.stat(folder)
-        key: list = [top.st_mtime_ns, top.st_ino]
-        for rel in files:
-            st = os.stat(folder + "/" + rel)
-            key += (rel, st.st_size, st.st_mtime_ns, st.st_ino)
-    except OSError:
-        return None
-    return key
-
-
 def matches(key: list | None, folder: str) -> bool:
     """Whether a bundle's files are still those its record was made from."""
     if not key:
@@ -265,15 +263,30 @@ def matches(key: list | None, folder: str) -> bool:
 def examine(folder: Path) -> Record | None:
     """Check one bundle folder as registration does: metadata (strictly validated), then
     whether the adapter's class can be found (`SKIPPING`; the rest of the contract is
-    `validate`'s); None when the folder holds no metadata."""
+    `validate`'s); None when the folder holds no metadata.
+
+    Each file is opened once, and what it was when read (`static_reader.signature`, from
+    the open file before and after reading) is the record's key: no second look at it.
+    The folder is looked at again only where the check looked for a file and missed it.
+    """
     from ttbundles.check.adapter import check_adapter
+    from ttbundles.check.static_reader import signature
 
     base = str(folder)
-    before = _key(base, [METADATA_FILE])
-    loaded = load_metadata(folder)
+    stamp: tuple[int, int, int] | None = None
+    try:
+        top = os.stat(base)
+        with open(base + "/" + METADATA_FILE, encoding="utf-8") as handle:
+            first = os.fstat(handle.fileno())
+            text = handle.read()
+            stamp = signature(first, os.fstat(handle.fileno()))
+    except (OSError, UnicodeDecodeError, ValueError):
+        top = None  # not kept: load_metadata says why (none there, unreadable)
+        loaded = load_metadata(folder)
+    else:
+        loaded = parse_metadata(text, file=folder / METADATA_FILE, bundle_dir=folder)
     if loaded.metadata is None and loaded.diagnostics and loaded.diagnostics[0].code == "TTB002":
         return None
-    files = [METADATA_FILE]
     diagnostics = list(loaded.diagnostics)
     meta = loaded.metadata
     document = loaded.document if isinstance(loaded.document, dict) else None
@@ -288,25 +301,78 @@ def examine(folder: Path) -> Record | None:
         metadata=meta,
     )
     record.valid = meta is not None
+    record.checked = True
     clean = meta is not None and not any(d.is_error for d in diagnostics)
+    read: list[Path] = []
+    signatures: dict[Path, tuple[int, int, int] | None] = {}
+    defined = None
     if clean and meta.main_class_source == "bundle":
-        read: list[Path] = []
-        found = check_adapter(folder, meta, read=read, contract=False)
-        diagnostics.extend(d for d in found if d.is_error and d.code in SKIPPING)
-        inside = base + "/"
-        files.extend(
-            str(p)[len(inside) :] if str(p).startswith(inside) else os.path.relpath(p, base)
-            for p in read
-        )
-    # The folder is watched unless the check found the class (see `_key`); an invalid
-    # document may become valid by a file appearing too (a legacy bundle's module).
+        defined = _defined_at_top(base, meta)
+        if defined is None:
+            found = check_adapter(folder, meta, read=read, contract=False, signatures=signatures)
+            diagnostics.extend(d for d in found if d.is_error and d.code in SKIPPING)
+    if top is None or stamp is None:
+        return record
+    # The key: (mtime, inode) of the folder, then (name, size, mtime, inode) of each file
+    # read, flat. The files' change when they are rewritten or replaced; the folder's when
+    # a file appears, goes or is renamed in it, which matters only where the check looked
+    # for a file and did not find it (a missing module, a class imported from a missing
+    # file; an invalid document may become valid by a file appearing too, a legacy
+    # bundle's module). For a bundle whose class was found the outcome depends only on
+    # the files read, so the folder's part is blank and not looked at (one system call a
+    # bundle less, in every process).
     found_class = clean and not any(d.code in SKIPPING for d in diagnostics)
-    after = _key(base, files)
-    if before is not None and after is not None and after[: len(before)] == before:
-        record.key = after
-        if found_class:
-            record.key[:2] = [None, None]
+    key: list = [None, None] if found_class else [top.st_mtime_ns, top.st_ino]
+    key += (METADATA_FILE, *stamp)
+    if defined is not None:
+        if defined[1] is None:
+            return record  # written while read
+        key += (defined[0], *defined[1])
+    inside = base + "/"
+    for path in read:
+        seen = signatures.get(path)
+        if seen is None:  # not opened (missing), or written while read
+            return record
+        text_path = str(path)
+        rel = text_path[len(inside) :] if text_path.startswith(inside) else None
+        key += (rel or os.path.relpath(path, base), *seen)
+    if not found_class:
+        try:
+            now = os.stat(base)
+        except OSError:
+            return record
+        if (now.st_mtime_ns, now.st_ino) != (top.st_mtime_ns, top.st_ino):
+            return record  # a file appeared or went while checked
+    record.key = key
     return record
+
+
+def _defined_at_top(base: str, meta: BundleMetadata) -> tuple[str, tuple | None] | None:
+    """The adapter check's common case, made without the general finder: the main class
+    defined at the top level of its module's own file (`a.b` -> `a/b.py`), as
+    `check_adapter` would find it. Its file's name in the bundle and what it was when read
+    (`static_reader.signature`); None for anything else (a package, a class imported from
+    another module, a file that does not read or parse), which the general check then
+    looks into and words."""
+    import ast
+
+    from ttbundles.check.static_reader import signature
+
+    rel = meta.module.replace(".", "/") + ".py"
+    path = base + "/" + rel
+    try:
+        with open(path, encoding="utf-8") as handle:
+            first = os.fstat(handle.fileno())
+            source = handle.read()
+            seen = signature(first, os.fstat(handle.fileno()))
+        tree = ast.parse(source, filename=path)
+    except (OSError, SyntaxError, ValueError, UnicodeDecodeError):
+        return None
+    name = meta.class_name
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == name:
+            return rel, seen
+    return None
 
 
 # --- where indexes live -----------------------------------------------------------------
@@ -339,13 +405,13 @@ def _read(path: Path, resolved: str, fingerprint: list) -> tuple[dict[str, list]
 
 def _write(path: Path, resolved: str, fingerprint: list, records: dict[str, Record]) -> bool:
     """Write an index atomically (temporary file, then rename); False where it cannot."""
-    shared: dict[str, int] = {}
+    shared: dict[str, tuple[int, dict]] = {}
     bundles = {name: r.to_json(shared) for name, r in sorted(records.items()) if r.key is not None}
     data = {
         "format": FORMAT,
         "folder": resolved,
         "checker": fingerprint,
-        "capabilities": [json.loads(text) for text in shared],
+        "capabilities": [capabilities for _, capabilities in shared.values()],
         "bundles": bundles,
     }
     try:
@@ -495,7 +561,7 @@ class Index:
         record = examine(self.folder / name)
         if record is not None:
             self.fresh += 1
-            self.current[name] = record
+            self.current[name] = record.compact(path)
         return record
 
     @staticmethod
