@@ -114,7 +114,15 @@ LEGACY_KEY = "\x00legacy"
 # Validation context flag: the caller knows the text has no "x-" key and no reserved one
 # (registration checks the raw text), so the walk that sets extensions aside is skipped.
 NO_EXTENSIONS = "no_extensions"
+# Its value when the text's only "x-" keys are the document's own (top level): only the
+# document is looked through, not every object in it.
+TOP_EXTENSIONS = "top"
 _RESERVED = (EXTENSIONS_KEY, LEGACY_KEY)
+
+
+# Versions seen valid in this process: registration validates every bundle's, and most
+# folders hold a few distinct ones (bounded, so a process validating many stays small).
+_VALID_VERSIONS: set[str] = set()
 
 
 def _aside(obj: Any, *, copy: bool = False) -> Any:
@@ -691,7 +699,10 @@ class BundleMetadata(_Strict):
     def _set_extensions_aside(cls, data: Any, info: ValidationInfo) -> Any:
         if not isinstance(data, dict):
             return data
-        if (info.context or {}).get(NO_EXTENSIONS):
+        known = (info.context or {}).get(NO_EXTENSIONS)
+        if known == TOP_EXTENSIONS:
+            data = _aside(data, copy=True)
+        elif known:
             data = dict(data)
         else:
             data = _aside(data, copy=True)
@@ -747,6 +758,8 @@ class BundleMetadata(_Strict):
     @field_validator("version")
     @classmethod
     def _pep440(cls, value: str) -> str:
+        if value in _VALID_VERSIONS:
+            return value
         try:
             Version(value)
         except InvalidVersion:
@@ -755,6 +768,8 @@ class BundleMetadata(_Strict):
                 "'{value}' is not a PEP 440 version",
                 {"value": value, "hint": "write e.g. '1.0.0'"},
             ) from None
+        if len(_VALID_VERSIONS) < 1024:
+            _VALID_VERSIONS.add(value)
         return value
 
     @property

@@ -20,10 +20,12 @@ from ttbundles.format.jsonpos import locate, pointer
 from ttbundles.format.meshes import MESH_NAMES
 from ttbundles.format.meshes import suggest as suggest_mesh
 from ttbundles.format.metadata import (
+    EXTENSION_PREFIX,
     METADATA_FILE,
     NO_EXTENSIONS,
     SCHEMA_VERSION,
     SUPPORTED_SCHEMA_VERSIONS,
+    TOP_EXTENSIONS,
     BundleMetadata,
     BundleTests,
     Capabilities,
@@ -162,14 +164,28 @@ def parse_metadata(text: str, *, file: Path, bundle_dir: Path | None = None) -> 
 
     metadata: BundleMetadata | None = None
     try:
-        plain = '"x-' not in text and "\\u0000" not in text
-        metadata = BundleMetadata.model_validate(document, context={NO_EXTENSIONS: plain})
+        metadata = BundleMetadata.model_validate(
+            document, context={NO_EXTENSIONS: _extensions_known(text, document)}
+        )
     except ValidationError as exc:
         diagnostics.extend(diagnostics_from_validation(exc, fname))
     else:
         if diagnostics and diagnostics[0].code == "TTB021":
             metadata.legacy_ = True
     return _located(LoadedMetadata(file, metadata, diagnostics, document), text)
+
+
+def _extensions_known(text: str, document: dict) -> bool | str:
+    """What the raw text tells validation about `x-*` keys (`NO_EXTENSIONS`): True when
+    there are none (nor a reserved key), TOP_EXTENSIONS when every `"x-` in the text is
+    one of the document's own keys, False when objects inside may have some."""
+    if "\\u0000" in text:
+        return False
+    found = text.count('"x-')
+    if not found:
+        return True
+    own = sum(1 for key in document if key.startswith(EXTENSION_PREFIX))
+    return TOP_EXTENSIONS if own == found else False
 
 
 def _from_legacy(

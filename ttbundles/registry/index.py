@@ -47,7 +47,7 @@ from ttbundles.fsutil import write_text_atomic
 from ttbundles.paths import user_cache_dir
 
 INDEX_FILE = ".ttbundles-index.json"
-FORMAT = 2
+FORMAT = 3
 
 # The adapter findings that make registration skip a bundle: its class cannot be found
 # (the module is missing, does not parse, cannot be read, or does not define the class).
@@ -115,7 +115,7 @@ class Record:
     valid: bool = True
     # From an index: what selection reads of the document (`summary`), and the folder
     # the document is read from again when a process looks into the bundle.
-    summary: dict | None = None
+    summary: list | None = None
     folder: str | None = None
     # Checked in this process (`examine`), not taken from an index.
     checked: bool = False
@@ -132,10 +132,6 @@ class Record:
             self.metadata = None
             self.folder = folder
         return self
-
-    def selection(self) -> dict | None:
-        """What `registry.Facts` reads: the summary, else the document itself."""
-        return self.summary if self.summary is not None else self.document
 
     def to_json(self, shared: dict[str, tuple[int, dict]]) -> list:
         """The stored form: a list, not an object, and each distinct capabilities dict
@@ -211,20 +207,26 @@ class Record:
         return self.metadata
 
 
-def _summary(document: dict) -> dict:
-    """The part of a valid document that selection reads (`registry.Facts`)."""
-    summary = {
-        key: document[key]
-        for key in ("name", "version", "arch", "main_class", "main_class_source", "when")
-        if key in document
-    }
-    targets = document.get("targets")
-    if targets:
-        summary["targets"] = dict.fromkeys(targets)
-    requires = document.get("requires")
-    if requires:
-        summary["requires"] = requires
-    return summary
+# What a summary holds, in order (a list, not an object: parsing the index is most of
+# what a warm start costs, and a thousand copies of the same keys with it).
+SUMMARY = ("name", "version", "main_class", "main_class_source", "targets", "when", "requires")
+
+
+def _summary(document: dict) -> list:
+    """The part of a valid document that selection reads (`registry.Facts.indexed`), in
+    `SUMMARY` order: 0 for what is absent or empty; the targets' mesh names only, the
+    `when` as its `env` and `default_for`."""
+    when = document.get("when") or {}
+    return [
+        document["name"],
+        document["version"],
+        document["main_class"],
+        document.get("main_class_source", "bundle"),
+        list(document.get("targets") or ()) or 0,
+        when.get("env") or 0,
+        when.get("default_for") or 0,
+        document.get("requires") or 0,
+    ]
 
 
 def _has_extensions(document: Any) -> bool:

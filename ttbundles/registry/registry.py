@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import gc
 import os
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -96,11 +96,33 @@ class Facts:
         self.arch: str = document["arch"]
         self.main_class: str = document["main_class"]
         self.main_class_source: str = document.get("main_class_source", "bundle")
-        self.targets: dict = document.get("targets") or {}
+        self.targets: Collection[str] = document.get("targets") or {}
         self.when = _When(document.get("when") or {})
         self.requires: dict = document.get("requires") or {}
         self.capabilities: dict = capabilities or {}
         self.any_requirement = bool(self.requires) and _requires_any(self.requires)
+
+    @classmethod
+    def indexed(cls, summary: list, arch: str, capabilities: dict | None) -> Facts:
+        """From an index's summary of a valid document (`registry.index._summary`)."""
+        facts = cls.__new__(cls)
+        (
+            facts.name,
+            facts.version,
+            facts.main_class,
+            facts.main_class_source,
+            targets,
+            env,
+            default_for,
+            requires,
+        ) = summary
+        facts.arch = arch
+        facts.targets = targets or ()
+        facts.when = _When.of(env or {}, default_for or {})
+        facts.requires = requires or {}
+        facts.capabilities = capabilities or {}
+        facts.any_requirement = bool(requires) and _requires_any(requires)
+        return facts
 
     @classmethod
     def of(cls, metadata: BundleMetadata) -> Facts:
@@ -132,6 +154,13 @@ class _When:
     def __init__(self, when: dict):
         self.env: dict[str, str] = when.get("env") or {}
         self.default_for: dict[str, str] = when.get("default_for") or {}
+
+    @classmethod
+    def of(cls, env: dict[str, str], default_for: dict[str, str]) -> _When:
+        when = cls.__new__(cls)
+        when.env = env
+        when.default_for = default_for
+        return when
 
 
 @dataclass(slots=True)
@@ -385,7 +414,12 @@ def _load(
     resolved: str | None = None,
 ) -> Entry:
     """The entry for one bundle folder, from what checking it found (`record`)."""
-    facts = Facts(record.selection(), record.capabilities) if record.valid else None
+    if not record.valid:
+        facts = None
+    elif record.summary is not None:
+        facts = Facts.indexed(record.summary, record.arch, record.capabilities)
+    else:
+        facts = Facts(record.document, record.capabilities)
     entry = Entry(
         path,
         source,
