@@ -165,6 +165,28 @@ def test_extensions_top_level_and_nested():
     assert meta.requires.extensions == {"x-req": 2.5}
 
 
+@pytest.mark.parametrize(
+    "changes",
+    [
+        # Only the document's own: nothing inside is looked through.
+        {"x-top": 1, "description": "plain"},
+        # The text says "x- more often than the document has x- keys: every object is.
+        {"x-top": 1, "capabilities": {"x-cap": 2}},
+        {"x-top": 1, "description": 'an "x-ray" model', "when": {"x-when": 3}},
+    ],
+)
+def test_extensions_are_set_aside_wherever_the_text_has_them(changes):
+    """Validation looks only at the document's own keys when the raw text shows no other
+    `"x-` (registration validates every bundle in every process): a nested extension is
+    still found and kept, and nothing is refused as an unknown key."""
+    loaded = parse(with_(**changes))
+    assert loaded.diagnostics == []
+    meta = loaded.metadata
+    assert meta.extensions == {"x-top": 1}
+    assert meta.capabilities.extensions == ({"x-cap": 2} if "capabilities" in changes else {})
+    assert meta.when.extensions == ({"x-when": 3} if "when" in changes else {})
+
+
 def test_device_options_take_no_extensions():
     """additional_config mirrors --additional-config.tt, where x- keys mean nothing."""
     d = only(with_(targets={"N150": {"additional_config": {"x-opt": 1}}}))

@@ -333,6 +333,32 @@ def test_registration_checks_that_the_class_exists_not_its_contract(make_bundle,
     assert by_name(compute(env(models)), "split").reason.startswith("TTB052")
 
 
+def test_a_class_in_a_package_module_or_a_file_written_while_read(make_bundle, tmp_path):
+    """The adapter check's quick path (the class at the top of `module.py`) gives way to
+    the general one for a package (`module/__init__.py`), which keys that file; a file
+    whose size or mtime changed while it was read keys nothing (`signature`)."""
+    models = tmp_path / "models"
+    folder = make_bundle(
+        "pkg",
+        metadata={"main_class": "gen:DemoGenerator"},
+        files={"gen/__init__.py": make_bundle.adapter},
+        parent=models,
+    )
+    assert by_name(compute(env(models)), "pkg").status is Status.REGISTERED
+    assert [k for k in index_module.examine(folder).key if isinstance(k, str)] == [
+        "vllm_metadata.json",
+        "gen/__init__.py",
+    ]
+    _rewrite(folder / "gen" / "__init__.py", "class Other:\n    pass\n")
+    assert by_name(compute(env(models)), "pkg").reason.startswith("TTB052")
+
+    from ttbundles.check.static_reader import signature
+
+    one, other = (folder / "vllm_metadata.json").stat(), (folder / "adapter.py").stat()
+    assert signature(one, one) == (one.st_size, one.st_mtime_ns, one.st_ino)
+    assert signature(one, other) is None
+
+
 def test_a_bundle_from_the_index_is_read_again_only_when_looked_into(make_bundle, tmp_path):
     """The index keeps a summary of each document, not the document: the served bundle's
     file is read and validated again. If it no longer validates although its size and
