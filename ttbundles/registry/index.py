@@ -36,6 +36,7 @@ import json
 import os
 import re
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -105,7 +106,7 @@ class Record:
     document: dict | None  # the metadata document the model was validated from
     legacy: bool = False
     capabilities: dict | None = None  # the validated capabilities, as JSON
-    diagnostics: list[Diagnostic] = field(default_factory=list)
+    diagnostics: Sequence[Diagnostic] = field(default_factory=list)
     # The architecture the document claims, even when it did not validate (to say which
     # bundle serves in its place).
     arch: str | None = None
@@ -158,7 +159,7 @@ class Record:
         diagnostics = (
             [Diagnostic(**{**d, "severity": Severity(d["severity"])}) for d in found]
             if found
-            else []
+            else ()  # no list a bundle where there is nothing (see `Entry.diagnostics`)
         )
         record = cls(
             key,

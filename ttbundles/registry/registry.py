@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import gc
 import os
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -157,10 +157,15 @@ class _When:
 
     @classmethod
     def of(cls, env: dict[str, str], default_for: dict[str, str]) -> _When:
+        if not env and not default_for:
+            return _NO_WHEN  # shared: nothing changes a bundle's conditions
         when = cls.__new__(cls)
         when.env = env
         when.default_for = default_for
         return when
+
+
+_NO_WHEN = _When({})
 
 
 @dataclass(slots=True)
@@ -176,7 +181,9 @@ class Entry:
     _metadata: BundleMetadata | None
     status: Status = Status.REGISTERED
     _reason: str = ""
-    diagnostics: list[Diagnostic] = field(default_factory=list)
+    # A tuple when there are none (most bundles: a list each would be a thousand objects
+    # more for the cyclic collector's next pass); replaced, never changed in place.
+    diagnostics: Sequence[Diagnostic] = field(default_factory=list)
     # A TT_MODEL_CLASS_OVERRIDES entry: the item it comes from.
     override: overrides_.Override | None = None
     # The main class as its source shows it, where it was read (overrides, legacy bundles).
@@ -191,14 +198,15 @@ class Entry:
     verified_signer: str | None = None
     _claimed_signer: str | None = None
     # Why an inactive bundle does not apply (mesh, environment), worded when first read:
-    # most bundles of a large folder are inactive and nobody reads why.
+    # most bundles of a large folder are inactive and nobody reads why. One tuple for all
+    # the entries of a registration (`_load`'s `where`).
     _inactive: tuple | None = None
 
     @property
     def reason(self) -> str:
         """Why the bundle has its status ("" when registered)."""
         if not self._reason and self._inactive is not None:
-            self._reason = why_inactive(*self._inactive)
+            self._reason = why_inactive(self.facts, *self._inactive)
         return self._reason
 
     def outcome(self) -> tuple:
@@ -210,8 +218,8 @@ class Entry:
         `when` reads, never the whole environment (which vLLM changes as it starts)."""
         inactive = None
         if self._inactive is not None:
-            facts, mesh, environ = self._inactive
-            inactive = (mesh, tuple((k, environ.get(k)) for k in facts.when.env))
+            mesh, environ = self._inactive
+            inactive = (mesh, tuple((k, environ.get(k)) for k in self.facts.when.env))
         return (
             self.status.value,
             self.tt_arch,
@@ -376,6 +384,7 @@ def _scan(
     trusted: Trusted | None = None,
 ) -> None:
     """Every bundle of every models folder, checked or taken from the folder's index."""
+    where = (mesh, environ)
     for source, folder in sources(environ, models_dirs):
         if not folder.is_dir():
             problems.append(
@@ -397,7 +406,7 @@ def _scan(
             else:
                 record, resolved = examine(path), None
             if record is not None:
-                entry = _load(path, source, record, mesh, environ, resolved)
+                entry = _load(path, source, record, mesh, environ, resolved, where)
                 if trusted is not None and source is Source.EXTRA:
                     _enforce(entry, trusted)
                 entries.append(entry)
@@ -412,8 +421,10 @@ def _load(
     mesh: str | None,
     environ: Mapping[str, str],
     resolved: str | None = None,
+    where: tuple | None = None,
 ) -> Entry:
-    """The entry for one bundle folder, from what checking it found (`record`)."""
+    """The entry for one bundle folder, from what checking it found (`record`); `where`
+    is (mesh, environ) as one tuple the caller shares among entries."""
     if not record.valid:
         facts = None
     elif record.summary is not None:
@@ -424,7 +435,7 @@ def _load(
         path,
         source,
         record.metadata,
-        diagnostics=list(record.diagnostics) if record.diagnostics else [],
+        diagnostics=list(record.diagnostics) if record.diagnostics else (),
         facts=facts,
         record=record,
         resolved=resolved,
@@ -444,21 +455,22 @@ def _load(
         if missing:
             entry.status = Status.SKIPPED
             entry.reason = "TTB100 " + "; ".join(missing)
-            entry.diagnostics.append(
+            entry.diagnostics = [
+                *entry.diagnostics,
                 Diagnostic(
                     "TTB100",
                     Severity.ERROR,
                     "; ".join(missing),
                     file=str(path / METADATA_FILE),
                     pointer="/requires",
-                )
-            )
+                ),
+            ]
             return entry
     if record.legacy:
         _capabilities_from_class(entry)
     if not applies(facts, mesh, environ):
         entry.status = Status.INACTIVE
-        entry._inactive = (facts, mesh, environ)
+        entry._inactive = where if where is not None else (mesh, environ)
     return entry
 
 
@@ -493,7 +505,7 @@ def _enforce(entry: Entry, trusted: Trusted) -> None:
         first = exc.diagnostics[0]
         entry.status = Status.SKIPPED
         entry.reason = f"{first.code} {first.message}"
-        entry.diagnostics.extend(exc.diagnostics)
+        entry.diagnostics = [*entry.diagnostics, *exc.diagnostics]
 
 
 def override_entry(override: overrides_.Override) -> Entry:
