@@ -362,11 +362,15 @@ def test_plan_for_a_mesh_attached_elsewhere_warns(run_cli, demo_checkpoint):
     assert (warning["code"], warning["severity"]) == ("TTB107", "warning")
 
 
-def _serve(checkpoint: Path, mesh: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in ("EXTRA_MODELS_DIR",)}
-    env.update({"MESH_DEVICE": mesh, "NO_COLOR": "1"})
+def _serve(checkpoint: Path, mesh: str | None, *args: str) -> subprocess.CompletedProcess:
+    """`vllm serve CHECKPOINT --port 0 ARGS` with MESH_DEVICE=mesh (None: unset)."""
+    drop = ("EXTRA_MODELS_DIR", "MESH_DEVICE", "VLLM_LOGGING_LEVEL")
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    env["NO_COLOR"] = "1"
+    if mesh is not None:
+        env["MESH_DEVICE"] = mesh
     return subprocess.run(
-        [VLLM, "serve", str(checkpoint), "--port", "0"],
+        [VLLM, "serve", str(checkpoint), "--port", "0", *args],
         capture_output=True,
         text=True,
         env=env,
@@ -398,6 +402,56 @@ def test_vllm_serve_reports_a_wrong_or_unopenable_mesh_in_one_line(demo_checkpoi
     assert line.startswith(expected)
     assert "Failed to infer device type" not in output
     assert "Traceback" not in output
+
+
+@pytest.mark.server  # runs vllm serve
+def test_vllm_serve_without_a_card_or_mesh_device_says_to_set_it_in_one_line(demo_checkpoint):
+    """No card, no ttnn, MESH_DEVICE unset: vLLM finds no platform. The whole output is
+    our one line (what to set, how to check a card), exit 1; never vLLM's traceback nor
+    its "Failed to import from vllm._C" warning. vLLM's `serve --help` needs a platform
+    too (its defaults name the device): the same line there."""
+    from ttbundles.serving.plugin import NO_DEVICE_LINE
+
+    done = _serve(demo_checkpoint, None)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.stdout == ""
+    assert done.stderr.splitlines() == [NO_DEVICE_LINE]
+    assert NO_DEVICE_LINE.startswith("TTB245 ") and "MESH_DEVICE=HOST" in NO_DEVICE_LINE
+    assert "ls /dev/tenstorrent" in NO_DEVICE_LINE
+    helped = subprocess.run(
+        [VLLM, "serve", "--help"],
+        capture_output=True,
+        text=True,
+        env={k: v for k, v in os.environ.items() if k != "MESH_DEVICE"},
+        timeout=300,
+    )
+    assert helped.returncode == 1
+    assert helped.stderr.splitlines() == [NO_DEVICE_LINE] and "Traceback" not in helped.stdout
+
+
+@pytest.mark.server  # runs vllm serve and ttbundle plan
+@pytest.mark.parametrize(
+    ("option", "name"),
+    [
+        (["--tensor-parallel-size", "3"], "tensor-parallel-size"),
+        (["-tp", "2"], "tensor-parallel-size"),
+        (["--pipeline-parallel-size", "2"], "pipeline-parallel-size"),
+    ],
+)
+def test_vllm_parallelism_is_refused_as_documented_before_vllm_checks_it(
+    run_cli, demo_checkpoint, option, name
+):
+    """The demo checkpoint's 4 heads do not divide by 3: vLLM would refuse that first, in
+    pydantic's words. The documented TTB201 comes first, from serve and plan alike."""
+    done = _serve(demo_checkpoint, "HOST", *option)
+    output = done.stdout + done.stderr
+    assert done.returncode == 1, output
+    [line] = [x for x in output.splitlines() if x.strip()]
+    assert line.startswith(f"error TTB201: --{name}={option[1]}: on Tenstorrent the mesh")
+    assert "attention heads" not in output and "Traceback" not in output
+    planned = run_cli("plan", demo_checkpoint, *option, env={"MESH_DEVICE": "HOST"}, timeout=300)
+    assert planned.returncode == 1
+    assert f"error TTB201 --{name}={option[1]}: on Tenstorrent" in planned.stderr
 
 
 @pytest.mark.server  # runs vllm serve and one request

@@ -355,3 +355,80 @@ def test_mllama_is_refused_before_any_weights_load(models_dir, demo_checkpoint):
     message = str(excinfo.value)
     assert "TTMllamaForConditionalGeneration (mllama) cannot be served" in message
     assert "0.10.2" in message and "encoder-decoder" in message
+
+
+def test_a_lowered_asked_limit_is_a_warning_naming_bundle_target_and_value(
+    models_dir, demo_checkpoint, monkeypatch
+):
+    """max_model_len asked above the target's limit: decided as before, and a TTB246
+    WARNING naming the bundle, the target, the asked value and where the limit is; the
+    model's own limit lowered without asking is a decision only (nothing was asked)."""
+    from ttbundles.serving import configuration
+
+    monkeypatch.setattr(configuration, "COMMAND_LINE", {})
+    bundle(models_dir, "targeted", targets={"HOST": {"max_model_len": 128}})
+    config, decisions, plan = configure(demo_checkpoint, max_model_len=256)
+    assert config.model_config.max_model_len == 128
+    assert decisions["max_model_len"]["requested"] == 256
+    [warning] = plan["warnings"]
+    assert warning["code"] == "TTB246" and warning["severity"] == "warning"
+    assert warning["message"] == (
+        "max_model_len 256 lowered to 128: bundle targeted@1.0.0's target HOST supports at "
+        "most 128 (targets.HOST.max_model_len in its vllm_metadata.json)"
+    )
+    assert warning["hint"].startswith("ask for at most 128 (--max-model-len 128)")
+    config, decisions, plan = configure(demo_checkpoint, max_model_len=None)  # model's 512
+    assert config.model_config.max_model_len == 128
+    assert plan["warnings"] == []
+    assert "supports at most 128" in decisions["max_model_len"]["reason"]
+
+
+def test_a_lowered_max_num_seqs_warns_only_when_the_command_line_asked(
+    models_dir, demo_checkpoint, monkeypatch
+):
+    from ttbundles.serving import configuration
+
+    bundle(models_dir, "targeted", targets={"HOST": {"max_num_seqs": 4}})
+    monkeypatch.setattr(configuration, "COMMAND_LINE", {})
+    config, _, plan = configure(demo_checkpoint, max_num_seqs=8)
+    assert config.scheduler_config.max_num_seqs == 4 and plan["warnings"] == []
+    monkeypatch.setattr(configuration, "COMMAND_LINE", {"max_num_seqs": 8})
+    config, _, plan = configure(demo_checkpoint, max_num_seqs=8)
+    assert config.scheduler_config.max_num_seqs == 4
+    [warning] = plan["warnings"]
+    assert warning["message"].startswith(
+        "max_num_seqs 8 lowered to 4: bundle targeted@1.0.0's target HOST supports at most 4"
+    )
+
+
+def test_a_prompt_over_a_lowered_limit_is_refused_with_the_reason(
+    models_dir, demo_checkpoint, monkeypatch
+):
+    """vLLM's own length checks, wrapped: the refusal keeps vLLM's words and class and
+    ends with why the limit is lower than the server was started with."""
+    import inspect
+
+    from ttbundles.serving import compat, length_limits
+    from ttbundles.serving.configuration import Plan
+
+    for owner, name in compat.prompt_length_checks():  # restored after the test
+        monkeypatch.setattr(owner, name, inspect.unwrap(getattr(owner, name)))
+    bundle(models_dir, "targeted", targets={"HOST": {"max_model_len": 128}})
+    config, _, plan_dict = configure(demo_checkpoint, max_model_len=256)
+    plan = Plan.from_dict(plan_dict)
+    assert plan.lowered_length() == (256, 128)
+    length_limits.explain_lowered_length(plan, 256, 128)
+    checks = dict((name, owner) for owner, name in compat.prompt_length_checks())
+    assert checks, "no length check found on this vLLM release"
+    from vllm.v1.engine.input_processor import InputProcessor
+
+    processor = object.__new__(InputProcessor)  # only its length check is called
+    processor.model_config = config.model_config
+    processor.supports_mm_inputs = False
+    processor.skip_prompt_length_check = False
+    with pytest.raises(Exception, match="maximum model length of 128") as excinfo:
+        InputProcessor._validate_prompt_len(processor, 200, "decoder")
+    assert str(excinfo.value.args[0]).endswith(
+        "(ttbundles: max_model_len is 128 on this server, not 256: bundle "
+        "targeted@1.0.0's target HOST supports at most 128.)"
+    )

@@ -142,6 +142,8 @@ CODES: dict[str, str] = {
     "TTB234": "the speculative declaration contradicts itself",
     # Prompt logprobs (schema 3)
     "TTB240": "prompt_logprobs declared but prefill_forward does not take return_prompt_logits",
+    "TTB245": "no Tenstorrent device and MESH_DEVICE unset: vLLM has no platform to serve on",
+    "TTB246": "a setting asked for was lowered to what the bundle's target supports (a warning)",
 }
 
 
@@ -348,6 +350,14 @@ WHAT_TO_DO: dict[str, str] = {
     "the master gate; custom_class needs device_propose; hidden_feed needs a handoff).",
     "TTB240": "Let prefill_forward take return_prompt_logits (or **kwargs) and return "
     "[B, S, V] logits when it is True, or declare prompt_logprobs: false.",
+    "TTB245": "Set MESH_DEVICE=HOST to serve on the host mesh (the CPU, with the torch "
+    "reference), or the mesh of the attached card (N150, N300, T3K, ...). `ls "
+    "/dev/tenstorrent` or `tt-smi` shows whether a card is there; `ttbundle doctor` checks "
+    "the whole set-up. VLLM_LOGGING_LEVEL=DEBUG shows vLLM's own report.",
+    "TTB246": "The server serves with the lower value. Ask for at most what the target "
+    "supports (the warning names the option and the value), or serve on a mesh whose "
+    "target in the bundle's vllm_metadata.json allows more. Requests over the limit are "
+    "refused with a note naming the bundle and its target.",
 }
 
 

@@ -87,6 +87,9 @@ class Plan:
     dp_rpc_port: int = 0
     # Items per prompt for each modality served besides text ({}: text only).
     inputs: dict[str, int] = field(default_factory=dict)
+    # What the server does differently from what the user asked (Diagnostic dicts, each
+    # a WARNING): logged at start-up and shown by `ttbundle plan`.
+    warnings: list[dict[str, Any]] = field(default_factory=list)
 
     def decide(self, setting: str, requested: Any, effective: Any, reason: str) -> Any:
         self.decisions.append(Decision(setting, requested, effective, reason))
@@ -102,6 +105,33 @@ class Plan:
         values = dict(data)
         values["decisions"] = [Decision(**d) for d in values.get("decisions", ())]
         return cls(**values)
+
+    def lowered(self, setting: str, asked: Any, effective: Any, limit: str) -> Any:
+        """A setting the user asked for and the bundle's target cannot give: decided,
+        and a TTB246 warning naming the bundle, the target, the asked value and where the
+        limit is written. `limit` is the target's key (`max_model_len`)."""
+        bundle = f"{self.bundle['name']}@{self.bundle['version']}"
+        reason = f"bundle {bundle}'s target {self.mesh} supports at most {effective}"
+        self.decide(setting, asked, effective, reason)
+        option = "--" + setting.replace("_", "-")
+        self.warnings.append(
+            Diagnostic(
+                "TTB246",
+                Severity.WARNING,
+                f"{setting} {asked} lowered to {effective}: {reason} "
+                f"(targets.{self.mesh}.{limit} in its vllm_metadata.json)",
+                hint=f"ask for at most {effective} ({option} {effective}), or serve on a "
+                "mesh whose target allows more",
+            ).to_dict()
+        )
+        return effective
+
+    def lowered_length(self) -> tuple[int, int] | None:
+        """(asked, effective) when max_model_len was lowered from what the user asked."""
+        if not any(w["message"].startswith("max_model_len ") for w in self.warnings):
+            return None
+        d = next(d for d in self.decisions if d.setting == "max_model_len")
+        return d.requested, d.effective
 
     @property
     def tt_options(self) -> TTOptions:
@@ -120,6 +150,13 @@ class Plan:
         ]
         lines += [f"  {d}" for d in self.decisions]
         logger.info("\n".join(lines))
+        for warning in self.warnings:
+            logger.warning(
+                "%s ttbundles: %s (fix: %s)",
+                warning["code"],
+                warning["message"],
+                warning["hint"],
+            )
 
 
 def _error(code: str, message: str, hint: str | None = None) -> ConfigurationError:
@@ -250,15 +287,7 @@ def _refuse_unsupported(vllm_config: VllmConfig, mesh: str | None) -> None:
     """What Tenstorrent does not do (yet): vLLM's own parallelism, speculative decoding,
     LoRA (TTB201, TTB202)."""
     parallel = vllm_config.parallel_config
-    for name in ("tensor_parallel_size", "pipeline_parallel_size"):
-        if getattr(parallel, name) != 1:
-            raise _error(
-                "TTB201",
-                f"--{name.replace('_', '-')}={getattr(parallel, name)}: on Tenstorrent the "
-                f"mesh (MESH_DEVICE={mesh or 'unset'}) and the model implementation provide "
-                "the parallelism",
-                f"drop --{name.replace('_', '-')} and choose the mesh with MESH_DEVICE",
-            )
+    refuse_vllm_parallelism(parallel, mesh)
     if parallel.data_parallel_size > 1 and parallel.data_parallel_backend == "ray":
         raise _error(
             "TTB202",
@@ -277,6 +306,38 @@ def _refuse_unsupported(vllm_config: VllmConfig, mesh: str | None) -> None:
         )
     if vllm_config.lora_config is not None:
         raise _error("TTB202", "LoRA is not supported yet on Tenstorrent", "drop --enable-lora")
+
+
+def refuse_vllm_parallelism(settings: Any, mesh: str | None) -> None:
+    """TTB201 for vLLM's tensor or pipeline parallelism, read from `settings` (vLLM's
+    parallel config, or the parsed command line: see `TTPlatform.pre_register_and_update`,
+    which refuses before vLLM checks, say, that the heads divide by the size asked)."""
+    for name in ("tensor_parallel_size", "pipeline_parallel_size"):
+        value = getattr(settings, name, None)
+        if value is not None and value != 1:
+            raise _error(
+                "TTB201",
+                f"--{name.replace('_', '-')}={value}: on Tenstorrent the "
+                f"mesh (MESH_DEVICE={mesh or 'unset'}) and the model implementation provide "
+                "the parallelism",
+                f"drop --{name.replace('_', '-')} and choose the mesh with MESH_DEVICE",
+            )
+
+
+# What the command line of this process asked for (`vllm serve --max-model-len 2048`),
+# recorded as it is parsed (`record_command_line`): a limit the plan lowers is a warning
+# when the user asked for more, an INFO decision when it was only vLLM's or the model's
+# default.
+COMMAND_LINE: dict[str, Any] = {}
+ASKED_SETTINGS = ("max_model_len", "max_num_seqs")
+
+
+def record_command_line(parsed: Any) -> None:
+    """Keep the settings of `ASKED_SETTINGS` the parsed command line gives (not None)."""
+    for name in ASKED_SETTINGS:
+        value = getattr(parsed, name, None)
+        if value is not None:
+            COMMAND_LINE[name] = value
 
 
 def _plan_options(
@@ -451,12 +512,19 @@ def _plan_lengths(vllm_config: VllmConfig, plan: Plan, target: Any) -> None:
         and target.max_model_len is not None
         and (model_config.max_model_len > target.max_model_len)
     ):
-        model_config.max_model_len = plan.decide(
-            "max_model_len",
-            model_config.max_model_len,
-            target.max_model_len,
-            f"the bundle's target {plan.mesh} supports at most {target.max_model_len}",
-        )
+        asked = model_config.max_model_len
+        limit = getattr(model_config.hf_text_config, "max_position_embeddings", None)
+        if "max_model_len" in COMMAND_LINE or asked != limit:
+            model_config.max_model_len = plan.lowered(
+                "max_model_len", asked, target.max_model_len, "max_model_len"
+            )
+        else:  # the model's own limit, not asked for: the plan says so, no warning
+            model_config.max_model_len = plan.decide(
+                "max_model_len",
+                asked,
+                target.max_model_len,
+                f"the bundle's target {plan.mesh} supports at most {target.max_model_len}",
+            )
         if hasattr(sched, "max_model_len"):
             sched.max_model_len = target.max_model_len
     else:
@@ -591,10 +659,7 @@ def _plan_lanes(vllm_config: VllmConfig, plan: Plan, execution: str, target: Any
             f"{dp} in-process lanes in one engine, one KV cache per lane, instead of {dp} "
             "engines",
         )
-        why = f"{total // dp} per lane x {dp} lanes"
-        if cap is not None and requested * dp > cap:
-            why += f" (the target {plan.mesh} serves at most {cap} in all)"
-        sched.max_num_seqs = plan.decide("max_num_seqs", requested, total, why)
+        sched.max_num_seqs = _lane_seqs(plan, requested, total, dp, cap, "")
         return
     if dp > 1 and vllm_config.model_config.is_moe:
         raise _error(
@@ -616,12 +681,17 @@ def _plan_lanes(vllm_config: VllmConfig, plan: Plan, execution: str, target: Any
             ),
         )
     if cap is not None and sched.max_num_seqs > cap:
-        sched.max_num_seqs = plan.decide(
-            "max_num_seqs",
-            sched.max_num_seqs,
-            cap,
-            f"the bundle's target {plan.mesh} supports at most {cap}",
-        )
+        if "max_num_seqs" in COMMAND_LINE:
+            sched.max_num_seqs = plan.lowered(
+                "max_num_seqs", sched.max_num_seqs, cap, "max_num_seqs"
+            )
+        else:
+            sched.max_num_seqs = plan.decide(
+                "max_num_seqs",
+                sched.max_num_seqs,
+                cap,
+                f"the bundle's target {plan.mesh} supports at most {cap}",
+            )
     else:
         plan.decide(
             "max_num_seqs",
@@ -701,10 +771,39 @@ def _plan_lanes_on_hosts(vllm_config: VllmConfig, plan: Plan, cap: int | None) -
         f"({host}) runs engine {engine} (lanes {start}-{start + local - 1}), the other "
         f"hosts run {others.replace('DP rank', 'engine')}",
     )
-    why = f"{total // local} per lane x {local} lanes on this host's engine"
-    if cap is not None and requested * local > cap:
-        why += f" (the target {plan.mesh} serves at most {cap} in all)"
-    sched.max_num_seqs = plan.decide("max_num_seqs", requested, total, why)
+    sched.max_num_seqs = _lane_seqs(plan, requested, total, local, cap, " on this host's engine")
+
+
+def _lane_seqs(
+    plan: Plan, requested: int, total: int, lanes: int, cap: int | None, where: str
+) -> int:
+    """max_num_seqs over `lanes` lanes: `requested` per lane, capped by the target. A
+    cap below what the command line asked for is a TTB246 warning ("16 x 4 lanes")."""
+    why = f"{total // lanes} per lane x {lanes} lanes{where}"
+    if cap is None or requested * lanes <= cap:
+        return plan.decide("max_num_seqs", requested, total, why)
+    if "max_num_seqs" in COMMAND_LINE:
+        bundle = f"{plan.bundle['name']}@{plan.bundle['version']}"
+        reason = f"bundle {bundle}'s target {plan.mesh} serves at most {cap} in all"
+        plan.decide("max_num_seqs", requested, total, f"{why} ({reason})")
+        plan.warnings.append(
+            Diagnostic(
+                "TTB246",
+                Severity.WARNING,
+                f"max_num_seqs {requested} x {lanes} lanes lowered to {total // lanes} per "
+                f"lane ({total} in all): {reason} (targets.{plan.mesh}.max_num_seqs in its "
+                "vllm_metadata.json)",
+                hint=f"ask for at most {cap // lanes} per lane (--max-num-seqs "
+                f"{cap // lanes}), or serve on a mesh whose target allows more",
+            ).to_dict()
+        )
+        return total
+    return plan.decide(
+        "max_num_seqs",
+        requested,
+        total,
+        f"{why} (the target {plan.mesh} serves at most {cap} in all)",
+    )
 
 
 def _plan_device_groups(vllm_config: VllmConfig, plan: Plan) -> None:

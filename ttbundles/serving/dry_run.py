@@ -123,6 +123,8 @@ def make_plan(
     plan = dict((config.additional_config or {}).get(PLAN_KEY) or {})
     plan["model"] = args.model
     plan["mesh"] = chosen.name if chosen is not None else None
+    # What the server would warn of at start-up (a lowered setting: TTB246) comes first.
+    warnings = list(plan.pop("warnings", None) or [])
     problems = []
     device = servable.device_problem(chosen)
     if device is not None:
@@ -136,7 +138,7 @@ def make_plan(
                 hint="run the plan where the mesh is attached for the full check",
             )
         )
-    plan["problems"] = [d.to_dict() for d in problems]
+    plan["problems"] = warnings + [d.to_dict() for d in problems]
     return plan
 
 

@@ -62,6 +62,36 @@ class TTPlatform(Platform):
         return f"Tenstorrent {envs.MESH_DEVICE or 'mesh'}"
 
     @classmethod
+    def pre_register_and_update(cls, parser: Any = None) -> None:
+        """With `vllm serve`'s parser: check the parsed command line as soon as it is
+        parsed, before vLLM builds (and checks) its configuration from it.
+
+        vLLM checks `--tensor-parallel-size 2` against the checkpoint (attention heads
+        divisible by 2) before `check_and_update_config` could say that TT does not use
+        vLLM's parallelism (TTB201): the documented refusal comes first this way. The
+        settings the user asked for are recorded too (a lowered one is then a warning).
+        """
+        if parser is None or getattr(parser, "_ttbundles", False):
+            return
+        parse_known_args = parser.parse_known_args
+
+        def checked(*args: Any, **kwargs: Any) -> Any:
+            parsed, rest = parse_known_args(*args, **kwargs)
+            from ttbundles import envs
+            from ttbundles.serving.configuration import (
+                record_command_line,
+                refuse_vllm_parallelism,
+            )
+
+            report_errors_cleanly()
+            refuse_vllm_parallelism(parsed, envs.MESH_DEVICE)
+            record_command_line(parsed)
+            return parsed, rest
+
+        parser.parse_known_args = checked
+        parser._ttbundles = True
+
+    @classmethod
     def check_and_update_config(cls, vllm_config: VllmConfig) -> None:
         import os
 
@@ -109,6 +139,11 @@ class TTPlatform(Platform):
             )
         if plan is not None:
             image_requests.install()
+            lowered = plan.lowered_length()
+            if lowered is not None:
+                from ttbundles.serving import length_limits
+
+                length_limits.explain_lowered_length(plan, *lowered)
             if servable.opens_here(mesh):
                 bundle = plan.bundle
                 servable.require_importable(

@@ -58,6 +58,7 @@ def platform_plugin() -> str | None:
     active, why = activation()
     if not active:
         logger.debug("ttbundles: TT platform not activated: %s", why)
+        explain_missing_device()
         return None
     from ttbundles import envs
     from ttbundles.errors import TTBundleError
@@ -73,6 +74,58 @@ def platform_plugin() -> str | None:
     logger.debug("ttbundles: activating the TT platform: %s", why)
     warn_outside_window()
     return PLATFORM_QUALNAME
+
+
+NO_DEVICE_LINE = (
+    "TTB245 ttbundles: no Tenstorrent device and MESH_DEVICE is unset, so vLLM found no "
+    "platform to serve on. Set MESH_DEVICE=HOST to run on the host mesh (the CPU), or "
+    "MESH_DEVICE=N150 (T3K, ...) for a card; check a card with `ls /dev/tenstorrent` or "
+    "`tt-smi`, and the whole set-up with `ttbundle doctor`"
+)
+
+
+def explain_missing_device() -> None:
+    """Where the platform stays inert, turn vLLM's later "Failed to infer device type"
+    (a 35-line traceback that names neither MESH_DEVICE nor the host mesh) into
+    `NO_DEVICE_LINE` and exit 1, and drop the "Failed to import from vllm._C" warning an
+    unspecified platform logs first (an empty build has no _C: the warning misleads).
+
+    Only that error and that warning: any other exception keeps its traceback, and
+    VLLM_LOGGING_LEVEL=DEBUG (what vLLM's message asks for) keeps vLLM's own report. On
+    a machine where another platform activates (a CUDA box), vLLM infers its device and
+    neither ever fires. Cheap: installs a hook and a log filter, imports nothing.
+    """
+    import sys
+
+    from ttbundles import envs
+
+    if (envs.raw("VLLM_LOGGING_LEVEL") or "").upper() == "DEBUG":
+        return
+    previous = sys.excepthook
+    if getattr(previous, "_ttbundles_no_device", False):
+        return
+
+    def hook(kind, value, traceback):  # noqa: ANN001 - sys.excepthook's signature
+        if isinstance(value, RuntimeError) and "Failed to infer device type" in str(value):
+            sys.stderr.write(f"{NO_DEVICE_LINE}\n")
+            return  # an uncaught exception: the interpreter exits 1
+        previous(kind, value, traceback)
+
+    hook._ttbundles_no_device = True  # type: ignore[attr-defined]
+    sys.excepthook = hook
+    logging.getLogger("vllm.platforms.interface").addFilter(_drop_missing_c_warning)
+
+
+def _drop_missing_c_warning(record: logging.LogRecord) -> bool:
+    """Keep every record but the unspecified platform's missing-_C warning (see
+    `explain_missing_device`); where a platform was resolved, keep that one too."""
+    if not record.getMessage().startswith("Failed to import from vllm._C"):
+        return True
+    import sys
+
+    platforms = sys.modules.get("vllm.platforms")
+    current = getattr(platforms, "_current_platform", None) if platforms else None
+    return current is not None and not current.is_unspecified()
 
 
 _WARNED_ENV = "TTBUNDLES_VLLM_WINDOW_WARNED"

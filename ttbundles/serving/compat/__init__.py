@@ -30,6 +30,9 @@ Private hooks (all checked on 0.33.0 and 0.34.0):
   _load_file_url` and `_load_data_url` (clear 400s for file:// and malformed data URLs);
 - `async_llm_class`: `AsyncLLM.shutdown` is wrapped (`serving.shutdown`: requests left
   open when `vllm serve` stops).
+- `prompt_length_checks`: `TokenizeParams`' length checks and `InputProcessor.
+  _validate_prompt_len` are wrapped (`serving.length_limits`: a refusal for the context
+  length says why the limit is lower than asked).
 """
 
 from __future__ import annotations
@@ -294,3 +297,25 @@ def async_llm_class() -> type:
     from vllm.v1.engine.async_llm import AsyncLLM
 
     return AsyncLLM
+
+
+def prompt_length_checks() -> list[tuple[type, str]]:
+    """The methods whose errors refuse a request for the context length: (class, name)
+    pairs, present on this release (private: `TokenizeParams.__post_init__`,
+    `_text_len_check`, `_token_len_check` in `vllm.renderers.params`, and
+    `InputProcessor._validate_prompt_len`; checked on 0.33.0 and 0.34.0).
+    `serving.length_limits` wraps them to say why the limit is lower than asked."""
+    checks: list[tuple[type, str]] = []
+    try:
+        from vllm.renderers.params import TokenizeParams
+    except ImportError:
+        TokenizeParams = None  # noqa: N806 - a class, or its absence on this release
+    if TokenizeParams is not None:
+        for name in ("__post_init__", "_text_len_check", "_token_len_check"):
+            if hasattr(TokenizeParams, name):
+                checks.append((TokenizeParams, name))
+    from vllm.v1.engine.input_processor import InputProcessor
+
+    if hasattr(InputProcessor, "_validate_prompt_len"):
+        checks.append((InputProcessor, "_validate_prompt_len"))
+    return checks

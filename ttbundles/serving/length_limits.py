@@ -1,0 +1,63 @@
+"""A request refused for the context length says why the limit is what it is.
+
+When the plan lowers `max_model_len` below what the user asked for (the bundle's target
+supports less: TTB246 at start-up), vLLM's later refusals name only the number ("This
+model's maximum context length is 512 tokens"): a client, or the operator reading its
+error, cannot tell that the server was started with 2048. The refusals get one sentence
+more, naming the bundle and its target. Installed in the API server, which checks
+prompts and max_tokens before anything reaches the engine.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+# What vLLM's context-length refusals say (0.33.0 and 0.34.0): any of these in the message.
+_LENGTH_WORDS = ("maximum context length", "maximum model length", "max_model_len")
+
+_installed: dict[str, str] = {}
+
+
+def note(plan: Any, asked: int, effective: int) -> str:
+    """The sentence a length refusal ends with."""
+    bundle = f"{plan.bundle['name']}@{plan.bundle['version']}"
+    return (
+        f" (ttbundles: max_model_len is {effective} on this server, not {asked}: bundle "
+        f"{bundle}'s target {plan.mesh} supports at most {effective}.)"
+    )
+
+
+def explain(exc: BaseException, text: str) -> None:
+    """Append `text` to a length refusal `exc`, in place (its class, parameter and value
+    stay: vLLM answers it as before, 400)."""
+    message = str(exc.args[0]) if exc.args else ""
+    if text in message or not any(word in message for word in _LENGTH_WORDS):
+        return
+    exc.args = (message + text, *exc.args[1:])
+
+
+def explain_lowered_length(plan: Any, asked: int, effective: int) -> None:
+    """Wrap vLLM's length checks (`compat.prompt_length_checks`) so their refusals end
+    with `note`; once per process."""
+    from ttbundles.serving import compat
+
+    _installed["note"] = note(plan, asked, effective)
+    for owner, name in compat.prompt_length_checks():
+        original = getattr(owner, name)
+        if getattr(original, "_ttbundles_length", False):
+            continue
+        setattr(owner, name, _explaining(original))
+
+
+def _explaining(check: Any) -> Any:
+    @functools.wraps(check)
+    def explained(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return check(*args, **kwargs)
+        except Exception as exc:  # VLLMValidationError (a ValueError on 0.33.0 only)
+            explain(exc, _installed["note"])
+            raise
+
+    explained._ttbundles_length = True  # type: ignore[attr-defined]
+    return explained
