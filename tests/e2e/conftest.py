@@ -618,3 +618,20 @@ def real_server(servers) -> Server:
 @pytest.fixture(scope="session")
 def real_reference(real_model) -> Reference:
     return Reference(real_model)
+
+
+# What a process stopped on request must not show anywhere in its output: a traceback,
+# vLLM's "engine dead" report (its own shutdown's echo), triton's native leak dump.
+NOT_IN_A_QUIET_STOP = ("Traceback", "EngineDeadError", "nanobind")
+
+
+def assert_stopped_quietly(log: str, what: str, why: str) -> None:
+    """The whole output of one process (`what`: "vllm serve", "vllm serve --headless")
+    stopped on request (`why`: "by SIGTERM", ...): none of `NOT_IN_A_QUIET_STOP`, no
+    ERROR line, and our one line last."""
+    for text in NOT_IN_A_QUIET_STOP:
+        assert text not in log, f"{text!r} in the output of a requested stop:\n{log[-4000:]}"
+    errors = [line for line in log.splitlines() if " ERROR " in line]
+    assert not errors, errors
+    last = log.rstrip().splitlines()[-1]
+    assert last == f"ttbundles: {what} stopped {why}; exiting with status 0", log[-3000:]

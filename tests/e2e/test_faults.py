@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import LOGGING_CONFIG, _environment
+from tests.e2e.conftest import LOGGING_CONFIG, _environment, assert_stopped_quietly
 from tests.e2e.test_dropin_serving import PROMPT, SERVE_ARGS, serve
 from ttbundles.paths import builtin_bundles_dir
 
@@ -225,6 +225,9 @@ def test_a_generator_raising_in_decode_is_named_and_the_server_exits(tmp_path, d
         assert report and report[0] > named
         # The API server repeats it as it exits with status 1 (vLLM's own would be 0).
         assert lines[-1].startswith("ttbundles: the engine failed: mine@1.0.0")
+        # Not a requested stop: vLLM's report keeps its tracebacks, and no "stopped" line.
+        assert "Traceback" in log and "AsyncLLM output_handler failed" in log
+        assert not any(" stopped " in x and x.startswith("ttbundles:") for x in lines)
     finally:
         server.process.stop()
 
@@ -392,6 +395,41 @@ def test_sigterm_under_traffic_finishes_or_closes_responses_promptly(tmp_path, d
         assert "at" in late, f"the call made after SIGTERM was still open after {bound} s"
         assert not any(r.get("finish_reason") == "length" for r in streams), streams
         _wait_gone(server.process.process.pid, max(0.0, sent + bound - time.monotonic()))
+        # A requested stop, with requests in flight: status 0, no traceback, one line.
+        assert server.process.process.wait(5) == 0
+        assert_stopped_quietly(server.log_since(0), "vllm serve", "by SIGTERM")
+    finally:
+        server.process.stop()
+
+
+def test_ctrl_c_stops_the_server_quietly(tmp_path, demo_checkpoint):
+    """Ctrl-C (SIGINT to the whole process group, the API server and its engine alike)
+    after a request: the server exits 0, and its whole output has no traceback, no
+    "engine dead" report, no native leak dump, and ends with one line saying why."""
+    server = serve(tmp_path, demo_checkpoint, {}, SERVE_ARGS)
+    try:
+        with server.client() as client:
+            client.completions.create(model=server.model, prompt=PROMPT, max_tokens=4)
+        os.killpg(server.process.process.pid, signal.SIGINT)
+        assert server.process.process.wait(60) == 0
+        assert_stopped_quietly(server.log_since(0), "vllm serve", "by SIGINT")
+    finally:
+        server.process.stop()
+
+
+def test_a_killed_engine_still_shows_its_traceback(tmp_path, demo_checkpoint):
+    """kill -9 of the engine, which nobody asked to stop: the API server reports it as
+    vLLM does (the engine-dead traceback) and ends without the "stopped" line."""
+    server = serve(tmp_path, demo_checkpoint, {}, SERVE_ARGS)
+    try:
+        with server.client() as client:  # the output handler runs from the first request
+            client.completions.create(model=server.model, prompt=PROMPT, max_tokens=4)
+        os.kill(_engine_pid(server.process.process.pid), signal.SIGKILL)
+        server.process.process.wait(120)
+        log = server.log_since(0)
+        assert "AsyncLLM output_handler failed" in log and "Traceback" in log, log[-3000:]
+        assert "EngineDeadError" in log
+        assert "stopped by" not in log
     finally:
         server.process.stop()
 

@@ -25,7 +25,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import LOGGING_CONFIG, _environment, successes_per_engine
+from tests.e2e.conftest import (
+    LOGGING_CONFIG,
+    _environment,
+    assert_stopped_quietly,
+    successes_per_engine,
+)
 from ttbundles.demo.hosts import Hosts, start_hosts
 from ttbundles.errors import TTBundleError
 
@@ -199,12 +204,24 @@ def test_stopping_the_head_stops_every_host(two_by_one):
     groups = two_by_one.groups()
     head = two_by_one.hosts.head.process
     head.send_signal(signal.SIGTERM)  # the API server alone, as Kubernetes stops it
-    head.wait(GONE_TIMEOUT)
+    assert head.wait(GONE_TIMEOUT) == 0
     left = wait_gone(groups)
     assert not left, f"still running after the head stopped: {left}"
     other = two_by_one.log(1)
-    assert re.search(r"ttbundles: the head at 127\.0\.0\.1 .* is gone; stopping DP rank 1", other)
-    assert two_by_one.hosts.headless[0].process.wait(5) is not None
+    found = re.search(
+        r"ttbundles: the head at (127\.0\.0\.1) \(watch port (\d+)\) is gone; stopping DP rank 1",
+        other,
+    )
+    assert found, other[-3000:]
+    assert two_by_one.hosts.headless[0].process.wait(5) == 0
+    # A requested stop on both hosts: each one's whole output ends with its one line, with
+    # no traceback (the headless engine's teardown without an accelerator) and no dump.
+    assert_stopped_quietly(two_by_one.log(0), "vllm serve", "by SIGTERM")
+    assert_stopped_quietly(
+        other,
+        "vllm serve --headless",
+        f"as the head at {found[1]} (watch port {found[2]}) is gone",
+    )
 
 
 # --- 2 hosts x 2 ranks ---------------------------------------------------------------------

@@ -73,8 +73,8 @@ def report_path() -> str | None:
     if not path:
         path = os.path.join(tempfile.gettempdir(), f"ttbundles-engine-{os.getpid()}.report")
         os.environ[REPORT_VARIABLE] = path
-        # Registered early, so it runs last, after vLLM's own exit handlers.
-        atexit.register(exit_nonzero_after_engine_failure)
+        # Runs after the exit handlers vLLM registers from here on (while serving).
+        atexit.register(_at_exit)
     return path
 
 
@@ -176,6 +176,50 @@ def _leave_report(line: str) -> None:
             handle.write(line + "\n")
 
 
+def _at_exit() -> None:
+    exit_nonzero_after_engine_failure()
+    from ttbundles.serving import shutdown
+
+    note = take_stop_note()
+    if note:
+        shutdown.note_stop(note)
+    shutdown.exit_after_requested_stop("vllm serve --headless" if headless() else "vllm serve")
+
+
+def headless() -> bool:
+    """Whether this process is `vllm serve --headless` (a host without the API server)."""
+    return serving_process() and "--headless" in sys.argv
+
+
+def _stop_note_path() -> str | None:
+    path = envs.read(REPORT_VARIABLE)
+    return f"{path}.stop" if path else None
+
+
+def leave_stop_note(reason: str) -> None:
+    """From an engine asked to stop by something other than a signal to its host (the
+    head gone): `reason` for the host's `vllm serve` to end with ("as the head ... is
+    gone"). Nothing outside `vllm serve`."""
+    path = _stop_note_path()
+    if path:
+        with contextlib.suppress(OSError), open(path, "w", encoding="utf-8") as handle:
+            handle.write(reason + "\n")
+
+
+def take_stop_note() -> str | None:
+    """The reason an engine left (`leave_stop_note`), read once; None without one."""
+    path = _stop_note_path()
+    if not path:
+        return None
+    try:
+        with open(path, encoding="utf-8") as handle:
+            reason = handle.read().strip()
+        os.unlink(path)
+    except OSError:
+        return None
+    return reason or None
+
+
 def exit_nonzero_after_engine_failure() -> None:
     """At the API server's exit (the last exit handler): if its engine reported a fault
     and vLLM is ending with status 0 (it shuts down gracefully when the engine dies),
@@ -241,26 +285,30 @@ def stop_while_starting() -> Any:
     return restore
 
 
-def stop_api_server_while_starting(grace: float = 3.0) -> bool:
-    """Make a SIGTERM to the API server stop it while its engine is still starting.
+def watch_stop_signals(grace: float = 3.0) -> bool:
+    """Watch for SIGINT and SIGTERM in a serving process (`vllm serve`, headless or not):
+    each records a requested stop (`shutdown.note_stop`, which makes the stop quiet), and
+    a SIGTERM makes the API server stop while its engine is still starting.
+
+    The signals reach the interpreter's wakeup file descriptor, so a thread here reads
+    it (and passes every byte on to the descriptor it replaced, the event loop's): it
+    sees a signal before vLLM's handler acts on it, whatever that handler is.
 
     vLLM 0.33's API server waits for its engine's ready message in one blocking ZMQ
     poll of up to `VLLM_ENGINE_READY_TIMEOUT_S` (600 s), during which its Python SIGTERM
-    handler cannot run: a stop request waits for the model to load. The signal still
-    reaches the interpreter's wakeup file descriptor, so a thread here reads it (and
-    passes every byte on to the descriptor it replaced, the event loop's). On a SIGTERM
-    while vLLM's startup handler is still the one installed, it waits `grace` seconds
-    for vLLM to act; if vLLM has not, it sends SIGTERM to the engine processes (which
-    stop at once, `stop_while_starting`), waits for them, and ends the API server with
-    status 143. Once vLLM's server has started, its own handler is installed and the
-    thread only passes bytes on. Main thread only; False where it was not installed.
+    handler cannot run: a stop request waits for the model to load. On a SIGTERM
+    while vLLM's startup handler is still the one installed, the thread waits `grace`
+    seconds for vLLM to act; if vLLM has not, it sends SIGTERM to the engine processes
+    (which stop at once, `stop_while_starting`), waits for them, and ends the API server
+    with status 143. Once vLLM's server has started, its own handler is installed and
+    the thread only records and passes bytes on. Main thread only; False where it was
+    not installed.
     """
-    starting = signal.getsignal(signal.SIGTERM)
-    if (
-        threading.current_thread() is not threading.main_thread()
-        or getattr(starting, "__name__", None) != VLLM_STARTUP_HANDLER
-    ):
+    if threading.current_thread() is not threading.main_thread():
         return False
+    starting = signal.getsignal(signal.SIGTERM)
+    if getattr(starting, "__name__", None) != VLLM_STARTUP_HANDLER:
+        starting = None  # not the API server while it starts (a headless host)
     read_end, write_end = os.pipe()
     os.set_blocking(write_end, False)
     try:
@@ -273,13 +321,27 @@ def stop_api_server_while_starting(grace: float = 3.0) -> bool:
         target=_forward_wakeups,
         args=(read_end, previous, starting, grace),
         daemon=True,
-        name="ttbundles-startup-stop",
+        name="ttbundles-stop-signals",
     )
     thread.start()
+
+    def forget_in_child() -> None:
+        # A forked engine inherits the descriptor, not the thread: its signals would
+        # read as this process's. It gets back the one it would have had.
+        with contextlib.suppress(ValueError, OSError):
+            if signal.set_wakeup_fd(previous) != write_end:
+                signal.set_wakeup_fd(write_end)  # not ours any more: leave it be
+
+    os.register_at_fork(after_in_child=forget_in_child)
     return True
 
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
 def _forward_wakeups(read_end: int, previous: int, starting: Any, grace: float) -> None:
+    from ttbundles.serving import shutdown
+
     while True:
         try:
             data = os.read(read_end, 512)
@@ -287,10 +349,17 @@ def _forward_wakeups(read_end: int, previous: int, starting: Any, grace: float) 
             return
         if not data:
             return
+        for number in STOP_SIGNALS:
+            if number in data:
+                shutdown.note_stop(f"by {signal.Signals(number).name}")
         if previous >= 0:
             with contextlib.suppress(OSError):
                 os.write(previous, data)
-        if signal.SIGTERM in data and signal.getsignal(signal.SIGTERM) is starting:
+        if (
+            starting is not None
+            and signal.SIGTERM in data
+            and signal.getsignal(signal.SIGTERM) is starting
+        ):
             time.sleep(grace)
             if signal.getsignal(signal.SIGTERM) is starting:
                 _stop_starting_server()

@@ -122,8 +122,10 @@ def _follow(conn: socket.socket, peer, local_ranks: range, on_lost) -> None:  # 
 
 
 def _stop_head(rank: int, host: str) -> None:
-    if _state.get("stopping"):
-        return
+    from ttbundles.serving import shutdown
+
+    if _state.get("stopping") or shutdown.requested_stop() is not None:
+        return  # a rank leaving a head that was asked to stop is that stop's doing
     _state["stopping"] = True
     line = (
         f"DP rank {rank} on host {host} is gone (its engine's connection to the head "
@@ -174,12 +176,17 @@ def _hold(address: str, port: int, rank: int, host: str, on_lost) -> None:  # no
 
 
 def _stop_engine(address: str, port: int, rank: int) -> None:
-    logger.error(
+    from ttbundles.serving import faults
+
+    # The head stopping stops this host: its `vllm serve --headless` ends with this
+    # reason (`faults.leave_stop_note`), quietly, as it would on its own SIGTERM.
+    logger.warning(
         "ttbundles: the head at %s (watch port %d) is gone; stopping DP rank %d on this host",
         address,
         port,
         rank,
     )
+    faults.leave_stop_note(f"as the head at {address} (watch port {port}) is gone")
     os.kill(os.getpid(), signal.SIGTERM)
     time.sleep(GRACE)  # vLLM's engine shuts down on SIGTERM; if it has not, end it here
     logger.error("ttbundles: DP rank %d did not stop within %.0f s; exiting", rank, GRACE)

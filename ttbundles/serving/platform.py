@@ -109,16 +109,21 @@ class TTPlatform(Platform):
         from ttbundles.format.meshes import mesh_or_none
         from ttbundles.registry import servable
         from ttbundles.serving.configuration import plan_config
-        from ttbundles.serving.faults import report_path, stop_api_server_while_starting
+        from ttbundles.serving.faults import report_path, watch_stop_signals
         from ttbundles.serving.registration import checked_registry
 
-        if report_path() and not _state.get("stop_installed"):  # once, in the API server
+        if report_path() and not _state.get("stop_installed"):  # once, in `vllm serve`
             _state["stop_installed"] = True
-            stop_api_server_while_starting()
-            # vLLM 0.33 can leave requests in flight open forever on SIGTERM.
-            from ttbundles.serving.shutdown import end_open_requests_on_shutdown
+            watch_stop_signals()
+            # vLLM 0.33 can leave requests in flight open forever on SIGTERM; a requested
+            # stop is quiet (`serving.shutdown`).
+            from ttbundles.serving.shutdown import (
+                drop_shutdown_echo,
+                end_open_requests_on_shutdown,
+            )
 
             end_open_requests_on_shutdown()
+            drop_shutdown_echo()
         # What would otherwise fail after the engine started: a mesh this machine cannot
         # open (TT-Metal absent), then a class it cannot import. `ttbundle plan` plans for
         # meshes attached elsewhere: it skips the device check (and says so).

@@ -21,6 +21,25 @@ the error vLLM would have given them had its handler not been cancelled
 (`EngineDeadError`): a stream ends with an error event, a plain call with an error status,
 and the server exits. By then the engine is marked dead, so a request that arrives later
 is refused by vLLM itself.
+
+A requested stop is quiet (`note_stop`, then `exit_after_requested_stop`): a stop is
+requested when a serving process gets SIGINT or SIGTERM (`faults` watches the
+interpreter's signal wakeup descriptor) or, on a headless host, when the head is gone
+(`host_watch`). Then:
+
+- the API server drops the one record vLLM's own shutdown causes: it cancels the task
+  that reads the engine's outputs, whose handler hands the output handler an
+  `EngineDeadError`, which it logs as a failure with its traceback ("See stack trace
+  (above) for the root cause", when there is none). Without a requested stop (the engine
+  killed, a generator raising) the record stays;
+- the engine's own teardown (`EngineCore.shutdown` -> `cleanup_dist_env_and_memory`)
+  empties `torch.accelerator`'s cache on any platform but CPU, which raises when torch has
+  no accelerator (the TT platform's torch is the CPU build): that one error is let pass
+  after vLLM's cleanup has done the rest (`tolerate_no_accelerator_at_cleanup`);
+- at exit, with nothing failed, the process writes one line saying why it stopped and
+  ends without the interpreter's teardown (`os._exit`): there, triton's native module
+  (nanobind) prints ~30 lines of "leaked instances/types/functions", harmless at exit
+  and beyond our reach (triton's bindings keep nanobind's `set_leak_warnings` private).
 """
 
 from __future__ import annotations
@@ -98,3 +117,100 @@ def end_open_requests(llm: Any) -> None:
     else:
         with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
             loop.call_soon_threadsafe(end)
+
+
+# --- a requested stop is quiet --------------------------------------------------------
+
+_stop: dict[str, Any] = {}
+
+# What `torch.accelerator` raises where torch has no accelerator (torch 2.13's message).
+NO_ACCELERATOR = "Cannot access accelerator device when none is available"
+
+
+def note_stop(reason: str) -> None:
+    """Record that this process was asked to stop, and why ("by SIGTERM"); the first
+    reason stands."""
+    _stop.setdefault("reason", reason)
+
+
+def requested_stop() -> str | None:
+    """Why this process was asked to stop, or None when it was not."""
+    return _stop.get("reason")
+
+
+class _ShutdownEcho(logging.Filter):
+    """Drops the output handler's `EngineDeadError` record after a requested stop."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__()
+        self.message = message
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if requested_stop() is None or record.msg != self.message or not record.exc_info:
+            return True
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        return not isinstance(record.exc_info[1], EngineDeadError)
+
+
+def drop_shutdown_echo() -> bool:
+    """Filter (once per process) the output handler's failure record that a requested
+    stop causes; False if already installed."""
+    from ttbundles.serving import compat
+
+    name, message = compat.output_handler_failure()
+    target = logging.getLogger(name)
+    if any(isinstance(f, _ShutdownEcho) for f in target.filters):
+        return False
+    target.addFilter(_ShutdownEcho(message))
+    return True
+
+
+def tolerate_no_accelerator_at_cleanup() -> bool:
+    """Wrap the engine's `cleanup_dist_env_and_memory` (once per process) so that its
+    last step, emptying the cache of an accelerator torch does not have, does not fail
+    the engine's shutdown; any other error, or that one where torch has an
+    accelerator, propagates. False if already wrapped."""
+    from ttbundles.serving import compat
+
+    core = compat.engine_core_module()
+    original = core.cleanup_dist_env_and_memory
+    if getattr(original, _MARK, False):
+        return False
+
+    @functools.wraps(original)
+    def cleanup(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return original(*args, **kwargs)
+        except RuntimeError as error:
+            import torch
+
+            if NO_ACCELERATOR not in str(error) or torch.accelerator.is_available():
+                raise
+            logger.debug("ttbundles: no accelerator cache to empty at the engine's shutdown")
+            return None
+
+    setattr(cleanup, _MARK, True)
+    core.cleanup_dist_env_and_memory = cleanup
+    return True
+
+
+def exit_after_requested_stop(what: str = "vllm serve") -> None:
+    """At exit (the last exit handler that matters): after a requested stop, when no
+    exception went uncaught, say so in one line and end the process with status 0
+    without the interpreter's teardown. Otherwise nothing (the process exits as it
+    would)."""
+    import os
+    import sys
+
+    reason = requested_stop()
+    if reason is None or getattr(sys, "last_value", None) is not None:
+        return
+    logging.shutdown()  # flush every handler: nothing runs after os._exit
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    with contextlib.suppress(Exception):
+        sys.stderr.write(f"ttbundles: {what} stopped {reason}; exiting with status 0\n")
+        sys.stderr.flush()
+    os._exit(0)

@@ -29,7 +29,7 @@ from ttbundles.format.contract import HostMesh
 from ttbundles.format.loader import PACKAGE_PREFIX, finder, package_name
 from ttbundles.format.meshes import is_host, mesh_shape
 from ttbundles.fsutil import write_text_atomic
-from ttbundles.serving import faults, host_watch
+from ttbundles.serving import faults, host_watch, shutdown
 from ttbundles.serving.configuration import Plan, served_plan
 from ttbundles.serving.device_groups import bind_rank
 from ttbundles.serving.runner import TTModelRunner
@@ -69,6 +69,8 @@ class TTWorker(WorkerBase):
                 hint="start the server with the tt platform plugin active (MESH_DEVICE set)",
             )
         self.plan = plan
+        # The engine's teardown must not fail for want of an accelerator (the CPU torch).
+        shutdown.tolerate_no_accelerator_at_cleanup()
         if multiprocessing.parent_process() is not None:  # vLLM's engine-core process
             faults.watch_parent()
             self._restore_signals = faults.stop_while_starting()

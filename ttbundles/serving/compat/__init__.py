@@ -33,6 +33,10 @@ Private hooks (all checked on 0.33.0 and 0.34.0):
 - `prompt_length_checks`: `TokenizeParams`' length checks and `InputProcessor.
   _validate_prompt_len` are wrapped (`serving.length_limits`: a refusal for the context
   length says why the limit is lower than asked).
+- `output_handler_failure`: the logger and message of `AsyncLLM`'s output handler when
+  it fails (`serving.shutdown` drops the record a requested stop causes);
+- `engine_core_module`: `vllm.v1.engine.core`, whose `cleanup_dist_env_and_memory`
+  `EngineCore.shutdown` calls (`serving.shutdown` lets it end without an accelerator).
 """
 
 from __future__ import annotations
@@ -319,3 +323,19 @@ def prompt_length_checks() -> list[tuple[type, str]]:
     if hasattr(InputProcessor, "_validate_prompt_len"):
         checks.append((InputProcessor, "_validate_prompt_len"))
     return checks
+
+
+def output_handler_failure() -> tuple[str, str]:
+    """The logger name and the message with which `AsyncLLM`'s output handler logs the
+    exception that ended it (`logger.exception`; checked on 0.33.0 and 0.34.0): an
+    `EngineDeadError` there is what vLLM's own shutdown hands it, too."""
+    return "vllm.v1.engine.async_llm", "AsyncLLM output_handler failed."
+
+
+def engine_core_module() -> Any:
+    """`vllm.v1.engine.core`, where `EngineCore.shutdown` looks up
+    `cleanup_dist_env_and_memory` (imported there by name; checked on 0.33.0 and
+    0.34.0: on any platform but CPU it ends with `torch.accelerator.empty_cache()`)."""
+    import vllm.v1.engine.core as core
+
+    return core
