@@ -27,11 +27,13 @@ requested when a serving process gets SIGINT or SIGTERM (`faults` watches the
 interpreter's signal wakeup descriptor) or, on a headless host, when the head is gone
 (`host_watch`). Then:
 
-- the API server drops the one record vLLM's own shutdown causes: it cancels the task
+- the API server drops the records vLLM's own shutdown causes: it cancels the task
   that reads the engine's outputs, whose handler hands the output handler an
   `EngineDeadError`, which it logs as a failure with its traceback ("See stack trace
-  (above) for the root cause", when there is none). Without a requested stop (the engine
-  killed, a generator raising) the record stays;
+  (above) for the root cause", when there is none), and so does every stream then in
+  flight (each one's client still gets its error event). Only `EngineDeadError`, only at
+  those places (`compat.engine_dead_reports`); without a requested stop (the engine
+  killed, a generator raising) they stay;
 - the engine's own teardown (`EngineCore.shutdown` -> `cleanup_dist_env_and_memory`)
   empties `torch.accelerator`'s cache on any platform but CPU, which raises when torch has
   no accelerator (the TT platform's torch is the CPU build): that one error is let pass
@@ -139,14 +141,14 @@ def requested_stop() -> str | None:
 
 
 class _ShutdownEcho(logging.Filter):
-    """Drops the output handler's `EngineDeadError` record after a requested stop."""
+    """Drops vLLM's report of an `EngineDeadError` (`messages`) after a requested stop."""
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, messages: frozenset[str]) -> None:
         super().__init__()
-        self.message = message
+        self.messages = messages
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if requested_stop() is None or record.msg != self.message or not record.exc_info:
+        if requested_stop() is None or record.msg not in self.messages or not record.exc_info:
             return True
         from vllm.v1.engine.exceptions import EngineDeadError
 
@@ -154,16 +156,18 @@ class _ShutdownEcho(logging.Filter):
 
 
 def drop_shutdown_echo() -> bool:
-    """Filter (once per process) the output handler's failure record that a requested
-    stop causes; False if already installed."""
+    """Filter (once per process) vLLM's reports of the `EngineDeadError` a requested stop
+    causes: in the output handler and in every stream then in flight. False if already
+    installed."""
     from ttbundles.serving import compat
 
-    name, message = compat.output_handler_failure()
-    target = logging.getLogger(name)
-    if any(isinstance(f, _ShutdownEcho) for f in target.filters):
-        return False
-    target.addFilter(_ShutdownEcho(message))
-    return True
+    installed = False
+    for name, messages in compat.engine_dead_reports().items():
+        target = logging.getLogger(name)
+        if not any(isinstance(f, _ShutdownEcho) for f in target.filters):
+            target.addFilter(_ShutdownEcho(messages))
+            installed = True
+    return installed
 
 
 def tolerate_no_accelerator_at_cleanup() -> bool:

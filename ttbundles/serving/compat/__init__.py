@@ -33,8 +33,8 @@ Private hooks (all checked on 0.33.0 and 0.34.0):
 - `prompt_length_checks`: `TokenizeParams`' length checks and `InputProcessor.
   _validate_prompt_len` are wrapped (`serving.length_limits`: a refusal for the context
   length says why the limit is lower than asked).
-- `output_handler_failure`: the logger and message of `AsyncLLM`'s output handler when
-  it fails (`serving.shutdown` drops the record a requested stop causes);
+- `engine_dead_reports`: the loggers and messages with which vLLM reports an
+  `EngineDeadError` (`serving.shutdown` drops those a requested stop causes);
 - `engine_core_module`: `vllm.v1.engine.core`, whose `cleanup_dist_env_and_memory`
   `EngineCore.shutdown` calls (`serving.shutdown` lets it end without an accelerator).
 """
@@ -325,11 +325,23 @@ def prompt_length_checks() -> list[tuple[type, str]]:
     return checks
 
 
-def output_handler_failure() -> tuple[str, str]:
-    """The logger name and the message with which `AsyncLLM`'s output handler logs the
-    exception that ended it (`logger.exception`; checked on 0.33.0 and 0.34.0): an
-    `EngineDeadError` there is what vLLM's own shutdown hands it, too."""
-    return "vllm.v1.engine.async_llm", "AsyncLLM output_handler failed."
+def engine_dead_reports() -> dict[str, frozenset[str]]:
+    """Where vLLM logs, with its traceback, an `EngineDeadError` it was handed: logger
+    name -> messages (`logger.exception`; checked on 0.33.0 and 0.34.0). Its own
+    shutdown hands one to the output handler and, through it, to every stream in flight
+    (and, with `--log-error-stack`, to every plain request's error handler)."""
+    return {
+        "vllm.v1.engine.async_llm": frozenset({"AsyncLLM output_handler failed."}),
+        "vllm.entrypoints.openai.completion.serving": frozenset(
+            {"Error in completion stream generator."}
+        ),
+        "vllm.entrypoints.openai.chat_completion.serving": frozenset(
+            {"Error in chat completion stream generator."}
+        ),
+        "vllm.entrypoints.serve.exception_handling.handlers.vllm_error": frozenset(
+            {"Engine Exception caught. Request id: %s"}
+        ),
+    }
 
 
 def engine_core_module() -> Any:
