@@ -177,6 +177,8 @@ def _leave_report(line: str) -> None:
 
 
 def _at_exit() -> None:
+    """`vllm serve`'s exit: status 1 after an engine failure, else quiet after a
+    requested stop (`shutdown.exit_after_requested_stop`), else as vLLM exits."""
     exit_nonzero_after_engine_failure()
     from ttbundles.serving import shutdown
 
@@ -221,7 +223,7 @@ def take_stop_note() -> str | None:
 
 
 def exit_nonzero_after_engine_failure() -> None:
-    """At the API server's exit (the last exit handler): if its engine reported a fault
+    """At the API server's exit (`_at_exit`): if its engine reported a fault
     and vLLM is ending with status 0 (it shuts down gracefully when the engine dies),
     exit 1 instead, so that a supervisor restarts the server."""
     path = envs.read(REPORT_VARIABLE)
@@ -329,8 +331,9 @@ def watch_stop_signals(grace: float = 3.0) -> bool:
         # A forked engine inherits the descriptor, not the thread: its signals would
         # read as this process's. It gets back the one it would have had.
         with contextlib.suppress(ValueError, OSError):
-            if signal.set_wakeup_fd(previous) != write_end:
-                signal.set_wakeup_fd(write_end)  # not ours any more: leave it be
+            replaced = signal.set_wakeup_fd(previous)
+            if replaced != write_end:  # not ours any more: leave it be
+                signal.set_wakeup_fd(replaced)
 
     os.register_at_fork(after_in_child=forget_in_child)
     return True
