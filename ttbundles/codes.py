@@ -140,6 +140,12 @@ CODES: dict[str, str] = {
     "TTB232": "spec_plan declared but the class has no spec_plan classmethod of the contract",
     "TTB233": "a declared speculative method lacks its part of the class (drafter or verify)",
     "TTB234": "the speculative declaration contradicts itself",
+    # Speculative decoding
+    "TTB235": "speculative decoding cannot be served as configured (method, generator, plan)",
+    "TTB236": "speculative decoding together with a feature it does not support yet",
+    "TTB237": "a request speculative decoding cannot serve (refused while speculating)",
+    "TTB238": "speculative decoding is not supported yet with logprobs",
+    "TTB239": "the generator broke the speculative-decoding contract (verify or drafts)",
     # Prompt logprobs (schema 3)
     "TTB240": "prompt_logprobs declared but prefill_forward does not take return_prompt_logits",
     "TTB245": "no Tenstorrent device and MESH_DEVICE unset: vLLM has no platform to serve on",
@@ -348,6 +354,19 @@ WHAT_TO_DO: dict[str, str] = {
     "for the verify), or drop the method from spec_decode.",
     "TTB234": "Make the declaration agree with itself as the message says (spec_decode is "
     "the master gate; custom_class needs device_propose; hidden_feed needs a handoff).",
+    "TTB235": "Use a method Tenstorrent serves (ngram, or custom_class with a generator that "
+    "drafts), a generator that declares supports_spec_decode and answers spec_plan, and a "
+    "draft length its plan admits; or drop --speculative-config. See "
+    "docs/operators/serving.md#speculative-decoding.",
+    "TTB236": "Drop the other feature (--no-async-scheduling; no --data-parallel-size on a "
+    "single-execute bundle) or drop --speculative-config.",
+    "TTB237": "Send the request without the parameter the message names, or serve without "
+    "--speculative-config (greedy requests speculate with any generator; sampled ones "
+    "need a plan that offers the logits accept mode).",
+    "TTB238": "Ask for no logprobs on a speculating server, or serve without --speculative-config.",
+    "TTB239": "Fix the generator: a verify returns format.speculative.VerifyOutput of the "
+    "mode it was asked for, propose_draft_tokens a DraftOutput within the vocabulary "
+    "(docs/authors/generator-contract.md#speculative-decoding).",
     "TTB240": "Let prefill_forward take return_prompt_logits (or **kwargs) and return "
     "[B, S, V] logits when it is True, or declare prompt_logprobs: false.",
     "TTB245": "Set MESH_DEVICE=HOST to serve on the host mesh (the CPU, with the torch "

@@ -24,6 +24,7 @@ class DemoGenerator(ReferenceLlamaGenerator):
         "supports_chunked_prefill": True,
         "supports_device_penalties": True,
         "max_device_logprobs": 20,
+        "supports_spec_decode": True,
     }
     decode_input_update_contract = 1
 
@@ -47,6 +48,11 @@ class DemoGenerator(ReferenceLlamaGenerator):
             tt_data_parallel=tt_data_parallel,
             optimizations=optimizations,
         )
+
+    @classmethod
+    def spec_plan(cls, vllm_config: Any, max_num_seqs: int, requested_k: int) -> Any:
+        """Speculative decoding: up to 8 drafts, verified greedily or by logits."""
+        return super().spec_plan(vllm_config, max_num_seqs, requested_k)
 
     def allocate_kv_cache(self, kv_cache_shape: Any, dtype: Any, num_layers: int) -> Any:
         return super().allocate_kv_cache(
@@ -94,6 +100,9 @@ class DemoGenerator(ReferenceLlamaGenerator):
         reload_page_table: bool = False,
         reload_sampling_params: bool = False,
         reset_sampling_state: bool = False,
+        num_valid_drafts: Any = None,
+        accepted_counts: Any = None,
+        spec_mode: str | None = None,
         **kwargs: Any,
     ) -> Any:
         return super().decode_forward(
@@ -111,6 +120,9 @@ class DemoGenerator(ReferenceLlamaGenerator):
             reload_page_table=reload_page_table,
             reload_sampling_params=reload_sampling_params,
             reset_sampling_state=reset_sampling_state,
+            num_valid_drafts=num_valid_drafts,
+            accepted_counts=accepted_counts,
+            spec_mode=spec_mode,
             **kwargs,
         )
 

@@ -44,6 +44,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ttbundles.format import speculative as spec
 from ttbundles.format.contract import LEGACY_RESET_KEYWORD, SamplingParams
 from ttbundles.reference.attention import (
     Segment,
@@ -113,8 +114,12 @@ class ReferenceLlamaGenerator:
         "supports_chunked_prefill": True,
         "supports_device_penalties": True,
         "max_device_logprobs": MAX_DEVICE_TOP_K,
+        "supports_spec_decode": True,
     }
     decode_input_update_contract = 1
+    MAX_SPEC_K = 8
+    """The longest draft the reference verifies per step (a bound of this generator's
+    choosing, so that `spec_plan` has something to refuse)."""
 
     def __init__(
         self,
@@ -199,6 +204,28 @@ class ReferenceLlamaGenerator:
             max_batch_size,
             max_seq_len,
             lanes=tt_data_parallel,
+        )
+
+    @classmethod
+    def spec_plan(
+        cls, vllm_config: Any, max_num_seqs: int, requested_k: int
+    ) -> spec.SpecPlan | spec.SpecReject:
+        """Speculative decoding (`format.speculative`): any draft length up to
+        `MAX_SPEC_K`; the verify returns argmax ids (greedy) or logits (sampled); the
+        generator keeps no drafter state, and serves its ordinary decode too."""
+        if requested_k > cls.MAX_SPEC_K:
+            return spec.SpecReject(
+                f"the reference verifies at most {cls.MAX_SPEC_K} drafts per step",
+                supported_k=tuple(range(1, cls.MAX_SPEC_K + 1)),
+            )
+        return spec.SpecPlan(
+            effective_k=requested_k,
+            lanes_per_request=1,
+            extra_bytes_per_seq=0,
+            extra_bytes_per_token=0,
+            accept_modes=(spec.ACCEPT_MODE_ARGMAX_IDS, spec.ACCEPT_MODE_LOGITS),
+            drafter_state="internal",
+            supports_narrow_decode=True,
         )
 
     def allocate_kv_cache(
@@ -351,6 +378,55 @@ class ReferenceLlamaGenerator:
             logits[rows] = self.forward_segments(group, table, cache)
         return logits
 
+    def _lane_groups(self, segments: list[Segment], kv_cache: Any) -> list[tuple[list, Any]]:
+        """The segments by lane, with each lane's cache (decode rows are slots)."""
+        if self.lanes == 1:
+            return [(segments, kv_cache)]
+        by_lane: dict[int, list[Segment]] = {}
+        for segment in segments:
+            by_lane.setdefault(segment.row // self.per_lane, []).append(segment)
+        return [(group, kv_cache[lane]) for lane, group in sorted(by_lane.items())]
+
+    def verify(
+        self,
+        tokens: torch.Tensor,
+        start_pos: Any,
+        page_table: torch.Tensor,
+        kv_cache: KVCache,
+        num_valid_drafts: Any,
+        spec_mode: str,
+    ) -> spec.VerifyOutput:
+        """The speculative verify (`format.speculative`): row i is slot i, its tokens
+        `tokens[i, : 1 + num_valid_drafts[i]]` at positions `start_pos[i, ...]` (a row at
+        position -1 is padding). One forward over every real column, K/V written for
+        each; the logits at every column: column j predicts the token after column j, the
+        one draft j must match (column `num_valid_drafts[i]`: the bonus). Returns
+        argmax ids `[B, 1+K]` (-1 past a row's real columns) or logits `[B, 1+K, V]`."""
+        tokens = torch.as_tensor(tokens).long()
+        positions = torch.as_tensor(start_pos).long()
+        batch, width = tokens.shape
+        valid = _int_list(num_valid_drafts, batch, "num_valid_drafts")
+        segments = [
+            Segment(row, tokens[row, : 1 + valid[row]], int(positions[row, 0]))
+            for row in range(batch)
+            if int(positions[row, 0]) >= 0
+        ]
+        logits = torch.zeros(batch, width, self.dims.vocab_size, dtype=torch.float32)
+        table = torch.as_tensor(page_table).long()
+        for group, cache in self._lane_groups(segments, kv_cache):
+            flat = self.forward_segments(group, table, cache, all_positions=True)
+            offset = 0
+            for segment in group:
+                count = len(segment.tokens)
+                logits[segment.row, :count] = flat[offset : offset + count]
+                offset += count
+        if spec_mode == spec.ACCEPT_MODE_LOGITS:
+            return spec.VerifyOutput(spec_mode, logits=logits)
+        ids = logits.argmax(dim=-1)
+        for row in range(batch):
+            ids[row, 1 + valid[row] :] = spec.PLACEHOLDER_TOKEN_ID
+        return spec.VerifyOutput(spec_mode, argmax_ids=ids)
+
     # ---- the contract ----------------------------------------------------------------
 
     def prefill_forward(
@@ -434,6 +510,9 @@ class ReferenceLlamaGenerator:
         reload_page_table: bool = False,
         reload_sampling_params: bool = False,
         reset_sampling_state: bool = False,
+        num_valid_drafts: Any = None,
+        accepted_counts: Any = None,
+        spec_mode: str | None = None,
         **kwargs: Any,
     ) -> Any:
         """One token per slot: row i is batch slot i, its token at position `start_pos[i]`
@@ -448,6 +527,10 @@ class ReferenceLlamaGenerator:
         and registers changed seeds; `reset_sampling_state` rebuilds seeds, counters and
         the penalty history (`prompt_tokens`, `output_tokens`: `[B, L]`, -1 padded).
         `slot_remap[i] = j` moves slot j's state to slot i first.
+
+        With `spec_mode` (and `num_valid_drafts`, `accepted_counts`) it is a speculative
+        verify over `[B, 1+K]` tokens and positions instead (`verify`): the host's
+        inputs, read now, returning a `VerifyOutput`.
 
         Returns `(logits [B, 1, V], None)`, or with `sampling_params` `(tokens [B],
         log_probs)` where log_probs is None or `(top_logprobs [B, K], top_ids [B, K])`
@@ -472,6 +555,22 @@ class ReferenceLlamaGenerator:
             raise ValueError(
                 "reset_sampling_state needs reload_inputs=True (positions must be authoritative)"
             )
+        speculative = (num_valid_drafts, accepted_counts, spec_mode)
+        if any(v is not None for v in speculative):
+            if any(v is None for v in speculative):
+                raise ValueError("num_valid_drafts, accepted_counts and spec_mode come together")
+            if not reload_inputs:
+                raise ValueError("a verify reads the host's inputs: send reload_inputs=True")
+            if page_table is None:
+                raise ValueError("the reference generator needs a page_table (paged KV cache only)")
+
+            def run_verify() -> spec.VerifyOutput:
+                self._resident = None  # the host knows the committed tokens
+                return self.verify(
+                    tokens, start_pos, page_table, kv_cache, num_valid_drafts, spec_mode
+                )
+
+            return self._device_queue.submit(run_verify).result()
         batch = tokens.shape[0]
         host_tokens = tokens.reshape(batch, -1)[:, 0].long().clone()
         host_positions = _int_list(start_pos, batch, "start_pos")

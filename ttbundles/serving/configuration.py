@@ -90,6 +90,9 @@ class Plan:
     # What the server does differently from what the user asked (Diagnostic dicts, each
     # a WARNING): logged at start-up and shown by `ttbundle plan`.
     warnings: list[dict[str, Any]] = field(default_factory=list)
+    # Speculative decoding as admitted (`serving.spec_admission`; {}: not speculating):
+    # method, k, accept_modes, narrow, the n-gram window, the generator's plan.
+    speculative: dict[str, Any] = field(default_factory=dict)
 
     def decide(self, setting: str, requested: Any, effective: Any, reason: str) -> Any:
         self.decisions.append(Decision(setting, requested, effective, reason))
@@ -277,6 +280,9 @@ def plan_config(vllm_config: VllmConfig, registry: Registry) -> Plan | None:
 
     _plan_features(vllm_config, plan, meta)
     _plan_scheduler(vllm_config, plan)
+    from ttbundles.serving.spec_admission import plan_speculative
+
+    plan_speculative(vllm_config, plan)
 
     plan.options = options.model_dump(exclude_none=True)
     additional[PLAN_KEY] = plan.to_dict()
@@ -284,8 +290,8 @@ def plan_config(vllm_config: VllmConfig, registry: Registry) -> Plan | None:
 
 
 def _refuse_unsupported(vllm_config: VllmConfig, mesh: str | None) -> None:
-    """What Tenstorrent does not do (yet): vLLM's own parallelism, speculative decoding,
-    LoRA (TTB201, TTB202)."""
+    """What Tenstorrent does not do (yet): vLLM's own parallelism, LoRA (TTB201,
+    TTB202). Speculative decoding is admitted or refused by `serving.spec_admission`."""
     parallel = vllm_config.parallel_config
     refuse_vllm_parallelism(parallel, mesh)
     if parallel.data_parallel_size > 1 and parallel.data_parallel_backend == "ray":
@@ -297,12 +303,6 @@ def _refuse_unsupported(vllm_config: VllmConfig, mesh: str | None) -> None:
             "rank is a submesh",
             "use the default backend (mp): the head with --data-parallel-size-local, the "
             "other hosts with vllm serve --headless (docs/operators/several-hosts.md)",
-        )
-    if vllm_config.speculative_config is not None:
-        raise _error(
-            "TTB202",
-            "speculative decoding is not supported yet on Tenstorrent",
-            "drop --speculative-config",
         )
     if vllm_config.lora_config is not None:
         raise _error("TTB202", "LoRA is not supported yet on Tenstorrent", "drop --enable-lora")

@@ -137,6 +137,8 @@ class TTPlatform(Platform):
 
         plan = plan_config(vllm_config, checked_registry())
         served = served_plan(vllm_config)
+        # For validate_request: what a speculating launch refuses per request.
+        _state["speculative"] = served.speculative if served is not None else {}
         if served is not None and served.inputs and vllm_config.model_config is not None:
             # For validate_request, in this process (the API server's requests).
             _state["placeholders"] = image_requests.placeholder_tokens(
@@ -169,6 +171,21 @@ class TTPlatform(Platform):
                 processed_inputs.get("mm_placeholders") or {},
                 tokens,
             )
+        speculative = _state.get("speculative")
+        if speculative:
+            from ttbundles.serving.spec_admission import request_refusal
+
+            refusal = request_refusal(speculative, params)
+            if refusal is not None:
+                code, parameter, value = refusal
+                raise UnsupportedRequestError(
+                    f"{code}: {parameter}={value!r} is not supported while speculating "
+                    f"({speculative['method']}, k={speculative['k']}) on Tenstorrent; "
+                    f"send the request without {parameter}, or serve without "
+                    "--speculative-config",
+                    parameter=parameter,
+                    value=value,
+                )
         prompt_logprobs = getattr(params, "prompt_logprobs", None)
         if prompt_logprobs is not None:
             raise UnsupportedRequestError(

@@ -37,7 +37,7 @@ from ttbundles.serving.stats import STATS
 
 if TYPE_CHECKING:  # only for annotations
     from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
-    from vllm.v1.outputs import ModelRunnerOutput
+    from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
 
 logger = logging.getLogger("vllm.ttbundles")
 
@@ -255,6 +255,12 @@ class TTWorker(WorkerBase):
             raise
         self._write_stats()
         return output
+
+    def take_draft_token_ids(self) -> DraftTokenIds | None:
+        """The drafts proposed after the last step (speculative decoding), which the
+        engine core hands to the scheduler before the next one."""
+        assert self.model_runner is not None
+        return self.model_runner.take_draft_token_ids()
 
     def _write_stats(self) -> None:
         if not self._stats_file:

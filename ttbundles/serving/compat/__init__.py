@@ -18,6 +18,9 @@ stays release-blind. The window itself (which releases) is `ttbundles.vllm_windo
 - Followed, not bridged: vLLM's default KV block size (`CacheConfig.DEFAULT_BLOCK_SIZE`)
   is 16 tokens in 0.33.0 and 64 in 0.34.0; a generator that needs one declares
   `required_block_size`.
+- `NGRAM_STYLE`: the n-gram proposer's semantics: 0.33.0's `NgramProposer` (earliest
+  match, only the tokens that follow it) or 0.34.0's n-gram speculator (latest match,
+  always K drafts).
 - `cached_request_data`: `CachedRequestData`'s fields (`resumed_req_ids`,
   `all_token_ids` in 0.33.0 only).
 
@@ -42,7 +45,7 @@ Private hooks (all checked on 0.33.0 and 0.34.0):
 from __future__ import annotations
 
 import importlib.util
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
@@ -65,6 +68,14 @@ def _has_field(cls: type, name: str) -> bool:
 
 V1_RUNNER_PARTS = _has_module("vllm.v1.worker.gpu_input_batch") and _has_module(
     "vllm.v1.sample.sampler"
+)
+
+# The n-gram proposer's semantics (`serving.runner.ngram`): 0.33.0's numba
+# `NgramProposer` takes the earliest occurrence and proposes only the tokens that follow
+# it; 0.34.0 removed it for Model Runner V2's Triton speculator, which takes the latest
+# and always proposes K (padding with the last token).
+NGRAM_STYLE: Literal["earliest", "latest_padded"] = (
+    "earliest" if _has_module("vllm.v1.spec_decode.ngram_proposer") else "latest_padded"
 )
 
 
@@ -138,6 +149,7 @@ def request_state(**fields: Any) -> Any:
 
 
 __all__ = [
+    "NGRAM_STYLE",
     "OUTPUT_INDEX",
     "RESUMED_IN_CACHED",
     "V1_RUNNER_PARTS",

@@ -28,9 +28,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 from vllm.sampling_params import SamplingType
-from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, LogprobsTensors, ModelRunnerOutput
+from vllm.v1.outputs import (
+    EMPTY_MODEL_RUNNER_OUTPUT,
+    DraftTokenIds,
+    LogprobsTensors,
+    ModelRunnerOutput,
+)
 
 from ttbundles.format import contract
+from ttbundles.format import speculative as spec
 from ttbundles.format.contract import SamplingParams
 from ttbundles.serving import compat
 from ttbundles.serving.binding import (
@@ -48,6 +54,7 @@ from ttbundles.serving.runner.commands import DecodeCommands
 from ttbundles.serving.runner.families import tt_data_parallel
 from ttbundles.serving.runner.history import PenaltyHistory
 from ttbundles.serving.runner.readback import TTAsyncOutput
+from ttbundles.serving.runner.speculation import Speculation
 from ttbundles.serving.runner.step import (
     EMPTY_POSITION,
     Layout,
@@ -89,6 +96,15 @@ class TTModelRunner:
         self.image_inputs = bool(plan is not None and plan.inputs.get("image"))
         self.pixels = PixelStore()
         self.per_lane = self.max_num_reqs // self.lanes
+        # Speculative decoding as the plan admitted it (None: not speculating).
+        self.speculation: Speculation | None = None
+        if plan is not None and plan.speculative:
+            self.speculation = Speculation.from_plan(
+                plan.speculative,
+                capacity=self.max_num_reqs,
+                vocab_size=self.model_config.get_vocab_size(),
+                max_model_len=self.max_model_len,
+            )
         self.options = effective_options(vllm_config)
         self.version = contract.contract_version(generator_cls)
         self.capabilities: dict[str, Any] = dict(
@@ -199,7 +215,13 @@ class TTModelRunner:
         if self.image_inputs:
             prefill_offer += contract.PREFILL_IMAGE_INPUTS
         self._prefill = bind(model, contract.PREFILL, prefill_offer, class_name=name)
-        self._decode = bind(model, contract.DECODE, decode_offer(self.version), class_name=name)
+        decode = decode_offer(self.version)
+        if self.speculation is not None:
+            decode += spec.VERIFY_KEYWORDS
+        self._decode = bind(model, contract.DECODE, decode, class_name=name)
+        self._propose: BoundMethod | None = None
+        if self.speculation is not None:
+            self._bind_speculation()
         per_layer = bind(
             model,
             contract.ALLOCATE_KV_CACHE_PER_LAYER,
@@ -232,6 +254,23 @@ class TTModelRunner:
             takes_history=self._decode.accepts("prompt_tokens")
             and self._decode.accepts("output_tokens"),
         )
+
+    def _bind_speculation(self) -> None:
+        """A speculating launch needs a decode that takes the verify keywords and, for
+        the generator's own drafter (`custom_class`), `propose_draft_tokens`."""
+        name = self.class_name
+        missing = [k for k in spec.VERIFY_KEYWORDS if not self._decode.accepts(k)]
+        if missing:
+            raise GeneratorContractError.single(
+                "TTB239",
+                f"{name}.decode_forward takes no {', '.join(missing)}: it cannot verify "
+                "drafts, though the class declares supports_spec_decode",
+                hint="serve a verify in decode_forward (docs/authors/generator-contract.md"
+                "#speculative-decoding), or drop --speculative-config",
+            )
+        assert self.speculation is not None
+        if self.speculation.method == "custom_class":
+            self._propose = bind(self.generator, spec.PROPOSE, spec.PROPOSE.passes, class_name=name)
 
     def load_model(self) -> None:
         self.generator = self._initialize(
@@ -321,6 +360,16 @@ class TTModelRunner:
         computed = batch.num_computed_tokens_cpu[:n].astype(np.int64)
         totals = batch.num_tokens_no_spec[:n].astype(np.int64)
         counts = np.fromiter(map(num_sched.__getitem__, req_ids), dtype=np.int64, count=n)
+        # Speculative decoding: a row's scheduled tokens include its drafts (vLLM's
+        # `scheduled_spec_decode_tokens`), which only a verify computes.
+        scheduled_drafts = scheduler_output.scheduled_spec_decode_tokens
+        drafts: list[list[int]] = []
+        if scheduled_drafts:
+            counts = counts - np.fromiter(
+                (len(scheduled_drafts.get(r, ())) for r in req_ids), dtype=np.int64, count=n
+            )
+            assert self.speculation is not None
+            drafts = self.speculation.valid_drafts(scheduled_drafts, req_ids)
         # A row is decoding when it computes one token, its newest (known or in flight),
         # and is not in prefill as the scheduler sees it: admitted (new or resumed) in
         # this step, or continuing a prompt, however few of its tokens are left (a final
@@ -351,6 +400,18 @@ class TTModelRunner:
                 support=self.device_support,
             )
         reason = layout.reasons[cached_reason]
+        speculation = self.speculation
+        if is_decode and speculation is not None:
+            if not drafts:
+                drafts = [[] for _ in req_ids]
+            if speculation.verifies(req_ids, drafts):
+                # Drafts are accepted on the host, against the verify's ids or logits.
+                STATS.count("sampling.host")
+                STATS.count("sampling.host.speculative")
+                self._run_verify(step, computed, drafts)
+                self._step = step
+                self._async_req_ids = None
+                return None
         if reason is None:
             STATS.count("sampling.device")
         else:
@@ -359,6 +420,9 @@ class TTModelRunner:
         if is_decode:
             self._run_decode(step, computed, totals, device=reason is None)
         else:
+            if speculation is not None:  # a prefill drops a row's count back to 1
+                for req_id in req_ids:
+                    speculation.reset(req_id)
             self._run_prefill(step, ends.tolist(), computed.tolist(), device=reason is None)
         if step.readback is None:
             self._async_req_ids = None
@@ -460,6 +524,78 @@ class TTModelRunner:
         if self.observer is not None:
             starts = computed.tolist()
             self.observer("decode", step.req_ids, starts, [c + 1 for c in starts], step.logits)
+
+    def _run_verify(self, step: StepState, computed: np.ndarray, drafts: list[list[int]]) -> None:
+        """A verify: every slot's last committed token and its drafts in one
+        `decode_forward` over `[capacity, 1+K]` (`runner.speculation`); the host
+        inputs are authoritative (reload_inputs), the host accepts."""
+        STATS.count("step.verify")
+        assert self.speculation is not None
+        batch = self.input_batch
+        layout = step.layout
+        step.rows = layout.rows
+        n = len(step.req_ids)
+        last = batch.token_ids_cpu[np.arange(n), computed].astype(np.int64)
+        verify = self.speculation.verify_inputs(
+            step.req_ids, layout.slots, last, computed, drafts, layout.params
+        )
+        STATS.count("speculative.draft_tokens", sum(len(d) for d in verify.drafts))
+        capacity = self.max_num_reqs
+        page_table = self._decode_page_table(layout)
+        commands = self._decode_commands(layout.owners, page_table, False)
+        values: dict[str, Any] = dict(
+            tokens=verify.tokens,
+            start_pos=verify.positions,
+            page_table=page_table,
+            kv_cache=self.kv_cache,
+            enable_trace=self.decode_trace,
+            read_from_device=True,
+            sampling_params=None,
+            slot_remap=list(range(capacity)),
+            num_valid_drafts=verify.num_valid,
+            accepted_counts=verify.accepted_counts,
+            spec_mode=verify.spec_mode,
+            **self._per_layer(page_table),
+        )
+        if self.rope_deltas and self._decode.accepts("rope_deltas_all_users"):
+            values["rope_deltas_all_users"] = [
+                self.rope_deltas.get(owner, 0) if owner is not None else 0
+                for owner in layout.owners
+            ]
+        if self.version >= contract.CONTRACT_V1:
+            values.update(
+                reload_inputs=commands.reload_inputs,
+                reload_page_table=commands.reload_page_table,
+                reload_sampling_params=commands.reload_sampling_params,
+                reset_sampling_state=commands.reset_sampling_state,
+            )
+        step.verify = verify
+        step.verify_out = self._decode(**values)
+        self._device_layout = None  # the next decode reloads everything
+
+    def _after_commit(self, step: StepState, sampled: list[list[int]]) -> None:
+        """Speculating: record what each row committed and propose its next drafts."""
+        speculation = self.speculation
+        if speculation is None:
+            return
+        speculation.committed(step.req_ids, sampled)
+        if speculation.method == "ngram":
+            speculation.propose_ngram(step.req_ids, sampled, self.input_batch)
+        else:
+            speculation.propose_model(
+                self._propose,
+                step.req_ids,
+                step.layout.slots,
+                sampled,
+                step.positions,
+                self.class_name,
+            )
+
+    def take_draft_token_ids(self) -> DraftTokenIds | None:
+        """The drafts proposed after the last step, once (vLLM's engine core asks after
+        every step and stores them on the requests)."""
+        pending = self.speculation.take() if self.speculation is not None else None
+        return DraftTokenIds(*pending) if pending is not None else None
 
     def _per_layer(self, page_table: torch.Tensor) -> dict[str, Any]:
         """`page_tables_per_layer` for a generator whose cache was allocated per layer:
@@ -580,6 +716,22 @@ class TTModelRunner:
         if step.tokens is not None:
             return self._finish_with_tokens(step, step.tokens)
         batch = self.input_batch
+        if step.verify is not None:
+            assert self.speculation is not None
+            committed = self.speculation.accept(
+                step.verify_out,
+                step.verify,
+                step.layout.slots,
+                step.layout.params,
+                step.positions,
+                self.class_name,
+            )
+            STATS.count("speculative.committed_tokens", sum(len(c) for c in committed))
+            self._append_sampled(step.req_ids, committed)
+            self._after_commit(step, committed)
+            return compat.model_runner_output(
+                list(step.req_ids), step.layout.index, committed, None
+            )
         logits = step.logits
         assert logits is not None
         if grammar_output is not None:
@@ -592,6 +744,7 @@ class TTModelRunner:
         for i in np.nonzero(step.discard)[0]:
             sampled[int(i)] = []
         self._append_sampled(step.req_ids, sampled)
+        self._after_commit(step, sampled)
         return compat.model_runner_output(
             list(step.req_ids),
             step.layout.index,
@@ -617,6 +770,7 @@ class TTModelRunner:
         if len(discarded) or not self._append_rows(step, values, flat.numpy()):
             self._append_sampled(step.req_ids, sampled)
         logprobs = self._device_logprobs(step, values)
+        self._after_commit(step, sampled)
         return compat.model_runner_output(
             list(step.req_ids),
             step.layout.index,
@@ -855,6 +1009,8 @@ class TTModelRunner:
             self._release_slot(req_id)
             self.lane_of.pop(req_id, None)
             self._mid_prefill.discard(req_id)
+            if self.speculation is not None:
+                self.speculation.reset(req_id)
         placed = lane_of(scheduler_output)
         if placed:
             self.lane_of.update(placed)

@@ -1,0 +1,307 @@
+"""Speculative decoding in the runner: the verify step's inputs, accepting its output,
+and the drafts for the next step (`format.speculative` is the contract).
+
+A verify is the generator's `decode_forward` over `[B, 1+K]`: column 0 of a slot's row
+is its last committed token at its next position, columns 1..K its drafts (the
+scheduler's `scheduled_spec_decode_tokens`, up to the first placeholder), padded with
+`PLACEHOLDER_TOKEN_ID` at position -1; `num_valid_drafts` says where each row's real
+columns stop and `accepted_counts` how many tokens its previous step committed (1 after a
+prefill or an ordinary step). It writes K/V for every real column; what a rejection
+leaves beyond the accepted length is overwritten later, because vLLM's scheduler rolls
+`num_computed_tokens` back by the rejected count (nothing to undo here).
+
+A step verifies when some row carries a draft, when some row's previous step committed
+more than one token, or always when the plan does not offer narrow decode (the
+reference plugin's `_step_verifies`); otherwise it is an ordinary decode.
+
+Drafts: `ngram` proposes on the host from each request's tokens (`runner.ngram`);
+`custom_class` asks the generator's `propose_draft_tokens` with the step's committed
+block. Either way after every step, handed to vLLM by `take_draft_token_ids`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from ttbundles.format import speculative as spec
+from ttbundles.serving.binding import GeneratorContractError
+from ttbundles.serving.runner.ngram import NgramProposer
+from ttbundles.serving.runner.rejection import accept_row, is_greedy
+
+
+@dataclass(frozen=True)
+class Verify:
+    """A verify step's inputs, by slot, and what the accept walk needs back."""
+
+    tokens: torch.Tensor  # [capacity, 1+K] int64
+    positions: torch.Tensor  # [capacity, 1+K] int64
+    num_valid: torch.Tensor  # [capacity] int32
+    accepted_counts: torch.Tensor  # [capacity] int32
+    spec_mode: str
+    drafts: list[list[int]]  # per batch row, its valid drafts
+
+
+@dataclass
+class Speculation:
+    """The runner's speculative state for one launch (`Plan.speculative`)."""
+
+    method: str
+    k: int
+    accept_modes: tuple[str, ...]
+    narrow: bool
+    capacity: int
+    vocab_size: int
+    proposer: NgramProposer | None = None
+    # Tokens each request's previous step committed (absent: 1).
+    accepted: dict[str, int] = field(default_factory=dict)
+    # The drafts proposed after the last step, until vLLM takes them.
+    pending: tuple[list[str], list[list[int]]] | None = None
+    # The hidden handle the last verify returned, for propose_draft_tokens.
+    hidden: Any = None
+
+    @classmethod
+    def from_plan(
+        cls, speculative: dict[str, Any], *, capacity: int, vocab_size: int, max_model_len: int
+    ) -> Speculation:
+        from ttbundles.serving import compat
+
+        method = speculative["method"]
+        proposer = None
+        if method == "ngram":
+            proposer = NgramProposer(
+                min_n=int(speculative["prompt_lookup_min"]),
+                max_n=int(speculative["prompt_lookup_max"]),
+                k=int(speculative["k"]),
+                max_model_len=max_model_len,
+                style=compat.NGRAM_STYLE,
+            )
+        return cls(
+            method=method,
+            k=int(speculative["k"]),
+            accept_modes=tuple(speculative["accept_modes"]),
+            narrow=bool(speculative["narrow"]),
+            capacity=capacity,
+            vocab_size=vocab_size,
+            proposer=proposer,
+        )
+
+    # --- which steps verify -------------------------------------------------------------
+
+    @staticmethod
+    def valid_drafts(scheduled: dict[str, list[int]], req_ids: Sequence[str]) -> list[list[int]]:
+        """Each row's drafts up to the first placeholder (vLLM pads with -1)."""
+        rows = []
+        for req_id in req_ids:
+            drafts = scheduled.get(req_id) or []
+            valid = []
+            for token in drafts:
+                if token < 0:
+                    break
+                valid.append(int(token))
+            rows.append(valid)
+        return rows
+
+    def verifies(self, req_ids: Sequence[str], drafts: list[list[int]]) -> bool:
+        if not self.narrow or any(drafts):
+            return True
+        return any(self.accepted.get(r, 1) > 1 for r in req_ids)
+
+    # --- the verify's inputs ------------------------------------------------------------
+
+    def verify_inputs(
+        self,
+        req_ids: Sequence[str],
+        slots: np.ndarray,
+        last_tokens: np.ndarray,
+        computed: np.ndarray,
+        drafts: list[list[int]],
+        params: Sequence[Any],
+    ) -> Verify:
+        """The `[capacity, 1+K]` block: row `slots[i]` holds request i's last committed
+        token (`last_tokens[i]`) at position `computed[i]`, then its drafts."""
+        width = 1 + self.k
+        tokens = torch.full((self.capacity, width), spec.PLACEHOLDER_TOKEN_ID, dtype=torch.int64)
+        positions = torch.full((self.capacity, width), -1, dtype=torch.int64)
+        tokens[:, 0] = 0  # padding rows: token 0 at position -1
+        num_valid = torch.zeros(self.capacity, dtype=torch.int32)
+        counts = torch.ones(self.capacity, dtype=torch.int32)
+        for i, (req_id, slot) in enumerate(zip(req_ids, slots.tolist())):
+            row = drafts[i][: self.k]
+            n = len(row)
+            tokens[slot, 0] = int(last_tokens[i])
+            if n:
+                tokens[slot, 1 : 1 + n] = torch.tensor(row, dtype=torch.int64)
+            positions[slot, : 1 + n] = torch.arange(int(computed[i]), int(computed[i]) + 1 + n)
+            num_valid[slot] = n
+            counts[slot] = self.accepted.get(req_id, 1)
+        greedy = all(is_greedy(p) for p in params)
+        mode = (
+            spec.ACCEPT_MODE_ARGMAX_IDS
+            if greedy and spec.ACCEPT_MODE_ARGMAX_IDS in self.accept_modes
+            else spec.ACCEPT_MODE_LOGITS
+        )
+        return Verify(tokens, positions, num_valid, counts, mode, [d[: self.k] for d in drafts])
+
+    # --- accepting ----------------------------------------------------------------------
+
+    def accept(
+        self,
+        out: Any,
+        verify: Verify,
+        slots: np.ndarray,
+        params: Sequence[Any],
+        positions: np.ndarray,
+        class_name: str,
+    ) -> list[list[int]]:
+        """The tokens each row commits, from the generator's `VerifyOutput`."""
+        if not isinstance(out, spec.VerifyOutput) or out.spec_mode != verify.spec_mode:
+            got = getattr(out, "spec_mode", type(out).__name__)
+            raise GeneratorContractError.single(
+                "TTB239",
+                f"{class_name}.decode_forward answered a verify (spec_mode="
+                f"{verify.spec_mode!r}) with {got!r}, not a VerifyOutput of that mode",
+                hint="return format.speculative.VerifyOutput(spec_mode, argmax_ids=... or "
+                "logits=...) when decode_forward gets spec_mode",
+            )
+        self.hidden = out.hidden
+        committed: list[list[int]] = []
+        if verify.spec_mode == spec.ACCEPT_MODE_ARGMAX_IDS:
+            ids = torch.as_tensor(out.argmax_ids).reshape(self.capacity, -1)
+            for drafts, slot in zip(verify.drafts, slots.tolist()):
+                chosen = ids[slot, : len(drafts) + 1].tolist()
+                row: list[int] = []
+                for j, token in enumerate(chosen):
+                    row.append(int(token))
+                    if j == len(drafts) or token != drafts[j]:
+                        break
+                committed.append(row)
+        else:
+            logits = torch.as_tensor(out.logits)
+            logits = logits.reshape(self.capacity, -1, logits.shape[-1])
+            for drafts, slot, p, position in zip(
+                verify.drafts, slots.tolist(), params, positions.tolist()
+            ):
+                committed.append(
+                    accept_row(drafts, logits[slot, : len(drafts) + 1], p, position=position)
+                )
+        for row in committed:
+            bad = [t for t in row if not 0 <= t < self.vocab_size]
+            if bad:
+                raise GeneratorContractError.single(
+                    "TTB239",
+                    f"{class_name}: the verify chose token ids outside the vocabulary "
+                    f"({bad[:4]}, vocabulary {self.vocab_size})",
+                    hint="return argmax ids of the target's logits at every real column",
+                )
+        return committed
+
+    # --- what was committed, and the next drafts ----------------------------------------
+
+    def committed(self, req_ids: Sequence[str], sampled: Sequence[Sequence[int]]) -> None:
+        for req_id, tokens in zip(req_ids, sampled):
+            self.accepted[req_id] = max(len(tokens), 1)
+
+    def reset(self, req_id: str) -> None:
+        """A prefill (or a finished request): back to the post-prefill count of 1."""
+        self.accepted.pop(req_id, None)
+
+    def propose_ngram(
+        self,
+        req_ids: Sequence[str],
+        sampled: Sequence[Sequence[int]],
+        batch: Any,
+    ) -> None:
+        """Drafts from each request's own tokens (after this step's commit), none for a
+        row that sampled nothing (an incomplete prompt)."""
+        assert self.proposer is not None
+        index = batch.req_id_to_index
+        drafts: list[list[int]] = []
+        for req_id, tokens in zip(req_ids, sampled):
+            row = index.get(req_id)
+            if not tokens or row is None:
+                drafts.append([])
+                continue
+            count = int(batch.num_tokens_no_spec[row])
+            drafts.append(self.proposer.propose(batch.token_ids_cpu[row, :count]))
+        self.pending = (list(req_ids), drafts)
+
+    def propose_model(
+        self,
+        propose: Any,
+        req_ids: Sequence[str],
+        slots: np.ndarray,
+        sampled: Sequence[Sequence[int]],
+        first_positions: np.ndarray,
+        class_name: str,
+    ) -> None:
+        """Ask the generator's drafter, with this step's committed block by slot: row
+        `slots[i]` holds request i's committed tokens at their positions, the rest of
+        the block `PLACEHOLDER_TOKEN_ID` at position -1."""
+        width = 1 + self.k
+        tokens = torch.full((self.capacity, width), spec.PLACEHOLDER_TOKEN_ID, dtype=torch.int32)
+        positions = torch.full((self.capacity, width), -1, dtype=torch.int32)
+        counts = torch.ones(self.capacity, dtype=torch.int32)
+        live = []
+        for i, (slot, row) in enumerate(zip(slots.tolist(), sampled)):
+            if not row:
+                continue
+            n = min(len(row), width)
+            tokens[slot, :n] = torch.tensor(row[:n], dtype=torch.int32)
+            start = int(first_positions[i])
+            positions[slot, :n] = torch.arange(start, start + n, dtype=torch.int32)
+            counts[slot] = n
+            live.append(i)
+        out = propose(
+            num_drafts=self.k,
+            committed_tokens=tokens,
+            committed_positions=positions,
+            accepted_counts=counts,
+            hidden=self.hidden,
+        )
+        self.hidden = None
+        ids, valid = self._checked_drafts(out, class_name)
+        drafts: list[list[int]] = [[] for _ in req_ids]
+        for i in live:
+            slot = int(slots[i])
+            drafts[i] = ids[slot, : int(valid[slot])].tolist()
+        self.pending = (list(req_ids), drafts)
+
+    def _checked_drafts(self, out: Any, class_name: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """A `DraftOutput`'s ids `[capacity, K]` and counts `[capacity]`, checked for
+        dtype, shape and range before vLLM stores them (a stored draft is verified next
+        step and committed if the target agrees)."""
+
+        def refuse(what: str) -> GeneratorContractError:
+            return GeneratorContractError.single(
+                "TTB239",
+                f"{class_name}.propose_draft_tokens returned {what}",
+                hint=f"return DraftOutput(draft_token_ids [B, {self.k}] int32 within the "
+                f"vocabulary, num_valid [B] int32 in 0..{self.k} or None)",
+            )
+
+        if not isinstance(out, spec.DraftOutput):
+            raise refuse(f"{type(out).__name__}, not a DraftOutput")
+        ids = torch.as_tensor(out.draft_token_ids)
+        if ids.is_floating_point() or tuple(ids.shape) != (self.capacity, self.k):
+            raise refuse(f"draft_token_ids of {ids.dtype} {tuple(ids.shape)}")
+        if out.num_valid is None:
+            valid = torch.full((self.capacity,), self.k, dtype=torch.int64)
+        else:
+            valid = torch.as_tensor(out.num_valid)
+            if valid.is_floating_point() or tuple(valid.shape) != (self.capacity,):
+                raise refuse(f"num_valid of {valid.dtype} {tuple(valid.shape)}")
+            if bool(((valid < 0) | (valid > self.k)).any()):
+                raise refuse(f"num_valid outside 0..{self.k}: {valid.tolist()[:8]}")
+        offered = torch.arange(self.k)[None, :] < valid[:, None]
+        if bool(((ids < 0) | (ids >= self.vocab_size))[offered].any()):
+            raise refuse("offered draft ids outside the vocabulary")
+        return ids.long(), valid.long()
+
+    def take(self) -> tuple[list[str], list[list[int]]] | None:
+        pending, self.pending = self.pending, None
+        return pending

@@ -1,0 +1,222 @@
+"""Admitting `--speculative-config` at configuration time, as the reference Tenstorrent
+plugin does (`spec_admission.py` there; `format.speculative` is the contract).
+
+In order: the method must be one ttbundles serves (`ngram`, `custom_class`); lanes and
+asynchronous scheduling are refused with speculation (not supported yet); the generator
+class must declare `supports_spec_decode`, cover the method's requirements
+(`spec_requirements`) and answer `spec_plan(vllm_config, max_num_seqs, requested_k)`.
+Its answer is a plan decision: a `SpecPlan` (its effective draft length replaces the
+requested one; its accept modes say which requests may speculate) or a `SpecReject`,
+refused with its reason and the draft lengths it would take. The admitted plan travels
+in `Plan.speculative` to the runner and to `validate_request`.
+
+This is the one place the configuration imports the bundle's class: only a launch that
+speculates, because only the class can answer `spec_plan`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ttbundles.errors import ConfigurationError
+from ttbundles.format import contract
+from ttbundles.format import speculative as spec
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+
+    from ttbundles.serving.configuration import Plan
+
+
+def _refuse(code: str, message: str, hint: str) -> ConfigurationError:
+    return ConfigurationError.single(code, message, hint=hint)
+
+
+def plan_speculative(vllm_config: VllmConfig, plan: Plan) -> None:
+    """Admit the speculative configuration into `plan`, or refuse it (TTB235, TTB236)."""
+    config = vllm_config.speculative_config
+    if config is None:
+        return
+    method = str(config.method)
+    requested = int(config.num_speculative_tokens or 0)
+    served = ", ".join(sorted(spec.METHOD_REQUIREMENTS))
+    if method not in spec.METHOD_REQUIREMENTS:
+        raise _refuse(
+            "TTB235",
+            f"speculative method {method!r} is not supported yet on Tenstorrent (served: {served})",
+            'use --speculative-config \'{"method": "ngram", ...}\', or drop it',
+        )
+    if method == "custom_class":
+        raise _refuse(
+            "TTB235",
+            "speculative method 'custom_class' (the generator's own drafter) is not "
+            "supported yet on Tenstorrent",
+            'use --speculative-config \'{"method": "ngram", ...}\', or drop it',
+        )
+    if plan.lanes > 1:
+        raise _refuse(
+            "TTB236",
+            f"speculative decoding with {plan.lanes} in-process data-parallel lanes is not "
+            "supported yet on Tenstorrent",
+            "drop --data-parallel-size, or drop --speculative-config",
+        )
+    if vllm_config.scheduler_config.async_scheduling:
+        raise _refuse(
+            "TTB236",
+            "speculative decoding with asynchronous scheduling is not supported yet on "
+            "Tenstorrent (vLLM turns asynchronous scheduling on by default)",
+            "add --no-async-scheduling, or drop --speculative-config",
+        )
+    bundle = f"{plan.bundle['name']}@{plan.bundle['version']}"
+    cls = _generator_class(plan)
+    name = plan.bundle.get("declared_class") or cls.__qualname__
+    capabilities = dict(getattr(cls, contract.CAPABILITIES_ATTRIBUTE, None) or {})
+    if not capabilities.get(spec.SUPPORTS_SPEC_DECODE_KEY):
+        raise _refuse(
+            "TTB235",
+            f"{bundle}: {name} does not declare {spec.SUPPORTS_SPEC_DECODE_KEY}: it cannot "
+            "verify drafts",
+            "serve a generator that speculates, or drop --speculative-config",
+        )
+    declared = set(capabilities.get(spec.SPEC_REQUIREMENTS_KEY) or ())
+    missing = [r for r in spec.METHOD_REQUIREMENTS[method] if r not in declared]
+    if missing:
+        raise _refuse(
+            "TTB235",
+            f"{bundle}: speculative method {method!r} needs {', '.join(missing)} in "
+            f"{name}'s {spec.SPEC_REQUIREMENTS_KEY}",
+            'use --speculative-config \'{"method": "ngram", ...}\'',
+        )
+    planner = getattr(cls, spec.SPEC_PLAN_METHOD, None)
+    if not callable(planner):
+        raise _refuse(
+            "TTB235",
+            f"{bundle}: {name} declares {spec.SUPPORTS_SPEC_DECODE_KEY} but has no "
+            f"{spec.SPEC_PLAN_METHOD} classmethod",
+            "implement spec_plan(vllm_config, max_num_seqs, requested_k) "
+            "(docs/authors/generator-contract.md#speculative-decoding)",
+        )
+    seqs = vllm_config.scheduler_config.max_num_seqs
+    try:
+        answer = planner(vllm_config, seqs, requested)
+    except Exception as exc:  # noqa: BLE001 - the class's own code; said as the class's
+        raise _refuse(
+            "TTB235",
+            f"{bundle}: {name}.spec_plan raised {type(exc).__name__}: {exc}",
+            "spec_plan must return a SpecPlan or a SpecReject, never raise",
+        ) from exc
+    asked = f"max_num_seqs={seqs}, num_speculative_tokens={requested}"
+    if isinstance(answer, spec.SpecReject):
+        supported = (
+            f"; it would take num_speculative_tokens in {list(answer.supported_k)}"
+            if answer.supported_k
+            else ""
+        )
+        plan.decide("speculative", f"{method}, k={requested}", "refused", answer.reason)
+        raise _refuse(
+            "TTB235",
+            f"{bundle}: {name}.spec_plan refused {asked}: {answer.reason}{supported}",
+            "ask for a draft length it takes, or drop --speculative-config",
+        )
+    if not isinstance(answer, spec.SpecPlan):
+        raise _refuse(
+            "TTB235",
+            f"{bundle}: {name}.spec_plan returned {type(answer).__name__}, not a SpecPlan "
+            "or a SpecReject",
+            "return format.speculative.SpecPlan or SpecReject",
+        )
+    _check_plan(answer, requested, f"{bundle}: {name}.spec_plan")
+    if answer.effective_k != requested:
+        config.num_speculative_tokens = answer.effective_k
+    modes = [m for m in answer.accept_modes if m in spec.SERVED_ACCEPT_MODES]
+    sampled = spec.ACCEPT_MODE_LOGITS in modes
+    plan.speculative = {
+        "method": method,
+        "k": answer.effective_k,
+        "accept_modes": modes,
+        "narrow": answer.supports_narrow_decode,
+        "prompt_lookup_min": getattr(config, "prompt_lookup_min", None),
+        "prompt_lookup_max": getattr(config, "prompt_lookup_max", None),
+        "plan": answer.to_dict(),
+    }
+    plan.decide(
+        "speculative",
+        f"{method}, k={requested}",
+        f"{method}, k={answer.effective_k}",
+        f"{name}.spec_plan admitted it; "
+        + ("greedy and sampled requests speculate" if sampled else "greedy requests only")
+        + " (logprobs, structured output, bad words, min_tokens, penalties, logit bias, "
+        "allowed tokens and min_p are refused while speculating)",
+    )
+
+
+def _check_plan(plan: spec.SpecPlan, requested: int, who: str) -> None:
+    """What a well-formed SpecPlan must also satisfy here (the reference's rules)."""
+    problems = []
+    if plan.effective_k > requested:
+        problems.append(f"effective_k={plan.effective_k} exceeds the requested {requested}")
+    if plan.drafter_state == "paged":
+        problems.append("drafter_state 'paged' needs a drafter cache ttbundles does not allocate")
+    if not set(plan.accept_modes) & spec.SERVED_ACCEPT_MODES:
+        problems.append(
+            f"accept_modes {list(plan.accept_modes)} offer neither 'argmax_ids' nor 'logits'"
+        )
+    if problems:
+        raise _refuse(
+            "TTB235",
+            f"{who} returned a plan that cannot be served: {'; '.join(problems)}",
+            "return a SpecPlan within the request, with argmax_ids or logits",
+        )
+
+
+def _generator_class(plan: Plan) -> type:
+    """The bundle's class, imported as the worker imports it."""
+    from ttbundles.serving.worker import load_generator_class
+
+    return load_generator_class(plan)
+
+
+def request_refusal(speculative: dict[str, Any], params: Any) -> tuple[str, str, Any] | None:
+    """Why a request cannot be served while speculating: `(code, parameter, value)`, or
+    None. Drafts are accepted against temperature, top-k and top-p only, so every other
+    processor would be skipped on speculated tokens: refused rather than ignored."""
+    if getattr(params, "logprobs", None) is not None:
+        return "TTB238", "logprobs", params.logprobs
+    checks: list[tuple[str, Any, bool]] = [
+        ("structured_outputs", _structured(params), _structured(params) is not None),
+        ("bad_words", getattr(params, "bad_words", None), bool(getattr(params, "bad_words", None))),
+        ("min_tokens", getattr(params, "min_tokens", 0), bool(getattr(params, "min_tokens", 0))),
+        (
+            "logit_bias",
+            getattr(params, "logit_bias", None),
+            bool(getattr(params, "logit_bias", None)),
+        ),
+        (
+            "allowed_token_ids",
+            getattr(params, "allowed_token_ids", None),
+            bool(getattr(params, "allowed_token_ids", None)),
+        ),
+        ("min_p", getattr(params, "min_p", 0.0), float(getattr(params, "min_p", 0.0) or 0) > 0),
+    ]
+    for name, default in (
+        ("presence_penalty", 0.0),
+        ("frequency_penalty", 0.0),
+        ("repetition_penalty", 1.0),
+    ):
+        value = getattr(params, name, default)
+        checks.append((name, value, value is not None and float(value) != default))
+    for name, value, present in checks:
+        if present:
+            return "TTB237", name, value
+    temperature = float(getattr(params, "temperature", 0.0) or 0.0)
+    if temperature >= 1e-5 and spec.ACCEPT_MODE_LOGITS not in speculative.get("accept_modes", ()):
+        return "TTB237", "temperature", temperature
+    return None
+
+
+def _structured(params: Any) -> Any:
+    for name in ("structured_outputs", "guided_decoding"):
+        value = getattr(params, name, None)
+        if value is not None:
+            return value
+    return None
