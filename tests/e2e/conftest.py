@@ -635,3 +635,55 @@ def assert_stopped_quietly(log: str, what: str, why: str) -> None:
     assert not errors, errors
     last = log.rstrip().splitlines()[-1]
     assert last == f"ttbundles: {what} stopped {why}; exiting with status 0", log[-3000:]
+
+
+# Speculative decoding: its own servers, started only when a test asks (one per
+# configuration, shared by the session): "spec-ngram" speculates with the host n-gram
+# proposer, "spec-off" is the same server without it (the baseline its output must
+# equal). Synchronous scheduling: speculation refuses asynchronous scheduling.
+NGRAM_CONFIG = {
+    "method": "ngram",
+    "num_speculative_tokens": 4,
+    "prompt_lookup_max": 3,
+    "prompt_lookup_min": 2,
+}
+SPEC_SERVER_PLANS: dict[str, list[str]] = {
+    "spec-ngram": [
+        *DEMO_ARGS,
+        "--no-async-scheduling",
+        "--speculative-config",
+        json.dumps(NGRAM_CONFIG),
+        *tt_options(**DEVICE_SAMPLING),
+    ],
+    "spec-off": [*DEMO_ARGS, "--no-async-scheduling", *tt_options(**DEVICE_SAMPLING)],
+}
+
+
+@pytest.fixture(scope="session")
+def spec_servers(demo_checkpoint, tmp_path_factory) -> Iterator[dict[str, Server]]:
+    """The speculative-decoding servers of SPEC_SERVER_PLANS, started together."""
+    root = tmp_path_factory.mktemp("e2e-spec")
+    logging_config = root / "logging.json"
+    logging_config.write_text(json.dumps(LOGGING_CONFIG))
+    started: dict[str, Server] = {}
+    try:
+        for name, args in SPEC_SERVER_PLANS.items():
+            stats_path = root / f"{name}-stats.json"
+            log_path = root / f"{name}-server.log"
+            env = _environment(
+                {
+                    "TT_BUNDLES_STATS_FILE": str(stats_path),
+                    "VLLM_LOGGING_CONFIG_PATH": str(logging_config),
+                }
+            )
+            process = start_server(demo_checkpoint, vllm_args=args, env=env, log_path=log_path)
+            started[name] = Server(name, process, str(demo_checkpoint), log_path, stats_path)
+        for server in started.values():
+            try:
+                server.process.wait_ready(READY_TIMEOUT)
+            except TTBundleError as exc:
+                pytest.fail(f"the {server.name!r} server did not start: {exc}", pytrace=False)
+        yield started
+    finally:
+        for server in started.values():
+            server.process.stop(STOP_TIMEOUT)

@@ -1,0 +1,158 @@
+"""Speculative decoding through `vllm serve` (the "spec-ngram" and "spec-off" servers of
+conftest.py: the demo bundle with and without `--speculative-config` ngram, k=4).
+
+Greedy output with speculation equals greedy output without it, token for token, on
+prompts whose continuation repeats (drafts are accepted) and on random text (they are
+mostly rejected); sampled output keeps the target's distribution; vLLM's
+speculative-decoding metrics appear on `/metrics` and count; what cannot speculate is
+refused per request with its TTB code.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+
+import openai
+import pytest
+
+pytestmark = pytest.mark.server
+
+REPETITIVE = [
+    "a a a a a a a a a a a a",
+    "ab ab ab ab ab ab ab ab ab",
+    "1 2 3 1 2 3 1 2 3 1 2 3",
+    "one two three four one two three four one two three four one two",
+]
+
+
+def random_text(seed: int, words: int = 30) -> str:
+    rng = random.Random(seed)
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    return " ".join(
+        "".join(rng.choice(letters) for _ in range(rng.randint(2, 8))) for _ in range(words)
+    )
+
+
+RANDOM = [random_text(seed) for seed in range(4)]
+
+
+def completion_ids(server, prompt: str, max_tokens: int, **extra) -> list[int]:
+    """The completion's token ids (vLLM's `return_token_ids`)."""
+    with server.client() as client:
+        out = client.completions.create(
+            model=server.model,
+            prompt=prompt,
+            max_tokens=max_tokens,
+            extra_body={"return_token_ids": True, "ignore_eos": True, **extra.pop("body", {})},
+            **extra,
+        )
+    return list(out.choices[0].token_ids)
+
+
+def all_ids(server, prompts: list[str], max_tokens: int, **extra) -> list[list[int]]:
+    """Every prompt at once (one batch), in prompt order."""
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        return list(
+            pool.map(lambda p: completion_ids(server, p, max_tokens, **dict(extra)), prompts)
+        )
+
+
+SPEC_COUNTERS = (
+    "vllm:spec_decode_num_drafts_total",
+    "vllm:spec_decode_num_draft_tokens_total",
+    "vllm:spec_decode_num_accepted_tokens_total",
+)
+
+
+def spec_counters(server) -> dict[str, float]:
+    values = server.metrics()
+    return {name: values.get(name, 0.0) for name in SPEC_COUNTERS}
+
+
+@pytest.mark.parametrize("kind", ["repetitive", "random"])
+def test_greedy_output_with_speculation_equals_greedy_output_without(spec_servers, kind):
+    speculating, baseline = spec_servers["spec-ngram"], spec_servers["spec-off"]
+    prompts = REPETITIVE if kind == "repetitive" else RANDOM
+    before = spec_counters(speculating)
+    stats = speculating.settled_stats()
+    got = all_ids(speculating, prompts, 96, temperature=0)
+    want = all_ids(baseline, prompts, 96, temperature=0)
+    assert got == want
+    after = speculating.wait_for_metric(SPEC_COUNTERS[0], before[SPEC_COUNTERS[0]] + 1)
+    verified = speculating.stats_delta(stats).get("step.verify", 0)
+    assert verified > 0, "no step verified drafts"
+    drafts = after[SPEC_COUNTERS[1]] - before[SPEC_COUNTERS[1]]
+    accepted = after[SPEC_COUNTERS[2]] - before[SPEC_COUNTERS[2]]
+    assert drafts > 0
+    if kind == "repetitive":  # the continuations repeat: some drafts are right
+        assert accepted > 0, (drafts, accepted)
+
+
+def test_the_speculative_metrics_appear_and_count(spec_servers):
+    server = spec_servers["spec-ngram"]
+    before = spec_counters(server)
+    completion_ids(server, REPETITIVE[0], 48, temperature=0)
+    after = server.wait_for_metric(SPEC_COUNTERS[1], before[SPEC_COUNTERS[1]] + 1)
+    for name in SPEC_COUNTERS:
+        assert name in after, f"{name} is not on /metrics"
+    proposed = after[SPEC_COUNTERS[1]] - before[SPEC_COUNTERS[1]]
+    steps = after[SPEC_COUNTERS[0]] - before[SPEC_COUNTERS[0]]
+    accepted = after[SPEC_COUNTERS[2]] - before[SPEC_COUNTERS[2]]
+    # Each verify proposed at most k=4 drafts; at most every draft was accepted.
+    assert 0 < steps <= proposed <= 4 * steps
+    assert 0 <= accepted <= proposed
+    # The baseline speculates nothing.
+    assert spec_counters(spec_servers["spec-off"])[SPEC_COUNTERS[0]] == 0
+
+
+def token_distribution(server, prompt: str, seeds: range, position: int) -> Counter:
+    """How often each token comes at `position` of seeded samples (top-k 4)."""
+
+    def one(seed: int) -> int:
+        ids = completion_ids(
+            server, prompt, position + 1, temperature=1.0, top_p=1.0, seed=seed, body={"top_k": 4}
+        )
+        return ids[position]
+
+    with ThreadPoolExecutor(8) as pool:
+        return Counter(pool.map(one, seeds))
+
+
+def test_sampled_output_with_speculation_keeps_the_targets_distribution(spec_servers):
+    """Seeded samples (temperature 1, top-k 4) of the 3rd token after a repetitive
+    prompt, 400 requests on each server: the distributions' total variation distance is
+    under 0.2 (two samples of 400 from one distribution of about 10 tokens differ by
+    about 0.07 on average). A sampler that accepted every draft would put nearly all the
+    mass on the draft, far outside the target's top 4."""
+    speculating, baseline = spec_servers["spec-ngram"], spec_servers["spec-off"]
+    before = spec_counters(speculating)
+    prompt = REPETITIVE[2]
+    seeds = range(400)
+    got = token_distribution(speculating, prompt, seeds, 2)
+    want = token_distribution(baseline, prompt, seeds, 2)
+    after = spec_counters(speculating)
+    assert after[SPEC_COUNTERS[1]] > before[SPEC_COUNTERS[1]], "no drafts were verified"
+    total = len(seeds)
+    distance = 0.5 * sum(abs(got[t] - want[t]) / total for t in got.keys() | want.keys())
+    assert distance < 0.2, (got.most_common(8), want.most_common(8))
+
+
+@pytest.mark.parametrize(
+    ("extra", "code", "parameter"),
+    [
+        ({"logprobs": 2}, "TTB238", "logprobs"),
+        ({"body": {"min_tokens": 3}}, "TTB237", "min_tokens"),
+        ({"presence_penalty": 0.5}, "TTB237", "presence_penalty"),
+        ({"body": {"structured_outputs": {"choice": ["yes", "no"]}}}, "TTB237", "structured"),
+    ],
+)
+def test_what_cannot_speculate_is_refused_per_request(spec_servers, extra, code, parameter):
+    server = spec_servers["spec-ngram"]
+    with pytest.raises(openai.BadRequestError) as excinfo:
+        completion_ids(server, REPETITIVE[0], 4, temperature=0, **extra)
+    message = str(excinfo.value)
+    assert code in message and parameter in message, message
+    # The server keeps serving.
+    assert len(completion_ids(server, REPETITIVE[0], 4, temperature=0)) == 4

@@ -1,0 +1,331 @@
+"""Speculative decoding's host parts: the n-gram proposer, accepting drafts (greedy and by
+rejection sampling; the cases ported from vLLM's tests/v1/sample/test_rejection_sampler.py
+and tests/v1/spec_decode/test_ngram.py), the reference generator's verify against its
+own one-token decodes, admission at configuration time and the per-request refusals."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from vllm.engine.arg_utils import EngineArgs
+from vllm.sampling_params import SamplingParams
+
+from ttbundles.errors import ConfigurationError
+from ttbundles.format import speculative as spec
+from ttbundles.serving.runner.ngram import NgramProposer
+from ttbundles.serving.runner.rejection import accept_row, target_probs
+from ttbundles.serving.spec_admission import request_refusal
+
+PLACEHOLDER = spec.PLACEHOLDER_TOKEN_ID
+
+
+def proposer(style, min_n=2, max_n=3, k=4, max_model_len=1024):
+    return NgramProposer(min_n=min_n, max_n=max_n, k=k, max_model_len=max_model_len, style=style)
+
+
+# --- the n-gram proposer ---------------------------------------------------------------
+
+
+def test_ngram_docstring_example_of_vllms_proposer():
+    # vLLM NgramProposer.propose's example: [2, 3] matches at 1, three tokens follow.
+    tokens = np.array([1, 2, 3, 4, 2, 3])
+    assert proposer("earliest").propose(tokens) == [4, 2, 3]
+    # 0.34.0's speculator pads to K with the last token.
+    assert proposer("latest_padded").propose(tokens) == [4, 2, 3, 3]
+
+
+def test_ngram_prefers_the_longest_match_then_the_earliest_or_latest_occurrence():
+    # Suffix [5, 6, 7]: a 3-gram at 0 and at 5; a 2-gram [6, 7] also at 10.
+    tokens = np.array([5, 6, 7, 1, 9, 5, 6, 7, 2, 8, 6, 7, 3, 5, 6, 7])
+    assert proposer("earliest", k=2).propose(tokens) == [1, 9]
+    assert proposer("latest_padded", k=2).propose(tokens) == [2, 8]
+
+
+def test_ngram_without_a_match():
+    tokens = np.array([1, 2, 3, 4, 5])
+    assert proposer("earliest").propose(tokens) == []
+    assert proposer("latest_padded").propose(tokens) == [5, 5, 5, 5]
+
+
+def test_ngram_respects_min_n_and_max_model_len():
+    tokens = np.array([7, 8, 1, 7, 8])
+    assert proposer("earliest", min_n=3, max_n=3).propose(tokens) == []
+    assert proposer("earliest", min_n=2, max_n=2).propose(tokens) == [1, 7, 8]
+    # k is capped by the room left under max_model_len (0.33.0's rule).
+    assert proposer("earliest", min_n=2, max_n=2, max_model_len=6).propose(tokens) == [1]
+    assert proposer("earliest", min_n=2, max_n=2, max_model_len=5).propose(tokens) == []
+
+
+def test_ngram_matches_vllms_kmp_on_random_sequences():
+    """Our windows agree with vLLM 0.33.0's KMP search (re-implemented here as its loop)
+    on random short sequences over a small alphabet, where matches are frequent."""
+
+    def kmp(origin, min_n, max_n, k):
+        total = len(origin)
+        if total < min_n:
+            return []
+        tokens = origin[::-1]
+        lps = [0] * max_n
+        longest, position, prev, i = 0, 0, 0, 1
+        while i < total:
+            if tokens[prev] == tokens[i]:
+                prev += 1
+                if prev >= longest:
+                    longest, position = prev, i
+                if i < max_n:
+                    lps[i] = prev
+                if prev == max_n:
+                    prev = lps[max_n - 1]
+                i += 1
+            elif prev != 0:
+                prev = lps[prev - 1]
+            else:
+                i += 1
+        if longest < min_n:
+            return []
+        start = total - 1 - position + longest
+        return list(origin[start : start + min(k, total - start)])
+
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        tokens = rng.integers(0, 4, size=int(rng.integers(1, 30)))
+        mine = proposer("earliest", min_n=2, max_n=4, k=3).propose(tokens)
+        assert mine == [int(t) for t in kmp(tokens.tolist(), 2, 4, 3)], tokens.tolist()
+
+
+# --- accepting drafts: greedy ----------------------------------------------------------
+
+
+def one_hot_logits(chosen: list[int], vocab: int = 100) -> torch.Tensor:
+    """Logits whose argmax at candidate position j is chosen[j] (vLLM's
+    create_logits_tensor)."""
+    logits = torch.full((len(chosen), vocab), -100.0)
+    for j, token in enumerate(chosen):
+        logits[j, token] = 100.0
+    return logits
+
+
+GREEDY = SimpleNamespace(temperature=0.0, top_k=0, top_p=1.0, seed=None)
+
+
+@pytest.mark.parametrize(
+    ("drafts", "target", "expected"),
+    [
+        ([1, 2, 3], [1, 2, 3, 4], [1, 2, 3, 4]),  # perfect match, bonus 4
+        ([1, 2, 3], [1, 5, 3, 4], [1, 5]),  # early mismatch
+        ([1, 2], [1, 2, 5], [1, 2, 5]),  # multiple sequences, row 0
+        ([3], [3, 4], [3, 4]),  # row 1
+        ([1], [1, 2], [1, 2]),  # single token
+        ([], [5], [5]),  # no drafts: the bonus alone
+        ([1, 2, 3], [1, 2, 7, 6], [1, 2, 7]),  # multiple mismatches
+        ([4, 5, 6], [4, 8, 6, 9], [4, 8]),
+        ([1], [2, 3], [2]),  # first mismatch
+    ],
+)
+def test_greedy_acceptance_as_vllms_rejection_sampler(drafts, target, expected):
+    assert accept_row(drafts, one_hot_logits(target), GREEDY, position=0) == expected
+
+
+# --- accepting drafts: sampled ---------------------------------------------------------
+
+
+def sampled(seed=None, temperature=1.0, top_k=0, top_p=1.0):
+    return SimpleNamespace(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+
+
+def test_seeded_rows_are_deterministic():
+    torch.manual_seed(0)
+    logits = torch.rand(6, 1000)
+    drafts = torch.randint(0, 1000, (5,)).tolist()
+    runs = {tuple(accept_row(drafts, logits, sampled(seed=3), position=11)) for _ in range(20)}
+    assert len(runs) == 1
+    other = {tuple(accept_row(drafts, logits, sampled(seed=4), position=11)) for _ in range(20)}
+    assert len(other) == 1
+
+
+def test_a_certain_draft_is_always_accepted_and_an_impossible_one_never():
+    logits = torch.full((3, 10), -1e9)
+    logits[:, 4] = 0.0  # the target puts all its mass on token 4
+    assert accept_row([4, 4], logits, sampled(), position=0) == [4, 4, 4]
+    logits[:, 5] = 0.0  # 4 and 5 equally likely: a draft of 7 (probability 0) is rejected
+    for _ in range(20):
+        out = accept_row([7, 7], logits, sampled(), position=0)
+        assert len(out) == 1 and out[0] in (4, 5)
+
+
+def test_top_k_and_top_p_as_vllm_applies_them():
+    logits = torch.tensor([[1.0, 4.0, 3.0, 2.0]])
+    probs = target_probs(logits, sampled(top_k=2))
+    assert (probs[0, [0, 3]] == 0).all() and abs(float(probs.sum()) - 1) < 1e-6
+    # top_p=0.5: the largest token holds ~0.64 of the mass, so only it stays.
+    probs = target_probs(logits, sampled(top_p=0.5))
+    assert float(probs[0, 1]) == pytest.approx(1.0)
+
+
+def test_rejection_sampling_keeps_the_target_distribution():
+    """The first committed token of a row with one n-gram draft (draft probability 1)
+    is distributed as the target: 40,000 draws, total variation distance under 0.02
+    (the sampling error at this size is about 0.005)."""
+    torch.manual_seed(1234)
+    vocab = 8
+    logits = torch.randn(2, vocab)
+    target = target_probs(logits[:1], sampled())[0]
+    counts = torch.zeros(vocab)
+    draws = 40_000
+    for i in range(draws):
+        out = accept_row([3], logits, sampled(seed=i), position=0)
+        counts[out[0]] += 1
+    distance = 0.5 * float((counts / draws - target).abs().sum())
+    assert distance < 0.02, (counts / draws, target)
+
+
+# --- the reference generator's verify --------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def generator(demo_checkpoint):
+    from transformers import AutoConfig
+
+    from ttbundles.format.contract import HostMesh
+    from ttbundles.reference.generator import ReferenceLlamaGenerator
+
+    hf_config = AutoConfig.from_pretrained(demo_checkpoint)
+    return ReferenceLlamaGenerator.initialize_vllm_model(
+        hf_config, HostMesh(), max_batch_size=2, max_seq_len=128
+    )
+
+
+def test_the_reference_verify_equals_its_one_token_decodes(generator):
+    """One verify over [last, d1, d2] gives, at each column, the logits the ordinary
+    decode gives when the same tokens are fed one at a time."""
+    block = 16
+    cache = generator.allocate_kv_cache(
+        (8, generator.dims.num_kv_heads, block, generator.dims.head_dim),
+        torch.float32,
+        generator.dims.num_layers,
+    )
+    table = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32)
+    prompt = torch.tensor([[5, 9, 13, 2, 7, 0], [3, 3, 4, 8, 1, 6]])
+    generator.prefill_forward(prompt, table, cache, prompt_lens=[6, 6], empty_slots=[0, 1])
+    fed = [[11, 12, 13], [21, 22, 23]]  # column 0 the last committed token, then drafts
+    out = generator.decode_forward(
+        torch.tensor(fed),
+        torch.tensor([[6, 7, 8], [6, 7, 8]]),
+        table,
+        cache,
+        num_valid_drafts=torch.tensor([2, 1], dtype=torch.int32),
+        accepted_counts=torch.tensor([1, 1], dtype=torch.int32),
+        spec_mode=spec.ACCEPT_MODE_LOGITS,
+    )
+    assert isinstance(out, spec.VerifyOutput) and out.logits.shape[:2] == (2, 3)
+    for column in range(3):
+        positions = torch.tensor([6 + column, 6 + column if column < 2 else -1])
+        tokens = torch.tensor([[fed[0][column]], [fed[1][column]]])
+        logits, _ = generator.decode_forward(tokens, positions, table, cache)
+        assert torch.allclose(out.logits[0, column], logits[0, 0], atol=1e-4)
+        if column < 2:
+            assert torch.allclose(out.logits[1, column], logits[1, 0], atol=1e-4)
+    ids = generator.decode_forward(
+        torch.tensor(fed),
+        torch.tensor([[6, 7, 8], [6, 7, 8]]),
+        table,
+        cache,
+        num_valid_drafts=torch.tensor([2, 1], dtype=torch.int32),
+        accepted_counts=torch.tensor([1, 1], dtype=torch.int32),
+        spec_mode=spec.ACCEPT_MODE_ARGMAX_IDS,
+    ).argmax_ids
+    assert ids[1, 2] == PLACEHOLDER and ids[0, 2] == int(out.logits[0, 2].argmax())
+
+
+# --- admission and per-request refusals -------------------------------------------------
+
+
+def configure(checkpoint, speculative, **kwargs):
+    kwargs.setdefault("max_model_len", 256)
+    kwargs.setdefault("async_scheduling", False)
+    config = EngineArgs(
+        model=str(checkpoint), speculative_config=speculative, **kwargs
+    ).create_engine_config()
+    plan = config.additional_config["ttbundles"]
+    return config, {d["setting"]: d for d in plan["decisions"]}, plan
+
+
+NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}
+
+
+def test_ngram_is_admitted_as_a_plan_decision(demo_checkpoint):
+    _, decisions, plan = configure(demo_checkpoint, NGRAM)
+    assert decisions["speculative"]["effective"] == "ngram, k=3"
+    assert "spec_plan admitted it" in decisions["speculative"]["reason"]
+    assert plan["speculative"]["accept_modes"] == ["argmax_ids", "logits"]
+    assert plan["speculative"]["prompt_lookup_max"] == 3
+
+
+@pytest.mark.parametrize(
+    ("speculative", "extra", "code", "words"),
+    [
+        ({**NGRAM, "num_speculative_tokens": 12}, {}, "TTB235", "supported_k"),
+        ({"method": "suffix", "num_speculative_tokens": 3}, {}, "TTB235", "not supported yet"),
+        (NGRAM, {"async_scheduling": True}, "TTB236", "--no-async-scheduling"),
+    ],
+)
+def test_what_cannot_speculate_is_refused(demo_checkpoint, speculative, extra, code, words):
+    with pytest.raises(ConfigurationError) as excinfo:
+        configure(demo_checkpoint, speculative, **extra)
+    diagnostic = excinfo.value.diagnostics[0]
+    assert diagnostic.code == code
+    text = f"{diagnostic.message} {diagnostic.hint}"
+    assert (words in text) if words != "supported_k" else ("would take" in text), text
+
+
+def test_suffix_method_message_names_the_served_methods(demo_checkpoint):
+    with pytest.raises(ConfigurationError) as excinfo:
+        configure(demo_checkpoint, {"method": "suffix", "num_speculative_tokens": 3})
+    assert "custom_class, ngram" in excinfo.value.diagnostics[0].message
+
+
+SPECULATING = {"method": "ngram", "k": 3, "accept_modes": ["argmax_ids", "logits"]}
+
+
+@pytest.mark.parametrize(
+    ("params", "expected"),
+    [
+        (SamplingParams(temperature=0), None),
+        (SamplingParams(temperature=0.8, top_k=20, top_p=0.9, seed=3), None),
+        (SamplingParams(logprobs=0), ("TTB238", "logprobs")),
+        (SamplingParams(min_tokens=4), ("TTB237", "min_tokens")),
+        (SamplingParams(bad_words=["x"]), ("TTB237", "bad_words")),
+        (SamplingParams(presence_penalty=0.5), ("TTB237", "presence_penalty")),
+        (SamplingParams(repetition_penalty=1.2), ("TTB237", "repetition_penalty")),
+        (SamplingParams(min_p=0.1), ("TTB237", "min_p")),
+        (SamplingParams(logit_bias={3: 1.0}), ("TTB237", "logit_bias")),
+    ],
+)
+def test_requests_refused_while_speculating(params, expected):
+    refusal = request_refusal(SPECULATING, params)
+    assert (refusal[:2] if refusal else None) == expected
+
+
+def test_sampled_requests_need_the_logits_accept_mode():
+    greedy_only = {**SPECULATING, "accept_modes": ["argmax_ids"]}
+    assert request_refusal(greedy_only, SamplingParams(temperature=0.7))[:2] == (
+        "TTB237",
+        "temperature",
+    )
+    assert request_refusal(greedy_only, SamplingParams(temperature=0)) is None
+
+
+def test_plans_and_rejections_check_their_fields():
+    with pytest.raises(ValueError):
+        spec.SpecPlan(0, 1, 0, 0, ("argmax_ids",), "internal")
+    with pytest.raises(ValueError):
+        spec.SpecPlan(2, 1, 0, 0, "argmax_ids", "internal")  # one string, not a sequence
+    with pytest.raises(ValueError):
+        spec.SpecReject("  ")
+    with pytest.raises(ValueError):
+        spec.VerifyOutput("argmax_ids")  # no argmax_ids
+    assert json.loads(json.dumps(spec.SpecPlan(2, 1, 0, 0, ["logits"], "internal").to_dict()))
