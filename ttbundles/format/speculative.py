@@ -25,15 +25,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from ttbundles.format.contract import Method
+from ttbundles.format import contract
 
-SUPPORTS_SPEC_DECODE_KEY = "supports_spec_decode"
-"""`model_capabilities` master gate: absent means the class cannot speculate."""
-SUPPORTS_ASYNC_SPEC_DECODE_KEY = "supports_async_spec_decode"
-SPEC_REQUIREMENTS_KEY = "spec_requirements"
-SPEC_HIDDEN_HANDOFF_KEY = "spec_hidden_handoff"
-SPEC_PLAN_METHOD = "spec_plan"
-PROPOSE_METHOD = "propose_draft_tokens"
+SUPPORTS_SPEC_DECODE_KEY = contract.SPEC_DECODE_KEY
+"""`model_capabilities` master gate (`capabilities.spec_decode` in the bundle)."""
+SPEC_PLAN_METHOD = contract.SPEC_PLAN.name
 
 ACCEPT_MODE_LOGITS = "logits"
 """The verify returns logits `[B, 1+K, V]`: the host accepts (greedy or by rejection
@@ -44,35 +40,19 @@ ACCEPT_MODE_FUSED_SAMPLE = "fused_sample"
 ACCEPT_MODES = frozenset({ACCEPT_MODE_LOGITS, ACCEPT_MODE_ARGMAX_IDS, ACCEPT_MODE_FUSED_SAMPLE})
 SERVED_ACCEPT_MODES = frozenset({ACCEPT_MODE_LOGITS, ACCEPT_MODE_ARGMAX_IDS})
 
-DRAFTER_STATES = frozenset({"internal", "paged", "shared_with_target"})
+DRAFTER_STATES = frozenset({"internal", "shared_with_target", *contract.SPEC_DRAFTER_STATES})
+"""Where a drafter's state lives: the reference plugin's names ("internal", "paged",
+"shared_with_target"; earlier "none", "dense", "paged": both accepted). "paged" is
+refused at admission (a scheduler-owned drafter cache is not allocated)."""
 DRAFTER_TARGET_CACHE_REQUIREMENTS = frozenset({"named_layer_caches", "absolute_positions"})
 
-METHOD_REQUIREMENTS: dict[str, tuple[str, ...]] = {
-    "ngram": (),
-    "custom_class": ("device_propose",),
-}
-"""vLLM's methods ttbundles serves, and what each needs of the generator (the plugin's
-mapping: a generator never names a vLLM method)."""
-SPEC_REQUIREMENTS = frozenset(
-    {"device_propose", "hidden_feed", "drafter_scores", "paged_drafter_cache"}
-)
-CUSTOM_CLASS_MARKER = "vllm_tt_plugin.model_owned_drafter"
-"""The `model` a `custom_class` speculative config names (vLLM wants a dotted proposer
-path): a marker, never imported; the generator's own `propose_draft_tokens` drafts."""
+METHOD_REQUIREMENTS = contract.SPEC_METHOD_REQUIREMENTS
+"""vLLM's methods a bundle may serve, and what each needs of the generator."""
 
 PLACEHOLDER_TOKEN_ID = -1
 """A draft column with no draft (and vLLM's placeholder for one)."""
 
-PROPOSE = Method(
-    PROPOSE_METHOD,
-    "method",
-    ("num_drafts", "committed_tokens", "committed_positions", "accepted_counts", "hidden"),
-    "DraftOutput(draft_token_ids [B, K], num_valid [B] or None)",
-)
-"""The drafter a `custom_class` launch calls after every step (section 4b of the
-reference plugin's contract)."""
-
-VERIFY_KEYWORDS = ("num_valid_drafts", "accepted_counts", "spec_mode")
+VERIFY_KEYWORDS = contract.VERIFY_KEYWORDS
 """What a verify call adds to `decode_forward`'s keywords; all three or none."""
 
 

@@ -282,7 +282,7 @@ def plan_config(vllm_config: VllmConfig, registry: Registry) -> Plan | None:
     _plan_scheduler(vllm_config, plan)
     from ttbundles.serving.spec_admission import plan_speculative
 
-    plan_speculative(vllm_config, plan)
+    plan_speculative(vllm_config, plan, meta)
 
     plan.options = options.model_dump(exclude_none=True)
     additional[PLAN_KEY] = plan.to_dict()

@@ -1,10 +1,12 @@
 """Admitting `--speculative-config` at configuration time, as the reference Tenstorrent
 plugin does (`spec_admission.py` there; `format.speculative` is the contract).
 
-In order: the method must be one ttbundles serves (`ngram`, `custom_class`); lanes and
-asynchronous scheduling are refused with speculation (not supported yet); the generator
-class must declare `supports_spec_decode`, cover the method's requirements
-(`spec_requirements`) and answer `spec_plan(vllm_config, max_num_seqs, requested_k)`.
+In order: the method must be one ttbundles serves (`ngram`; `custom_class` not yet) and
+one the bundle declares (`capabilities.spec_decode`, schema 3, which `ttbundle validate`
+holds to the class's `supports_spec_decode`); lanes and asynchronous scheduling are
+refused with speculation (not supported yet); the bundle must declare
+`capabilities.spec_plan`, and the class answers `spec_plan(vllm_config, max_num_seqs,
+requested_k)`.
 Its answer is a plan decision: a `SpecPlan` (its effective draft length replaces the
 requested one; its accept modes say which requests may speculate) or a `SpecReject`,
 refused with its reason and the draft lengths it would take. The admitted plan travels
@@ -25,6 +27,7 @@ from ttbundles.format import speculative as spec
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
 
+    from ttbundles.format.metadata import BundleMetadata
     from ttbundles.serving.configuration import Plan
 
 
@@ -32,7 +35,7 @@ def _refuse(code: str, message: str, hint: str) -> ConfigurationError:
     return ConfigurationError.single(code, message, hint=hint)
 
 
-def plan_speculative(vllm_config: VllmConfig, plan: Plan) -> None:
+def plan_speculative(vllm_config: VllmConfig, plan: Plan, meta: BundleMetadata) -> None:
     """Admit the speculative configuration into `plan`, or refuse it (TTB235, TTB236)."""
     config = vllm_config.speculative_config
     if config is None:
@@ -45,6 +48,16 @@ def plan_speculative(vllm_config: VllmConfig, plan: Plan) -> None:
             "TTB235",
             f"speculative method {method!r} is not supported yet on Tenstorrent (served: {served})",
             'use --speculative-config \'{"method": "ngram", ...}\', or drop it',
+        )
+    bundle = f"{plan.bundle['name']}@{plan.bundle['version']}"
+    caps = meta.capabilities
+    if method not in caps.spec_decode:
+        declared = ", ".join(caps.spec_decode) or "none"
+        raise _refuse(
+            "TTB235",
+            f"{bundle} does not declare speculative method {method!r} "
+            f"(capabilities.spec_decode: {declared})",
+            "serve a bundle that declares it (schema 3), or drop --speculative-config",
         )
     if method == "custom_class":
         raise _refuse(
@@ -61,13 +74,25 @@ def plan_speculative(vllm_config: VllmConfig, plan: Plan) -> None:
             "drop --data-parallel-size, or drop --speculative-config",
         )
     if vllm_config.scheduler_config.async_scheduling:
+        why = (
+            f"{bundle} declares async_spec_decode, but a deferred verify is not served yet"
+            if caps.async_spec_decode
+            else f"{bundle} does not declare async_spec_decode"
+        )
         raise _refuse(
             "TTB236",
-            "speculative decoding with asynchronous scheduling is not supported yet on "
-            "Tenstorrent (vLLM turns asynchronous scheduling on by default)",
+            "speculative decoding with asynchronous scheduling is not supported on "
+            f"Tenstorrent here ({why}; vLLM turns asynchronous scheduling on by default)",
             "add --no-async-scheduling, or drop --speculative-config",
         )
-    bundle = f"{plan.bundle['name']}@{plan.bundle['version']}"
+    if not caps.spec_plan:
+        raise _refuse(
+            "TTB235",
+            f"{bundle} declares spec_decode but not capabilities.spec_plan: the draft "
+            "length is the generator's to admit",
+            "declare capabilities.spec_plan and give the class spec_plan(vllm_config, "
+            "max_num_seqs, requested_k)",
+        )
     cls = _generator_class(plan)
     name = plan.bundle.get("declared_class") or cls.__qualname__
     capabilities = dict(getattr(cls, contract.CAPABILITIES_ATTRIBUTE, None) or {})
@@ -78,13 +103,13 @@ def plan_speculative(vllm_config: VllmConfig, plan: Plan) -> None:
             "verify drafts",
             "serve a generator that speculates, or drop --speculative-config",
         )
-    declared = set(capabilities.get(spec.SPEC_REQUIREMENTS_KEY) or ())
+    declared = set(capabilities.get(contract.SPEC_REQUIREMENTS_KEY) or ())
     missing = [r for r in spec.METHOD_REQUIREMENTS[method] if r not in declared]
     if missing:
         raise _refuse(
             "TTB235",
             f"{bundle}: speculative method {method!r} needs {', '.join(missing)} in "
-            f"{name}'s {spec.SPEC_REQUIREMENTS_KEY}",
+            f"{name}'s {contract.SPEC_REQUIREMENTS_KEY}",
             'use --speculative-config \'{"method": "ngram", ...}\'',
         )
     planner = getattr(cls, spec.SPEC_PLAN_METHOD, None)

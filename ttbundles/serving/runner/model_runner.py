@@ -270,7 +270,12 @@ class TTModelRunner:
             )
         assert self.speculation is not None
         if self.speculation.method == "custom_class":
-            self._propose = bind(self.generator, spec.PROPOSE, spec.PROPOSE.passes, class_name=name)
+            self._propose = bind(
+                self.generator,
+                contract.PROPOSE_DRAFT_TOKENS,
+                contract.PROPOSE_DRAFT_TOKENS.passes,
+                class_name=name,
+            )
 
     def load_model(self) -> None:
         self.generator = self._initialize(

@@ -256,13 +256,8 @@ class Speculation:
             positions[slot, :n] = torch.arange(start, start + n, dtype=torch.int32)
             counts[slot] = n
             live.append(i)
-        out = propose(
-            num_drafts=self.k,
-            committed_tokens=tokens,
-            committed_positions=positions,
-            accepted_counts=counts,
-            hidden=self.hidden,
-        )
+        # Positionally, as the contract calls it (`contract.PROPOSE_DRAFT_TOKENS`).
+        out = propose(self.k, tokens, positions, counts, hidden=self.hidden)
         self.hidden = None
         ids, valid = self._checked_drafts(out, class_name)
         drafts: list[list[int]] = [[] for _ in req_ids]
