@@ -645,7 +645,7 @@ NGRAM_CONFIG = {
     "method": "ngram",
     "num_speculative_tokens": 4,
     "prompt_lookup_max": 3,
-    "prompt_lookup_min": 2,
+    "prompt_lookup_min": 1,
 }
 SPEC_SERVER_PLANS: dict[str, list[str]] = {
     "spec-ngram": [

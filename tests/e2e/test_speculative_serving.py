@@ -111,8 +111,9 @@ def token_distribution(server, prompt: str, seeds: range, position: int) -> Coun
     """How often each token comes at `position` of seeded samples (top-k 4)."""
 
     def one(seed: int) -> int:
+        # Room for drafts past `position`: vLLM 0.33.0 schedules none beyond max_tokens.
         ids = completion_ids(
-            server, prompt, position + 1, temperature=1.0, top_p=1.0, seed=seed, body={"top_k": 4}
+            server, prompt, position + 5, temperature=1.0, top_p=1.0, seed=seed, body={"top_k": 4}
         )
         return ids[position]
 
@@ -121,22 +122,24 @@ def token_distribution(server, prompt: str, seeds: range, position: int) -> Coun
 
 
 def test_sampled_output_with_speculation_keeps_the_targets_distribution(spec_servers):
-    """Seeded samples (temperature 1, top-k 4) of the 3rd token after a repetitive
-    prompt, 400 requests on each server: the distributions' total variation distance is
-    under 0.2 (two samples of 400 from one distribution of about 10 tokens differ by
-    about 0.07 on average). A sampler that accepted every draft would put nearly all the
-    mass on the draft, far outside the target's top 4."""
+    """Seeded samples (temperature 1, top-k 4) of the 2nd token after a long prompt of
+    random words, 400 requests on each server. The first token nearly always occurs in the
+    prompt, so the n-gram proposer (prompt_lookup_min 1) drafts on both releases and the
+    2nd token is the verify's (accepted, recovered or bonus). The two distributions (at
+    most 16 tokens) must be within a total variation distance of 0.25: two samples of 400
+    from one such distribution differ by about 0.11 (standard deviation about 0.02). A
+    sampler that accepted every draft would put nearly all the mass on the drafts."""
     speculating, baseline = spec_servers["spec-ngram"], spec_servers["spec-off"]
     before = spec_counters(speculating)
-    prompt = REPETITIVE[2]
+    prompt = " ".join(random_text(seed) for seed in range(100, 103))
     seeds = range(400)
-    got = token_distribution(speculating, prompt, seeds, 2)
-    want = token_distribution(baseline, prompt, seeds, 2)
+    got = token_distribution(speculating, prompt, seeds, 1)
+    want = token_distribution(baseline, prompt, seeds, 1)
     after = spec_counters(speculating)
     assert after[SPEC_COUNTERS[1]] > before[SPEC_COUNTERS[1]], "no drafts were verified"
     total = len(seeds)
     distance = 0.5 * sum(abs(got[t] - want[t]) / total for t in got.keys() | want.keys())
-    assert distance < 0.2, (got.most_common(8), want.most_common(8))
+    assert distance < 0.25, (distance, got.most_common(8), want.most_common(8))
 
 
 @pytest.mark.parametrize(
