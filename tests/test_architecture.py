@@ -30,6 +30,7 @@ LIGHT = [
     "ttbundles.format.metadata",
     "ttbundles.hub",
     "ttbundles.format.contract",
+    "ttbundles.format.speculative",
     "ttbundles.format.parse",
     "ttbundles.format.schema",
     "ttbundles.check.validate",

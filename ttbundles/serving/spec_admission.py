@@ -28,15 +28,15 @@ if TYPE_CHECKING:
     from vllm.config import VllmConfig
 
     from ttbundles.format.metadata import BundleMetadata
-    from ttbundles.serving.configuration import Plan
 
 
 def _refuse(code: str, message: str, hint: str) -> ConfigurationError:
     return ConfigurationError.single(code, message, hint=hint)
 
 
-def plan_speculative(vllm_config: VllmConfig, plan: Plan, meta: BundleMetadata) -> None:
-    """Admit the speculative configuration into `plan`, or refuse it (TTB235, TTB236)."""
+def plan_speculative(vllm_config: VllmConfig, plan: Any, meta: BundleMetadata) -> None:
+    """Admit the speculative configuration into `plan` (`configuration.Plan`, which
+    imports this module: not imported back), or refuse it (TTB235, TTB236)."""
     config = vllm_config.speculative_config
     if config is None:
         return
@@ -194,11 +194,11 @@ def _check_plan(plan: spec.SpecPlan, requested: int, who: str) -> None:
         )
 
 
-def _generator_class(plan: Plan) -> type:
+def _generator_class(plan: Any) -> type:
     """The bundle's class, imported as the worker imports it."""
-    from ttbundles.serving.worker import load_generator_class
+    from ttbundles.serving.generator_class import load_generator_class
 
-    return load_generator_class(plan)
+    return load_generator_class(plan.bundle)
 
 
 def request_refusal(speculative: dict[str, Any], params: Any) -> tuple[str, str, Any] | None:

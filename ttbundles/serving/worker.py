@@ -11,7 +11,6 @@ get_supported_tasks; then execute_model and sample_tokens per step. The generato
 from __future__ import annotations
 
 import functools
-import importlib
 import json
 import logging
 import multiprocessing
@@ -26,12 +25,12 @@ from vllm.v1.worker.worker_base import CompilationTimes, WorkerBase
 from ttbundles import envs
 from ttbundles.errors import ConfigurationError, TTBundleError
 from ttbundles.format.contract import HostMesh
-from ttbundles.format.loader import PACKAGE_PREFIX, finder, package_name
 from ttbundles.format.meshes import is_host, mesh_shape
 from ttbundles.fsutil import write_text_atomic
 from ttbundles.serving import faults, host_watch, shutdown
-from ttbundles.serving.configuration import Plan, served_plan
+from ttbundles.serving.configuration import served_plan
 from ttbundles.serving.device_groups import bind_rank
+from ttbundles.serving.generator_class import load_generator_class
 from ttbundles.serving.runner import TTModelRunner
 from ttbundles.serving.stats import STATS
 
@@ -140,7 +139,7 @@ class TTWorker(WorkerBase):
 
     @_starting
     def load_model(self, *, load_dummy_weights: bool = False) -> None:
-        generator_cls = load_generator_class(self.plan)
+        generator_cls = load_generator_class(self.plan.bundle)
         self.model_runner = TTModelRunner(self.vllm_config, generator_cls, self.mesh_device)
         try:
             self.model_runner.load_model()
@@ -313,25 +312,3 @@ def rank_stats_path(path: str, rank: int) -> str:
     if not dot or "/" in suffix:
         return f"{path}.dp{rank}"
     return f"{stem}.dp{rank}.{suffix}"
-
-
-def load_generator_class(plan: Plan) -> type:
-    """Import the class the plan chose: bundle modules under their isolated package (the
-    plan names it), environment classes as they are. No registration is re-run."""
-    bundle = plan.bundle
-    target = bundle["main_class"]
-    module_name, _, class_name = target.partition(":")
-    if module_name.startswith(PACKAGE_PREFIX):
-        folder = Path(bundle["path"])
-        finder().add(package_name(folder, bundle["name"]), folder)
-    try:
-        module = importlib.import_module(module_name)
-        return getattr(module, class_name)
-    except Exception as exc:  # any failure of bundle code is the bundle's, said as such
-        raise ConfigurationError.single(
-            "TTB060",
-            f"{bundle['name']}@{bundle['version']}: importing {target} failed: "
-            f"{type(exc).__name__}: {exc}",
-            file=bundle["path"],
-            hint=f"reproduce with: ttbundle validate --import {bundle['path']}",
-        ) from exc

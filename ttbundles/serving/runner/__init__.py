@@ -9,6 +9,9 @@ through the real generator contract (`ttbundles.format.contract`). One concept a
 - `history`: the penalty history a device sampler rebuilds its state from;
 - `readback`: a decode whose tokens are still being read back (async decode);
 - `families`: what particular TT-Metal families need passed (`tt_data_parallel`).
+- `speculation`: speculative decoding's verify step, accepting it, the next drafts;
+- `ngram`: the host n-gram proposer; `rejection`: accepting drafts (greedy, rejection
+  sampling).
 """
 
 from ttbundles.serving.runner.commands import DecodeCommands
