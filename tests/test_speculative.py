@@ -269,8 +269,8 @@ def test_ngram_is_admitted_as_a_plan_decision(demo_checkpoint):
     ("speculative", "extra", "code", "words"),
     [
         ({**NGRAM, "num_speculative_tokens": 12}, {}, "TTB235", "supported_k"),
-        ({"method": "suffix", "num_speculative_tokens": 3}, {}, "TTB235", "not supported yet"),
-        (NGRAM, {"async_scheduling": True}, "TTB236", "--no-async-scheduling"),
+        # (Both releases know ngram_gpu; suffix needs a package that 0.33.0 imports first.)
+        ({"method": "ngram_gpu", "num_speculative_tokens": 3}, {}, "TTB235", "not supported yet"),
     ],
 )
 def test_what_cannot_speculate_is_refused(demo_checkpoint, speculative, extra, code, words):
@@ -282,9 +282,24 @@ def test_what_cannot_speculate_is_refused(demo_checkpoint, speculative, extra, c
     assert (words in text) if words != "supported_k" else ("would take" in text), text
 
 
-def test_suffix_method_message_names_the_served_methods(demo_checkpoint):
+def test_speculation_with_asynchronous_scheduling_is_refused(demo_checkpoint):
+    from pydantic import ValidationError
+
+    from ttbundles.serving import compat
+
+    if compat.V1_RUNNER_PARTS:  # 0.33.0 refuses it itself (its V1 runner cannot)
+        with pytest.raises(ValidationError, match="Async scheduling is not supported"):
+            configure(demo_checkpoint, NGRAM, async_scheduling=True)
+        return
     with pytest.raises(ConfigurationError) as excinfo:
-        configure(demo_checkpoint, {"method": "suffix", "num_speculative_tokens": 3})
+        configure(demo_checkpoint, NGRAM, async_scheduling=True)
+    diagnostic = excinfo.value.diagnostics[0]
+    assert diagnostic.code == "TTB236" and "--no-async-scheduling" in diagnostic.hint
+
+
+def test_another_methods_refusal_names_the_served_methods(demo_checkpoint):
+    with pytest.raises(ConfigurationError) as excinfo:
+        configure(demo_checkpoint, {"method": "ngram_gpu", "num_speculative_tokens": 3})
     assert "custom_class, ngram" in excinfo.value.diagnostics[0].message
 
 
