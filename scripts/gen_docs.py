@@ -553,7 +553,7 @@ def metadata_page() -> str:
 
 
 def device_options_page() -> str:
-    from ttbundles.format.tt_options import TTOptions
+    from ttbundles.format.tt_options import ServerOptions, TTOptions
     from ttbundles.serving.configuration import TT_DEFAULTS
 
     schema = TTOptions.model_json_schema()
@@ -577,6 +577,21 @@ def device_options_page() -> str:
         shown = "unset" if default is None else f"`{json.dumps(default)}`"
         lines.append(
             f"| `{name}` | {cell(_type(spec).removesuffix(' or null'))} | {shown} "
+            f"| {cell(spec.get('description', ''))} |"
+        )
+    lines += [
+        "",
+        "## Server options\n",
+        "Given the same way (`--additional-config.tt.KEY VALUE`), by the operator only: they "
+        "shape the API server, not the device, and a bundle's target cannot set them "
+        "(TTB038 there). `ttbundle plan` and the server's plan log show them.\n",
+        "| option | values | default | meaning |",
+        "|---|---|---|---|",
+    ]
+    for name, spec in ServerOptions.model_json_schema()["properties"].items():
+        default = ServerOptions.model_fields[name].default
+        lines.append(
+            f"| `{name}` | {cell(_type(spec))} | `{json.dumps(default)}` "
             f"| {cell(spec.get('description', ''))} |"
         )
     return "\n".join(lines).rstrip() + "\n"

@@ -195,6 +195,16 @@ def test_device_options_take_no_extensions():
     assert "extensions start with 'x-'" not in d.hint
 
 
+def test_a_bundle_cannot_open_the_servers_image_urls():
+    """tt.allow_private_media_urls is the operator's (the command line), never a target
+    default: a bundle must not open the server's network to its clients."""
+    d = only(with_(targets={"N150": {"additional_config": {"allow_private_media_urls": True}}}))
+    assert (d.code, d.pointer) == (
+        "TTB038",
+        "/targets/N150/additional_config/allow_private_media_urls",
+    )
+
+
 @pytest.mark.parametrize(
     ("arch", "tt_arch"),
     [

@@ -124,6 +124,39 @@ def test_unknown_device_option_suggests_the_right_one(models_dir, demo_checkpoin
     assert "'all'" in str(excinfo.value) and "'none'" in str(excinfo.value)
 
 
+def test_image_urls_are_limited_to_public_addresses_unless_the_operator_allows_more(
+    models_dir, demo_checkpoint
+):
+    bundle(models_dir, "plain")
+    _, decisions, plan = configure(demo_checkpoint)
+    decision = decisions["tt.allow_private_media_urls"]
+    assert (decision["requested"], decision["effective"]) == (None, False)
+    assert "TTB220" in decision["reason"]
+    assert plan["server"] == {"allow_private_media_urls": False}
+    networks = ["10.1.2.0/24", "fd00::/8"]
+    config, decisions, plan = configure(
+        demo_checkpoint, additional_config={"tt": {"allow_private_media_urls": networks}}
+    )
+    assert decisions["tt.allow_private_media_urls"]["effective"] == networks
+    assert plan["server"] == {"allow_private_media_urls": networks}
+    # Not a device option: the device options are what they were.
+    assert "allow_private_media_urls" not in plan["options"]
+
+
+def test_a_bad_network_to_allow_is_a_config_error(models_dir, demo_checkpoint):
+    bundle(models_dir, "plain")
+    with pytest.raises(ConfigurationError) as excinfo:
+        configure(
+            demo_checkpoint, additional_config={"tt": {"allow_private_media_urls": ["10.1/x"]}}
+        )
+    assert error_of(excinfo) == "TTB038"
+    assert "'10.1/x' is not a network" in str(excinfo.value)
+    with pytest.raises(ConfigurationError) as excinfo:
+        configure(demo_checkpoint, additional_config={"tt": {"allow_private_media_url": True}})
+    assert error_of(excinfo) == "TTB038"
+    assert "allow_private_media_urls" in str(excinfo.value)
+
+
 def test_target_defaults_fill_what_the_user_left_unset(models_dir, demo_checkpoint):
     bundle(
         models_dir,

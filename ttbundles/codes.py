@@ -134,6 +134,8 @@ CODES: dict[str, str] = {
     "TTB216": "the installed vLLM lacks a part ttbundles serves with (outside the tested window)",
     "TTB217": "the installed vLLM is outside the tested window (a warning: it may still serve)",
     "TTB218": "a bundle's requires.vllm excludes the vLLM release asked about",
+    "TTB220": "an image URL (or a redirect it follows) names a host that is not a public "
+    "address: not fetched",
     # Speculative decoding declared by a bundle (schema 3), checked by validate
     "TTB230": "speculative decoding declared beyond what the class's model_capabilities says",
     "TTB231": "speculative capability declared below what the class says (safe: it stays off)",
@@ -343,6 +345,11 @@ WHAT_TO_DO: dict[str, str] = {
     "install a release of the window (docs/operators/upgrading-vllm.md).",
     "TTB218": "Before the upgrade, install a release of the bundle whose requires.vllm "
     "admits the new vLLM, or stay on the current vLLM (`ttbundle compat VERSION` lists them).",
+    "TTB220": "Clients: send the image as a data URL, or from a public host. Operators who "
+    "mean the server to fetch images from inside its network: start vllm serve with "
+    '--additional-config \'{"tt": {"allow_private_media_urls": true}}\', or a list of '
+    "networks in place of true (with --allowed-media-domains to name the hosts); see "
+    "docs/operators/images.md.",
     "TTB230": "Declare only what the class's model_capabilities says (supports_spec_decode, "
     "supports_async_spec_decode, the spec_requirements and spec_hidden_handoff entries), or "
     "implement it and say so in the class.",

@@ -8,9 +8,10 @@ effective defaults are applied by the configuration plan.
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 SampleOnDeviceMode = Literal["all", "decode_only"]
 
@@ -88,3 +89,34 @@ class TTOptions(BaseModel):
 
 
 TT_OPTION_NAMES: tuple[str, ...] = tuple(TTOptions.model_fields)
+
+
+class ServerOptions(BaseModel):
+    """Options of the API server, given with the device options (`additional_config["tt"]`)
+    but by the operator only: a bundle's target cannot set them (they are not device
+    options, and a bundle must not open the server's network to its clients)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    allow_private_media_urls: bool | list[str] = Field(
+        False,
+        description="Fetch http(s) image URLs whose host is a loopback, private, link-local, "
+        "multicast, unspecified or reserved address: true for all of them, or a list of "
+        'networks (CIDR, e.g. ["10.1.2.0/24"]) for those only. Default: refused (TTB220).',
+    )
+
+    @field_validator("allow_private_media_urls")
+    @classmethod
+    def _networks(cls, value: bool | list[str]) -> bool | list[str]:
+        if isinstance(value, list):
+            for network in value:
+                try:
+                    ipaddress.ip_network(network, strict=False)
+                except ValueError:
+                    raise ValueError(
+                        f"{network!r} is not a network (write 10.1.2.0/24, fd00::/8 or an address)"
+                    ) from None
+        return value
+
+
+SERVER_OPTION_NAMES: tuple[str, ...] = tuple(ServerOptions.model_fields)

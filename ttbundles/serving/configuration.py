@@ -18,7 +18,12 @@ from pydantic import ValidationError
 from ttbundles.errors import ConfigurationError, Diagnostic, Severity
 from ttbundles.format.contract import unservable_reason
 from ttbundles.format.metadata import BundleMetadata, Target, tt_arch_name
-from ttbundles.format.tt_options import TT_OPTION_NAMES, TTOptions
+from ttbundles.format.tt_options import (
+    SERVER_OPTION_NAMES,
+    TT_OPTION_NAMES,
+    ServerOptions,
+    TTOptions,
+)
 from ttbundles.registry.registry import Registry
 from ttbundles.suggest import hint_for
 
@@ -93,6 +98,8 @@ class Plan:
     # Speculative decoding as admitted (`serving.spec_admission`; {}: not speculating):
     # method, k, accept_modes, narrow, the n-gram window, the generator's plan.
     speculative: dict[str, Any] = field(default_factory=dict)
+    # The API server's options (`ServerOptions`: the user's only, never a target's).
+    server: dict[str, Any] = field(default_factory=dict)
 
     def decide(self, setting: str, requested: Any, effective: Any, reason: str) -> Any:
         self.decisions.append(Decision(setting, requested, effective, reason))
@@ -135,6 +142,11 @@ class Plan:
             return None
         d = next(d for d in self.decisions if d.setting == "max_model_len")
         return d.requested, d.effective
+
+    @property
+    def server_options(self) -> ServerOptions:
+        """The API server's options in force (image URL fetching), typed."""
+        return ServerOptions.model_validate(self.server)
 
     @property
     def tt_options(self) -> TTOptions:
@@ -187,13 +199,28 @@ def select_entry(architectures: list[str], registry: Registry):
 
 
 def parse_tt_options(raw: Any) -> TTOptions:
-    """`additional_config["tt"]` as typed options, or an error naming the fix."""
+    """`additional_config["tt"]`'s device options as typed options, or an error naming
+    the fix (the server options there are `parse_server_options`')."""
+    return _validated(TTOptions, _tt_part(raw, server=False))
+
+
+def parse_server_options(raw: Any) -> ServerOptions:
+    """`additional_config["tt"]`'s API-server options (`ServerOptions`), checked as the
+    device options are (TTB038)."""
+    return _validated(ServerOptions, _tt_part(raw, server=True))
+
+
+def _tt_part(raw: Any, *, server: bool) -> dict[str, Any]:
     if raw is None:
-        return TTOptions()
+        return {}
     if not isinstance(raw, dict):
         raise _error("TTB038", f"additional_config.tt must be an object, got {raw!r}")
+    return {k: v for k, v in raw.items() if (k in SERVER_OPTION_NAMES) == server}
+
+
+def _validated(model: type[Any], values: dict[str, Any]) -> Any:
     try:
-        return TTOptions.model_validate(raw)
+        return model.model_validate(values)
     except ValidationError as exc:
         problems = []
         for err in exc.errors():
@@ -204,7 +231,9 @@ def parse_tt_options(raw: Any) -> TTOptions:
                         "TTB038",
                         Severity.ERROR,
                         f"unknown device option tt.{key}",
-                        hint=hint_for(key, TT_OPTION_NAMES, what="device options"),
+                        hint=hint_for(
+                            key, TT_OPTION_NAMES + SERVER_OPTION_NAMES, what="device options"
+                        ),
                     )
                 )
             else:
@@ -270,6 +299,7 @@ def plan_config(vllm_config: VllmConfig, registry: Registry) -> Plan | None:
     _refuse_unsupported(vllm_config, mesh)
 
     options = _plan_options(vllm_config, plan, meta, target)
+    _plan_server(vllm_config, plan)
 
     _plan_lengths(vllm_config, plan, target)
     _plan_inputs(vllm_config, plan, meta.name, caps.input_limits())
@@ -376,6 +406,25 @@ def _plan_options(
             "sampling", None, "host", "no sample_on_device_mode: vLLM's sampler on the host"
         )
     return options
+
+
+def _plan_server(vllm_config: VllmConfig, plan: Plan) -> None:
+    """The API server's options: which image URLs it fetches (`serving.media_urls`)."""
+    additional = vllm_config.additional_config
+    raw = additional.get("tt") if isinstance(additional, dict) else None
+    server = parse_server_options(raw)
+    allow = server.allow_private_media_urls
+    requested = allow if isinstance(raw, dict) and "allow_private_media_urls" in raw else None
+    if requested is None:
+        reason = "default: http(s) image URLs must name public addresses (TTB220)"
+    elif allow is True:
+        reason = "set by the user: image URLs may name any address, inside ones too"
+    elif allow is False:
+        reason = "set by the user: http(s) image URLs must name public addresses (TTB220)"
+    else:
+        reason = "set by the user: image URLs may name public addresses and these networks"
+    plan.decide("tt.allow_private_media_urls", requested, allow, reason)
+    plan.server = server.model_dump()
 
 
 def _plan_features(vllm_config: VllmConfig, plan: Plan, meta: BundleMetadata) -> None:

@@ -21,8 +21,13 @@ image_url`) with a message saying what to send instead. Everything else the conn
 does, including vLLM's own choice to answer an unreachable http URL with a 500 (a
 transient failure a client may retry), is left as it is.
 
-`install()` wraps the two private methods once per process; the platform calls it in
-every process that plans a TT configuration (the API server among them).
+**Inside addresses.** An http(s) `image_url` is fetched only from public addresses
+unless the operator allows more (`serving.media_urls`, TTB220): every `MediaConnector`
+that would fetch through vLLM's global connection fetches through a guarded one instead.
+
+`install()` wraps the private methods once per process, and sets the URL policy each
+time; the platform calls it in every process that plans a TT configuration (the API
+server among them).
 """
 
 from __future__ import annotations
@@ -84,12 +89,27 @@ def check_placeholders(
         )
 
 
-def install() -> None:
+def install(allow_private_media_urls: bool | list[str] = False) -> None:
+    """Put the checks in place in this process, with `allow_private_media_urls`
+    (`ServerOptions`) as the policy for image URLs."""
+    from ttbundles.serving import media_urls
+
+    media_urls.set_policy(media_urls.MediaURLPolicy.from_option(allow_private_media_urls))
     if _state.get("installed"):
         return
     from vllm.exceptions import VLLMValidationError
 
     from ttbundles.serving import compat
+
+    _, default_connection = compat.http_connection()
+    original_init: Any = None
+
+    def _init(self: Any, *args: Any, **kwargs: Any) -> None:
+        original_init(self, *args, **kwargs)
+        if self.connection is default_connection:
+            self.connection = media_urls.guarded_connection()
+
+    original_init = compat.replace_media_connector_init(_init)
 
     _, load_file, load_data = compat.media_connector_loaders()
 

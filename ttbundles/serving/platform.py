@@ -145,7 +145,7 @@ class TTPlatform(Platform):
                 vllm_config.model_config.hf_config
             )
         if plan is not None:
-            image_requests.install()
+            image_requests.install(plan.server_options.allow_private_media_urls)
             lowered = plan.lowered_length()
             if lowered is not None:
                 from ttbundles.serving import length_limits

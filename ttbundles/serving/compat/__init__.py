@@ -31,6 +31,9 @@ Private hooks (all checked on 0.33.0 and 0.34.0):
   plan rewrites `--limit-mm-per-prompt` to what the bundle takes);
 - `media_connector_loaders` / `replace_media_connector_loaders`: `MediaConnector.
   _load_file_url` and `_load_data_url` (clear 400s for file:// and malformed data URLs);
+- `replace_media_connector_init` / `http_connection`: `MediaConnector.__init__`'s
+  `connection` and vLLM's `HTTPConnection` (image URLs fetched only from public
+  addresses, `serving.media_urls`);
 - `async_llm_class`: `AsyncLLM.shutdown` is wrapped (`serving.shutdown`: requests left
   open when `vllm serve` stops).
 - `prompt_length_checks`: `TokenizeParams`' length checks and `InputProcessor.
@@ -305,6 +308,26 @@ def replace_media_connector_loaders(load_file: Any, load_data: Any) -> None:
 
     MediaConnector._load_file_url = load_file
     MediaConnector._load_data_url = load_data
+
+
+def http_connection() -> tuple[type, Any]:
+    """vLLM's `HTTPConnection` class and its global instance, the one `MediaConnector`
+    fetches through by default (public; subclassed by `serving.media_urls` for its
+    `get_sync_client`, `get_async_client`, `get_response` and `get_async_response`,
+    identical on 0.33.0 and 0.34.0)."""
+    from vllm.connections import HTTPConnection, global_http_connection
+
+    return HTTPConnection, global_http_connection
+
+
+def replace_media_connector_init(init: Any) -> Any:
+    """Put `init` in place of `MediaConnector.__init__` and return the original (its
+    `connection` argument and attribute: checked on 0.33.0 and 0.34.0)."""
+    from vllm.multimodal.media.connector import MediaConnector
+
+    original = MediaConnector.__init__
+    MediaConnector.__init__ = init
+    return original
 
 
 def async_llm_class() -> type:
