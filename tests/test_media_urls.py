@@ -8,16 +8,15 @@ serving a real PNG, and a second one on 127.0.0.2 playing the allowed host.
 from __future__ import annotations
 
 import asyncio
-import http.server
 import io
 import socket
-import threading
 from collections.abc import Iterator
 
 import aiohttp
 import pytest
 from PIL import Image
 
+from tests.image_host import ImageHost, png_bytes
 from ttbundles.serving import media_urls
 from ttbundles.serving.media_urls import InsideAddressError, MediaURLPolicy
 
@@ -71,65 +70,21 @@ def test_a_policy_allows_all_inside_addresses_or_only_its_networks():
     assert listed.refusal("169.254.169.254") == "link-local"
 
 
-def _png() -> bytes:
-    buffer = io.BytesIO()
-    Image.new("RGB", (8, 6), (200, 30, 40)).save(buffer, format="PNG")
-    return buffer.getvalue()
-
-
-PNG = _png()
-
-
-class _Server:
-    """An HTTP server on `host` serving /pic.png, and /to?url=... redirecting there."""
-
-    def __init__(self, host: str, port: int = 0) -> None:
-        self.paths: list[str] = []
-        owner = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                owner.paths.append(self.path)
-                if self.path.startswith("/to?url="):
-                    self.send_response(302)
-                    self.send_header("Location", self.path.removeprefix("/to?url="))
-                    self.send_header("Content-Length", "0")
-                    self.end_headers()
-                elif self.path == "/pic.png":
-                    self.send_response(200)
-                    self.send_header("Content-Type", "image/png")
-                    self.send_header("Content-Length", str(len(PNG)))
-                    self.end_headers()
-                    self.wfile.write(PNG)
-                else:
-                    self.send_error(404)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.httpd = http.server.ThreadingHTTPServer((host, port), Handler)
-        self.url = f"http://{host}:{self.httpd.server_address[1]}"
-        self.port = self.httpd.server_address[1]
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self.thread.start()
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+PNG = png_bytes(Image.new("RGB", (8, 6), (200, 30, 40)))
 
 
 @pytest.fixture(scope="module")
-def inside() -> Iterator[_Server]:
-    server = _Server("127.0.0.1")
+def inside() -> Iterator[ImageHost]:
+    server = ImageHost("127.0.0.1")
     yield server
     server.close()
 
 
 @pytest.fixture(scope="module")
-def allowed_host() -> Iterator[_Server]:
+def allowed_host() -> Iterator[ImageHost]:
     """127.0.0.2, allowed by the tests' policy as an operator's listed network: the
     stand-in for a public host (no test reaches the internet)."""
-    server = _Server("127.0.0.2")
+    server = ImageHost("127.0.0.2")
     yield server
     server.close()
 
@@ -236,13 +191,13 @@ class _Rebinding(aiohttp.abc.AbstractResolver):
         pass
 
 
-def _pair_on_one_port() -> tuple[_Server, _Server]:
+def _pair_on_one_port() -> tuple[ImageHost, ImageHost]:
     """Servers on 127.0.0.2 and 127.0.0.1 at the same port: a rebound name then reaches
     the inside one exactly where the allowed one was."""
     for _ in range(20):
-        allowed = _Server("127.0.0.2")
+        allowed = ImageHost("127.0.0.2")
         try:
-            return allowed, _Server("127.0.0.1", allowed.port)
+            return allowed, ImageHost("127.0.0.1", allowed.port)
         except OSError:
             allowed.close()
     pytest.skip("no port free on both 127.0.0.1 and 127.0.0.2")

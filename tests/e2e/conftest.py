@@ -154,7 +154,12 @@ SERVER_PLANS: dict[str, tuple[list[str], dict[str, str]]] = {
             "1024",
             "--api-server-count",
             "1",
-            *tt_options(sample_on_device_mode="decode_only"),
+            # Image URLs from 127.0.0.2 (the tests' stand-in for an allowed image host),
+            # every other inside address refused as by default (TTB220).
+            *tt_options(
+                sample_on_device_mode="decode_only",
+                allow_private_media_urls=["127.0.0.2/32"],
+            ),
         ],
         {},  # EXTRA_MODELS_DIR: set by the fixture
     ),

@@ -24,6 +24,7 @@ import pytest
 from PIL import Image
 
 from tests.e2e.conftest import Server
+from tests.image_host import ImageHost, png_bytes
 from ttbundles.demo.server import http_get
 
 pytestmark = pytest.mark.server
@@ -206,6 +207,50 @@ def test_audio_is_refused(vision_server):
 )
 def test_a_bad_image_url_is_refused(vision_server, url, says):
     assert says in refused(vision_server, [image_part(url), "what is it?"])
+
+
+@pytest.fixture(scope="module")
+def image_hosts():
+    """Real image hosts serving SMALL: 127.0.0.1 (inside, refused everywhere) and
+    127.0.0.2 (allowed by the "vision-lanes" server's tt.allow_private_media_urls)."""
+    png = png_bytes(SMALL)
+    inside, allowed = ImageHost("127.0.0.1", png=png), ImageHost("127.0.0.2", png=png)
+    yield inside, allowed
+    inside.close()
+    allowed.close()
+
+
+def test_an_image_url_inside_the_network_is_refused_whatever_is_there(vision_server, image_hosts):
+    inside, allowed = image_hosts
+    found = refused(vision_server, [image_part(f"{inside.url}/pic.png"), "what is it?"])
+    missing = refused(vision_server, [image_part(f"{inside.url}/missing.png"), "what is it?"])
+    assert "TTB220" in found and "allow_private_media_urls" in found
+    assert found == missing  # nothing tells what exists inside
+    for url in (
+        f"http://[::1]:{inside.port}/pic.png",
+        f"http://[::ffff:127.0.0.1]:{inside.port}/pic.png",
+        f"http://localhost:{inside.port}/pic.png",
+        f"{allowed.url}/pic.png",  # allowed on "vision-lanes" only
+        "http://169.254.169.254/latest/meta-data/",
+    ):
+        assert "TTB220" in refused(vision_server, [image_part(url), "what is it?"])
+    assert inside.paths == [] and allowed.paths == []
+
+
+def test_an_allowed_image_host_is_fetched_and_its_redirect_inside_refused(
+    vision_lanes_server, vision_golden, image_hosts
+):
+    inside, allowed = image_hosts
+    before = len(allowed.paths)
+    response = chat(vision_lanes_server, [image_part(f"{allowed.url}/pic.png"), "Here?"], 6)
+    prompt, out = list(response.prompt_token_ids), list(response.choices[0].token_ids)
+    assert_golden(vision_golden, [SMALL], prompt, out)
+    redirect = f"{allowed.url}/to?url={inside.url}/pic.png"
+    assert "TTB220" in refused(vision_lanes_server, [image_part(redirect), "what is it?"])
+    assert allowed.paths[before:] == ["/pic.png", f"/to?url={inside.url}/pic.png"]
+    assert inside.paths == []
+    message = refused(vision_lanes_server, [image_part(f"{inside.url}/pic.png"), "it?"])
+    assert "TTB220" in message
 
 
 def test_an_image_over_the_pixel_limit_is_refused(vision_server):
