@@ -78,6 +78,8 @@ def test_capabilities_off_turn_features_off_with_reasons(models_dir, demo_checkp
     assert config.parallel_config.worker_cls == "ttbundles.serving.worker.TTWorker"
     assert config.scheduler_config.scheduler_cls == "ttbundles.serving.scheduler.TTScheduler"
     assert decisions["sampling"]["effective"] == "host"
+    assert plan["prompt_logprobs"] is False
+    assert "TTB206" in decisions["prompt_logprobs"]["reason"]
 
 
 def test_declared_capabilities_keep_features(models_dir, demo_checkpoint):
@@ -305,12 +307,32 @@ def test_an_architecture_vllm_does_not_know_still_configures(models_dir, demo_ch
     assert decisions["architecture"]["requested"] == ["AcmeLlamaForCausalLM"]
 
 
-def test_prompt_logprobs_are_refused_per_request():
+def test_prompt_logprobs_are_refused_per_request_unless_the_bundle_declares_them(monkeypatch):
+    from ttbundles.serving import platform
     from ttbundles.serving.platform import TTPlatform
 
-    with pytest.raises(ValueError, match="TTB206"):
+    monkeypatch.setitem(platform._state, "prompt_logprobs", False)
+    with pytest.raises(ValueError, match="TTB206.*does not declare"):
         TTPlatform.validate_request(None, SamplingParams(prompt_logprobs=1))
     TTPlatform.validate_request(None, SamplingParams(logprobs=2))  # allowed
+    monkeypatch.setitem(platform._state, "prompt_logprobs", True)
+    TTPlatform.validate_request(None, SamplingParams(prompt_logprobs=1))
+    with pytest.raises(ValueError, match="TTB206: prompt_logprob_token_ids"):
+        TTPlatform.validate_request(
+            None, SamplingParams(prompt_logprobs=1, prompt_logprob_token_ids=[[1]])
+        )
+
+
+def test_the_plan_says_whether_prompt_logprobs_are_served(models_dir, demo_checkpoint):
+    bundle(
+        models_dir,
+        "scored",
+        schema_version=3,
+        capabilities={"prompt_logprobs": True},
+    )
+    _, decisions, plan = configure(demo_checkpoint)
+    assert plan["prompt_logprobs"] is True
+    assert "declares them" in decisions["prompt_logprobs"]["reason"]
 
 
 def test_the_hook_decides_once_per_configuration(models_dir, demo_checkpoint):

@@ -150,6 +150,7 @@ CODES: dict[str, str] = {
     "TTB239": "the generator broke the speculative-decoding contract (verify or drafts)",
     # Prompt logprobs (schema 3)
     "TTB240": "prompt_logprobs declared but prefill_forward does not take return_prompt_logits",
+    "TTB241": "prefill_forward did not return the logits of every prompt position it was asked for",
     "TTB245": "no Tenstorrent device and MESH_DEVICE unset: vLLM has no platform to serve on",
     "TTB246": "a setting asked for was lowered to what the bundle's target supports (a warning)",
 }
@@ -375,7 +376,10 @@ WHAT_TO_DO: dict[str, str] = {
     "mode it was asked for, propose_draft_tokens a DraftOutput within the vocabulary "
     "(docs/authors/generator-contract.md#speculative-decoding).",
     "TTB240": "Let prefill_forward take return_prompt_logits (or **kwargs) and return "
-    "[B, S, V] logits when it is True, or declare prompt_logprobs: false.",
+    "[B, L, V] logits when it is True, or declare prompt_logprobs: false.",
+    "TTB241": "Return [B, L, V] logits from prefill_forward when return_prompt_logits is "
+    "True: column j of row b the distribution after its token start_pos[b] + j (the "
+    "generator contract page).",
     "TTB245": "Set MESH_DEVICE=HOST to serve on the host mesh (the CPU, with the torch "
     "reference), or the mesh of the attached card (N150, N300, T3K, ...). `ls "
     "/dev/tenstorrent` or `tt-smi` shows whether a card is there; `ttbundle doctor` checks "

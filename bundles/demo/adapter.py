@@ -69,6 +69,7 @@ class DemoGenerator(ReferenceLlamaGenerator):
         enable_trace: bool = True,
         sampling_params: Any = None,
         start_pos: Any = None,
+        return_prompt_logits: bool = False,
         **kwargs: Any,
     ) -> Any:
         return super().prefill_forward(
@@ -80,6 +81,7 @@ class DemoGenerator(ReferenceLlamaGenerator):
             enable_trace=enable_trace,
             sampling_params=sampling_params,
             start_pos=start_pos,
+            return_prompt_logits=return_prompt_logits,
             **kwargs,
         )
 

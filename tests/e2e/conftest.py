@@ -593,6 +593,14 @@ class Reference:
         positions = slice(len(prompt_ids) - 1, len(prompt_ids) + len(output_ids) - 1)
         return torch.log_softmax(logits[positions], dim=-1)
 
+    def prompt_logprobs(self, prompt_ids: list[int]):
+        """[len(prompt_ids) - 1, vocab]: row i the log-softmax that predicts prompt token
+        i + 1 (what vLLM's prompt logprobs report at position i + 1)."""
+        torch = self.torch
+        with torch.no_grad():
+            logits = self.model(torch.tensor([prompt_ids])).logits[0].float()
+        return torch.log_softmax(logits[:-1], dim=-1)
+
     def chat_prompt_ids(self, messages: list[dict]) -> list[int]:
         encoded = self.tokenizer.apply_chat_template(
             messages, add_generation_prompt=True, tokenize=True

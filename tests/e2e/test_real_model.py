@@ -9,6 +9,9 @@ that and nothing a real defect (a wrong position, head or norm) would stay under
 
 from __future__ import annotations
 
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 
 from tests.e2e.test_sampling_async import IDS, TOKEN_IDS, concurrently, output_ids
@@ -94,3 +97,81 @@ def test_chunked_prefill_and_a_prefix_cache_hit_give_the_same_tokens(real_server
         "vllm:prefix_cache_hits_total", 0
     )
     assert hits >= 128  # the second request reused at least the first full blocks
+
+
+def _served_prompt_logprobs(server, prompt: list[int], k: int) -> list[dict[int, dict]]:
+    """The prompt logprobs vLLM reports for `prompt` (prompt_logprobs=k), by position:
+    entry 0 is None (nothing predicts the first token), entry i maps token ids to
+    {"logprob", "rank", ...}."""
+    with server.client() as client:
+        response = client.completions.create(
+            model=server.model,
+            prompt=prompt,
+            max_tokens=2,
+            temperature=0.0,
+            extra_body={**IDS, "prompt_logprobs": k},
+        )
+    served = response.choices[0].model_extra["prompt_logprobs"]
+    assert len(served) == len(prompt) and served[0] is None
+    return [{int(t): v for t, v in entry.items()} for entry in served[1:]]
+
+
+def test_prompt_logprobs_equal_transformers_log_softmax(real_server, real_reference):
+    """A ~150-token prompt (three 64-token prefill chunks) and a short one, sent together:
+    each position's log-probability of the prompt token, its rank and the top 5 equal
+    transformers' log-softmax of the prompt, within float32 rounding."""
+    tokenizer = real_reference.tokenizer
+    long = tokenizer(" ".join(TEXTS * 6))["input_ids"]
+    short = tokenizer(TEXTS[3])["input_ids"]
+    assert len(long) > 128
+    barrier = threading.Barrier(2)
+
+    def send(prompt):
+        barrier.wait()
+        return _served_prompt_logprobs(real_server, prompt, 5)
+
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(send, (long, short)))
+    for prompt, served in zip((long, short), results):
+        expected = real_reference.prompt_logprobs(prompt)
+        for i, entry in enumerate(served):
+            token = prompt[i + 1]
+            assert abs(entry[token]["logprob"] - expected[i, token].item()) < LOGPROB_TOLERANCE
+            rank = int((expected[i] > expected[i, token] + LOGPROB_TOLERANCE).sum()) + 1
+            assert (
+                rank
+                <= entry[token]["rank"]
+                <= int((expected[i] >= expected[i, token] - LOGPROB_TOLERANCE).sum())
+            ), i
+            top = {t for t in entry if t != token} | (
+                {token} if entry[token]["rank"] <= 5 else set()
+            )
+            assert len(top) == 5
+            assert len(top & set(expected[i].topk(5).indices.tolist())) >= 4, i
+            for token_id, value in entry.items():
+                assert abs(value["logprob"] - expected[i, token_id].item()) < LOGPROB_TOLERANCE
+
+
+def test_echo_with_logprobs_reports_the_prompt_as_transformers_scores_it(
+    real_server, real_reference
+):
+    """completions' echo with logprobs, as a loglikelihood evaluation asks: the prompt's
+    tokens come back with their log-probabilities, then the generated ones."""
+    prompt = real_reference.tokenizer(TEXTS[0] + " Paris")["input_ids"]
+    with real_server.client() as client:
+        response = client.completions.create(
+            model=real_server.model,
+            prompt=prompt,
+            max_tokens=3,
+            temperature=0.0,
+            echo=True,
+            logprobs=1,
+            extra_body={**IDS, **TOKEN_IDS},
+        )
+    logprobs = response.choices[0].logprobs
+    served = logprobs.token_logprobs
+    assert len(served) == len(prompt) + 3 and served[0] is None
+    expected = real_reference.prompt_logprobs(prompt)
+    for i, token in enumerate(prompt[1:]):
+        assert abs(served[i + 1] - expected[i, token].item()) < LOGPROB_TOLERANCE, i
+    assert logprobs.tokens[: len(prompt)] == [f"token_id:{t}" for t in prompt]

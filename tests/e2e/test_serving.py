@@ -280,12 +280,19 @@ def _still_serving(server) -> None:
     assert len(output_ids(response)) == 4
 
 
-def test_prompt_logprobs_are_refused_with_400_and_the_server_keeps_serving(demo_server):
+def test_prompt_logprobs_of_an_undeclaring_bundle_are_refused_with_400(plain_server):
+    """The "plain" bundle declares no prompt_logprobs: such a request (and echo with
+    logprobs, which asks for them) is a 400, and the server keeps serving."""
     with pytest.raises(openai.BadRequestError) as refused:
-        complete(demo_server, "Hello", max_tokens=4, prompt_logprobs=1, **GREEDY)
+        complete(plain_server, "Hello", max_tokens=4, prompt_logprobs=1, **GREEDY)
     assert refused.value.status_code == 400
     assert "TTB206" in str(refused.value)
-    _still_serving(demo_server)
+    with plain_server.client() as client, pytest.raises(openai.BadRequestError) as refused:
+        client.completions.create(
+            model=plain_server.model, prompt="Hello", max_tokens=1, echo=True, logprobs=1
+        )
+    assert "TTB206" in str(refused.value)
+    _still_serving(plain_server)
 
 
 def test_requests_beyond_the_context_are_refused_with_400(demo_server, reference):

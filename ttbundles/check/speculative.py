@@ -448,6 +448,6 @@ def _hint(method: str) -> str:
             "a verify with a VerifyOutput, or drop spec_decode"
         )
     return (
-        f"take {PROMPT_LOGITS_KEYWORD} (or **kwargs) and return [B, S, V] logits when it is "
+        f"take {PROMPT_LOGITS_KEYWORD} (or **kwargs) and return [B, L, V] logits when it is "
         "True, or declare prompt_logprobs: false"
     )

@@ -137,9 +137,11 @@ VERIFY_KEYWORDS = ("num_valid_drafts", "accepted_counts", "spec_mode")
 
 PROMPT_LOGITS_KEYWORD = "return_prompt_logits"
 """Passed as True to `prefill_forward` of a bundle declaring `prompt_logprobs`, on a step
-where a request asked for prompt logprobs: the call then returns logits for every
-position of `tokens` (`[B, S, V]`, row b's position i the distribution after its token
-i), not `[B, 1, V]`; vLLM's prompt-logprobs processing does the rest on the host."""
+where a request asks for prompt logprobs (with no `sampling_params`: that step samples
+on the host). The call then returns logits of every position of each row's chunk,
+`[B, L, V]` with L the longest chunk: column j of row b is the distribution after its
+token `start_pos[b] + j` (the last real column predicts the next token, as `[B, 1, V]`
+would); vLLM's prompt-logprobs processing does the rest on the host."""
 
 KNOWN_CAPABILITY_KEYS: dict[str, str] = {
     **{

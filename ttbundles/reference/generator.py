@@ -360,31 +360,48 @@ class ReferenceLlamaGenerator:
         if not segments:
             return logits
         table = torch.as_tensor(page_table).long()
-        if self.lanes == 1:
-            groups = [(segments, kv_cache)]
-        else:
-            if len(kv_cache) != self.lanes:
-                raise ValueError(
-                    f"kv_cache has {len(kv_cache)} entries; with tt_data_parallel="
-                    f"{self.lanes} it must hold one cache per lane (allocate_kv_cache)"
-                )
-            by_lane: dict[int, list[Segment]] = {}
-            for segment in segments:
-                slot = segment.row if slots is None else slots[segment.row]
-                by_lane.setdefault(slot // self.per_lane, []).append(segment)
-            groups = [(group, kv_cache[lane]) for lane, group in sorted(by_lane.items())]
-        for group, cache in groups:
+        for group, cache in self._lane_groups(segments, kv_cache, slots):
             rows = torch.tensor([s.row for s in group])
             logits[rows] = self.forward_segments(group, table, cache)
         return logits
 
-    def _lane_groups(self, segments: list[Segment], kv_cache: Any) -> list[tuple[list, Any]]:
-        """The segments by lane, with each lane's cache (decode rows are slots)."""
+    def _run_every_position(
+        self,
+        segments: list[Segment],
+        batch: int,
+        page_table: Any,
+        kv_cache: Any,
+        slots: list[int] | None,
+    ) -> torch.Tensor:
+        """Logits `[B, L, V]` of every new token of each row (L the longest chunk; shorter
+        rows and padding rows are zero past their chunk), for prompt logprobs."""
+        width = max((len(s.tokens) for s in segments), default=1)
+        logits = torch.zeros(batch, width, self.dims.vocab_size, dtype=torch.float32)
+        if not segments:
+            return logits
+        table = torch.as_tensor(page_table).long()
+        for group, cache in self._lane_groups(segments, kv_cache, slots):
+            every = self.forward_segments(group, table, cache, all_positions=True)
+            for segment, rows in zip(group, every.split([len(s.tokens) for s in group])):
+                logits[segment.row, : len(rows)] = rows
+        return logits
+
+    def _lane_groups(
+        self, segments: list[Segment], kv_cache: Any, slots: list[int] | None = None
+    ) -> list[tuple[list[Segment], Any]]:
+        """The segments by lane, each with its lane's cache (one group without lanes); a
+        row's lane is its slot's (`slots[row]`; None: rows are slots, as in decode)."""
         if self.lanes == 1:
             return [(segments, kv_cache)]
+        if len(kv_cache) != self.lanes:
+            raise ValueError(
+                f"kv_cache has {len(kv_cache)} entries; with tt_data_parallel="
+                f"{self.lanes} it must hold one cache per lane (allocate_kv_cache)"
+            )
         by_lane: dict[int, list[Segment]] = {}
         for segment in segments:
-            by_lane.setdefault(segment.row // self.per_lane, []).append(segment)
+            slot = segment.row if slots is None else slots[segment.row]
+            by_lane.setdefault(slot // self.per_lane, []).append(segment)
         return [(group, kv_cache[lane]) for lane, group in sorted(by_lane.items())]
 
     def verify(
@@ -439,10 +456,14 @@ class ReferenceLlamaGenerator:
         enable_trace: bool = True,
         sampling_params: SamplingParams | None = None,
         start_pos: Any = None,
+        return_prompt_logits: bool = False,
         **kwargs: Any,
     ) -> torch.Tensor | tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
         """Prefill one chunk per row; logits `[B, 1, V]`, or `(tokens [B, 1], log_probs)`
-        when sampling on the device (TT-Metal's `prefill_forward_text` forms).
+        when sampling on the device (TT-Metal's `prefill_forward_text` forms). With
+        `return_prompt_logits` (a bundle declaring prompt logprobs, ttbundles' own form):
+        logits of every position of each row's chunk, `[B, L, V]` (L the longest chunk;
+        column j of row i is the distribution after its token start_pos[i] + j).
 
         Row i computes positions `start_pos[i] .. prompt_lens[i] - 1` (start_pos None: 0).
         As in TT-Metal's generators, `tokens[i]` holds the row's tokens from position 0:
@@ -482,6 +503,8 @@ class ReferenceLlamaGenerator:
             history[row, end:] = -1
 
         def compute() -> Any:
+            if return_prompt_logits:
+                return self._run_every_position(segments, batch, page_table, kv_cache, slots)
             logits = self._run(segments, batch, page_table, kv_cache, slots)
             if sampling_params is None:
                 return logits.unsqueeze(1)

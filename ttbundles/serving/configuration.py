@@ -100,6 +100,8 @@ class Plan:
     speculative: dict[str, Any] = field(default_factory=dict)
     # The API server's options (`ServerOptions`: the user's only, never a target's).
     server: dict[str, Any] = field(default_factory=dict)
+    # The bundle declares prompt logprobs (schema 3): requests may ask for them.
+    prompt_logprobs: bool = False
 
     def decide(self, setting: str, requested: Any, effective: Any, reason: str) -> Any:
         self.decisions.append(Decision(setting, requested, effective, reason))
@@ -303,7 +305,7 @@ def plan_config(vllm_config: VllmConfig, registry: Registry) -> Plan | None:
 
     _plan_lengths(vllm_config, plan, target)
     _plan_inputs(vllm_config, plan, meta.name, caps.input_limits())
-    _plan_logprobs(vllm_config, plan)
+    _plan_logprobs(vllm_config, plan, caps.prompt_logprobs)
     _plan_lanes(vllm_config, plan, caps.execution, target)
     if caps.execution != "single":  # a single-execute engine opens its host's whole mesh
         _plan_device_groups(vllm_config, plan)
@@ -534,7 +536,18 @@ DEFAULT_MAX_LOGPROBS = 20  # vLLM's ModelConfig.max_logprobs default
 devices return at most their `max_device_logprobs`, the host sampler more)."""
 
 
-def _plan_logprobs(vllm_config: VllmConfig, plan: Plan) -> None:
+def _plan_logprobs(vllm_config: VllmConfig, plan: Plan, prompt_logprobs: bool) -> None:
+    """max_logprobs, and whether requests may ask for prompt logprobs: only from a bundle
+    declaring them (its prefill returns every position's logits), else each such request
+    is refused (TTB206, HTTP 400)."""
+    plan.prompt_logprobs = plan.decide(
+        "prompt_logprobs",
+        None,
+        prompt_logprobs,
+        "the bundle declares them (prefill returns every prompt position's logits)"
+        if prompt_logprobs
+        else "the bundle does not declare them: such requests are refused (TTB206)",
+    )
     model_config = vllm_config.model_config
     requested = model_config.max_logprobs
     if requested < 0 or requested > MAX_LOGPROBS:  # -1: vLLM's "as many as the vocabulary"

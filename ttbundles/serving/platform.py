@@ -139,6 +139,8 @@ class TTPlatform(Platform):
         served = served_plan(vllm_config)
         # For validate_request: what a speculating launch refuses per request.
         _state["speculative"] = served.speculative if served is not None else {}
+        if served is not None:
+            _state["prompt_logprobs"] = served.prompt_logprobs
         if served is not None and served.inputs and vllm_config.model_config is not None:
             # For validate_request, in this process (the API server's requests).
             _state["placeholders"] = image_requests.placeholder_tokens(
@@ -187,12 +189,28 @@ class TTPlatform(Platform):
                     value=value,
                 )
         prompt_logprobs = getattr(params, "prompt_logprobs", None)
-        if prompt_logprobs is not None:
+        if prompt_logprobs is None:
+            return
+        if not _state.get("prompt_logprobs"):
             raise UnsupportedRequestError(
-                "TTB206: prompt logprobs are not supported on Tenstorrent; "
-                "drop prompt_logprobs from the request",
+                "TTB206: prompt logprobs are not supported by this model's bundle (it does "
+                "not declare capabilities.prompt_logprobs); drop prompt_logprobs (or echo "
+                "with logprobs) from the request",
                 parameter="prompt_logprobs",
                 value=prompt_logprobs,
+            )
+        # Scores of chosen ids, a first scored row: not served (the whole prompt is).
+        unserved = [
+            name
+            for name in ("prompt_logprob_token_ids", "prompt_logprob_start")
+            if getattr(params, name, None)
+        ]
+        if unserved:
+            raise UnsupportedRequestError(
+                f"TTB206: {', '.join(unserved)} is not supported on Tenstorrent (prompt "
+                "logprobs of the whole prompt are); drop it from the request",
+                parameter=unserved[0],
+                value=getattr(params, unserved[0], None),
             )
 
     @classmethod

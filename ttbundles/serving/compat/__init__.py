@@ -197,10 +197,15 @@ def new_request_outputs(new: NewRequestData) -> list[int]:
 
 
 def model_runner_output(
-    req_ids: list[str], index: dict[str, int], sampled: list[list[int]], logprobs: Any
+    req_ids: list[str],
+    index: dict[str, int],
+    sampled: list[list[int]],
+    logprobs: Any,
+    prompt_logprobs: dict[str, Any] | None = None,
 ) -> Any:
     """vLLM's `ModelRunnerOutput`; `index` (request id -> row) only where it has the
-    field."""
+    field. `prompt_logprobs`: each finished prompt's `LogprobsTensors` (both releases take
+    the whole prompt at once, as their own runners send it)."""
     from vllm.v1.outputs import ModelRunnerOutput
 
     extra = {"req_id_to_index": index} if OUTPUT_INDEX else {}
@@ -208,7 +213,7 @@ def model_runner_output(
         req_ids=req_ids,
         sampled_token_ids=sampled,
         logprobs=logprobs,
-        prompt_logprobs_dict={},
+        prompt_logprobs_dict=prompt_logprobs or {},
         **extra,
     )
 

@@ -53,6 +53,7 @@ from ttbundles.serving.pixel_store import PixelStore
 from ttbundles.serving.runner.commands import DecodeCommands
 from ttbundles.serving.runner.families import tt_data_parallel
 from ttbundles.serving.runner.history import PenaltyHistory
+from ttbundles.serving.runner.prompt_logprobs import PromptLogprobs
 from ttbundles.serving.runner.readback import TTAsyncOutput
 from ttbundles.serving.runner.speculation import Speculation
 from ttbundles.serving.runner.step import (
@@ -94,6 +95,11 @@ class TTModelRunner:
         self.lanes = plan.lanes if plan is not None else 1
         # The bundle serves images (the plan allowed some per prompt): prefill gets them.
         self.image_inputs = bool(plan is not None and plan.inputs.get("image"))
+        # The bundle declares prompt logprobs: prefill returns every position's logits when
+        # asked (`contract.PROMPT_LOGITS_KEYWORD`), and this runner computes them.
+        self.prompt_logprobs = (
+            PromptLogprobs() if plan is not None and plan.prompt_logprobs else None
+        )
         self.pixels = PixelStore()
         self.per_lane = self.max_num_reqs // self.lanes
         # Speculative decoding as the plan admitted it (None: not speculating).
@@ -214,6 +220,8 @@ class TTModelRunner:
         prefill_offer = contract.PREFILL.passes
         if self.image_inputs:
             prefill_offer += contract.PREFILL_IMAGE_INPUTS
+        if self.prompt_logprobs is not None:
+            prefill_offer += (contract.PROMPT_LOGITS_KEYWORD,)
         self._prefill = bind(model, contract.PREFILL, prefill_offer, class_name=name)
         decode = decode_offer(self.version)
         if self.speculation is not None:
@@ -417,6 +425,8 @@ class TTModelRunner:
                 self._step = step
                 self._async_req_ids = None
                 return None
+        if reason is None and not is_decode and layout.any_prompt_logprobs:
+            reason = "prompt_logprobs"  # the logits of every position come to the host
         if reason is None:
             STATS.count("sampling.device")
         else:
@@ -633,10 +643,17 @@ class TTModelRunner:
         tokens = torch.from_numpy(self.input_batch.token_ids_cpu[:rows, : max(ends)].copy())
         slots = [self.slot_of[r] for r in step.req_ids]
         params = self._row_params(step.req_ids) if device else None
-        images = self._image_inputs(step.req_ids, computed) if self.image_inputs else {}
+        inputs = self._image_inputs(step.req_ids, computed) if self.image_inputs else {}
         page_table = self._page_table(step.req_ids, None, rows)
+        scored = (
+            self.prompt_logprobs.rows(step.req_ids, self.requests, computed)
+            if self.prompt_logprobs is not None and step.layout.any_prompt_logprobs
+            else []
+        )
+        if scored:
+            inputs[contract.PROMPT_LOGITS_KEYWORD] = True
         out = self._prefill(
-            **images,
+            **inputs,
             **self._per_layer(page_table),
             tokens=tokens.long(),
             page_table=page_table,
@@ -655,7 +672,23 @@ class TTModelRunner:
                 deltas = torch.as_tensor(extra).reshape(-1).tolist()
                 for req_id, delta in zip(step.req_ids, deltas):
                     self.rope_deltas[req_id] = int(delta)
-            logits = primary.reshape(rows, -1, primary.shape[-1])[:, -1, :]
+            every = primary.reshape(rows, -1, primary.shape[-1])
+            if scored:
+                assert self.prompt_logprobs is not None
+                step.prompt_logprobs = self.prompt_logprobs.score(
+                    self.class_name,
+                    scored,
+                    every,
+                    computed,
+                    ends,
+                    step.req_ids,
+                    self.requests,
+                )
+                # Each row's last new position predicts its next token.
+                last = torch.tensor([e - c - 1 for c, e in zip(computed, ends)])
+                logits = every[torch.arange(rows), last.clamp_min(0)]
+            else:
+                logits = every[:, -1, :]
             step.logits = logits.float()
             if device:
                 STATS.count("sampling.device_returned_logits")  # e.g. Mistral3's prefill
@@ -755,6 +788,7 @@ class TTModelRunner:
             step.layout.index,
             sampled,
             logprobs.tolists() if logprobs is not None else None,
+            step.prompt_logprobs,
         )
 
     def _finish_with_tokens(self, step: StepState, tokens: torch.Tensor) -> ModelRunnerOutput:
@@ -1009,6 +1043,8 @@ class TTModelRunner:
         self._steady_ids = None  # rows may move below
         batch = self.input_batch
         for req_id in scheduler_output.finished_req_ids:
+            if self.prompt_logprobs is not None:
+                self.prompt_logprobs.forget(req_id)
             self.requests.pop(req_id, None)
             batch.remove_request(req_id)
             self._release_slot(req_id)

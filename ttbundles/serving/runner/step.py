@@ -43,6 +43,8 @@ class StepState:
     rows: torch.Tensor | None = None  # decode: each request's slot in the device output
     verify: Any = None  # a verify step's inputs (`runner.speculation.Verify`)
     verify_out: Any = None  # and the generator's VerifyOutput
+    # Prompt logprobs of the prompts this step completed, by request (`LogprobsTensors`).
+    prompt_logprobs: dict[str, Any] | None = None
 
 
 class Layout:
@@ -74,6 +76,9 @@ class Layout:
         self.idle = np.ones(capacity, dtype=bool)  # slots no row of this batch holds
         self.idle[self.slots[self.slots >= 0]] = False
         self.any_logprobs = any(p is not None and p.logprobs is not None for p in self.params)
+        self.any_prompt_logprobs = any(
+            p is not None and p.prompt_logprobs is not None for p in self.params
+        )
         self.penalised = any(p is not None and has_penalties(p) for p in self.params)
         self.reasons: dict[tuple[bool, bool], str | None] = {}
         self.slot_params: SamplingParams | None = None
