@@ -232,15 +232,7 @@ def static_method_diagnostics(
 ) -> list[Diagnostic]:
     """TTB232 / TTB233 / TTB240 from the class's source (`methods`: name -> Definition);
     what may be inherited from outside the bundle is TTB057, not guessed."""
-    needs: list[tuple[str, str]] = []  # (method, code)
-    if declared.spec_plan:
-        needs.append((SPEC_PLAN.name, "TTB232"))
-    if declared.spec_drafter:
-        needs.append((PROPOSE_DRAFT_TOKENS.name, "TTB233"))
-    if declared.spec_decode:
-        needs.append((DECODE.name, "TTB233"))
-    if declared.prompt_logprobs:
-        needs.append((PREFILL.name, "TTB240"))
+    needs = _required_methods(declared)
     out: list[Diagnostic] = []
     for name, code in needs:
         definition = methods.get(name)
@@ -356,15 +348,7 @@ def imported_method_problems(cls: type, declared: Capabilities) -> list[dict]:
             {"code": code, "message": message, "hint": _hint(method), "file": file, "line": line}
         )
 
-    checks: list[tuple[str, str]] = []
-    if declared.spec_plan:
-        checks.append((SPEC_PLAN.name, "TTB232"))
-    if declared.spec_drafter:
-        checks.append((PROPOSE_DRAFT_TOKENS.name, "TTB233"))
-    if declared.spec_decode:
-        checks.append((DECODE.name, "TTB233"))
-    if declared.prompt_logprobs:
-        checks.append((PREFILL.name, "TTB240"))
+    checks = _required_methods(declared)
     for method, code in checks:
         why = _why(method, declared)
         if not hasattr(cls, method):
@@ -451,3 +435,18 @@ def _hint(method: str) -> str:
         f"take {PROMPT_LOGITS_KEYWORD} (or **kwargs) and return [B, L, V] logits when it is "
         "True, or declare prompt_logprobs: false"
     )
+
+
+def _required_methods(declared: Capabilities) -> list[tuple[str, str]]:
+    """(method, code) for each method the declaration needs of the class: one list for
+    the static reader and `--import`, so the two cannot drift apart."""
+    needs: list[tuple[str, str]] = []
+    if declared.spec_plan:
+        needs.append((SPEC_PLAN.name, "TTB232"))
+    if declared.spec_drafter:
+        needs.append((PROPOSE_DRAFT_TOKENS.name, "TTB233"))
+    if declared.spec_decode:
+        needs.append((DECODE.name, "TTB233"))
+    if declared.prompt_logprobs:
+        needs.append((PREFILL.name, "TTB240"))
+    return needs
