@@ -241,6 +241,57 @@ def test_the_reference_verify_equals_its_one_token_decodes(generator):
     assert ids[1, 2] == PLACEHOLDER and ids[0, 2] == int(out.logits[0, 2].argmax())
 
 
+def test_a_deferred_reference_verify_is_read_back_as_the_synchronous_one(generator):
+    """read_from_device=False (asynchronous scheduling, supports_async_spec_decode): the
+    VerifyOutput holds a device block; read_decode_output and process_decode_output_host
+    give the same `[B, 1+K]` ids and `[B, 1+K, V]` logits as the synchronous verify."""
+    block = 16
+    cache = generator.allocate_kv_cache(
+        (8, generator.dims.num_kv_heads, block, generator.dims.head_dim),
+        torch.float32,
+        generator.dims.num_layers,
+    )
+    table = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32)
+    prompt = torch.tensor([[5, 9, 13, 2, 7, 0], [3, 3, 4, 8, 1, 6]])
+    generator.prefill_forward(prompt, table, cache, prompt_lens=[6, 6], empty_slots=[0, 1])
+    args = (torch.tensor([[11, 12, 13], [21, 22, 23]]), torch.tensor([[6, 7, 8], [6, 7, 8]]))
+    keywords = dict(
+        num_valid_drafts=torch.tensor([2, 1], dtype=torch.int32),
+        accepted_counts=torch.tensor([1, 1], dtype=torch.int32),
+    )
+    for mode, field, is_tokens in (
+        (spec.ACCEPT_MODE_ARGMAX_IDS, "argmax_ids", True),
+        (spec.ACCEPT_MODE_LOGITS, "logits", False),
+    ):
+        now = generator.decode_forward(*args, table, cache, spec_mode=mode, **keywords)
+        later = generator.decode_forward(
+            *args, table, cache, spec_mode=mode, read_from_device=False, **keywords
+        )
+        assert isinstance(later, spec.VerifyOutput) and later.spec_mode == mode
+        host, events = generator.read_decode_output(getattr(later, field), async_read=True)
+        for event in events:
+            event.wait()
+        block_out, _ = generator.process_decode_output_host(host, is_tokens=is_tokens)
+        expected = getattr(now, field)
+        assert block_out.shape == expected.shape
+        assert torch.allclose(block_out.float(), expected.float(), atol=1e-4)
+
+
+def test_the_lanes_speculative_counts_are_summed():
+    from vllm.v1.spec_decode.metrics import SpecDecodingStats
+
+    from ttbundles.serving.lanes import _sum_spec_stats
+
+    first, second = SpecDecodingStats.new(4), SpecDecodingStats.new(4)
+    first.observe_draft(num_draft_tokens=4, num_accepted_tokens=2)
+    second.observe_draft(num_draft_tokens=3, num_accepted_tokens=3)
+    total = _sum_spec_stats([first, None, second])
+    assert (total.num_drafts, total.num_draft_tokens, total.num_accepted_tokens) == (2, 7, 5)
+    assert total.num_accepted_tokens_per_pos == [2, 2, 1, 0]
+    assert total.num_draft_tokens_per_pos == [2, 2, 2, 1]
+    assert _sum_spec_stats([None, None]) is None
+
+
 # --- admission and per-request refusals -------------------------------------------------
 
 
@@ -282,19 +333,79 @@ def test_what_cannot_speculate_is_refused(demo_checkpoint, speculative, extra, c
     assert (words in text) if words != "supported_k" else ("would take" in text), text
 
 
-def test_speculation_with_asynchronous_scheduling_is_refused(demo_checkpoint):
+def without_async_spec_decode(models_dir):
+    """The demo bundle, its class and metadata without supports_async_spec_decode, in
+    `models_dir` (it shadows the built-in for the architecture)."""
+    from ttbundles.paths import builtin_bundles_dir
+
+    source = builtin_bundles_dir() / "demo"
+    target = models_dir / "demo-sync-spec"
+    target.mkdir(parents=True)
+    document = json.loads((source / "vllm_metadata.json").read_text())
+    document["name"] = "demo-sync-spec"
+    del document["capabilities"]["async_spec_decode"]
+    (target / "vllm_metadata.json").write_text(json.dumps(document))
+    adapter = (source / "adapter.py").read_text()
+    adapter = adapter.replace(
+        "class DemoGenerator(ReferenceLlamaGenerator):",
+        "class DemoGenerator(ReferenceLlamaGenerator):  # noqa",
+    ).replace('        "supports_async_spec_decode": True,\n', "")
+    (target / "adapter.py").write_text(
+        adapter + "\n\nDemoGenerator.model_capabilities = {k: v for k, v in "
+        "DemoGenerator.model_capabilities.items() if k != 'supports_async_spec_decode'}\n"
+    )
+    return target
+
+
+def test_speculation_with_asynchronous_scheduling_needs_async_spec_decode(
+    demo_checkpoint, tmp_path, monkeypatch
+):
+    """The demo bundle declares async_spec_decode: speculation keeps vLLM's asynchronous
+    scheduling (0.34.0's default). A bundle that does not is refused with the fix. 0.33.0
+    decides first itself: its V1 runner protocol takes ngram only synchronously, so it
+    refuses an explicit --async-scheduling and turns its default off."""
     from pydantic import ValidationError
 
     from ttbundles.serving import compat
 
-    if compat.V1_RUNNER_PARTS:  # 0.33.0 refuses it itself (its V1 runner cannot)
+    if compat.V1_RUNNER_PARTS:
         with pytest.raises(ValidationError, match="Async scheduling is not supported"):
             configure(demo_checkpoint, NGRAM, async_scheduling=True)
+        config, decisions, _ = configure(demo_checkpoint, NGRAM, async_scheduling=None)
+        assert config.scheduler_config.async_scheduling is False
+        assert decisions["speculative"]["effective"] == "ngram, k=3"
         return
+    config, decisions, plan = configure(demo_checkpoint, NGRAM, async_scheduling=None)
+    assert config.scheduler_config.async_scheduling is True
+    assert plan["speculative"]["async"] is True
+    assert "asynchronous scheduling" in decisions["speculative"]["reason"]
+    assert config.scheduler_config.scheduler_cls == "ttbundles.serving.scheduler.TTAsyncScheduler"
+    without_async_spec_decode(tmp_path)
+    monkeypatch.setenv("EXTRA_MODELS_DIR", str(tmp_path))
     with pytest.raises(ConfigurationError) as excinfo:
         configure(demo_checkpoint, NGRAM, async_scheduling=True)
     diagnostic = excinfo.value.diagnostics[0]
     assert diagnostic.code == "TTB236" and "--no-async-scheduling" in diagnostic.hint
+    assert "demo-sync-spec@1.0.0 does not" in diagnostic.message
+    # Synchronous, the same bundle speculates.
+    _, decisions, _ = configure(demo_checkpoint, NGRAM, async_scheduling=False)
+    assert decisions["speculative"]["effective"] == "ngram, k=3"
+
+
+def test_speculation_with_lanes_is_admitted(demo_checkpoint, tmp_path, monkeypatch):
+    """In-process lanes speculate: the plan has 4 lanes and the speculative decision
+    says how (drafts per request in its lane, one verify per step)."""
+    from ttbundles.demo.variants import write_lanes_bundle
+
+    write_lanes_bundle(tmp_path)
+    monkeypatch.setenv("EXTRA_MODELS_DIR", str(tmp_path))
+    config, decisions, plan = configure(
+        demo_checkpoint, NGRAM, data_parallel_size=4, max_num_seqs=2, async_scheduling=None
+    )
+    assert plan["lanes"] == 4
+    assert plan["speculative"]["k"] == 3
+    assert "4 lanes: drafts per request in its lane" in decisions["speculative"]["reason"]
+    assert config.scheduler_config.scheduler_cls == "ttbundles.serving.lanes.TTLaneCoordinator"
 
 
 def test_another_methods_refusal_names_the_served_methods(demo_checkpoint):

@@ -25,6 +25,7 @@ class DemoGenerator(ReferenceLlamaGenerator):
         "supports_device_penalties": True,
         "max_device_logprobs": 20,
         "supports_spec_decode": True,
+        "supports_async_spec_decode": True,
     }
     decode_input_update_contract = 1
 

@@ -652,8 +652,10 @@ def assert_stopped_quietly(log: str, what: str, why: str) -> None:
 
 # Speculative decoding: its own servers, started only when a test asks (one per
 # configuration, shared by the session): "spec-ngram" speculates with the host n-gram
-# proposer, "spec-off" is the same server without it (the baseline its output must
-# equal). Synchronous scheduling: speculation refuses asynchronous scheduling.
+# proposer under vLLM's default scheduling (asynchronous on 0.34.0, where the demo bundle
+# declares async_spec_decode; 0.33.0 turns it off itself for ngram), "spec-lanes" the
+# same on the demo bundle's single-execute variant as 2 in-process lanes x 4 sequences,
+# "spec-off" the demo bundle without speculation (the baseline their output must equal).
 NGRAM_CONFIG = {
     "method": "ngram",
     "num_speculative_tokens": 4,
@@ -663,7 +665,18 @@ NGRAM_CONFIG = {
 SPEC_SERVER_PLANS: dict[str, list[str]] = {
     "spec-ngram": [
         *DEMO_ARGS,
-        "--no-async-scheduling",
+        "--speculative-config",
+        json.dumps(NGRAM_CONFIG),
+        *tt_options(**DEVICE_SAMPLING),
+    ],
+    "spec-lanes": [
+        *DEMO_ARGS[: DEMO_ARGS.index("--max-num-seqs")],
+        "--data-parallel-size",
+        "2",
+        "--max-num-seqs",
+        "4",
+        "--api-server-count",
+        "1",
         "--speculative-config",
         json.dumps(NGRAM_CONFIG),
         *tt_options(**DEVICE_SAMPLING),
@@ -674,19 +687,28 @@ SPEC_SERVER_PLANS: dict[str, list[str]] = {
 
 @pytest.fixture(scope="session")
 def spec_servers(demo_checkpoint, tmp_path_factory) -> Iterator[dict[str, Server]]:
-    """The speculative-decoding servers of SPEC_SERVER_PLANS, started together."""
+    """The speculative-decoding servers of SPEC_SERVER_PLANS, started together
+    (TTBUNDLES_TEST_SERVERS, as for `servers`, starts only those it names)."""
     root = tmp_path_factory.mktemp("e2e-spec")
     logging_config = root / "logging.json"
     logging_config.write_text(json.dumps(LOGGING_CONFIG))
+    lanes_dir = root / "lanes-models"
+    write_lanes_bundle(lanes_dir)
+    extra = {"spec-lanes": {"EXTRA_MODELS_DIR": str(lanes_dir)}}
+    plans = dict(SPEC_SERVER_PLANS)
+    only = [n for n in os.environ.get("TTBUNDLES_TEST_SERVERS", "").split(",") if n]
+    if only:
+        plans = {name: args for name, args in plans.items() if name in only}
     started: dict[str, Server] = {}
     try:
-        for name, args in SPEC_SERVER_PLANS.items():
+        for name, args in plans.items():
             stats_path = root / f"{name}-stats.json"
             log_path = root / f"{name}-server.log"
             env = _environment(
                 {
                     "TT_BUNDLES_STATS_FILE": str(stats_path),
                     "VLLM_LOGGING_CONFIG_PATH": str(logging_config),
+                    **extra.get(name, {}),
                 }
             )
             process = start_server(demo_checkpoint, vllm_args=args, env=env, log_path=log_path)

@@ -115,6 +115,9 @@ class ReferenceLlamaGenerator:
         "supports_device_penalties": True,
         "max_device_logprobs": MAX_DEVICE_TOP_K,
         "supports_spec_decode": True,
+        # A deferred verify: read_decode_output serves the [B, 1+K] block, and there is
+        # no hidden handle to keep (the host drafts).
+        "supports_async_spec_decode": True,
     }
     decode_input_update_contract = 1
     MAX_SPEC_K = 8
@@ -553,7 +556,9 @@ class ReferenceLlamaGenerator:
 
         With `spec_mode` (and `num_valid_drafts`, `accepted_counts`) it is a speculative
         verify over `[B, 1+K]` tokens and positions instead (`verify`): the host's
-        inputs, read now, returning a `VerifyOutput`.
+        inputs, read now, returning a `VerifyOutput`; with `read_from_device=False` its
+        `argmax_ids` or `logits` is a DeviceOutput for `read_decode_output`
+        (`supports_async_spec_decode`).
 
         Returns `(logits [B, 1, V], None)`, or with `sampling_params` `(tokens [B],
         log_probs)` where log_probs is None or `(top_logprobs [B, K], top_ids [B, K])`
@@ -593,7 +598,25 @@ class ReferenceLlamaGenerator:
                     tokens, start_pos, page_table, kv_cache, num_valid_drafts, spec_mode
                 )
 
-            return self._device_queue.submit(run_verify).result()
+            if read_from_device:
+                return self._device_queue.submit(run_verify).result()
+            # Deferred (asynchronous scheduling, supports_async_spec_decode): the block
+            # stays "on the device" for read_decode_output; the host decides later how
+            # much of it commits.
+            pending = self._device_queue.submit(run_verify)
+
+            def block() -> tuple[torch.Tensor, None]:
+                done = pending.result()
+                ids = done.argmax_ids if spec_mode == spec.ACCEPT_MODE_ARGMAX_IDS else done.logits
+                return ids, None
+
+            held = DeviceOutput(
+                self._device_queue.submit(block),
+                is_tokens=spec_mode == spec.ACCEPT_MODE_ARGMAX_IDS,
+            )
+            if spec_mode == spec.ACCEPT_MODE_ARGMAX_IDS:
+                return spec.VerifyOutput(spec_mode, argmax_ids=held)
+            return spec.VerifyOutput(spec_mode, logits=held)
         batch = tokens.shape[0]
         host_tokens = tokens.reshape(batch, -1)[:, 0].long().clone()
         host_positions = _int_list(start_pos, batch, "start_pos")
@@ -668,7 +691,8 @@ class ReferenceLlamaGenerator:
         return host, [ReadEvent(future)]
 
     def process_decode_output_host(self, host_out: HostOutput, is_tokens: bool = False) -> Any:
-        """`(tokens [B] int64, log_probs)` when `is_tokens`, else `(logits [B, 1, V], None)`.
+        """`(tokens [B] int64, log_probs)` when `is_tokens`, else `(logits [B, 1, V], None)`;
+        a verify block keeps its shape (`argmax_ids` `[B, 1+K]`, `logits` `[B, 1+K, V]`).
         Call it only after the read's events were waited on."""
         if not isinstance(host_out, HostOutput) or host_out.value is None:
             raise ValueError("process_decode_output_host needs a completed read_decode_output")
@@ -677,7 +701,11 @@ class ReferenceLlamaGenerator:
             kind = "sampled tokens" if is_tokens else "logits"
             raise ValueError(f"is_tokens={is_tokens} but the decode output is not {kind}")
         if is_tokens:
+            if primary.dim() == 2:  # a verify's argmax ids, [B, 1+K]
+                return primary.long(), logprobs
             return primary.reshape(-1).long(), logprobs
+        if primary.dim() == 3:  # a verify's logits, [B, 1+K, V]
+            return primary, logprobs
         return primary.reshape(primary.shape[0], 1, -1), logprobs
 
     def warmup_model_prefill(self, *args: Any, **kwargs: Any) -> None:

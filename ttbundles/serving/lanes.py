@@ -44,6 +44,7 @@ from vllm.v1.core.sched.interface import PauseState, SchedulerInterface
 from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
 from vllm.v1.engine import EngineCoreOutputs
 from vllm.v1.metrics.stats import PrefixCacheStats, SchedulerStats
+from vllm.v1.spec_decode.metrics import SpecDecodingStats
 
 from ttbundles.errors import ConfigurationError
 from ttbundles.serving import compat
@@ -368,6 +369,7 @@ class TTLaneCoordinator(SchedulerInterface):
             num_skipped_waiting_reqs=sum(s.num_skipped_waiting_reqs for s in stats),
             kv_cache_usage=sum(s.kv_cache_usage for s in stats) / len(stats),
             prefix_cache_stats=_sum_prefix_stats([s.prefix_cache_stats for s in stats]),
+            spec_decoding_stats=_sum_spec_stats([s.spec_decoding_stats for s in stats]),
         )
         total.num_kv_fetch_reqs_by_stage = encode_lane_stats(
             [
@@ -483,6 +485,27 @@ def _lane_kv_cache_config(
     lane = copy.deepcopy(kv_cache_config)
     lane.num_blocks = per_lane
     return lane
+
+
+def _sum_spec_stats(stats: list[SpecDecodingStats | None]) -> SpecDecodingStats | None:
+    """The lanes' speculative-decoding counts of a step as one (vLLM's
+    `vllm:spec_decode_*` metrics): drafts, draft and accepted tokens summed, and per
+    position; None when no lane verified drafts."""
+    present = [s for s in stats if s is not None]
+    if not present:
+        return None
+    total = SpecDecodingStats.new(max(s.num_spec_tokens for s in present))
+    for s in present:
+        total.num_drafts += s.num_drafts
+        total.num_draft_tokens += s.num_draft_tokens
+        total.num_accepted_tokens += s.num_accepted_tokens
+        for into, values in (
+            (total.num_accepted_tokens_per_pos, s.num_accepted_tokens_per_pos),
+            (total.num_draft_tokens_per_pos, s.num_draft_tokens_per_pos),
+        ):
+            for i, value in enumerate(values):
+                into[i] += value
+    return total
 
 
 def _sum_prefix_stats(stats: list[PrefixCacheStats]) -> PrefixCacheStats:

@@ -3,10 +3,14 @@ plugin does (`spec_admission.py` there; `format.speculative` is the contract).
 
 In order: the method must be one ttbundles serves (`ngram`; `custom_class` not yet) and
 one the bundle declares (`capabilities.spec_decode`, schema 3, which `ttbundle validate`
-holds to the class's `supports_spec_decode`); lanes and asynchronous scheduling are
-refused with speculation (not supported yet); the bundle must declare
-`capabilities.spec_plan`, and the class answers `spec_plan(vllm_config, max_num_seqs,
-requested_k)`.
+holds to the class's `supports_spec_decode`); asynchronous scheduling, where it is still
+on (the plan turned it off for a bundle without `async_decode`, the reference plugin's
+first check), needs `capabilities.async_spec_decode` (the class's
+`supports_async_spec_decode`: its readback serves a verify block and its hidden handle
+outlives the step), else TTB236 with the fix, `--no-async-scheduling`; in-process lanes
+speculate too (drafts per request in its lane, one verify over every lane's rows); the
+bundle must declare `capabilities.spec_plan`, and the class answers
+`spec_plan(vllm_config, max_num_seqs, requested_k)`.
 Its answer is a plan decision: a `SpecPlan` (its effective draft length replaces the
 requested one; its accept modes say which requests may speculate) or a `SpecReject`,
 refused with its reason and the draft lengths it would take. The admitted plan travels
@@ -66,24 +70,15 @@ def plan_speculative(vllm_config: VllmConfig, plan: Any, meta: BundleMetadata) -
             "supported yet on Tenstorrent",
             'use --speculative-config \'{"method": "ngram", ...}\', or drop it',
         )
-    if plan.lanes > 1:
+    asynchronous = bool(vllm_config.scheduler_config.async_scheduling)
+    if asynchronous and not caps.async_spec_decode:
         raise _refuse(
             "TTB236",
-            f"speculative decoding with {plan.lanes} in-process data-parallel lanes is not "
-            "supported yet on Tenstorrent",
-            "drop --data-parallel-size, or drop --speculative-config",
-        )
-    if vllm_config.scheduler_config.async_scheduling:
-        why = (
-            f"{bundle} declares async_spec_decode, but a deferred verify is not served yet"
-            if caps.async_spec_decode
-            else f"{bundle} does not declare async_spec_decode"
-        )
-        raise _refuse(
-            "TTB236",
-            "speculative decoding with asynchronous scheduling is not supported on "
-            f"Tenstorrent here ({why}; vLLM turns asynchronous scheduling on by default)",
-            "add --no-async-scheduling, or drop --speculative-config",
+            "speculative decoding with asynchronous scheduling needs a bundle declaring "
+            f"capabilities.async_spec_decode; {bundle} does not (vLLM turns asynchronous "
+            "scheduling on by default)",
+            "add --no-async-scheduling, or serve a bundle whose class declares "
+            "supports_async_spec_decode, or drop --speculative-config",
         )
     if not caps.spec_plan:
         raise _refuse(
@@ -102,6 +97,14 @@ def plan_speculative(vllm_config: VllmConfig, plan: Any, meta: BundleMetadata) -
             f"{bundle}: {name} does not declare {spec.SUPPORTS_SPEC_DECODE_KEY}: it cannot "
             "verify drafts",
             "serve a generator that speculates, or drop --speculative-config",
+        )
+    if asynchronous and not capabilities.get(contract.ASYNC_SPEC_DECODE_KEY):
+        raise _refuse(
+            "TTB236",
+            f"{bundle} declares async_spec_decode, but {name}'s model_capabilities has no "
+            f"{contract.ASYNC_SPEC_DECODE_KEY}: a deferred verify is not the class's promise",
+            "add --no-async-scheduling, or declare it in the class (ttbundle validate "
+            "holds the two together)",
         )
     declared = set(capabilities.get(contract.SPEC_REQUIREMENTS_KEY) or ())
     missing = [r for r in spec.METHOD_REQUIREMENTS[method] if r not in declared]
@@ -163,12 +166,22 @@ def plan_speculative(vllm_config: VllmConfig, plan: Any, meta: BundleMetadata) -
         "prompt_lookup_min": getattr(config, "prompt_lookup_min", None),
         "prompt_lookup_max": getattr(config, "prompt_lookup_max", None),
         "plan": answer.to_dict(),
+        "async": asynchronous,
     }
+    how = []
+    if asynchronous:
+        how.append(
+            "asynchronous scheduling: each verify is read back (read_decode_output) and "
+            "accepted before the next step is built"
+        )
+    if plan.lanes > 1:
+        how.append(f"{plan.lanes} lanes: drafts per request in its lane, one verify per step")
     plan.decide(
         "speculative",
         f"{method}, k={requested}",
         f"{method}, k={answer.effective_k}",
         f"{name}.spec_plan admitted it; "
+        + "".join(f"{h}; " for h in how)
         + ("greedy and sampled requests speculate" if sampled else "greedy requests only")
         + " (logprobs, structured output, bad words, min_tokens, penalties, logit bias, "
         "allowed tokens and min_p are refused while speculating)",

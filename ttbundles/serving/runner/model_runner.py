@@ -382,7 +382,12 @@ class TTModelRunner:
                 (len(scheduled_drafts.get(r, ())) for r in req_ids), dtype=np.int64, count=n
             )
             assert self.speculation is not None
-            drafts = self.speculation.valid_drafts(scheduled_drafts, req_ids)
+            if self.async_decode:
+                drafts = self.speculation.own_drafts(scheduled_drafts, req_ids)
+            else:
+                drafts = self.speculation.valid_drafts(scheduled_drafts, req_ids)
+        if self.speculation is not None and self.async_decode:
+            computed = self._speculative_computed(computed, totals)
         # A row is decoding when it computes one token, its newest (known or in flight),
         # and is not in prefill as the scheduler sees it: admitted (new or resumed) in
         # this step, or continuing a prompt, however few of its tokens are left (a final
@@ -584,9 +589,56 @@ class TTModelRunner:
                 reload_sampling_params=commands.reload_sampling_params,
                 reset_sampling_state=commands.reset_sampling_state,
             )
+        # Asynchronous scheduling (the bundle declares async_spec_decode): submitted
+        # without reading back; read_decode_output copies the verify block, accepted when
+        # vLLM (or the next step, which drains it first) asks for the output.
+        deferred = self.async_decode and self._read is not None
+        values["read_from_device"] = not deferred
         step.verify = verify
         step.verify_out = self._decode(**values)
         self._device_layout = None  # the next decode reloads everything
+        if deferred:
+            out = step.verify_out
+            block = self._verify_block(out, verify.spec_mode)
+            step.readback = self._read(block, async_read=True)
+            STATS.count("step.verify.async")
+
+    def _verify_block(self, out: Any, mode: str) -> Any:
+        """The device tensor of a deferred verify's `VerifyOutput` (its `argmax_ids` or
+        `logits`), the one `read_decode_output` is handed."""
+        if not isinstance(out, spec.VerifyOutput) or out.spec_mode != mode:
+            got = getattr(out, "spec_mode", type(out).__name__)
+            raise GeneratorContractError.single(
+                "TTB239",
+                f"{self.class_name}.decode_forward answered a verify (spec_mode={mode!r}, "
+                f"read_from_device=False) with {got!r}, not a VerifyOutput of that mode",
+                hint="return format.speculative.VerifyOutput(spec_mode, argmax_ids=... or "
+                "logits=...) holding the device tensor read_decode_output reads",
+            )
+        return out.argmax_ids if mode == spec.ACCEPT_MODE_ARGMAX_IDS else out.logits
+
+    def _finish_verify_readback(self, step: StepState, block: torch.Tensor) -> ModelRunnerOutput:
+        """A deferred verify read back: its host block (`[B, 1+K]` ids or `[B, 1+K, V]`
+        logits, in whatever shape `process_decode_output_host` gave it) in a host
+        `VerifyOutput` with the hidden handle the verify returned, then accepted and
+        committed as a synchronous verify is (the next drafts proposed with it)."""
+        verify = step.verify
+        width = int(verify.tokens.shape[1])
+        hidden = getattr(step.verify_out, "hidden", None)
+        host = torch.as_tensor(block)
+        if verify.spec_mode == spec.ACCEPT_MODE_ARGMAX_IDS:
+            out = spec.VerifyOutput(
+                verify.spec_mode, argmax_ids=host.reshape(self.max_num_reqs, width), hidden=hidden
+            )
+        else:
+            out = spec.VerifyOutput(
+                verify.spec_mode,
+                logits=host.reshape(self.max_num_reqs, width, -1),
+                hidden=hidden,
+            )
+        step.verify_out = out
+        step.readback = None
+        return self._sample(step, None)
 
     def _after_commit(self, step: StepState, sampled: list[list[int]]) -> None:
         """Speculating: record what each row committed and propose its next drafts."""
@@ -740,13 +792,20 @@ class TTModelRunner:
         step, self._step = self._step, None
         if step is None:
             return EMPTY_MODEL_RUNNER_OUTPUT
+        return self._sample(step, grammar_output)
+
+    def _sample(
+        self, step: StepState, grammar_output: GrammarOutput | None
+    ) -> ModelRunnerOutput | TTAsyncOutput:
         if step.readback is not None:
+            verify = step.verify is not None
             pending = TTAsyncOutput(
                 step,
                 synchronize=self.synchronize,
                 process_output=self.process_output,
-                finish=self._finish_with_tokens,
+                finish=self._finish_verify_readback if verify else self._finish_with_tokens,
                 resolved=self._inflight.remove,
+                is_tokens=not verify or step.verify.spec_mode == spec.ACCEPT_MODE_ARGMAX_IDS,
             )
             self._inflight.append(pending)
             STATS.record_max("decode.max_in_flight", len(self._inflight))
@@ -928,6 +987,21 @@ class TTModelRunner:
             )
         return self._layout
 
+    def _speculative_computed(self, computed: np.ndarray, totals: np.ndarray) -> np.ndarray:
+        """Each row's computed tokens as this runner knows them, under asynchronous
+        scheduling with speculation. vLLM's scheduler builds a step before it has the
+        previous one's acceptance: it counts that step's drafts (placeholders) as
+        computed and rolls the rejected ones back only when the output arrives. The step
+        before was drained (a verify is never overlapped), so a decoding row's
+        committed tokens are all on the host and every one but the last is computed;
+        a row in prefill has the scheduler's exact count (no drafts). Written back into
+        the batch, where the rest of the step reads it."""
+        known = np.minimum(computed, totals - 1)
+        if (known != computed).any():
+            STATS.count("speculative.async_rollback")
+            self.input_batch.num_computed_tokens_cpu[: len(known)] = known
+        return known
+
     # --- asynchronous decode ------------------------------------------------------------
 
     def _is_steady(self, so: SchedulerOutput) -> bool:
@@ -935,6 +1009,8 @@ class TTModelRunner:
         previous = self._async_req_ids
         if previous is None or so.scheduled_new_reqs or so.has_structured_output_requests:
             return False
+        if self.speculation is not None:
+            return False  # a step's committed tokens are the next step's drafts' source
         if compat.resumed_req_ids(so):
             return False
         scheduled = so.num_scheduled_tokens
@@ -945,6 +1021,8 @@ class TTModelRunner:
         return previous_set.isdisjoint(so.finished_req_ids) and scheduled.keys() >= previous_set
 
     def _drain_reason(self, so: SchedulerOutput) -> str:
+        if self.speculation is not None:
+            return "speculative"
         if so.has_structured_output_requests:
             return "structured_output"
         if so.scheduled_new_reqs or any(n > 1 for n in so.num_scheduled_tokens.values()):

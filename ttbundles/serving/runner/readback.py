@@ -1,4 +1,5 @@
-"""A decode step whose sampled tokens are still being read back from the device."""
+"""A decode step (or a speculative verify) whose output is still being read back from
+the device."""
 
 from __future__ import annotations
 
@@ -28,10 +29,13 @@ class TTAsyncOutput(AsyncModelRunnerOutput):
         process_output: Callable[..., Any],
         finish: Callable[[StepState, torch.Tensor], ModelRunnerOutput],
         resolved: Callable[[TTAsyncOutput], None],
+        is_tokens: bool = True,
     ):
         """`synchronize(event)` waits for a readback event, `process_output` turns the
-        device output into tokens, `finish(step, tokens)` makes the step's output,
-        `resolved(self)` tells the runner this step is no longer in flight."""
+        device output into tokens (`is_tokens`; a speculative verify's block can be
+        logits), `finish(step, tokens)` makes the step's output, `resolved(self)` tells
+        the runner this step is no longer in flight."""
+        self._is_tokens = is_tokens
         self._step = step
         self._synchronize = synchronize
         self._process_output = process_output
@@ -48,7 +52,9 @@ class TTAsyncOutput(AsyncModelRunnerOutput):
             host_out, events = self._step.readback  # type: ignore[misc]
             for event in events:
                 self._synchronize(event)
-            tokens, logprobs = split_output(self._process_output(host_out=host_out, is_tokens=True))
+            tokens, logprobs = split_output(
+                self._process_output(host_out=host_out, is_tokens=self._is_tokens)
+            )
             self._step.logprobs = logprobs
             self._output = self._finish(self._step, tokens)
             self._resolved(self)

@@ -61,6 +61,9 @@ class Speculation:
     accepted: dict[str, int] = field(default_factory=dict)
     # The drafts proposed after the last step, until vLLM takes them.
     pending: tuple[list[str], list[list[int]]] | None = None
+    # Each request's latest proposal: what its next verify checks under asynchronous
+    # scheduling, where vLLM schedules placeholders and never takes the drafts.
+    proposed: dict[str, list[int]] = field(default_factory=dict)
     # The hidden handle the last verify returned, for propose_draft_tokens.
     hidden: Any = None
 
@@ -104,6 +107,19 @@ class Speculation:
                     break
                 valid.append(int(token))
             rows.append(valid)
+        return rows
+
+    def own_drafts(
+        self, scheduled: dict[str, list[int]], req_ids: Sequence[str]
+    ) -> list[list[int]]:
+        """Under asynchronous scheduling: each row's own latest proposal, cut to the draft
+        slots vLLM scheduled for it (placeholders, -1; fewer than K near max_model_len or
+        the step's token budget). The scheduler counts every slot as drafted and rolls
+        back the ones not accepted, so a shorter proposal is a rejection to it."""
+        rows = []
+        for req_id in req_ids:
+            slots = len(scheduled.get(req_id) or ())
+            rows.append(list(self.proposed.get(req_id, ())[:slots]) if slots else [])
         return rows
 
     def verifies(self, req_ids: Sequence[str], drafts: list[list[int]]) -> bool:
@@ -209,6 +225,12 @@ class Speculation:
     def reset(self, req_id: str) -> None:
         """A prefill (or a finished request): back to the post-prefill count of 1."""
         self.accepted.pop(req_id, None)
+        self.proposed.pop(req_id, None)
+
+    def _hold(self, req_ids: Sequence[str], drafts: list[list[int]]) -> None:
+        """This step's proposals: for vLLM to take, and each request's own."""
+        self.pending = (list(req_ids), drafts)
+        self.proposed.update(zip(req_ids, drafts))
 
     def propose_ngram(
         self,
@@ -228,7 +250,7 @@ class Speculation:
                 continue
             count = int(batch.num_tokens_no_spec[row])
             drafts.append(self.proposer.propose(batch.token_ids_cpu[row, :count]))
-        self.pending = (list(req_ids), drafts)
+        self._hold(req_ids, drafts)
 
     def propose_model(
         self,
@@ -264,7 +286,7 @@ class Speculation:
         for i in live:
             slot = int(slots[i])
             drafts[i] = ids[slot, : int(valid[slot])].tolist()
-        self.pending = (list(req_ids), drafts)
+        self._hold(req_ids, drafts)
 
     def _checked_drafts(self, out: Any, class_name: str) -> tuple[torch.Tensor, torch.Tensor]:
         """A `DraftOutput`'s ids `[capacity, K]` and counts `[capacity]`, checked for
