@@ -144,7 +144,7 @@ CODES: dict[str, str] = {
     "TTB234": "the speculative declaration contradicts itself",
     # Speculative decoding
     "TTB235": "speculative decoding cannot be served as configured (method, generator, plan)",
-    "TTB236": "speculative decoding together with a feature it does not support yet",
+    "TTB236": "asynchronous scheduling with speculation for a bundle without async_spec_decode",
     "TTB237": "a request speculative decoding cannot serve (refused while speculating)",
     "TTB238": "speculative decoding is not supported yet with logprobs",
     "TTB239": "the generator broke the speculative-decoding contract (verify or drafts)",
@@ -366,8 +366,11 @@ WHAT_TO_DO: dict[str, str] = {
     "drafts), a generator that declares supports_spec_decode and answers spec_plan, and a "
     "draft length its plan admits; or drop --speculative-config. See "
     "docs/operators/serving.md#speculative-decoding.",
-    "TTB236": "Drop the other feature (--no-async-scheduling; no --data-parallel-size on a "
-    "single-execute bundle) or drop --speculative-config.",
+    "TTB236": "Add --no-async-scheduling (vLLM turns asynchronous scheduling on by default), "
+    "or serve a bundle whose class declares supports_async_spec_decode "
+    "(capabilities.async_spec_decode, schema 3: the demo bundle does), or drop "
+    "--speculative-config. In-process lanes (--data-parallel-size on a single-execute "
+    "bundle) speculate.",
     "TTB237": "Send the request without the parameter the message names, or serve without "
     "--speculative-config (greedy requests speculate with any generator; sampled ones "
     "need a plan that offers the logits accept mode).",

@@ -15,8 +15,11 @@ j: the token draft j must match, and column K (or `num_valid_drafts`) the bonus.
 What ttbundles serves of it: the methods `ngram` (a host proposer) and `custom_class`
 (the generator's drafter); the accept modes `argmax_ids` (greedy requests) and `logits`
 (sampled requests too, accepted on the host by rejection sampling); `drafter_state`
-"internal" or "shared_with_target". Refused, with a TTB code: every other method, a
-`paged` drafter state, `fused_sample` alone, lanes, asynchronous scheduling.
+"internal" or "shared_with_target"; in-process lanes; asynchronous scheduling for a
+generator declaring `supports_async_spec_decode` (a verify submitted with
+`read_from_device=False` answers a `VerifyOutput` holding the device block, which
+`read_decode_output` copies). Refused, with a TTB code: every other method, a `paged`
+drafter state, `fused_sample` alone, asynchronous scheduling without that declaration.
 """
 
 from __future__ import annotations

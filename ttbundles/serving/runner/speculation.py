@@ -16,7 +16,9 @@ reference plugin's `_step_verifies`); otherwise it is an ordinary decode.
 
 Drafts: `ngram` proposes on the host from each request's tokens (`runner.ngram`);
 `custom_class` asks the generator's `propose_draft_tokens` with the step's committed
-block. Either way after every step, handed to vLLM by `take_draft_token_ids`.
+block. Either way after every step, handed to vLLM by `take_draft_token_ids`; under
+asynchronous scheduling vLLM schedules placeholders (-1) and never takes them, so each
+request's latest proposal is kept here and fills its next verify's slots (`own_drafts`).
 """
 
 from __future__ import annotations
