@@ -408,6 +408,39 @@ def test_speculation_with_lanes_is_admitted(demo_checkpoint, tmp_path, monkeypat
     assert config.scheduler_config.scheduler_cls == "ttbundles.serving.lanes.TTLaneCoordinator"
 
 
+def test_plan_command_says_what_the_server_serves(run_cli, demo_checkpoint, tmp_path):
+    """`ttbundle plan` runs the server's admission: lanes with speculation admitted (and
+    asynchronous where the release keeps it on), a bundle without async_spec_decode
+    refused with TTB236 and its fix."""
+    from ttbundles.demo.variants import write_lanes_bundle
+    from ttbundles.serving import compat
+
+    write_lanes_bundle(tmp_path / "lanes")
+    args = ["--model", demo_checkpoint, "--max-model-len", "256", "--format", "json"]
+    args += ["--speculative-config", json.dumps(NGRAM)]
+    env = {"EXTRA_MODELS_DIR": str(tmp_path / "lanes"), "MESH_DEVICE": "HOST"}
+    # Each plan imports vLLM: minutes on a loaded machine.
+    run = run_cli(
+        "plan", *args, "--data-parallel-size", "2", "--max-num-seqs", "4", env=env, timeout=300
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    plan = json.loads(run.stdout)
+    plan = plan.get("plan", plan)
+    decisions = {d["setting"]: d for d in plan["decisions"]}
+    assert plan["lanes"] == 2
+    reason = decisions["speculative"]["reason"]
+    assert decisions["speculative"]["effective"] == "ngram, k=3"
+    assert "2 lanes: drafts per request in its lane" in reason
+    assert ("asynchronous scheduling" in reason) == (not compat.V1_RUNNER_PARTS), reason
+    if compat.V1_RUNNER_PARTS:  # 0.33.0 turns asynchronous scheduling off itself
+        return
+    without_async_spec_decode(tmp_path / "sync")
+    env["EXTRA_MODELS_DIR"] = str(tmp_path / "sync")
+    run = run_cli("plan", *args, env=env, timeout=300)
+    output = run.stdout + run.stderr
+    assert run.returncode == 1 and "TTB236" in output and "--no-async-scheduling" in output
+
+
 def test_another_methods_refusal_names_the_served_methods(demo_checkpoint):
     with pytest.raises(ConfigurationError) as excinfo:
         configure(demo_checkpoint, {"method": "ngram_gpu", "num_speculative_tokens": 3})
