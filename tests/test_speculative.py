@@ -292,6 +292,95 @@ def test_the_lanes_speculative_counts_are_summed():
     assert _sum_spec_stats([None, None]) is None
 
 
+# --- the reference generator's own drafter (custom_class) -------------------------------
+
+
+def test_the_reference_drafter_drafts_what_its_first_layers_decode_greedily(demo_checkpoint):
+    """propose_draft_tokens after a prefill and after a verify: each row's drafts are the
+    greedy continuation of the model cut to its first `draft_layers` layers, computed
+    from scratch (its own cache, whole sequence): the drafter's reuse of the target's
+    cache and its scratch K/V change nothing."""
+    from transformers import AutoConfig
+
+    from ttbundles.format.contract import HostMesh
+    from ttbundles.reference.generator import ReferenceLlamaGenerator
+
+    hf_config = AutoConfig.from_pretrained(demo_checkpoint)
+    target = ReferenceLlamaGenerator.initialize_vllm_model(
+        hf_config, HostMesh(), max_batch_size=3, max_seq_len=128
+    )
+    layers = target.draft_layers
+    assert 1 <= layers < target.dims.num_layers
+    early = ReferenceLlamaGenerator.initialize_vllm_model(
+        hf_config, HostMesh(), max_batch_size=1, max_seq_len=128, n_layers=layers
+    )
+    block, k = 4, 3
+    dims = target.dims
+    cache = target.allocate_kv_cache(
+        (16, dims.num_kv_heads, block, dims.head_dim), None, dims.num_layers
+    )
+    table = torch.tensor([[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]], dtype=torch.int32)
+    prompts = [[5, 9, 13, 2, 7], [3, 3, 4, 8, 1, 6, 2], [1]]
+    tokens = torch.zeros(3, 7, dtype=torch.int64)
+    for row, p in enumerate(prompts):
+        tokens[row, : len(p)] = torch.tensor(p)
+    # Slot 2 holds no request: a padding row.
+    target.prefill_forward(tokens[:2], table[:2], cache, prompt_lens=[5, 7], empty_slots=[0, 1])
+
+    def expected(history: list[int]) -> list[int]:
+        """Greedy continuation of the cut model from scratch."""
+        own = early.allocate_kv_cache((16, dims.num_kv_heads, block, dims.head_dim), None, layers)
+        row_table = torch.arange(16, dtype=torch.int32)[None]
+        seq = list(history)
+        out = []
+        logits = early.prefill_forward(torch.tensor([seq]), row_table, own, prompt_lens=[len(seq)])[
+            0, 0
+        ]
+        for _ in range(k):
+            out.append(int(logits.argmax()))
+            logits, _ = early.decode_forward(
+                torch.tensor([[out[-1]]]), torch.tensor([len(seq) + len(out) - 1]), row_table, own
+            )
+            logits = logits[0, 0]
+        return out
+
+    def propose(committed: list[list[int]], first_positions: list[int]) -> spec.DraftOutput:
+        width = 1 + k
+        block_tokens = torch.full((3, width), PLACEHOLDER, dtype=torch.int32)
+        block_positions = torch.full((3, width), -1, dtype=torch.int32)
+        counts = torch.ones(3, dtype=torch.int32)
+        for row, (row_tokens, start) in enumerate(zip(committed, first_positions)):
+            n = len(row_tokens)
+            block_tokens[row, :n] = torch.tensor(row_tokens, dtype=torch.int32)
+            block_positions[row, :n] = torch.arange(start, start + n, dtype=torch.int32)
+            counts[row] = n
+        return target.propose_draft_tokens(k, block_tokens, block_positions, counts)
+
+    # After the prefill: each row committed its first token at its prompt length.
+    first = [17, 23]
+    out = propose([[first[0]], [first[1]]], [5, 7])
+    assert out.num_valid.tolist() == [k, k, 0]
+    for row in range(2):
+        assert out.draft_token_ids[row].tolist() == expected(prompts[row] + [first[row]])
+    # A verify of [first, d1, d2] for row 0 and [first] for row 1; row 0 commits two
+    # tokens (d1 and its correction), row 1 one.
+    drafts = [out.draft_token_ids[0, :2].tolist(), []]
+    target.decode_forward(
+        torch.tensor([[first[0], *drafts[0]], [first[1], PLACEHOLDER, PLACEHOLDER]]),
+        torch.tensor([[5, 6, 7], [7, -1, -1]]),
+        table[:2],
+        cache,
+        num_valid_drafts=torch.tensor([2, 0], dtype=torch.int32),
+        accepted_counts=torch.tensor([1, 1], dtype=torch.int32),
+        spec_mode=spec.ACCEPT_MODE_ARGMAX_IDS,
+    )
+    committed = [[drafts[0][0], 41], [42]]
+    out = propose(committed, [6, 8])
+    assert out.draft_token_ids[0].tolist() == expected(prompts[0] + [first[0], *committed[0]])
+    assert out.draft_token_ids[1].tolist() == expected(prompts[1] + [first[1], *committed[1]])
+    assert out.num_valid.tolist() == [k, k, 0]
+
+
 # --- admission and per-request refusals -------------------------------------------------
 
 
@@ -439,6 +528,44 @@ def test_plan_command_says_what_the_server_serves(run_cli, demo_checkpoint, tmp_
     run = run_cli("plan", *args, env=env, timeout=300)
     output = run.stdout + run.stderr
     assert run.returncode == 1 and "TTB236" in output and "--no-async-scheduling" in output
+
+
+DRAFTER = {
+    "method": "custom_class",
+    "model": "vllm_tt_plugin.model_owned_drafter",
+    "num_speculative_tokens": 3,
+}
+
+
+def test_the_models_own_drafter_is_admitted_for_a_bundle_declaring_it(demo_checkpoint, monkeypatch):
+    """custom_class (built into 0.33.0's SpeculativeConfig, registered by our general
+    plugin on 0.34.0) on the demo-drafter variant: the class's plan is the decision."""
+    monkeypatch.setenv("TT_DEMO_VARIANT", "drafter")
+    _, decisions, plan = configure(demo_checkpoint, DRAFTER)
+    assert decisions["speculative"]["effective"] == "custom_class, k=3"
+    assert "DemoDrafterGenerator.spec_plan admitted it" in decisions["speculative"]["reason"]
+    assert plan["speculative"]["method"] == "custom_class"
+    assert plan["speculative"]["plan"]["drafter_state"] == "shared_with_target"
+
+
+@pytest.mark.parametrize(
+    ("variant", "speculative", "words"),
+    [
+        # The demo serves n-gram speculation only.
+        (None, DRAFTER, "does not declare speculative method 'custom_class'"),
+        # vLLM would import another class as the proposer; the TT runner asks the model.
+        ("drafter", {**DRAFTER, "model": "mypkg.Drafter"}, "must be the marker"),
+    ],
+)
+def test_the_models_own_drafter_is_refused_where_it_cannot_serve(
+    demo_checkpoint, monkeypatch, variant, speculative, words
+):
+    if variant is not None:
+        monkeypatch.setenv("TT_DEMO_VARIANT", variant)
+    with pytest.raises(ConfigurationError) as excinfo:
+        configure(demo_checkpoint, speculative)
+    diagnostic = excinfo.value.diagnostics[0]
+    assert diagnostic.code == "TTB235" and words in diagnostic.message, diagnostic.message
 
 
 def test_another_methods_refusal_names_the_served_methods(demo_checkpoint):

@@ -662,6 +662,11 @@ NGRAM_CONFIG = {
     "prompt_lookup_max": 3,
     "prompt_lookup_min": 1,
 }
+DRAFTER_CONFIG = {
+    "method": "custom_class",
+    "model": "vllm_tt_plugin.model_owned_drafter",
+    "num_speculative_tokens": 4,
+}
 SPEC_SERVER_PLANS: dict[str, list[str]] = {
     "spec-ngram": [
         *DEMO_ARGS,
@@ -681,6 +686,15 @@ SPEC_SERVER_PLANS: dict[str, list[str]] = {
         json.dumps(NGRAM_CONFIG),
         *tt_options(**DEVICE_SAMPLING),
     ],
+    # The model's own drafter: the demo-drafter variant (TT_DEMO_VARIANT=drafter) with
+    # vLLM's custom_class method, the reference plugin's marker as its model.
+    "spec-drafter": [
+        *DEMO_ARGS,
+        "--no-async-scheduling",
+        "--speculative-config",
+        json.dumps(DRAFTER_CONFIG),
+        *tt_options(**DEVICE_SAMPLING),
+    ],
     "spec-off": [*DEMO_ARGS, "--no-async-scheduling", *tt_options(**DEVICE_SAMPLING)],
 }
 
@@ -694,7 +708,10 @@ def spec_servers(demo_checkpoint, tmp_path_factory) -> Iterator[dict[str, Server
     logging_config.write_text(json.dumps(LOGGING_CONFIG))
     lanes_dir = root / "lanes-models"
     write_lanes_bundle(lanes_dir)
-    extra = {"spec-lanes": {"EXTRA_MODELS_DIR": str(lanes_dir)}}
+    extra = {
+        "spec-lanes": {"EXTRA_MODELS_DIR": str(lanes_dir)},
+        "spec-drafter": {"TT_DEMO_VARIANT": "drafter"},
+    }
     plans = dict(SPEC_SERVER_PLANS)
     only = [n for n in os.environ.get("TTBUNDLES_TEST_SERVERS", "").split(",") if n]
     if only:

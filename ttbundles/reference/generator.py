@@ -123,6 +123,9 @@ class ReferenceLlamaGenerator:
     MAX_SPEC_K = 8
     """The longest draft the reference verifies per step (a bound of this generator's
     choosing, so that `spec_plan` has something to refuse)."""
+    DRAFT_LAYERS_FRACTION = 0.5
+    """The early-exit drafter (`propose_draft_tokens`, `reference.drafter`) runs this
+    share of the target's first layers (at least one)."""
 
     def __init__(
         self,
@@ -157,6 +160,10 @@ class ReferenceLlamaGenerator:
         )
         # The decode inputs "on the device"; only the device queue touches them.
         self._resident: ResidentInputs | None = None
+        # For the drafter (`propose_draft_tokens`): each slot's page-table row as the last
+        # forward over it had it, and the cache it wrote (device queue only).
+        self._slot_pages: dict[int, torch.Tensor] = {}
+        self._drafter_cache: Any = None
 
     # ---- construction ----------------------------------------------------------------
 
@@ -447,6 +454,82 @@ class ReferenceLlamaGenerator:
             ids[row, 1 + valid[row] :] = spec.PLACEHOLDER_TOKEN_ID
         return spec.VerifyOutput(spec_mode, argmax_ids=ids)
 
+    # ---- the drafter (custom_class) --------------------------------------------------
+
+    def _remember_pages(
+        self, slots: list[int], page_table: Any, rows: list[int], kv_cache: Any
+    ) -> None:
+        """Keep `page_table[rows[i]]` as slot `slots[i]`'s page-table row, and the cache
+        (device queue only): the drafter reads the context a forward just extended."""
+        if page_table is None or not slots:
+            return
+        table = torch.as_tensor(page_table).long()
+        for slot, row in zip(slots, rows):
+            self._slot_pages[slot] = table[row].clone()
+        self._drafter_cache = kv_cache
+
+    @property
+    def draft_layers(self) -> int:
+        return max(1, int(self.dims.num_layers * self.DRAFT_LAYERS_FRACTION))
+
+    def propose_draft_tokens(
+        self,
+        num_drafts: int,
+        committed_tokens: Any,
+        committed_positions: Any,
+        accepted_counts: Any,
+        hidden: Any = None,
+    ) -> spec.DraftOutput:
+        """The model's own drafter (`format.speculative`, vLLM's `custom_class`): after
+        every commit, up to `num_drafts` greedy drafts per row from an early exit of the
+        target (`reference.drafter`). Row i is slot i; its last committed token is
+        `committed_tokens[i, accepted_counts[i] - 1]` at that column's position (-1: no
+        request, nothing offered). `hidden` is not needed: the drafter reads the target's
+        cache. Returns `DraftOutput([B, K] int32, num_valid [B] int32)`."""
+        from ttbundles.reference.drafter import early_exit_drafts
+
+        tokens = torch.as_tensor(committed_tokens).long()
+        positions = torch.as_tensor(committed_positions).long()
+        batch = tokens.shape[0]
+        counts = _int_list(accepted_counts, batch, "accepted_counts")
+        k = int(num_drafts)
+
+        def compute() -> spec.DraftOutput:
+            ids = torch.full((batch, k), spec.PLACEHOLDER_TOKEN_ID, dtype=torch.int32)
+            valid = torch.zeros(batch, dtype=torch.int32)
+            rows = [
+                r
+                for r in range(batch)
+                if counts[r] >= 1 and int(positions[r, counts[r] - 1]) > 0 and r in self._slot_pages
+            ]
+            if not rows or k == 0:
+                return spec.DraftOutput(ids, valid)
+            by_lane: dict[int, list[int]] = {}
+            for r in rows:
+                by_lane.setdefault(r // self.per_lane if self.lanes > 1 else 0, []).append(r)
+            for lane, lane_rows in by_lane.items():
+                cache = self._drafter_cache if self.lanes == 1 else self._drafter_cache[lane]
+                index = torch.tensor(lane_rows)
+                last = index.new_tensor([counts[r] - 1 for r in lane_rows])
+                width = max(len(self._slot_pages[r]) for r in lane_rows)
+                table = torch.zeros(len(lane_rows), width, dtype=torch.long)
+                for i, r in enumerate(lane_rows):
+                    table[i, : len(self._slot_pages[r])] = self._slot_pages[r]
+                drafts = early_exit_drafts(
+                    self,
+                    self.draft_layers,
+                    tokens[index, last],
+                    positions[index, last],
+                    table,
+                    cache,
+                    k,
+                )
+                ids[index] = drafts.to(torch.int32)
+                valid[index] = k
+            return spec.DraftOutput(ids, valid)
+
+        return self._device_queue.submit(compute).result()
+
     # ---- the contract ----------------------------------------------------------------
 
     def prefill_forward(
@@ -506,6 +589,9 @@ class ReferenceLlamaGenerator:
             history[row, end:] = -1
 
         def compute() -> Any:
+            self._remember_pages(
+                [slots[s.row] for s in segments], page_table, [s.row for s in segments], kv_cache
+            )
             if return_prompt_logits:
                 return self._run_every_position(segments, batch, page_table, kv_cache, slots)
             logits = self._run(segments, batch, page_table, kv_cache, slots)
@@ -594,6 +680,8 @@ class ReferenceLlamaGenerator:
 
             def run_verify() -> spec.VerifyOutput:
                 self._resident = None  # the host knows the committed tokens
+                live = [r for r in range(len(start_pos)) if int(start_pos[r][0]) >= 0]
+                self._remember_pages(live, page_table, live, kv_cache)
                 return self.verify(
                     tokens, start_pos, page_table, kv_cache, num_valid_drafts, spec_mode
                 )
@@ -648,6 +736,8 @@ class ReferenceLlamaGenerator:
                 for row in range(batch)
                 if positions[row] >= 0
             ]
+            live = [s.row for s in segments]
+            self._remember_pages(live, resident.page_table, live, kv_cache)
             logits = self._run(segments, batch, resident.page_table, kv_cache)
             if sampling_params is None:
                 # Host sampling: the host knows the next tokens; it reloads every step.

@@ -166,6 +166,13 @@ def register_models() -> None:
     # Every vLLM process passes here first (the model-inspection subprocess included), so
     # vLLM's vision modules import torchvision in each of them (see torchvision_compat).
     torchvision_compat.install()
+    if activation()[0]:
+        # The generator's own drafter as vLLM's `custom_class` speculative method, known
+        # in every process before any config is built (a dict entry; vLLM's method
+        # registry imports nothing heavy).
+        from ttbundles.serving import compat
+
+        compat.register_model_owned_drafter()
     try:
         register_all()
     except TTBundleError:

@@ -1,7 +1,8 @@
 """Admitting `--speculative-config` at configuration time, as the reference Tenstorrent
 plugin does (`spec_admission.py` there; `format.speculative` is the contract).
 
-In order: the method must be one ttbundles serves (`ngram`; `custom_class` not yet) and
+In order: the method must be one ttbundles serves (`ngram`, or `custom_class` with the
+reference plugin's marker as its `model`: the generator's own drafter) and
 one the bundle declares (`capabilities.spec_decode`, schema 3, which `ttbundle validate`
 holds to the class's `supports_spec_decode`); asynchronous scheduling, where it is still
 on (the plan turned it off for a bundle without `async_decode`, the reference plugin's
@@ -44,7 +45,9 @@ def plan_speculative(vllm_config: VllmConfig, plan: Any, meta: BundleMetadata) -
     config = vllm_config.speculative_config
     if config is None:
         return
-    method = str(config.method)
+    from ttbundles.serving import compat
+
+    method = compat.speculative_method(config)
     requested = int(config.num_speculative_tokens or 0)
     served = ", ".join(sorted(spec.METHOD_REQUIREMENTS))
     if method not in spec.METHOD_REQUIREMENTS:
@@ -63,12 +66,16 @@ def plan_speculative(vllm_config: VllmConfig, plan: Any, meta: BundleMetadata) -
             f"(capabilities.spec_decode: {declared})",
             "serve a bundle that declares it (schema 3), or drop --speculative-config",
         )
-    if method == "custom_class":
+    if method == compat.MODEL_OWNED_DRAFTER_METHOD and config.model != contract.MODEL_OWNED_DRAFTER:
+        # vLLM's GPU runner would import `model` as a proposer class; the TT runner asks
+        # the bundle's generator instead, and says so rather than ignore another class.
         raise _refuse(
             "TTB235",
-            "speculative method 'custom_class' (the generator's own drafter) is not "
-            "supported yet on Tenstorrent",
-            'use --speculative-config \'{"method": "ngram", ...}\', or drop it',
+            f"speculative method 'custom_class' drafts with the generator's own "
+            f"propose_draft_tokens on Tenstorrent; its 'model' must be the marker "
+            f"{contract.MODEL_OWNED_DRAFTER!r}, not {config.model!r}",
+            f'use --speculative-config \'{{"method": "custom_class", "model": '
+            f'"{contract.MODEL_OWNED_DRAFTER}", "num_speculative_tokens": K}}\'',
         )
     asynchronous = bool(vllm_config.scheduler_config.async_scheduling)
     if asynchronous and not caps.async_spec_decode:

@@ -21,6 +21,11 @@ stays release-blind. The window itself (which releases) is `ttbundles.vllm_windo
 - `NGRAM_STYLE`: the n-gram proposer's semantics: 0.33.0's `NgramProposer` (earliest
   match, only the tokens that follow it) or 0.34.0's n-gram speculator (latest match,
   always K drafts).
+- `register_model_owned_drafter` / `speculative_method`: the `custom_class` speculative
+  method (the generator's own drafter) is built into 0.33.0's `SpeculativeConfig`;
+  0.34.0 removed it and takes custom methods through `register_speculative_method`, so
+  there we register it (`compat.model_owned_drafter`), and its name moves to
+  `SpeculativeConfig.custom_method`.
 - `cached_request_data`: `CachedRequestData`'s fields (`resumed_req_ids`,
   `all_token_ids` in 0.33.0 only).
 
@@ -82,6 +87,34 @@ NGRAM_STYLE: Literal["earliest", "latest_padded"] = (
 )
 
 
+# 0.34.0's registry of custom speculative methods (absent in 0.33.0, where `custom_class`
+# is one of `SpeculativeConfig`'s own methods).
+_SPECULATOR_REGISTRY = "vllm.v1.worker.gpu.spec_decode.speculator_config"
+MODEL_OWNED_DRAFTER_METHOD = "custom_class"
+
+
+def register_model_owned_drafter() -> None:
+    """Make `--speculative-config '{"method": "custom_class", ...}'` a method vLLM knows,
+    in this process (vLLM's general plugins call it in every process: the API server
+    validates the method, the engine core looks its config up again). 0.33.0 has it
+    built in: nothing to do. Cheap: imports only vLLM's method registry."""
+    if not _has_module(_SPECULATOR_REGISTRY):
+        return
+    registry = importlib.import_module(_SPECULATOR_REGISTRY)
+    if MODEL_OWNED_DRAFTER_METHOD in registry.registered_speculative_methods():
+        return
+    registry.register_speculative_method(
+        MODEL_OWNED_DRAFTER_METHOD,
+        "ttbundles.serving.compat.model_owned_drafter.ModelOwnedDrafterConfig",
+    )
+
+
+def speculative_method(config: Any) -> str:
+    """The method the operator asked for: a registered custom method's name is
+    `custom_method` on 0.34.0 (`method` then holds the built-in it is based on)."""
+    return str(getattr(config, "custom_method", None) or config.method)
+
+
 def _resumed_in_cached() -> bool:
     from vllm.v1.core.sched.output import CachedRequestData
 
@@ -111,11 +144,28 @@ def missing_part(error: ImportError) -> Exception:
     )
 
 
-try:
-    RESUMED_IN_CACHED = _resumed_in_cached()
-    OUTPUT_INDEX = _output_index()
-except ImportError as _error:
-    raise missing_part(_error) from _error
+# Looked at on first use, not at import: they import vLLM's output modules (seconds on a
+# cold process), and vLLM's general plugins import this module in every process
+# (`register_model_owned_drafter`). `require_parts` looks at them at configuration time,
+# so a vLLM lacking them still ends `vllm serve` there with TTB216.
+_LAZY_DIFFERENCES = {"RESUMED_IN_CACHED": _resumed_in_cached, "OUTPUT_INDEX": _output_index}
+
+
+def _difference(name: str) -> bool:
+    """One of `_LAZY_DIFFERENCES`, looked at once."""
+    if name not in globals():
+        try:
+            globals()[name] = _LAZY_DIFFERENCES[name]()
+        except ImportError as error:
+            raise missing_part(error) from error
+    return globals()[name]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY_DIFFERENCES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return _difference(name)
+
 
 _PARTS: dict[str, Any] = {}
 
@@ -125,6 +175,8 @@ def _parts() -> dict[str, Any]:
     vLLM's CPU modules, whose import asks the current platform for kernels, so they must
     not load before the TT platform is vLLM's (`ttbundle plan` sets it first)."""
     if not _PARTS:
+        for name in _LAZY_DIFFERENCES:
+            _difference(name)
         try:
             if V1_RUNNER_PARTS:
                 from ttbundles.serving.compat import v1_parts as parts
@@ -152,6 +204,7 @@ def request_state(**fields: Any) -> Any:
 
 
 __all__ = [
+    "MODEL_OWNED_DRAFTER_METHOD",
     "NGRAM_STYLE",
     "OUTPUT_INDEX",
     "RESUMED_IN_CACHED",
@@ -161,8 +214,10 @@ __all__ = [
     "request_state",
     "require_parts",
     "runner_protocol_env",
+    "speculative_method",
     "model_runner_output",
     "new_request_outputs",
+    "register_model_owned_drafter",
     "resumed_req_ids",
 ]
 
@@ -180,7 +235,7 @@ _NONE: frozenset[str] = frozenset()
 def resumed_req_ids(scheduler_output: SchedulerOutput) -> Any:
     """The requests resuming from preemption in `scheduled_cached_reqs` (0.33.0); a
     release that re-sends them as new requests has none there."""
-    if RESUMED_IN_CACHED:
+    if _difference("RESUMED_IN_CACHED"):
         return scheduler_output.scheduled_cached_reqs.resumed_req_ids
     return _NONE
 
@@ -191,7 +246,7 @@ def new_request_outputs(new: NewRequestData) -> list[int]:
     request has none (resumption comes as a cached request)."""
     prefill = getattr(new, "prefill_token_ids", None)
     prompt = new.prompt_token_ids or []
-    if RESUMED_IN_CACHED or not prefill or len(prefill) <= len(prompt):
+    if _difference("RESUMED_IN_CACHED") or not prefill or len(prefill) <= len(prompt):
         return []
     return list(prefill[len(prompt) :])
 
@@ -208,7 +263,7 @@ def model_runner_output(
     the whole prompt at once, as their own runners send it)."""
     from vllm.v1.outputs import ModelRunnerOutput
 
-    extra = {"req_id_to_index": index} if OUTPUT_INDEX else {}
+    extra = {"req_id_to_index": index} if _difference("OUTPUT_INDEX") else {}
     return ModelRunnerOutput(
         req_ids=req_ids,
         sampled_token_ids=sampled,

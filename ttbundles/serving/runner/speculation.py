@@ -58,6 +58,7 @@ class Speculation:
     narrow: bool
     capacity: int
     vocab_size: int
+    max_model_len: int = 0
     proposer: NgramProposer | None = None
     # Tokens each request's previous step committed (absent: 1).
     accepted: dict[str, int] = field(default_factory=dict)
@@ -92,6 +93,7 @@ class Speculation:
             narrow=bool(speculative["narrow"]),
             capacity=capacity,
             vocab_size=vocab_size,
+            max_model_len=max_model_len,
             proposer=proposer,
         )
 
@@ -287,7 +289,10 @@ class Speculation:
         drafts: list[list[int]] = [[] for _ in req_ids]
         for i in live:
             slot = int(slots[i])
-            drafts[i] = ids[slot, : int(valid[slot])].tolist()
+            # As the n-gram proposer: no draft past max_model_len (the request holds
+            # the committed tokens through position first + len - 1).
+            room = self.max_model_len - (int(first_positions[i]) + len(sampled[i]))
+            drafts[i] = ids[slot, : max(0, min(int(valid[slot]), room))].tolist()
         self._hold(req_ids, drafts)
 
     def _checked_drafts(self, out: Any, class_name: str) -> tuple[torch.Tensor, torch.Tensor]:

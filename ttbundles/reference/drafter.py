@@ -1,0 +1,100 @@
+"""The reference generator's own drafter: early exit from the target's first layers.
+
+A model-owned drafter (vLLM's `custom_class` method, `propose_draft_tokens` in
+`format.speculative`) that needs no weights of its own: it runs the target's first
+`layers` decoder layers, then the target's final norm and LM head, greedily, K tokens
+ahead (self-speculation by early exit, as LayerSkip drafts). Because those layers are the
+target's, the K/V the target already wrote into the paged cache for a row's committed
+positions are exactly what the drafter's layers would have computed there, so it reads
+them (the drafter shares the target's caches: `drafter_state="shared_with_target"`) and
+keeps only its own drafted positions in a scratch K/V that is dropped after the call. It
+never writes the paged cache: the blocks past a row's committed length may not be
+allocated yet.
+
+The verify then checks every draft against the full model, so a poor draft costs only
+its rejection; greedy output is the full model's whatever the drafter proposes.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+
+from ttbundles.reference.attention import (
+    apply_rope,
+    causal_attention,
+    context_blocks,
+    gather_context,
+    rms_norm,
+)
+
+if TYPE_CHECKING:
+    from ttbundles.reference.generator import KVCache, ReferenceLlamaGenerator
+
+
+@torch.no_grad()
+def early_exit_drafts(
+    model: ReferenceLlamaGenerator,
+    layers: int,
+    last_tokens: torch.Tensor,
+    last_positions: torch.Tensor,
+    block_table: torch.Tensor,
+    kv_cache: KVCache,
+    num_drafts: int,
+) -> torch.Tensor:
+    """Greedy drafts `[n, num_drafts]` int64 for n rows.
+
+    Row i's last committed token `last_tokens[i]` sits at `last_positions[i]` (p, not yet
+    in the cache); positions 0 .. p - 1 are in the cache through `block_table[i]` (its
+    page-table row). Each drafting step feeds one token per row through the first
+    `layers` layers at positions p, p + 1, ..., attending over the cached context and
+    the tokens drafted so far.
+    """
+    dims = model.dims
+    weights = model.weights
+    n = last_tokens.shape[0]
+    cache_shape = kv_cache[0][0].shape
+    # The cached context: positions 0 .. p - 1 (blocks up to p - 1; later keys masked).
+    blocks = context_blocks(block_table, (last_positions - 1).clamp(min=0), cache_shape)
+    context_length = blocks.shape[-1] * cache_shape[2]
+    in_context = torch.arange(context_length)[None, :] < last_positions[:, None]  # [n, C]
+    context = [
+        (gather_context(k_cache, blocks), gather_context(v_cache, blocks))
+        for k_cache, v_cache in kv_cache[:layers]
+    ]  # each [n, KV, C, D]
+    own_k: list[list[torch.Tensor]] = [[] for _ in range(layers)]
+    own_v: list[list[torch.Tensor]] = [[] for _ in range(layers)]
+
+    tokens, positions = last_tokens.long(), last_positions.long()
+    drafts = []
+    for step in range(num_drafts):
+        x = weights.embed_tokens[tokens]  # [n, hidden]
+        cos, sin = model.rope(positions)
+        visible = torch.cat([in_context, torch.ones(n, step + 1, dtype=torch.bool)], dim=1)
+        for index, layer in enumerate(weights.layers[:layers]):
+            h = rms_norm(x, layer.input_norm, dims.rms_norm_eps)
+            q = layer.q_proj(h).view(n, dims.num_heads, dims.head_dim)
+            k = layer.k_proj(h).view(n, dims.num_kv_heads, dims.head_dim)
+            v = layer.v_proj(h).view(n, dims.num_kv_heads, dims.head_dim)
+            if layer.q_norm is not None:
+                q = rms_norm(q, layer.q_norm, dims.rms_norm_eps)
+                k = rms_norm(k, layer.k_norm, dims.rms_norm_eps)
+            q = apply_rope(q, cos, sin)
+            k = apply_rope(k, cos, sin)
+            own_k[index].append(k)
+            own_v[index].append(v)
+            keys = torch.cat([context[index][0], torch.stack(own_k[index], dim=2)], dim=2)
+            values = torch.cat([context[index][1], torch.stack(own_v[index], dim=2)], dim=2)
+            attended = causal_attention(
+                q[:, None], keys, values, visible[:, None, :], model.scale
+            )  # [n, 1, H, D]
+            x = x + layer.o_proj(attended.reshape(n, dims.num_heads * dims.head_dim))
+            h = rms_norm(x, layer.post_attention_norm, dims.rms_norm_eps)
+            x = x + layer.down_proj(F.silu(layer.gate_proj(h)) * layer.up_proj(h))
+        final = rms_norm(x, weights.final_norm, dims.rms_norm_eps)
+        tokens = F.linear(final, weights.lm_head).argmax(dim=-1)
+        drafts.append(tokens)
+        positions = positions + 1
+    return torch.stack(drafts, dim=1)
