@@ -31,6 +31,7 @@ class DemoDrafterGenerator(ReferenceLlamaGenerator):
         "supports_device_penalties": True,
         "max_device_logprobs": 20,
         "supports_spec_decode": True,
+        "supports_async_spec_decode": True,
         "spec_requirements": ["device_propose"],
     }
     decode_input_update_contract = 1

@@ -690,7 +690,6 @@ SPEC_SERVER_PLANS: dict[str, list[str]] = {
     # vLLM's custom_class method, the reference plugin's marker as its model.
     "spec-drafter": [
         *DEMO_ARGS,
-        "--no-async-scheduling",
         "--speculative-config",
         json.dumps(DRAFTER_CONFIG),
         *tt_options(**DEVICE_SAMPLING),
