@@ -19,6 +19,7 @@ from ttbundles.format import speculative as spec
 from ttbundles.serving.runner.ngram import NgramProposer
 from ttbundles.serving.runner.rejection import accept_row, target_probs
 from ttbundles.serving.spec_admission import request_refusal
+from ttbundles.serving.stats import STATS
 
 PLACEHOLDER = spec.PLACEHOLDER_TOKEN_ID
 
@@ -582,7 +583,8 @@ SPECULATING = {"method": "ngram", "k": 3, "accept_modes": ["argmax_ids", "logits
     [
         (SamplingParams(temperature=0), None),
         (SamplingParams(temperature=0.8, top_k=20, top_p=0.9, seed=3), None),
-        (SamplingParams(logprobs=0), ("TTB238", "logprobs")),
+        (SamplingParams(logprobs=0), None),  # served: read off the verify's logits
+        (SamplingParams(temperature=0.7, logprobs=5), None),
         (SamplingParams(min_tokens=4), ("TTB237", "min_tokens")),
         (SamplingParams(bad_words=["x"]), ("TTB237", "bad_words")),
         (SamplingParams(presence_penalty=0.5), ("TTB237", "presence_penalty")),
@@ -605,6 +607,14 @@ def test_sampled_requests_need_the_logits_accept_mode():
     assert request_refusal(greedy_only, SamplingParams(temperature=0)) is None
 
 
+def test_logprobs_need_the_logits_accept_mode_and_the_refusal_says_why():
+    greedy_only = {**SPECULATING, "accept_modes": ["argmax_ids"]}
+    code, parameter, value, why = request_refusal(greedy_only, SamplingParams(logprobs=2))
+    assert (code, parameter, value) == ("TTB238", "logprobs", 2)
+    assert "'logits' accept mode" in why and "verify's logits" in why
+    assert request_refusal(SPECULATING, SamplingParams(logprobs=2)) is None
+
+
 def test_plans_and_rejections_check_their_fields():
     with pytest.raises(ValueError):
         spec.SpecPlan(0, 1, 0, 0, ("argmax_ids",), "internal")
@@ -615,3 +625,171 @@ def test_plans_and_rejections_check_their_fields():
     with pytest.raises(ValueError):
         spec.VerifyOutput("argmax_ids")  # no argmax_ids
     assert json.loads(json.dumps(spec.SpecPlan(2, 1, 0, 0, ["logits"], "internal").to_dict()))
+
+
+# --- logprobs while speculating: the runner and vLLM's scheduler, in this process ------
+
+
+def drive(scheduler, runner, requests):
+    """The engine core's synchronous loop with speculation (`EngineCore.step` then
+    `post_step`: the runner's drafts go to the scheduler after each step). Returns each
+    request's tokens and the logprobs rows vLLM's scheduler sliced for it
+    (`LogprobsLists.slice_request`), one per token, as (ids, values, rank) tuples."""
+    for request in requests:
+        scheduler.add_request(request)
+    tokens = {r.request_id: [] for r in requests}
+    rows = {r.request_id: [] for r in requests}
+    for _ in range(500):
+        if not scheduler.has_requests():
+            break
+        output = scheduler.schedule()
+        runner.execute_model(output)
+        result = runner.sample_tokens(None)
+        for outputs in scheduler.update_from_output(output, result).values():
+            for out in outputs.outputs:
+                tokens[out.request_id].extend(out.new_token_ids)
+                lists = out.new_logprobs
+                if lists is None:
+                    continue
+                assert len(lists.logprobs) == len(out.new_token_ids)
+                for ids, values, rank in zip(
+                    lists.logprob_token_ids, lists.logprobs, lists.sampled_token_ranks
+                ):
+                    rows[out.request_id].append((ids.tolist(), values.tolist(), int(rank)))
+        drafts = runner.take_draft_token_ids()
+        if drafts is not None:
+            scheduler.update_draft_token_ids(drafts)
+    return tokens, rows
+
+
+def speculating_and_plain(checkpoint):
+    from tests.test_runner_steps import build
+
+    speculating = build(
+        checkpoint,
+        async_decode=False,
+        speculative_config={
+            "method": "ngram",
+            "num_speculative_tokens": 4,
+            "prompt_lookup_max": 3,
+            "prompt_lookup_min": 1,
+        },
+    )
+    plain = build(checkpoint, async_decode=False)
+    return speculating, plain
+
+
+REPEATING = [7, 8, 9, 10] * 6
+RANDOM_IDS = [
+    int(t) for t in torch.randint(3, 250, (24,), generator=torch.Generator().manual_seed(5))
+]
+
+
+def assert_same_logprobs(got, want, tolerance=1e-4):
+    """Row by row: the sampled token, its logprob and rank, the top ids and logprobs."""
+    assert len(got) == len(want)
+    for (ids, values, rank), (ids_w, values_w, rank_w) in zip(got, want):
+        assert ids[0] == ids_w[0]
+        assert values == pytest.approx(values_w, abs=tolerance)
+        assert ids[1:] == ids_w[1:], (values, values_w)
+        assert rank == rank_w
+
+
+def test_greedy_logprobs_while_speculating_equal_those_without(demo_checkpoint):
+    """Greedy requests with logprobs=5 on a repeating prompt (drafts accepted) and on
+    random ids, speculating and not, through vLLM's scheduler: the same tokens and, per
+    token, the same logprob, rank and top 5 (float32 tolerance). A request without
+    logprobs in the same batch gets none."""
+    from tests.test_runner_steps import request
+
+    (scheduler, runner), (plain_scheduler, plain_runner) = speculating_and_plain(demo_checkpoint)
+    before = STATS.snapshot()
+
+    def requests():
+        return [
+            request("rep", REPEATING, 24, temperature=0.0, logprobs=5),
+            request("rand", RANDOM_IDS, 24, temperature=0.0, logprobs=5),
+            request("none", REPEATING[:10], 12, temperature=0.0),
+        ]
+
+    tokens, rows = drive(scheduler, runner, requests())
+    after = STATS.snapshot()
+    want_tokens, want_rows = drive(plain_scheduler, plain_runner, requests())
+    assert tokens == want_tokens
+    for name in ("rep", "rand"):
+        assert len(rows[name]) == 24
+        assert_same_logprobs(rows[name], want_rows[name])
+    assert rows["none"] == []
+    verified = after.get("step.verify", 0) - before.get("step.verify", 0)
+    committed = after.get("speculative.committed_tokens", 0) - before.get(
+        "speculative.committed_tokens", 0
+    )
+    assert verified > 0 and committed > verified, "no verify committed more than one token"
+
+
+def test_sampled_logprobs_while_speculating_are_the_targets(demo_checkpoint):
+    """A sampled request (temperature 0.9, seeded) with logprobs=3 while speculating:
+    each committed token's logprob, rank and top 3 are the log-softmax of the target's
+    raw logits at its position (transformers on the checkpoint, float32)."""
+    from transformers import AutoModelForCausalLM
+
+    from tests.test_runner_steps import request
+
+    (scheduler, runner), _ = speculating_and_plain(demo_checkpoint)
+    model = AutoModelForCausalLM.from_pretrained(demo_checkpoint, dtype=torch.float32).eval()
+    before = STATS.snapshot().get("step.verify", 0)
+    tokens, rows = drive(
+        scheduler,
+        runner,
+        [request("s", REPEATING, 20, temperature=0.9, top_k=8, seed=11, logprobs=3)],
+    )
+    assert STATS.snapshot().get("step.verify", 0) > before
+    out = tokens["s"]
+    with torch.no_grad():
+        logits = model(torch.tensor([REPEATING + out])).logits[0].float()
+    target = torch.log_softmax(logits[len(REPEATING) - 1 : -1], dim=-1)
+    assert len(rows["s"]) == len(out) == 20
+    for j, ((ids, values, rank), token) in enumerate(zip(rows["s"], out)):
+        assert ids[0] == token
+        assert values[0] == pytest.approx(float(target[j, token]), abs=1e-4)
+        top = target[j].topk(3)
+        assert ids[1:] == top.indices.tolist()
+        assert values[1:] == pytest.approx(top.values.tolist(), abs=1e-4)
+        assert rank == int((target[j] >= target[j, token]).sum())
+
+
+def test_verify_logprobs_are_laid_out_one_row_per_committed_token(demo_checkpoint):
+    """`Speculation.logprobs` over a verify's logits by slot: rows in request order, each
+    request's committed tokens scored at their own candidate positions, and
+    `cu_num_generated_tokens` where vLLM's scheduler starts each request's slice."""
+    from ttbundles.serving import compat
+    from ttbundles.serving.runner.speculation import Speculation
+
+    config, _, _ = configure(demo_checkpoint, NGRAM, max_num_seqs=3)
+    batch = compat.host_batch(config, torch.device("cpu"))
+    vocab = 50
+    speculation = Speculation(
+        "ngram", 3, ("argmax_ids", "logits"), True, capacity=3, vocab_size=vocab
+    )
+    logits = torch.randn(3, 4, vocab, generator=torch.Generator().manual_seed(2))
+    out = spec.VerifyOutput(spec.ACCEPT_MODE_LOGITS, logits=logits)
+    slots = np.array([2, 0])
+    committed = [[4, 9, 1], [7]]
+    params = [SamplingParams(temperature=0, logprobs=2), SamplingParams(temperature=0)]
+    lists = speculation.logprobs(out, slots, committed, params, batch.logprobs, processed=False)
+    assert lists.cu_num_generated_tokens == [0, 3, 4]
+    cells = [(2, 0, 4), (2, 1, 9), (2, 2, 1), (0, 0, 7)]
+    for row, (slot, column, token) in enumerate(cells):
+        scores = torch.log_softmax(logits[slot, column], dim=-1)
+        assert lists.logprob_token_ids[row][0] == token
+        assert lists.logprobs[row][0] == pytest.approx(float(scores[token]), abs=1e-6)
+        assert list(lists.logprob_token_ids[row][1:]) == scores.topk(2).indices.tolist()
+    second = lists.slice_request(1, 1)
+    assert second.logprob_token_ids[0][0] == 7
+    assert (
+        speculation.logprobs(out, slots, committed, params[1:] * 2, batch.logprobs, processed=False)
+        is None
+    )
+    # Logprobs pick the logits accept mode even for a greedy batch.
+    assert speculation.spec_mode(params) == spec.ACCEPT_MODE_LOGITS
+    assert speculation.spec_mode(params[1:]) == spec.ACCEPT_MODE_ARGMAX_IDS

@@ -146,7 +146,7 @@ CODES: dict[str, str] = {
     "TTB235": "speculative decoding cannot be served as configured (method, generator, plan)",
     "TTB236": "asynchronous scheduling with speculation for a bundle without async_spec_decode",
     "TTB237": "a request speculative decoding cannot serve (refused while speculating)",
-    "TTB238": "speculative decoding is not supported yet with logprobs",
+    "TTB238": "logprobs while speculating with a plan that offers no logits accept mode",
     "TTB239": "the generator broke the speculative-decoding contract (verify or drafts)",
     # Prompt logprobs (schema 3)
     "TTB240": "prompt_logprobs declared but prefill_forward does not take return_prompt_logits",
@@ -374,7 +374,9 @@ WHAT_TO_DO: dict[str, str] = {
     "TTB237": "Send the request without the parameter the message names, or serve without "
     "--speculative-config (greedy requests speculate with any generator; sampled ones "
     "need a plan that offers the logits accept mode).",
-    "TTB238": "Ask for no logprobs on a speculating server, or serve without --speculative-config.",
+    "TTB238": "Ask for no logprobs on this speculating server, serve without "
+    "--speculative-config, or serve a generator whose spec_plan offers the logits accept "
+    "mode (logprobs are read off the verify's logits).",
     "TTB239": "Fix the generator: a verify returns format.speculative.VerifyOutput of the "
     "mode it was asked for, propose_draft_tokens a DraftOutput within the vocabulary "
     "(docs/authors/generator-contract.md#speculative-decoding).",

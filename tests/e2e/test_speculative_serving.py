@@ -8,8 +8,9 @@ scheduling), and the demo bundle without speculation).
 Greedy output with speculation equals greedy output without it, token for token, on
 prompts whose continuation repeats (drafts are accepted) and on random text (they are
 mostly rejected); sampled output keeps the target's distribution; vLLM's
-speculative-decoding metrics appear on `/metrics` and count; what cannot speculate is
-refused per request with its TTB code.
+speculative-decoding metrics appear on `/metrics` and count; logprobs are served while
+speculating, the same as without (greedy) and the target's log-softmax (sampled); what
+cannot speculate is refused per request with its TTB code.
 """
 
 from __future__ import annotations
@@ -180,13 +181,14 @@ def test_sampled_output_with_speculation_keeps_the_targets_distribution(spec_ser
 @pytest.mark.parametrize(
     ("extra", "code", "parameter"),
     [
-        ({"logprobs": 2}, "TTB238", "logprobs"),
         ({"body": {"min_tokens": 3}}, "TTB237", "min_tokens"),
         ({"presence_penalty": 0.5}, "TTB237", "presence_penalty"),
         ({"body": {"structured_outputs": {"choice": ["yes", "no"]}}}, "TTB237", "structured"),
     ],
 )
 def test_what_cannot_speculate_is_refused_per_request(spec_servers, extra, code, parameter):
+    """Logprobs are served (below); these stay refused (TTB238 is for a plan without the
+    logits accept mode, which the demo bundle offers: tests/test_speculative.py)."""
     server = spec_servers["spec-ngram"]
     with pytest.raises(openai.BadRequestError) as excinfo:
         completion_ids(server, REPETITIVE[0], 4, temperature=0, **extra)
@@ -194,3 +196,131 @@ def test_what_cannot_speculate_is_refused_per_request(spec_servers, extra, code,
     assert code in message and parameter in message, message
     # The server keeps serving.
     assert len(completion_ids(server, REPETITIVE[0], 4, temperature=0)) == 4
+
+
+# --- logprobs while speculating -------------------------------------------------------
+
+LOGPROBS = 5
+TOLERANCE = 1e-4  # float32: the verify's logits and a one-token decode's differ by ~1e-6
+
+
+def token_id(name: str) -> int:
+    assert name.startswith("token_id:"), name
+    return int(name.removeprefix("token_id:"))
+
+
+def completion_logprobs(server, prompt: str, max_tokens: int, **extra):
+    """(prompt ids, output ids, per token (its logprob, {top id: logprob})): keys are
+    token ids (`return_tokens_as_token_ids`)."""
+    body = {"return_token_ids": True, "return_tokens_as_token_ids": True, "ignore_eos": True}
+    body.update(extra.pop("body", {}))
+    with server.client() as client:
+        out = client.completions.create(
+            model=server.model,
+            prompt=prompt,
+            max_tokens=max_tokens,
+            logprobs=extra.pop("logprobs", LOGPROBS),
+            extra_body=body,
+            **extra,
+        )
+    choice = out.choices[0]
+    tokens = list(choice.token_ids)
+    assert [token_id(t) for t in choice.logprobs.tokens] == tokens
+    rows = [
+        (value, {token_id(k): v for k, v in top.items()})
+        for value, top in zip(choice.logprobs.token_logprobs, choice.logprobs.top_logprobs)
+    ]
+    return list(choice.prompt_token_ids), tokens, rows
+
+
+def assert_rows_equal(got, want, where):
+    """The same logprob per token and the same top tokens with the same logprobs."""
+    assert len(got) == len(want), where
+    for i, ((value, top), (value_w, top_w)) in enumerate(zip(got, want)):
+        assert value == pytest.approx(value_w, abs=TOLERANCE), (where, i)
+        assert set(top) == set(top_w), (where, i, top, top_w)
+        for token, logprob in top.items():
+            assert logprob == pytest.approx(top_w[token], abs=TOLERANCE), (where, i, token)
+
+
+@pytest.mark.parametrize("kind", ["repetitive", "random"])
+def test_greedy_logprobs_with_speculation_equal_those_without(spec_servers, kind):
+    """logprobs=5, greedy, every prompt at once: the same tokens, and per token the same
+    logprob and top 5 as the server that does not speculate; on repetitive prompts
+    verifies commit accepted drafts (their tokens' logprobs come from the verify)."""
+    speculating, baseline = spec_servers["spec-ngram"], spec_servers["spec-off"]
+    prompts = REPETITIVE if kind == "repetitive" else RANDOM
+    before = spec_counters(speculating)
+    stats = speculating.settled_stats()
+
+    def every(server):
+        with ThreadPoolExecutor(len(prompts)) as pool:
+            return list(
+                pool.map(lambda p: completion_logprobs(server, p, 48, temperature=0), prompts)
+            )
+
+    got, want = every(speculating), every(baseline)
+    for prompt, (_, tokens, rows), (_, tokens_w, rows_w) in zip(prompts, got, want):
+        assert tokens == tokens_w, prompt
+        assert len(rows) == len(tokens) == 48
+        assert_rows_equal(rows, rows_w, prompt)
+    after = speculating.wait_for_metric(SPEC_COUNTERS[0], before[SPEC_COUNTERS[0]] + 1)
+    assert speculating.stats_delta(stats).get("step.verify", 0) > 0, "no step verified"
+    if kind == "repetitive":
+        accepted = after[SPEC_COUNTERS[2]] - before[SPEC_COUNTERS[2]]
+        assert accepted > 0, "no draft was accepted"
+
+
+def test_chat_logprobs_with_speculation_equal_those_without(spec_servers):
+    speculating, baseline = spec_servers["spec-ngram"], spec_servers["spec-off"]
+    messages = [{"role": "user", "content": REPETITIVE[3]}]
+
+    def chat(server):
+        with server.client() as client:
+            out = client.chat.completions.create(
+                model=server.model,
+                messages=messages,
+                max_tokens=32,
+                temperature=0,
+                logprobs=True,
+                top_logprobs=LOGPROBS,
+                extra_body={"ignore_eos": True, "return_tokens_as_token_ids": True},
+            )
+        content = out.choices[0].logprobs.content
+        return [token_id(c.token) for c in content], [
+            (c.logprob, {token_id(t.token): t.logprob for t in c.top_logprobs}) for c in content
+        ]
+
+    tokens, rows = chat(speculating)
+    tokens_w, rows_w = chat(baseline)
+    assert tokens == tokens_w and len(tokens) == 32
+    assert all(len(top) == LOGPROBS for _, top in rows)
+    assert_rows_equal(rows, rows_w, "chat")
+
+
+def test_sampled_logprobs_with_speculation_are_the_targets(spec_servers, reference):
+    """Seeded samples (temperature 0.8, top-k 8) with logprobs=3 while speculating, on
+    a repetitive prompt: each token's logprob and the top 3 are transformers'
+    log-softmax of the raw logits at that position (vLLM's default raw_logprobs, which
+    temperature and top-k do not change), within float32 tolerance."""
+    speculating = spec_servers["spec-ngram"]
+    stats = speculating.settled_stats()
+    for seed in (1, 2, 3):
+        prompt_ids, tokens, rows = completion_logprobs(
+            speculating,
+            REPETITIVE[2],
+            32,
+            logprobs=3,
+            temperature=0.8,
+            seed=seed,
+            body={"top_k": 8},
+        )
+        expected = reference.logprobs(prompt_ids, tokens)
+        assert len(rows) == len(tokens) == 32
+        for i, (token, (value, top)) in enumerate(zip(tokens, rows)):
+            assert value == pytest.approx(expected[i, token].item(), abs=TOLERANCE), (seed, i)
+            values, ids = expected[i].topk(3)
+            assert set(top) - {token} <= set(ids.tolist()) <= set(top), (seed, i)
+            for index, logprob in zip(ids.tolist(), values.tolist()):
+                assert top[index] == pytest.approx(logprob, abs=TOLERANCE), (seed, i)
+    assert speculating.stats_delta(stats).get("step.verify", 0) > 0, "no step verified"

@@ -179,10 +179,11 @@ class TTPlatform(Platform):
 
             refusal = request_refusal(speculative, params)
             if refusal is not None:
-                code, parameter, value = refusal
+                code, parameter, value, why = refusal
                 raise UnsupportedRequestError(
                     f"{code}: {parameter}={value!r} is not supported while speculating "
-                    f"({speculative['method']}, k={speculative['k']}) on Tenstorrent; "
+                    f"({speculative['method']}, k={speculative['k']}) on Tenstorrent: "
+                    f"{why}; "
                     f"send the request without {parameter}, or serve without "
                     "--speculative-config",
                     parameter=parameter,

@@ -189,8 +189,12 @@ def plan_speculative(vllm_config: VllmConfig, plan: Any, meta: BundleMetadata) -
         f"{method}, k={answer.effective_k}",
         f"{name}.spec_plan admitted it; "
         + "".join(f"{h}; " for h in how)
-        + ("greedy and sampled requests speculate" if sampled else "greedy requests only")
-        + " (logprobs, structured output, bad words, min_tokens, penalties, logit bias, "
+        + (
+            "greedy and sampled requests speculate, with logprobs"
+            if sampled
+            else "greedy requests only, without logprobs (the plan offers no logits)"
+        )
+        + " (structured output, bad words, min_tokens, penalties, logit bias, "
         "allowed tokens and min_p are refused while speculating)",
     )
 
@@ -221,12 +225,19 @@ def _generator_class(plan: Any) -> type:
     return load_generator_class(plan.bundle)
 
 
-def request_refusal(speculative: dict[str, Any], params: Any) -> tuple[str, str, Any] | None:
-    """Why a request cannot be served while speculating: `(code, parameter, value)`, or
-    None. Drafts are accepted against temperature, top-k and top-p only, so every other
-    processor would be skipped on speculated tokens: refused rather than ignored."""
-    if getattr(params, "logprobs", None) is not None:
-        return "TTB238", "logprobs", params.logprobs
+_NO_LOGITS = "the generator's plan offers no 'logits' accept mode"
+
+
+def request_refusal(speculative: dict[str, Any], params: Any) -> tuple[str, str, Any, str] | None:
+    """Why a request cannot be served while speculating: `(code, parameter, value,
+    why)`, or None. Drafts are accepted against temperature, top-k and top-p only, so
+    every other processor would be skipped on speculated tokens: refused rather than
+    ignored. Logprobs are read off the verify's logits and sampled requests accepted by
+    rejection sampling on them, so both need the `logits` accept mode."""
+    logits = spec.ACCEPT_MODE_LOGITS in speculative.get("accept_modes", ())
+    if getattr(params, "logprobs", None) is not None and not logits:
+        why = f"{_NO_LOGITS}, and logprobs are read off the verify's logits"
+        return "TTB238", "logprobs", params.logprobs, why
     checks: list[tuple[str, Any, bool]] = [
         ("structured_outputs", _structured(params), _structured(params) is not None),
         ("bad_words", getattr(params, "bad_words", None), bool(getattr(params, "bad_words", None))),
@@ -252,10 +263,12 @@ def request_refusal(speculative: dict[str, Any], params: Any) -> tuple[str, str,
         checks.append((name, value, value is not None and float(value) != default))
     for name, value, present in checks:
         if present:
-            return "TTB237", name, value
+            why = "drafts are accepted against temperature, top-k and top-p only"
+            return "TTB237", name, value, why
     temperature = float(getattr(params, "temperature", 0.0) or 0.0)
-    if temperature >= 1e-5 and spec.ACCEPT_MODE_LOGITS not in speculative.get("accept_modes", ()):
-        return "TTB237", "temperature", temperature
+    if temperature >= 1e-5 and not logits:
+        why = f"{_NO_LOGITS}, which rejection sampling of a sampled request needs"
+        return "TTB237", "temperature", temperature, why
     return None
 
 

@@ -28,6 +28,11 @@ stays release-blind. The window itself (which releases) is `ttbundles.vllm_windo
   `SpeculativeConfig.custom_method`.
 - `cached_request_data`: `CachedRequestData`'s fields (`resumed_req_ids`,
   `all_token_ids` in 0.33.0 only).
+- `verify_logprobs`: a speculative step's logprobs, one row per sampled token. Read the
+  same on both (the scheduler slices request i's rows from `LogprobsLists.
+  cu_num_generated_tokens[i]`, as many as it keeps); produced differently: 0.33.0's
+  rejection sampler lays them compact (rejected positions filtered out), 0.34.0's one
+  row per verified position (the rejected ones never read). Ours are compact.
 
 Private hooks (all checked on 0.33.0 and 0.34.0):
 - `set_current_platform`: `vllm.platforms._current_platform` (`ttbundle plan` decides
@@ -219,6 +224,7 @@ __all__ = [
     "new_request_outputs",
     "register_model_owned_drafter",
     "resumed_req_ids",
+    "verify_logprobs",
 ]
 
 
@@ -271,6 +277,19 @@ def model_runner_output(
         prompt_logprobs_dict=prompt_logprobs or {},
         **extra,
     )
+
+
+def verify_logprobs(tensors: Any, counts: list[int]) -> Any:
+    """`LogprobsLists` of a speculative step from `tensors` (`LogprobsTensors`, row per
+    committed token, request by request) and each request's count of committed tokens:
+    `cu_num_generated_tokens` [0, c0, c0 + c1, ...], where the scheduler of both releases
+    starts request i's slice (`LogprobsLists.slice_request`). None stays None."""
+    if tensors is None:
+        return None
+    cu = [0]
+    for count in counts:
+        cu.append(cu[-1] + count)
+    return tensors.tolists(cu)
 
 
 def runner_protocol_env() -> dict[str, str]:

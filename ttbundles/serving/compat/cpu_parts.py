@@ -160,6 +160,21 @@ class HostBatch:
     ) -> tuple[list[list[int]], LogprobsTensors | None]:
         return self.sampler.sample(logits, positions, params)
 
+    def logprobs(
+        self,
+        raw: torch.Tensor,
+        tokens: torch.Tensor,
+        params: list[Any],
+        *,
+        processed: torch.Tensor | None = None,
+    ) -> LogprobsTensors | None:
+        """The host sampler's logprobs of `tokens` (one per row of `raw` `[N, V]`,
+        `params` each row's request), for rows it did not sample itself (a verify's
+        committed tokens): what `sample` reports (`HostSampler.logprobs`)."""
+        return self.sampler.logprobs(
+            raw, processed if processed is not None else raw, tokens, params
+        )
+
     def apply_grammar(
         self, scheduler_output: SchedulerOutput, grammar_output: GrammarOutput, logits: torch.Tensor
     ) -> None:
@@ -272,7 +287,7 @@ class HostSampler:
                 q[i].exponential_(generator=torch.Generator().manual_seed(seed))
             drawn = probs.div_(q).argmax(dim=-1)
             tokens = torch.where(greedy, tokens, drawn)
-        logprobs = self._logprobs(raw, scaled, tokens, params)
+        logprobs = self.logprobs(raw, scaled, tokens, params)
         return tokens.reshape(n, 1).tolist(), logprobs
 
     def _logit_bias(self, logits: torch.Tensor, params: list[Any]) -> None:
@@ -304,12 +319,12 @@ class HostSampler:
         p = torch.tensor(top_p, dtype=torch.float32) if any(v < 1.0 for v in top_p) else None
         return apply_top_k_top_p_pytorch(logits, k, p, allow_cpu_sync=True)
 
-    def _logprobs(
+    def logprobs(
         self, raw: torch.Tensor, processed: torch.Tensor, tokens: torch.Tensor, params: list[Any]
     ) -> LogprobsTensors | None:
         """The sampled token's log-prob and rank, then the top `max(logprobs)` of the
         batch (vLLM computes them for every row; each request keeps what it asked)."""
-        wanted = [p.logprobs for p in params if p.logprobs is not None]
+        wanted = [p.logprobs for p in params if p is not None and p.logprobs is not None]
         if not wanted:
             return None
         count = max(wanted)

@@ -60,6 +60,31 @@ class V1HostBatch(InputBatch):
         out = self._sampler(logits=logits, sampling_metadata=self.sampling_metadata)
         return out.sampled_token_ids.tolist(), out.logprobs_tensors
 
+    def logprobs(
+        self,
+        raw: torch.Tensor,
+        tokens: torch.Tensor,
+        params: list[Any],
+        *,
+        processed: torch.Tensor | None = None,
+    ) -> LogprobsTensors | None:
+        """vLLM's `Sampler` logprobs of `tokens` (one per row of `raw` `[N, V]` float32,
+        `params` each row's request), as its `forward` reports them: per
+        `--logprobs-mode` from the raw logits or, in a `processed_*` mode, from
+        `processed` (as sampled); the top `max(logprobs)` of every row when one asks
+        (each request keeps what it asked). For rows the sampler did not score itself
+        (a verify's committed tokens)."""
+        wanted = [p.logprobs for p in params if p is not None and p.logprobs is not None]
+        if not wanted:
+            return None
+        mode = self._sampler.logprobs_mode
+        source = processed if processed is not None and mode.startswith("processed") else raw
+        scores = source.float() if mode.endswith("logits") else Sampler.compute_logprobs(source)
+        count = max(wanted)
+        if count == -1:
+            return LogprobsTensors(torch.empty(0), scores, torch.empty(0))
+        return Sampler.gather_logprobs(scores, count, tokens.long())
+
     def apply_grammar(
         self, scheduler_output: SchedulerOutput, grammar_output: GrammarOutput, logits: torch.Tensor
     ) -> None:

@@ -824,10 +824,20 @@ class TTModelRunner:
                 self.class_name,
             )
             STATS.count("speculative.committed_tokens", sum(len(c) for c in committed))
+            logprobs = None
+            if step.layout.any_logprobs:  # a logits-mode verify (`Speculation.spec_mode`)
+                logprobs = self.speculation.logprobs(
+                    step.verify_out,
+                    step.layout.slots,
+                    committed,
+                    step.layout.params,
+                    batch.logprobs,
+                    processed=self.model_config.logprobs_mode.startswith("processed"),
+                )
             self._append_sampled(step.req_ids, committed)
             self._after_commit(step, committed)
             return compat.model_runner_output(
-                list(step.req_ids), step.layout.index, committed, None
+                list(step.req_ids), step.layout.index, committed, logprobs
             )
         logits = step.logits
         assert logits is not None

@@ -42,10 +42,20 @@ def is_greedy(params: Any) -> bool:
 
 
 def target_probs(logits: torch.Tensor, params: Any) -> torch.Tensor:
-    """`[P, V]` probabilities of one row's candidate positions: logits over temperature,
-    then vLLM's top-k (keep the k largest, ties kept) and top-p (drop the tokens whose
-    cumulative probability, smallest first, stays within 1 - p; the largest always
-    stays), softmax."""
+    """`[P, V]` probabilities of one row's candidate positions: the softmax of
+    `target_logits`."""
+    return target_logits(logits, params).softmax(dim=-1)
+
+
+def target_logits(logits: torch.Tensor, params: Any) -> torch.Tensor:
+    """`[P, V]` float32 logits of one sampled row's candidate positions as vLLM's
+    rejection sampler processes them before its draws (and reports them in a
+    `processed_*` logprobs mode): over temperature, then vLLM's top-k (keep the k
+    largest, ties kept) and top-p (drop the tokens whose cumulative probability,
+    smallest first, stays within 1 - p; the largest always stays) as -inf. A greedy row's
+    are its raw logits (vLLM applies no temperature to it)."""
+    if is_greedy(params):
+        return logits.float()
     scaled = logits.float() / float(params.temperature)
     vocab = scaled.shape[-1]
     top_k = int(params.top_k or 0)
@@ -59,7 +69,7 @@ def target_probs(logits: torch.Tensor, params: Any) -> torch.Tensor:
         drop = cumulative <= 1 - top_p
         drop[:, -1] = False
         scaled = scaled.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
-    return scaled.softmax(dim=-1)
+    return scaled
 
 
 def _race(probs: torch.Tensor, generator: torch.Generator | None) -> int:

@@ -10,6 +10,11 @@ prefill or an ordinary step). It writes K/V for every real column; what a reject
 leaves beyond the accepted length is overwritten later, because vLLM's scheduler rolls
 `num_computed_tokens` back by the rejected count (nothing to undo here).
 
+The accept mode of a verify (`Speculation.spec_mode`): `argmax_ids` when every row is
+greedy and asks for no logprobs, else `logits` (rejection sampling on the host, and
+logprobs of each committed token read off the target's logits at its position,
+`Speculation.logprobs`).
+
 A step verifies when some row carries a draft, when some row's previous step committed
 more than one token, or always when the plan does not offer narrow decode (the
 reference plugin's `_step_verifies`); otherwise it is an ordinary decode.
@@ -23,7 +28,7 @@ request's latest proposal is kept here and fills its next verify's slots (`own_d
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,7 +38,7 @@ import torch
 from ttbundles.format import speculative as spec
 from ttbundles.serving.binding import GeneratorContractError
 from ttbundles.serving.runner.ngram import NgramProposer
-from ttbundles.serving.runner.rejection import accept_row, is_greedy
+from ttbundles.serving.runner.rejection import accept_row, is_greedy, target_logits
 
 
 @dataclass(frozen=True)
@@ -159,13 +164,18 @@ class Speculation:
             positions[slot, : 1 + n] = torch.arange(int(computed[i]), int(computed[i]) + 1 + n)
             num_valid[slot] = n
             counts[slot] = self.accepted.get(req_id, 1)
-        greedy = all(is_greedy(p) for p in params)
-        mode = (
-            spec.ACCEPT_MODE_ARGMAX_IDS
-            if greedy and spec.ACCEPT_MODE_ARGMAX_IDS in self.accept_modes
-            else spec.ACCEPT_MODE_LOGITS
-        )
+        mode = self.spec_mode(params)
         return Verify(tokens, positions, num_valid, counts, mode, [d[: self.k] for d in drafts])
+
+    def spec_mode(self, params: Sequence[Any]) -> str:
+        """`argmax_ids` when every row is greedy, asks for no logprobs and the plan offers
+        it; `logits` otherwise: sampled rows are accepted by rejection sampling on the
+        host, and a row's logprobs are read off the target's logits at each committed
+        position (admission refuses what the plan's accept modes cannot serve)."""
+        ids_suffice = all(is_greedy(p) and getattr(p, "logprobs", None) is None for p in params)
+        if ids_suffice and spec.ACCEPT_MODE_ARGMAX_IDS in self.accept_modes:
+            return spec.ACCEPT_MODE_ARGMAX_IDS
+        return spec.ACCEPT_MODE_LOGITS
 
     # --- accepting ----------------------------------------------------------------------
 
@@ -219,6 +229,43 @@ class Speculation:
                     hint="return argmax ids of the target's logits at every real column",
                 )
         return committed
+
+    def logprobs(
+        self,
+        out: Any,
+        slots: np.ndarray,
+        committed: Sequence[Sequence[int]],
+        params: Sequence[Any],
+        score: Callable[..., Any],
+        *,
+        processed: bool,
+    ) -> Any:
+        """vLLM's logprobs of a `logits`-mode verify's committed tokens, one row per
+        token (`compat.verify_logprobs`), or None when no row asks.
+
+        Committed token j of a row was chosen at candidate position j (an accepted draft,
+        the correction or recovered token at the first rejection, or the bonus), so its
+        row is scored from the target's logits there, by `score` (the host batch's
+        `logprobs`: what this server's host sampler reports for an ordinary decode, raw
+        log-softmax by default), the same for every row of the step as vLLM's sampler
+        scores every row when one asks. `processed`: the server reports processed
+        logprobs (`--logprobs-mode processed_*`), those of the logits the acceptance
+        drew from (`rejection.target_logits`)."""
+        from ttbundles.serving import compat
+
+        if not any(p is not None and p.logprobs is not None for p in params):
+            return None
+        logits = torch.as_tensor(out.logits)
+        logits = logits.reshape(self.capacity, -1, logits.shape[-1])
+        rows = [logits[slot, : len(tokens)] for slot, tokens in zip(slots.tolist(), committed)]
+        raw = torch.cat(rows).float()
+        flat_params = [p for p, tokens in zip(params, committed) for _ in tokens]
+        changed = None
+        if processed:
+            changed = torch.cat([target_logits(r, p) for r, p in zip(rows, params)])
+        tokens = torch.tensor([t for row in committed for t in row], dtype=torch.int64)
+        tensors = score(raw, tokens, flat_params, processed=changed)
+        return compat.verify_logprobs(tensors, [len(row) for row in committed])
 
     # --- what was committed, and the next drafts ----------------------------------------
 
