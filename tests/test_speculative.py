@@ -200,18 +200,23 @@ def generator(demo_checkpoint):
     )
 
 
-def test_the_reference_verify_equals_its_one_token_decodes(generator):
-    """One verify over [last, d1, d2] gives, at each column, the logits the ordinary
-    decode gives when the same tokens are fed one at a time."""
-    block = 16
+def prefilled(generator):
+    """A cache of 8 blocks of 16 and two 6-token prompts prefilled in slots 0 and 1."""
     cache = generator.allocate_kv_cache(
-        (8, generator.dims.num_kv_heads, block, generator.dims.head_dim),
+        (8, generator.dims.num_kv_heads, 16, generator.dims.head_dim),
         torch.float32,
         generator.dims.num_layers,
     )
     table = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32)
     prompt = torch.tensor([[5, 9, 13, 2, 7, 0], [3, 3, 4, 8, 1, 6]])
     generator.prefill_forward(prompt, table, cache, prompt_lens=[6, 6], empty_slots=[0, 1])
+    return cache, table
+
+
+def test_the_reference_verify_equals_its_one_token_decodes(generator):
+    """One verify over [last, d1, d2] gives, at each column, the logits the ordinary
+    decode gives when the same tokens are fed one at a time."""
+    cache, table = prefilled(generator)
     fed = [[11, 12, 13], [21, 22, 23]]  # column 0 the last committed token, then drafts
     out = generator.decode_forward(
         torch.tensor(fed),
@@ -246,15 +251,7 @@ def test_a_deferred_reference_verify_is_read_back_as_the_synchronous_one(generat
     """read_from_device=False (asynchronous scheduling, supports_async_spec_decode): the
     VerifyOutput holds a device block; read_decode_output and process_decode_output_host
     give the same `[B, 1+K]` ids and `[B, 1+K, V]` logits as the synchronous verify."""
-    block = 16
-    cache = generator.allocate_kv_cache(
-        (8, generator.dims.num_kv_heads, block, generator.dims.head_dim),
-        torch.float32,
-        generator.dims.num_layers,
-    )
-    table = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32)
-    prompt = torch.tensor([[5, 9, 13, 2, 7, 0], [3, 3, 4, 8, 1, 6]])
-    generator.prefill_forward(prompt, table, cache, prompt_lens=[6, 6], empty_slots=[0, 1])
+    cache, table = prefilled(generator)
     args = (torch.tensor([[11, 12, 13], [21, 22, 23]]), torch.tensor([[6, 7, 8], [6, 7, 8]]))
     keywords = dict(
         num_valid_drafts=torch.tensor([2, 1], dtype=torch.int32),

@@ -55,7 +55,7 @@ from ttbundles.serving.runner.families import tt_data_parallel
 from ttbundles.serving.runner.history import PenaltyHistory
 from ttbundles.serving.runner.prompt_logprobs import PromptLogprobs
 from ttbundles.serving.runner.readback import TTAsyncOutput
-from ttbundles.serving.runner.speculation import Speculation
+from ttbundles.serving.runner.speculation import Speculation, check_verify_output
 from ttbundles.serving.runner.step import (
     EMPTY_POSITION,
     Layout,
@@ -606,15 +606,7 @@ class TTModelRunner:
     def _verify_block(self, out: Any, mode: str) -> Any:
         """The device tensor of a deferred verify's `VerifyOutput` (its `argmax_ids` or
         `logits`), the one `read_decode_output` is handed."""
-        if not isinstance(out, spec.VerifyOutput) or out.spec_mode != mode:
-            got = getattr(out, "spec_mode", type(out).__name__)
-            raise GeneratorContractError.single(
-                "TTB239",
-                f"{self.class_name}.decode_forward answered a verify (spec_mode={mode!r}, "
-                f"read_from_device=False) with {got!r}, not a VerifyOutput of that mode",
-                hint="return format.speculative.VerifyOutput(spec_mode, argmax_ids=... or "
-                "logits=...) holding the device tensor read_decode_output reads",
-            )
+        check_verify_output(out, mode, self.class_name, deferred=True)
         return out.argmax_ids if mode == spec.ACCEPT_MODE_ARGMAX_IDS else out.logits
 
     def _finish_verify_readback(self, step: StepState, block: torch.Tensor) -> ModelRunnerOutput:

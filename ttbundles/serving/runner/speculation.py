@@ -41,6 +41,24 @@ from ttbundles.serving.runner.ngram import NgramProposer
 from ttbundles.serving.runner.rejection import accept_row, is_greedy, target_logits
 
 
+def check_verify_output(out: Any, mode: str, class_name: str, *, deferred: bool = False) -> None:
+    """TTB239 unless the generator answered a verify of `mode` with a `VerifyOutput` of
+    that mode (`deferred`: submitted with read_from_device=False, so its tensor is the
+    one read_decode_output is handed)."""
+    if isinstance(out, spec.VerifyOutput) and out.spec_mode == mode:
+        return
+    got = getattr(out, "spec_mode", type(out).__name__)
+    how = ", read_from_device=False" if deferred else ""
+    raise GeneratorContractError.single(
+        "TTB239",
+        f"{class_name}.decode_forward answered a verify (spec_mode={mode!r}{how}) with "
+        f"{got!r}, not a VerifyOutput of that mode",
+        hint="return format.speculative.VerifyOutput(spec_mode, argmax_ids=... or "
+        "logits=...) when decode_forward gets spec_mode"
+        + (", holding the device tensor read_decode_output reads" if deferred else ""),
+    )
+
+
 @dataclass(frozen=True)
 class Verify:
     """A verify step's inputs, by slot, and what the accept walk needs back."""
@@ -189,15 +207,7 @@ class Speculation:
         class_name: str,
     ) -> list[list[int]]:
         """The tokens each row commits, from the generator's `VerifyOutput`."""
-        if not isinstance(out, spec.VerifyOutput) or out.spec_mode != verify.spec_mode:
-            got = getattr(out, "spec_mode", type(out).__name__)
-            raise GeneratorContractError.single(
-                "TTB239",
-                f"{class_name}.decode_forward answered a verify (spec_mode="
-                f"{verify.spec_mode!r}) with {got!r}, not a VerifyOutput of that mode",
-                hint="return format.speculative.VerifyOutput(spec_mode, argmax_ids=... or "
-                "logits=...) when decode_forward gets spec_mode",
-            )
+        check_verify_output(out, verify.spec_mode, class_name)
         self.hidden = out.hidden
         committed: list[list[int]] = []
         if verify.spec_mode == spec.ACCEPT_MODE_ARGMAX_IDS:
