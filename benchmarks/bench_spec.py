@@ -1,8 +1,10 @@
-"""Speculative decoding on the host mesh: n-gram speculation against none, per workload.
+"""Speculative decoding on the host mesh: speculation against none, per workload.
 
 In one run, on the demo checkpoint (a tiny Llama, float32, CPU) or SmolLM2-135M
-(`--model smollm2`), two `vllm serve` processes of the demo bundle with synchronous
-scheduling: one with `--speculative-config` ngram (k=`--k`, lookup 1..3), one without.
+(`--model smollm2`), two `vllm serve` processes with synchronous scheduling: one with
+`--speculative-config` (k=`--k`): `--method ngram` (the demo bundle, lookup 1..3) or
+`--method custom_class` (the demo-drafter variant, TT_DEMO_VARIANT=drafter: the model's
+own early-exit drafter), and the demo bundle without it.
 Two workloads of greedy requests (EOS ignored, `--output-len` tokens each,
 `--concurrency` at a time, `--num-prompts` in all):
 
@@ -17,7 +19,8 @@ rate (accepted / proposed draft tokens) and the mean tokens committed per verify
 median and the spread (min-max) over `--rounds` rounds are reported.
 
     .venv/bin/python benchmarks/bench_spec.py [--rounds 5] [--num-prompts 16]
-        [--concurrency 4] [--output-len 64] [--k 4] [--model tiny|smollm2] [--json]
+        [--concurrency 4] [--output-len 64] [--k 4] [--model tiny|smollm2]
+        [--method ngram|custom_class] [--json]
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from pathlib import Path
 from stopping import unwind_on_sigterm  # benchmarks/, on sys.path as the script folder
 
 from ttbundles.demo.checkpoint import write_demo_checkpoint
-from ttbundles.demo.server import start_server
+from ttbundles.demo.server import serve_environment, start_server
 
 COUNTERS = (
     "vllm:spec_decode_num_drafts_total",
@@ -111,6 +114,7 @@ def main() -> None:
     parser.add_argument("--output-len", type=int, default=64)
     parser.add_argument("--k", type=int, default=4)
     parser.add_argument("--model", choices=["tiny", "smollm2"], default="tiny")
+    parser.add_argument("--method", choices=["ngram", "custom_class"], default="ngram")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
@@ -124,21 +128,25 @@ def main() -> None:
         checkpoint, _ = demo_model.prepare()
     common = ["--block-size", "16", "--max-model-len", "512", "--max-num-seqs", "8"]
     common += ["--no-async-scheduling"]
-    speculative = {
-        "method": "ngram",
-        "num_speculative_tokens": args.k,
-        "prompt_lookup_min": 1,
-        "prompt_lookup_max": 3,
-    }
+    if args.method == "ngram":
+        speculative = {"method": "ngram", "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+        variant = {}
+    else:
+        speculative = {"method": "custom_class", "model": "vllm_tt_plugin.model_owned_drafter"}
+        variant = {"TT_DEMO_VARIANT": "drafter"}
+    speculative["num_speculative_tokens"] = args.k
     plans = {
-        "ngram": [*common, "--speculative-config", json.dumps(speculative)],
-        "off": common,
+        "spec": ([*common, "--speculative-config", json.dumps(speculative)], variant),
+        "off": (common, {}),
     }
     servers = {}
     try:
-        for name, vllm_args in plans.items():
+        for name, (vllm_args, extra_env) in plans.items():
             servers[name] = start_server(
-                checkpoint, vllm_args=vllm_args, log_path=workdir / f"{name}.log"
+                checkpoint,
+                vllm_args=vllm_args,
+                env={**serve_environment(), **extra_env},
+                log_path=workdir / f"{name}.log",
             )
         for server in servers.values():
             server.wait_ready()
@@ -151,14 +159,14 @@ def main() -> None:
         rounds: dict[str, list[dict]] = {kind: [] for kind in workloads}
         for index in range(args.rounds):
             for kind, texts in workloads.items():
-                order = ["ngram", "off"] if index % 2 == 0 else ["off", "ngram"]
+                order = ["spec", "off"] if index % 2 == 0 else ["off", "spec"]
                 result = {name: run(servers[name], model, texts, args) for name in order}
-                spec_run, base = result["ngram"], result["off"]
+                spec_run, base = result["spec"], result["off"]
                 proposed = spec_run[COUNTERS[1]]
                 rounds[kind].append(
                     {
                         "ratio": spec_run["ms_per_token"] / base["ms_per_token"],
-                        "ms_per_token_ngram": spec_run["ms_per_token"],
+                        "ms_per_token_spec": spec_run["ms_per_token"],
                         "ms_per_token_off": base["ms_per_token"],
                         "acceptance": spec_run[COUNTERS[2]] / proposed if proposed else 0.0,
                         "tokens_per_verify": (
@@ -179,7 +187,7 @@ def main() -> None:
         print(json.dumps({"args": vars(args), "summary": summary, "rounds": rounds}, indent=2))
         return
     print(
-        f"n-gram speculation (k={args.k}) vs none, {args.model} model, {args.num_prompts} "
+        f"{args.method} speculation (k={args.k}) vs none, {args.model} model, {args.num_prompts} "
         f"greedy prompts x {args.output_len} tokens, concurrency {args.concurrency}, "
         f"{args.rounds} interleaved rounds: median (min-max)"
     )
