@@ -379,6 +379,44 @@ def test_the_reference_drafter_drafts_what_its_first_layers_decode_greedily(demo
     assert out.num_valid.tolist() == [k, k, 0]
 
 
+def test_the_reference_drafter_reads_each_lanes_own_cache(demo_checkpoint):
+    """With lanes (tt_data_parallel=2, single-execute), slot 3 is lane 1's: its drafts
+    read lane 1's cache through its lane-local page table, and equal the drafts of the
+    same prompt in a generator without lanes."""
+    from transformers import AutoConfig
+
+    from ttbundles.format.contract import HostMesh
+    from ttbundles.reference.generator import ReferenceLlamaGenerator
+
+    hf_config = AutoConfig.from_pretrained(demo_checkpoint)
+    k, prompt, first = 3, [5, 9, 13, 2, 7, 4], 17
+
+    def drafts(lanes: int, slot: int) -> list[int]:
+        gen = ReferenceLlamaGenerator.initialize_vllm_model(
+            hf_config, HostMesh(), max_batch_size=4, max_seq_len=64, tt_data_parallel=lanes
+        )
+        dims = gen.dims
+        cache = gen.allocate_kv_cache(
+            (8, dims.num_kv_heads, 4, dims.head_dim), None, dims.num_layers
+        )
+        # Lane 0's slot 1 holds another prompt in the same lane-local blocks 0-1.
+        gen.prefill_forward(
+            torch.tensor([prompt, [3, 3, 4, 8, 1, 6]]),
+            torch.tensor([[0, 1], [0, 1] if lanes > 1 else [2, 3]], dtype=torch.int32),
+            cache,
+            prompt_lens=[6, 6],
+            empty_slots=[slot, 1],
+        )
+        tokens = torch.full((4, 1 + k), PLACEHOLDER, dtype=torch.int32)
+        positions = torch.full((4, 1 + k), -1, dtype=torch.int32)
+        tokens[slot, 0], positions[slot, 0] = first, len(prompt)
+        out = gen.propose_draft_tokens(k, tokens, positions, torch.ones(4, dtype=torch.int32))
+        assert out.num_valid.tolist() == [k if s == slot else 0 for s in range(4)]
+        return out.draft_token_ids[slot].tolist()
+
+    assert drafts(2, 3) == drafts(1, 0)
+
+
 # --- admission and per-request refusals -------------------------------------------------
 
 
