@@ -17,7 +17,7 @@ its rejection; greedy output is the full model's whatever the drafter proposes.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -30,21 +30,20 @@ from ttbundles.reference.attention import (
     rms_norm,
 )
 
-if TYPE_CHECKING:
-    from ttbundles.reference.generator import KVCache, ReferenceLlamaGenerator
-
 
 @torch.no_grad()
 def early_exit_drafts(
-    model: ReferenceLlamaGenerator,
+    model: Any,
     layers: int,
     last_tokens: torch.Tensor,
     last_positions: torch.Tensor,
     block_table: torch.Tensor,
-    kv_cache: KVCache,
+    kv_cache: list[list[torch.Tensor]],
     num_drafts: int,
 ) -> torch.Tensor:
-    """Greedy drafts `[n, num_drafts]` int64 for n rows.
+    """Greedy drafts `[n, num_drafts]` int64 for n rows. `model` is the target, a
+    `ReferenceLlamaGenerator` (its weights, dims, rope and scale; not imported here: the
+    generator imports this module); `kv_cache` its per-layer `[k_cache, v_cache]`.
 
     Row i's last committed token `last_tokens[i]` sits at `last_positions[i]` (p, not yet
     in the cache); positions 0 .. p - 1 are in the cache through `block_table[i]` (its
