@@ -15,6 +15,7 @@ all, so reaching them from a module body fails this test.
 from __future__ import annotations
 
 import ast
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +25,15 @@ import pytest
 import ttbundles
 
 PACKAGE = Path(ttbundles.__file__).parent
+
+
+def _python_files(root: Path) -> list[Path]:
+    """Every .py file under `root`, through the checkout's links (ttbundles/cli and
+    ttbundles/_data, which the wheel carries as folders): what the installed package has."""
+    found = []
+    for folder, _, names in os.walk(root, followlinks=True):
+        found += [Path(folder) / n for n in names if n.endswith(".py")]
+    return sorted(found)
 LIGHT = [
     "ttbundles",
     "ttbundles.vllm_window",
@@ -112,7 +122,7 @@ def test_the_blocker_really_blocks(tmp_path):
 
 def _module_graph() -> dict[str, set[str]]:
     modules = {}
-    for path in PACKAGE.rglob("*.py"):
+    for path in _python_files(PACKAGE):
         rel = path.relative_to(PACKAGE.parent).with_suffix("")
         name = ".".join(rel.parts).removesuffix(".__init__")
         modules[name] = path
@@ -234,7 +244,7 @@ def _imports(path: Path, name: str, modules: set[str]) -> list[tuple[str, int]]:
 def upward_imports(package: Path) -> list[str]:
     """Each import in `package` (a `ttbundles` folder) of a higher layer or of a peer."""
     files = {}
-    for path in package.rglob("*.py"):
+    for path in _python_files(package):
         rel = path.relative_to(package.parent).with_suffix("")
         if rel.parts[1:2] == ("_data",):
             continue  # the built-in bundles' own code (adapters), data to ttbundles
@@ -336,7 +346,7 @@ def test_envs_is_the_one_reader_of_environment_variables():
     (its parser, its deprecated name); other modules may only set variables for their
     children, or copy the whole environment."""
     found = []
-    for path in sorted(PACKAGE.rglob("*.py")):
+    for path in sorted(_python_files(PACKAGE)):
         if path.name != "envs.py" and "_data" not in path.relative_to(PACKAGE).parts:
             found += [f"{path.relative_to(PACKAGE)}:{r}" for r in _literal_environment_reads(path)]
     assert found == []

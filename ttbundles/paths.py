@@ -1,8 +1,10 @@
 """Where ttbundles' own files are: those shipped with it (the schema, the built-in
 bundles), the user cache, and a `--model` path as the user typed it.
 
-Installed, the shipped files live in `ttbundles/_data/`; in a source checkout, at the
-repo root (`schemas/`, `bundles/`), which is where they are edited. The user cache is
+The shipped files live in `ttbundles/_data/`, installed or not: in a source checkout
+`ttbundles/_data/bundles` and `ttbundles/_data/schemas` are symbolic links to the repo
+root's `bundles/` and `schemas/` (where they are edited), which the wheel build follows,
+so an editable install and a wheel find them at the same place. The user cache is
 one folder for everything ttbundles keeps between runs (the registry's index of checked
 bundles, the demo's checkpoints and logs).
 """
@@ -19,8 +21,7 @@ SCHEMA_FILE_NAME = "vllm_metadata.schema.json"
 
 
 def _data_dir(name: str) -> Path:
-    installed = _PACKAGE / "_data" / name
-    return installed if installed.is_dir() else _PACKAGE.parent / name
+    return _PACKAGE / "_data" / name
 
 
 def builtin_bundles_dir() -> Path:
