@@ -34,6 +34,8 @@ def _python_files(root: Path) -> list[Path]:
     for folder, _, names in os.walk(root, followlinks=True):
         found += [Path(folder) / n for n in names if n.endswith(".py")]
     return sorted(found)
+
+
 LIGHT = [
     "ttbundles",
     "ttbundles.vllm_window",
