@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -93,30 +95,95 @@ _TTBUNDLE_ENV = (
     "TT_BUNDLES_REGISTRY_TIMEOUT",
     "DOCKER_CONFIG",
 )
-# The console script next to this interpreter: it imports the installed package, never the
-# source tree (which `python -m` from the repo root would put first on sys.path).
+# The console script next to this interpreter, for the tests of what only a process shows
+# (the console script itself, exit codes, a terminal, signals): `run_cli_process`.
 TTBUNDLE = str(Path(sys.executable).parent / "ttbundle")
 
 
-def _run_cli(*args, env=None, cwd=None, timeout=60, stdin=subprocess.DEVNULL):
+def _cli_environment(env: dict[str, str] | None) -> dict[str, str]:
     environ = {k: v for k, v in os.environ.items() if k not in _TTBUNDLE_ENV}
     environ.update({"COLUMNS": "250", "NO_COLOR": "1", "TERM": "dumb"})
     environ.update(env or {})
+    return environ
+
+
+def _run_cli_process(*args, env=None, cwd=None, timeout=60, stdin=subprocess.DEVNULL):
     return subprocess.run(
         [TTBUNDLE, *map(str, args)],
         capture_output=True,
         text=True,
-        env=environ,
+        env=_cli_environment(env),
         cwd=cwd,
         timeout=timeout,
         stdin=stdin,  # by default not a terminal: nothing may wait for an answer
     )
 
 
+class _Captured(io.StringIO):
+    """A captured standard stream: not a terminal, as a pipe to a test is not."""
+
+    def isatty(self) -> bool:
+        return False
+
+
+def _run_cli_in_process(*args, env=None, cwd=None, timeout=None, stdin=subprocess.DEVNULL):
+    """`ttbundle ARGS` in this process, as the console script runs it (the app's own
+    entry, `answer`: its error presentation and exit codes), with the environment, the
+    working folder, the standard streams and the signal handlers it would have had in a
+    process of its own, and all of them put back after.
+
+    `timeout` is accepted for the callers' sake and not enforced: a command that hangs
+    hangs the test, which pytest's own report shows. Only an empty standard input can be
+    given (`subprocess.DEVNULL`); a test that needs a terminal or a pipe uses
+    `run_cli_process`.
+    """
+    from ttbundles.cli.app import answer
+
+    assert stdin is subprocess.DEVNULL, "in-process: stdin is empty; use run_cli_process"
+    argv = [str(a) for a in args]
+    saved_env = dict(os.environ)
+    saved_cwd = os.getcwd()
+    saved_streams = (sys.stdin, sys.stdout, sys.stderr)
+    saved_signals = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    out, err = _Captured(), _Captured()
+    os.environ.clear()
+    os.environ.update(_cli_environment(env))
+    code: int | str | None = 0
+    try:
+        if cwd is not None:
+            os.chdir(cwd)
+        sys.stdin, sys.stdout, sys.stderr = io.StringIO(""), out, err
+        try:
+            answer(argv)
+        except SystemExit as exc:
+            code = exc.code
+    finally:
+        sys.stdin, sys.stdout, sys.stderr = saved_streams
+        os.chdir(saved_cwd)
+        os.environ.clear()
+        os.environ.update(saved_env)
+        for number, handler in saved_signals.items():
+            signal.signal(number, handler)
+    if code is None:
+        code = 0
+    elif not isinstance(code, int):  # sys.exit("message"): printed, status 1, as Python does
+        err.write(f"{code}\n")
+        code = 1
+    return subprocess.CompletedProcess(["ttbundle", *argv], code, out.getvalue(), err.getvalue())
+
+
 @pytest.fixture
 def run_cli():
-    """`run_cli(*args, env=None, cwd=None, stdin=DEVNULL)` -> CompletedProcess (text, captured)."""
-    return _run_cli
+    """`run_cli(*args, env=None, cwd=None)` -> CompletedProcess (text, captured): the
+    command run in this process (`_run_cli_in_process`)."""
+    return _run_cli_in_process
+
+
+@pytest.fixture
+def run_cli_process():
+    """`run_cli_process(*args, env=None, cwd=None, timeout=60, stdin=DEVNULL)`: the
+    installed console script in a process of its own, for what only a process shows."""
+    return _run_cli_process
 
 
 @pytest.fixture(scope="session")

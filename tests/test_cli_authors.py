@@ -290,7 +290,9 @@ def test_init_a_mistyped_path_is_a_clear_error(run_cli, tmp_path, checkpoint):
     assert "LocalEntryNotFoundError" not in done.stderr and "Repo id" not in done.stderr
 
 
-def test_init_without_a_network_answers_from_the_cache_at_once(run_cli, tmp_path, checkpoint):
+def test_init_without_a_network_answers_from_the_cache_at_once(
+    run_cli_process, tmp_path, checkpoint
+):
     """Online mode (no HF_HUB_OFFLINE) and a hub that cannot be reached (here a closed
     port): the cached config is used, a repository not in the cache is TTB208, both
     without huggingface_hub's retries (about 23 s; the timeout below is shorter)."""
@@ -311,13 +313,13 @@ def test_init_without_a_network_answers_from_the_cache_at_once(run_cli, tmp_path
         "HF_HUB_CACHE": str(cache),
     }
     done = no_traceback(
-        run_cli("init", tmp_path / "a", "--from-hf", "org/cached", env=env, timeout=15)
+        run_cli_process("init", tmp_path / "a", "--from-hf", "org/cached", env=env, timeout=15)
     )
     assert done.returncode == 0, done.stderr
     meta = json.loads((tmp_path / "a" / META).read_text())
     assert meta["models"] == [{"repo": "org/cached", "revision": "0123abcd"}]
     done = no_traceback(
-        run_cli("init", tmp_path / "b", "--from-hf", "org/not-cached", env=env, timeout=15)
+        run_cli_process("init", tmp_path / "b", "--from-hf", "org/not-cached", env=env, timeout=15)
     )
     assert done.returncode == 1
     assert "error TTB208 'org/not-cached' is not a folder here" in done.stderr

@@ -145,38 +145,46 @@ def on_a_terminal(run_cli, *args: object, answer: str | None):
         os.close(controller)
 
 
-def test_uninstall_on_a_terminal_asks_and_no_keeps_it(run_cli, models: Path, installed: Path):
-    done = on_a_terminal(run_cli, "uninstall", "demo", "--models-dir", models, answer="n\n")
+def test_uninstall_on_a_terminal_asks_and_no_keeps_it(
+    run_cli_process, models: Path, installed: Path
+):
+    done = on_a_terminal(run_cli_process, "uninstall", "demo", "--models-dir", models, answer="n\n")
     assert (done.returncode, done.stdout) == (1, "")
     assert f"Remove demo 1.0.0 at {installed}? [y/N]" in done.stderr
     assert "uninstall cancelled; nothing was removed" in done.stderr
     assert (installed / "vllm_metadata.json").is_file()
 
 
-def test_uninstall_on_a_terminal_asks_and_yes_removes(run_cli, models: Path, installed: Path):
-    done = on_a_terminal(run_cli, "uninstall", "demo", "--models-dir", models, answer="y\n")
+def test_uninstall_on_a_terminal_asks_and_yes_removes(
+    run_cli_process, models: Path, installed: Path
+):
+    done = on_a_terminal(run_cli_process, "uninstall", "demo", "--models-dir", models, answer="y\n")
     assert done.returncode == 0 and "Remove demo 1.0.0" in done.stderr
     assert done.stdout == f"uninstalled demo 1.0.0 from {installed}\n"
     assert not os.path.lexists(installed)
 
 
 @pytest.mark.parametrize("flag", ["--yes", "-y"])
-def test_uninstall_yes_does_not_ask(run_cli, models: Path, installed: Path, flag: str):
-    done = on_a_terminal(run_cli, "uninstall", "demo", "--models-dir", models, flag, answer=None)
+def test_uninstall_yes_does_not_ask(run_cli_process, models: Path, installed: Path, flag: str):
+    done = on_a_terminal(
+        run_cli_process, "uninstall", "demo", "--models-dir", models, flag, answer=None
+    )
     assert (done.returncode, done.stderr) == (0, "")
     assert done.stdout == f"uninstalled demo 1.0.0 from {installed}\n"
 
 
-def test_uninstall_of_a_missing_bundle_fails_before_asking(run_cli, models: Path, installed):
-    done = on_a_terminal(run_cli, "uninstall", "demi", "--models-dir", models, answer="y\n")
+def test_uninstall_of_a_missing_bundle_fails_before_asking(
+    run_cli_process, models: Path, installed
+):
+    done = on_a_terminal(run_cli_process, "uninstall", "demi", "--models-dir", models, answer="y\n")
     assert (done.returncode, done.stdout) == (1, "")
     assert "error TTB092 demi is not installed" in done.stderr and "Remove" not in done.stderr
     assert "demo" in done.stderr  # the did-you-mean
 
 
-def test_the_question_keeps_stdout_for_json(run_cli, models: Path, installed: Path):
+def test_the_question_keeps_stdout_for_json(run_cli_process, models: Path, installed: Path):
     done = on_a_terminal(
-        run_cli, "uninstall", "demo", "--models-dir", models, "-f", "json", answer="y\n"
+        run_cli_process, "uninstall", "demo", "--models-dir", models, "-f", "json", answer="y\n"
     )
     assert done.returncode == 0 and "Remove demo 1.0.0" in done.stderr
     assert json.loads(done.stdout)["action"] == "uninstalled"

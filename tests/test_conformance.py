@@ -743,9 +743,9 @@ def demo_tests() -> dict:
 
 
 def serve_cli(*args):
-    from tests.conftest import _run_cli
+    from tests.conftest import _run_cli_process
 
-    return _run_cli("test", *args, timeout=SERVE_TIMEOUT)
+    return _run_cli_process("test", *args, timeout=SERVE_TIMEOUT)
 
 
 def wrong_bundle(folder: Path, name: str, adapter: str, cls: str, tests: dict, caps=None):

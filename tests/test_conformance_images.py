@@ -313,9 +313,9 @@ SERVE_TIMEOUT = 900
 
 
 def serve_cli(*args):
-    from tests.conftest import _run_cli
+    from tests.conftest import _run_cli_process
 
-    return _run_cli("test", *args, "--format", "json", timeout=SERVE_TIMEOUT)
+    return _run_cli_process("test", *args, "--format", "json", timeout=SERVE_TIMEOUT)
 
 
 @pytest.mark.server

@@ -282,10 +282,10 @@ def _environment_bundle(models: Path, module: str) -> Path:
 
 
 @pytest.mark.server  # builds a vLLM configuration in a subprocess
-def test_plan_takes_the_model_first_and_models_dir(run_cli, demo_checkpoint, tmp_path):
+def test_plan_takes_the_model_first_and_models_dir(run_cli_process, demo_checkpoint, tmp_path):
     models = tmp_path / "models"
     _environment_bundle(models, "tt_nowhere.gen")
-    done = run_cli(
+    done = run_cli_process(
         "plan",
         demo_checkpoint,
         "--mesh",
@@ -307,7 +307,7 @@ def test_plan_takes_the_model_first_and_models_dir(run_cli, demo_checkpoint, tmp
     (tmp_path / "lib" / "tt_nowhere").mkdir(parents=True)
     (tmp_path / "lib" / "tt_nowhere" / "__init__.py").write_text("")
     (tmp_path / "lib" / "tt_nowhere" / "gen.py").write_text("class Generator: ...\n")
-    done = run_cli(
+    done = run_cli_process(
         "plan",
         demo_checkpoint,
         "--mesh",
@@ -331,7 +331,7 @@ def test_plan_takes_the_model_first_and_models_dir(run_cli, demo_checkpoint, tmp
     decisions = {d["setting"]: d for d in plan["decisions"]}
     assert decisions["max_model_len"]["effective"] == 64
     # The old spelling still works.
-    old = run_cli(
+    old = run_cli_process(
         "plan", "--model", demo_checkpoint, "--mesh", "HOST", "--format", "json", timeout=300
     )
     assert old.returncode == 0, old.stderr

@@ -315,13 +315,13 @@ def test_validate_import_does_not_ask_for_validate_import(run_cli, workdir):
     assert note["severity"] == "info" and "validate --import" not in note["hint"]
 
 
-def test_init_from_a_mistyped_hub_id_suggests_the_cached_one(run_cli, workdir):
+def test_init_from_a_mistyped_hub_id_suggests_the_cached_one(run_cli_process, workdir):
     cache = workdir / "hub"
     snapshot = cache / "models--hf--qwen" / "snapshots" / "0123abcd"
     snapshot.mkdir(parents=True)
     (snapshot / "config.json").write_text((workdir / "ckpt" / "config.json").read_text())
     env = {"HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
-    done = run_cli("init", "q", "--from-hf", "hf/qwne", env=env, cwd=workdir)
+    done = run_cli_process("init", "q", "--from-hf", "hf/qwne", env=env, cwd=workdir)
     assert done.returncode == 1 and "TTB208" in done.stderr
     assert "did you mean hf/qwen? (in the hub cache)" in done.stderr
 
@@ -399,11 +399,13 @@ def _user_indexes(workdir) -> list[str]:
     return sorted(p.name for p in cache.glob("index-*.json")) if cache.is_dir() else []
 
 
-def test_a_failed_test_run_removes_its_folder_and_keeps_the_log(run_cli, workdir):
+def test_a_failed_test_run_removes_its_folder_and_keeps_the_log(run_cli_process, workdir):
     """The serving process stopped by --timeout: TTB127, the run's temporary folder gone,
     its serving log kept in the user cache and named."""
     env = _test_env(workdir)
-    done = run_cli("test", "demo", "--model", "./ckpt", "--timeout", "1", env=env, cwd=workdir)
+    done = run_cli_process(
+        "test", "demo", "--model", "./ckpt", "--timeout", "1", env=env, cwd=workdir
+    )
     assert (done.returncode, done.stdout) == (1, ""), done.stderr
     log = workdir / "cache" / "ttbundles" / "test-logs" / "demo.log"
     assert f"{log}: error TTB127 serving demo for the test failed: the serving process " in (
@@ -463,7 +465,7 @@ def test_an_interrupted_test_run_stops_its_server_and_removes_its_folder(workdir
     assert left == [], "still running 15 s after: " + "; ".join(map(_describe, left))
 
 
-def test_a_killed_test_runs_folder_is_removed_by_the_next_run(run_cli, workdir):
+def test_a_killed_test_runs_folder_is_removed_by_the_next_run(run_cli_process, workdir):
     """`kill -9` runs no clean-up: the folder stays, and the next run removes it (its
     lock died with the process), whatever that run's own outcome."""
     import os
@@ -494,7 +496,9 @@ def test_a_killed_test_runs_folder_is_removed_by_the_next_run(run_cli, workdir):
             run.wait()
     (left,) = list((workdir / "tmp").iterdir())
     assert left.name.startswith(f"ttbundle-test-{run.pid}-")
-    done = run_cli("test", "demo", "--model", "./ckpt", "--timeout", "1", env=env, cwd=workdir)
+    done = run_cli_process(
+        "test", "demo", "--model", "./ckpt", "--timeout", "1", env=env, cwd=workdir
+    )
     assert done.returncode == 1 and "TTB127" in done.stderr, done.stderr
     assert list((workdir / "tmp").iterdir()) == []
 
@@ -573,13 +577,15 @@ def _zombie(pid: int) -> bool:
 
 
 @pytest.mark.server
-def test_the_readme_rope_settings_skip_what_they_cannot_check_and_leave_nothing(run_cli, workdir):
+def test_the_readme_rope_settings_skip_what_they_cannot_check_and_leave_nothing(
+    run_cli_process, workdir
+):
     """As the README runs it, relative paths: at --max-tokens 4 the short prompt's resent
     sequence fits one KV block, so its cache-hit check is skipped with the reason (exit
     0), not failed; the run leaves no folder and no index of its models folder."""
     env = _test_env(workdir)
     args = ("test", "demo", "--model", "./ckpt", "--max-tokens", "4", "--path", "prefix_cache")
-    done = run_cli(*args, "--golden", "reference", env=env, cwd=workdir, timeout=900)
+    done = run_cli_process(*args, "--golden", "reference", env=env, cwd=workdir, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "demo@1.0.0 on HOST, checkpoint ./ckpt: 3 prompts x 4 tokens" in done.stdout
     rows = [line.split() for line in done.stdout.splitlines() if line.startswith("prefix_cache")]

@@ -94,9 +94,9 @@ def test_the_plugin_is_silent_about_a_tested_release(tmp_path):
     assert "TTB217" not in result.stderr
 
 
-def test_doctor_reports_the_vllm_release_against_the_window(tmp_path, run_cli):
+def test_doctor_reports_the_vllm_release_against_the_window(tmp_path, run_cli_process):
     fake = fake_vllm_metadata(tmp_path, "0.32.0")
-    result = run_cli("doctor", "--format", "json", env={"PYTHONPATH": str(fake)})
+    result = run_cli_process("doctor", "--format", "json", env={"PYTHONPATH": str(fake)})
     report = json.loads(result.stdout)
     assert report["vllm"] == {
         "version": "0.32.0",
@@ -106,7 +106,7 @@ def test_doctor_reports_the_vllm_release_against_the_window(tmp_path, run_cli):
     }
     codes = [d["code"] for d in report["diagnostics"]]
     assert "TTB217" in codes
-    ours = run_cli("doctor", "--format", "json")
+    ours = run_cli_process("doctor", "--format", "json")
     assert json.loads(ours.stdout)["vllm"]["in_window"] is True
 
 
