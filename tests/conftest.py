@@ -255,3 +255,42 @@ def time_wait_port() -> int:
     ]
     assert states == ["06"], f"port {port} is not (only) in TIME_WAIT: {states}"
     return port
+
+
+def _on_the_default_release() -> bool:
+    from importlib.metadata import PackageNotFoundError, version
+
+    from ttbundles.vllm_window import DEFAULT_VLLM
+
+    try:
+        return version("vllm").split("+")[0] == DEFAULT_VLLM
+    except PackageNotFoundError:
+        return True
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark what can differ between vLLM releases (`tests/release_marks.py`); on a release
+    other than the default, run only that (TTBUNDLES_ALL_TESTS=1 runs everything)."""
+    from tests.release_marks import MARK, mark_release_dependent
+
+    mark_release_dependent(items)
+    if _on_the_default_release() or os.environ.get("TTBUNDLES_ALL_TESTS") == "1":
+        return
+    keep = [item for item in items if item.get_closest_marker(MARK)]
+    dropped = [item for item in items if not item.get_closest_marker(MARK)]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = keep
+    config._ttbundles_release_selection = (len(keep), len(keep) + len(dropped))
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    selection = getattr(config, "_ttbundles_release_selection", None)
+    if selection:
+        from importlib.metadata import version
+
+        terminalreporter.write_line(
+            f"vLLM {version('vllm')}: {selection[0]} of {selection[1]} collected tests can "
+            "differ between releases and ran here; the rest run on the default release "
+            "(TTBUNDLES_ALL_TESTS=1 runs all)"
+        )

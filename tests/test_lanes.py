@@ -38,8 +38,6 @@ from ttbundles.serving.lanes import (
 )
 from ttbundles.serving.scheduler import TTAsyncScheduler, TTScheduler
 
-pytestmark = pytest.mark.vllm
-
 BLOCK = 16
 TOKEN = 7
 

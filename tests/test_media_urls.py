@@ -20,8 +20,6 @@ from tests.image_host import ImageHost, png_bytes
 from ttbundles.serving import media_urls
 from ttbundles.serving.media_urls import InsideAddressError, MediaURLPolicy
 
-pytestmark = pytest.mark.vllm
-
 
 @pytest.mark.parametrize(
     ("address", "kind"),

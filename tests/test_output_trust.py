@@ -124,7 +124,6 @@ def test_demo_on_a_port_something_listens_on_is_ttb210_before_any_work(run_cli, 
 # --- plan: the server's code path, the server's words, only its own output ------------
 
 
-@pytest.mark.vllm
 def test_plan_is_quiet_and_uses_the_servers_defaults(run_cli, workdir):
     done = run_cli("plan", "./ckpt", "--mesh", "HOST", "-f", "json", cwd=workdir, timeout=300)
     data = envelope(done, 0)
@@ -137,7 +136,6 @@ def test_plan_is_quiet_and_uses_the_servers_defaults(run_cli, workdir):
     assert "TTLlamaForCausalLM: demo@1.0.0" in verbose.stdout
 
 
-@pytest.mark.vllm
 def test_plan_fails_with_the_servers_error_text(run_cli, workdir):
     done = run_cli(
         "plan", "./ckpt", "--mesh", "HOST", "--max-model-len", "4096", cwd=workdir, timeout=300

@@ -53,8 +53,6 @@ from ttbundles.serving.scheduler import (
     _restore_running,
 )
 
-pytestmark = pytest.mark.vllm
-
 BLOCK_SIZE = 16
 TOKEN = 7  # what the fake model samples; never a stop token (requests ignore EOS)
 

@@ -17,8 +17,6 @@ from ttbundles.demo.variants import write_lanes_bundle
 from ttbundles.errors import ConfigurationError
 from ttbundles.paths import builtin_bundles_dir
 
-pytestmark = pytest.mark.vllm
-
 
 @pytest.fixture
 def host(monkeypatch, tmp_path):

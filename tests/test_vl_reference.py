@@ -554,7 +554,6 @@ def test_lists_not_aligned_with_the_rows_and_unknown_keywords_are_refused(gen, p
 # ---- the checkpoint -----------------------------------------------------------------------
 
 
-@pytest.mark.vllm
 def test_vllm_processor_reads_the_checkpoint_as_transformers_does(vision_checkpoint, processor):
     """vLLM's own Qwen2.5-VL processor gives the prompt tokens and tensors the golden uses."""
     from vllm.config import ModelConfig

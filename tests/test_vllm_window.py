@@ -18,8 +18,6 @@ import pytest
 
 from ttbundles import vllm_window
 
-pytestmark = pytest.mark.vllm
-
 
 def fake_vllm_metadata(root: Path, version: str) -> Path:
     """A folder whose only content is vLLM's distribution metadata at `version`."""

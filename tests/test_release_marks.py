@@ -1,0 +1,42 @@
+"""The rules that choose what runs on every vLLM release (`tests/release_marks.py`),
+held to tests of this suite whose answer is known."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.release_marks import _commands, _reaches, function_reaches
+
+
+@pytest.mark.parametrize(
+    ("module", "function", "differs"),
+    [
+        # imports vLLM at module level
+        ("tests.test_scheduler", "test_decodes_are_hidden_not_reordered", True),
+        # runs `ttbundle plan` (the command's module imports the serving side)
+        ("tests.test_output_trust", "test_plan_is_quiet_and_uses_the_servers_defaults", True),
+        # hands `python -c` a program that imports the plugin
+        ("tests.test_vllm_window", "test_the_plugin_is_silent_about_a_tested_release", True),
+        # the same with a program that imports vLLM's modules
+        (
+            "tests.test_torchvision_compat",
+            "test_vllm_vision_modules_import_in_a_process_that_loaded_the_general_plugins",
+            True,
+        ),
+        # reads the installed release
+        ("tests.test_vllm_window", "test_the_installed_release_is_in_the_window", True),
+        # the format alone
+        ("tests.test_metadata", "test_minimal_document_gets_defaults", False),
+        # archives through the CLI, in-process: the app's other commands are not followed
+        ("tests.test_cli_install", "test_install_says_what_it_did", False),
+    ],
+)
+def test_a_test_differs_between_releases_where_what_it_runs_can(module, function, differs):
+    assert function_reaches(module, function) is differs
+
+
+def test_the_commands_are_read_from_the_app():
+    commands = _commands()
+    assert commands["list"] == "ttbundles.cli.info"
+    assert commands["test"] == "ttbundles.cli.conformance"
+    assert _reaches(commands["plan"]) and not _reaches(commands["pack"])
