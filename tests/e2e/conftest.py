@@ -654,8 +654,7 @@ def assert_stopped_quietly(log: str, what: str, why: str) -> None:
 # configuration, shared by the session): "spec-ngram" speculates with the host n-gram
 # proposer under vLLM's default scheduling (asynchronous on 0.34.0, where the demo bundle
 # declares async_spec_decode; 0.33.0 turns it off itself for ngram), "spec-lanes" the
-# same on the demo bundle's single-execute variant as 2 in-process lanes x 4 sequences,
-# "spec-off" the demo bundle without speculation (the baseline their output must equal).
+# same on the demo bundle's single-execute variant as 2 in-process lanes x 4 sequences.
 NGRAM_CONFIG = {
     "method": "ngram",
     "num_speculative_tokens": 4,
@@ -694,14 +693,17 @@ SPEC_SERVER_PLANS: dict[str, list[str]] = {
         json.dumps(DRAFTER_CONFIG),
         *tt_options(**DEVICE_SAMPLING),
     ],
-    "spec-off": [*DEMO_ARGS, "--no-async-scheduling", *tt_options(**DEVICE_SAMPLING)],
 }
+# The baseline their output must equal, "spec-off", is the "demo-sync" server of `servers`
+# (the same options: the demo bundle without speculation, one step in flight).
+SPEC_BASELINE = "demo-sync"
 
 
 @pytest.fixture(scope="session")
-def spec_servers(demo_checkpoint, tmp_path_factory) -> Iterator[dict[str, Server]]:
+def spec_servers(demo_checkpoint, tmp_path_factory, servers) -> Iterator[dict[str, Server]]:
     """The speculative-decoding servers of SPEC_SERVER_PLANS, started together
-    (TTBUNDLES_TEST_SERVERS, as for `servers`, starts only those it names)."""
+    (TTBUNDLES_TEST_SERVERS, as for `servers`, starts only those it names), and their
+    baseline "spec-off" (`servers`' "demo-sync")."""
     root = tmp_path_factory.mktemp("e2e-spec")
     logging_config = root / "logging.json"
     logging_config.write_text(json.dumps(LOGGING_CONFIG))
@@ -734,7 +736,8 @@ def spec_servers(demo_checkpoint, tmp_path_factory) -> Iterator[dict[str, Server
                 server.process.wait_ready(READY_TIMEOUT)
             except TTBundleError as exc:
                 pytest.fail(f"the {server.name!r} server did not start: {exc}", pytrace=False)
-        yield started
+        baseline = {"spec-off": servers[SPEC_BASELINE]} if SPEC_BASELINE in servers else {}
+        yield {**started, **baseline}
     finally:
         for server in started.values():
             server.process.stop(STOP_TIMEOUT)

@@ -3,7 +3,8 @@
 `--speculative-config` ngram, k=4, under vLLM's default (asynchronous on 0.34.0)
 scheduling, its single-execute variant as 2 in-process lanes with the same, the
 demo-drafter variant with custom_class (the model's own drafter, k=4, the same
-scheduling), and the demo bundle without speculation).
+scheduling), and the demo bundle without speculation: the "demo-sync" server, shared
+with the other server tests).
 
 Greedy output with speculation equals greedy output without it, token for token, on
 prompts whose continuation repeats (drafts are accepted) and on random text (they are
