@@ -284,7 +284,41 @@ def pytest_collection_modifyitems(config, items):
     config._ttbundles_release_selection = (len(keep), len(keep) + len(dropped))
 
 
+# Which tests start the `ttbundle` command as a process (the console script or
+# `python -m ttbundles`): the summary counts them, so that in-process stays the rule.
+_CLI_PROCESS_TESTS: set[str] = set()
+_CURRENT_TEST: list[str] = []
+
+
+def _watch_cli_processes(event: str, args: tuple) -> None:
+    if event != "subprocess.Popen" or not _CURRENT_TEST:
+        return
+    argv = [str(a) for a in (args[1] if isinstance(args[1], (list, tuple)) else [args[1]])]
+    if argv and (
+        os.path.basename(argv[0]) == "ttbundle"
+        or any(a == "-m" and b == "ttbundles" for a, b in zip(argv, argv[1:]))
+    ):
+        _CLI_PROCESS_TESTS.add(_CURRENT_TEST[-1].split("[")[0])
+
+
+sys.addaudithook(_watch_cli_processes)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    _CURRENT_TEST.append(item.nodeid)
+    try:
+        return (yield)
+    finally:
+        _CURRENT_TEST.pop()
+
+
 def pytest_terminal_summary(terminalreporter, config):
+    if _CLI_PROCESS_TESTS:
+        terminalreporter.write_line(
+            f"{len(_CLI_PROCESS_TESTS)} test functions started the ttbundle command as a "
+            "process (the rest ran it in-process)"
+        )
     selection = getattr(config, "_ttbundles_release_selection", None)
     if selection:
         from importlib.metadata import version
