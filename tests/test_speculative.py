@@ -169,19 +169,20 @@ def test_top_k_and_top_p_as_vllm_applies_them():
 
 def test_rejection_sampling_keeps_the_target_distribution():
     """The first committed token of a row with one n-gram draft (draft probability 1)
-    is distributed as the target: 40,000 draws, total variation distance under 0.02
-    (the sampling error at this size is about 0.005)."""
+    is distributed as the target: 10,000 seeded draws, total variation distance under
+    0.03 (the sampling error at this size is about 0.01; a rule that over-accepts the
+    draft moves tenths of the mass onto it)."""
     torch.manual_seed(1234)
     vocab = 8
     logits = torch.randn(2, vocab)
     target = target_probs(logits[:1], sampled())[0]
     counts = torch.zeros(vocab)
-    draws = 40_000
+    draws = 10_000
     for i in range(draws):
         out = accept_row([3], logits, sampled(seed=i), position=0)
         counts[out[0]] += 1
     distance = 0.5 * float((counts / draws - target).abs().sum())
-    assert distance < 0.02, (counts / draws, target)
+    assert distance < 0.03, (counts / draws, target)
 
 
 # --- the reference generator's verify --------------------------------------------------
