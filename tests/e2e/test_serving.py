@@ -426,20 +426,26 @@ def test_demo_command_answers_in_words(real_model):
     assert "Paris" in chat and "TTFT" in chat and "tokens/s" in chat
 
 
-def test_demo_in_the_foreground_keeps_vllms_log_in_its_file(tmp_path):
-    """`ttbundle demo --tiny` without --query: vLLM's log goes to its file, not over the
-    demo's lines, and the curl hint is the last line printed while it serves."""
+def test_demo_tiny_in_the_foreground_serves_on_a_time_wait_port_and_keeps_vllms_log(tmp_path):
+    """`ttbundle demo --tiny` without --query: the tiny checkpoint prepared into the cache;
+    on a port a stopped server left in TIME_WAIT (`--port` takes it, as vllm serve's
+    listener does: SO_REUSEADDR); vLLM's log goes to its file, not over the demo's lines,
+    and the curl hint is the last line printed while it serves; the served model answers
+    (the --query flow itself is test_demo_command_answers_in_words')."""
     import signal
     import time
 
-    from ttbundles.demo.server import free_port
+    import openai
 
+    from tests.conftest import time_wait_port
+
+    port = time_wait_port()
     env = {k: v for k, v in os.environ.items() if k not in ("VLLM_PLUGINS", "EXTRA_MODELS_DIR")}
     env.update({"XDG_CACHE_HOME": str(tmp_path), "COLUMNS": "250", "NO_COLOR": "1"})
     out = tmp_path / "stdout.txt"
     with out.open("w") as sink:
         demo = subprocess.Popen(
-            [TTBUNDLE, "demo", "--tiny", "--port", str(free_port())],
+            [TTBUNDLE, "demo", "--tiny", "--port", str(port)],
             stdout=sink,
             stderr=subprocess.STDOUT,
             env=env,
@@ -450,9 +456,18 @@ def test_demo_in_the_foreground_keeps_vllms_log_in_its_file(tmp_path):
         while "try: curl" not in out.read_text():
             assert demo.poll() is None and time.monotonic() < deadline, out.read_text()
             time.sleep(1)
-        time.sleep(2)  # anything vLLM would still print after the hint
+        # Anything vLLM would still print after the hint comes before this request's
+        # answer: the request goes through the same server after it.
+        checkpoint = tmp_path / "ttbundles" / "demo-checkpoint"
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="EMPTY")
+        answer = client.completions.create(
+            model=str(checkpoint), prompt="The capital of France is", max_tokens=4
+        )
+        assert answer.usage.completion_tokens == 4
         lines = out.read_text().splitlines()
-        assert lines[-1].startswith("try: curl http://127.0.0.1:"), lines[-5:]
+        assert lines[0] == f"checkpoint: {checkpoint} (prepared now)"
+        assert any(f"starting vllm serve on http://127.0.0.1:{port} (pid " in x for x in lines)
+        assert lines[-1].startswith(f"try: curl http://127.0.0.1:{port}"), lines[-5:]
         assert not [line for line in lines if "INFO" in line or "(APIServer" in line], lines
         log = tmp_path / "ttbundles" / "demo-server.log"
         assert f"vLLM's log: {log}" in lines[-3]
@@ -460,25 +475,6 @@ def test_demo_in_the_foreground_keeps_vllms_log_in_its_file(tmp_path):
     finally:
         os.killpg(demo.pid, signal.SIGINT)
         demo.wait(60)
-
-
-def test_demo_command_tiny_checkpoint(tmp_path):
-    """On a port a stopped server left in TIME_WAIT: `--port` takes it, as vllm serve's
-    listener does (SO_REUSEADDR)."""
-    from tests.conftest import time_wait_port
-
-    port = time_wait_port()
-    run = _demo(["--query", "--tiny", "--port", str(port)], tmp_path)
-    lines = _assert_served_and_stopped(run, tmp_path)
-    assert f"starting vllm serve on http://127.0.0.1:{port} (pid " in run.stdout
-    checkpoint = tmp_path / "ttbundles" / "demo-checkpoint"
-    assert lines[0] == f"checkpoint: {checkpoint} (prepared now)"
-    assert f"model: {checkpoint}" in lines
-    assert any(
-        line.startswith("completion: 'The capital of France is' -> ")
-        and "24 tokens, length" in line
-        for line in lines
-    ), run.stdout
 
 
 def test_demo_command_vision_sends_its_picture(tmp_path):
