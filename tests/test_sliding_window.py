@@ -265,3 +265,44 @@ def test_drafter_drafts_what_the_windowed_early_exit_would(windowed):
 
 def test_the_reference_declares_the_window():
     assert ReferenceLlamaGenerator.model_capabilities[WINDOW_CAPABILITY_KEY] is True
+
+
+# ---- `ttbundle test`: the golden of a reference bundle, and the window's fix line ----------
+
+
+def _plan_of(folder):
+    from types import SimpleNamespace
+
+    from ttbundles.check.validate import check_bundle
+
+    checked = check_bundle(folder)
+    assert checked.metadata is not None, checked.diagnostics
+    return SimpleNamespace(bundle_dir=folder, metadata=checked.metadata)
+
+
+def test_a_bundle_on_the_reference_is_tested_against_transformers(run_cli, make_bundle, tmp_path):
+    """`auto` picks transformers for a generator built on the reference (a golden made by
+    the code under test proves nothing); any other generator keeps the reference."""
+    from ttbundles.conformance.session import generator_is_reference
+
+    done = run_cli("init", tmp_path / "mine", "--arch", "MistralForCausalLM", "--reference")
+    assert done.returncode == 0, done.stderr
+    assert generator_is_reference(_plan_of(tmp_path / "mine"))
+    assert not generator_is_reference(_plan_of(make_bundle("other")))
+
+
+def test_a_miss_past_the_window_names_the_window():
+    from ttbundles.conformance.compare import window_hint
+
+    window = attention_window(
+        {"model_type": "mistral", "sliding_window": 8, "num_hidden_layers": 2}
+    )
+    general = "a decode step: check ..."
+    assert window_hint(general, 2, window, 6) == general  # context 8: inside the window
+    hint = window_hint(general, 3, window, 6)  # context 9: past it
+    assert hint.startswith(
+        "the context here (9 tokens) is longer than the checkpoint's sliding_window=8 (all 2 "
+        "layers): the generator must mask keys older than the window"
+    )
+    assert hint.endswith(general)
+    assert window_hint(general, 3, None, 6) == general
