@@ -194,6 +194,39 @@ def demo_checkpoint(tmp_path_factory) -> Path:
     return write_checkpoint(tmp_path_factory.mktemp("checkpoint") / "tiny-llama")
 
 
+WINDOW = 8
+"""The sliding window of `window_checkpoint`."""
+
+
+@pytest.fixture(scope="session")
+def window_checkpoint(tmp_path_factory) -> Path:
+    """A tiny Mistral with `sliding_window=8` (the demo's tokenizer, its sizes): tokens
+    past position 8 differ from full attention's."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    from ttbundles.demo.checkpoint import build_tokenizer, save_random
+
+    out = tmp_path_factory.mktemp("checkpoint") / "tiny-mistral-window"
+    out.mkdir(parents=True)
+    tokenizer = build_tokenizer(out)
+    config = MistralConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        sliding_window=WINDOW,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=False,
+    )
+    save_random(MistralForCausalLM(config), "MistralForCausalLM", out)
+    return out
+
+
 @pytest.fixture(scope="session")
 def vision_golden(vision_checkpoint):
     """transformers' Qwen2.5-VL on the tiny vision checkpoint (`reference.vl_golden`)."""

@@ -153,6 +153,8 @@ CODES: dict[str, str] = {
     "TTB241": "prefill_forward did not return the logits of every prompt position it was asked for",
     "TTB245": "no Tenstorrent device and MESH_DEVICE unset: vLLM has no platform to serve on",
     "TTB246": "a setting asked for was lowered to what the bundle's target supports (a warning)",
+    "TTB250": "the checkpoint's sliding window is shorter than max_model_len and the "
+    "generator does not mask it",
 }
 
 
@@ -393,6 +395,11 @@ WHAT_TO_DO: dict[str, str] = {
     "supports (the warning names the option and the value), or serve on a mesh whose "
     "target in the bundle's vllm_metadata.json allows more. Requests over the limit are "
     "refused with a note naming the bundle and its target.",
+    "TTB250": "Serve with --max-model-len at most the window (the message names it), where "
+    "every query sees its whole context; or with a generator that masks keys older than the "
+    "window and declares model_capabilities['supports_sliding_window'] = True (the torch "
+    "reference and bundles from `ttbundle init --reference` do). See "
+    "docs/operators/serving.md, sliding windows.",
 }
 
 

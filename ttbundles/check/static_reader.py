@@ -64,6 +64,9 @@ class ClassInfo:
     capabilities: ClassCapabilities | None = None
     unresolved_bases: list[str] = field(default_factory=list)
     contract: int = 0  # its decode_input_update_contract, where a literal shows it
+    # `module:Class` of the class and of every base read, nearest first (the MRO as far
+    # as it could be followed).
+    lineage: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -238,7 +241,7 @@ class _ClassFinder:
         return ".".join([*package, *([node.module] if node.module else [])])
 
     def _class_info(self, path: Path, module: str, node: ast.ClassDef, depth: int) -> ClassInfo:
-        info = ClassInfo(file=path, line=node.lineno)
+        info = ClassInfo(file=path, line=node.lineno, lineage=[f"{module}:{node.name}"])
         # Bases last to first, so that the first base wins, as in the MRO (a
         # simplification: a name from a later base is not known to be shadowed by an
         # earlier base outside the bundle); then the class's own body over all of them.
@@ -252,6 +255,7 @@ class _ClassFinder:
             if resolved is None:
                 info.unresolved_bases.insert(0, base_name)
             else:
+                info.lineage[1:1] = resolved.lineage
                 info.methods.update(resolved.methods)
                 info.unresolved_bases[:0] = resolved.unresolved_bases
                 if resolved.capabilities is not None:
@@ -422,6 +426,8 @@ class StaticClass:
     complete: bool
     # The literal values of the speculative keys (`contract.SPEC_KEYS`) the dict shows.
     spec_literals: dict[str, object] = field(default_factory=dict)
+    # `module:Class` of the class and the bases read (`ClassInfo.lineage`).
+    lineage: tuple[str, ...] = ()
 
     @property
     def capabilities(self) -> Capabilities:
@@ -507,6 +513,7 @@ def read_class(module: str, class_name: str, *, roots: Sequence[Path] = ()) -> S
                 if caps is None
                 else {k: caps.literals[k] for k in SPEC_LIST_KEYS if k in caps.literals}
             ),
+            lineage=tuple(info.lineage),
         )
     return None
 

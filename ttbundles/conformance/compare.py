@@ -386,7 +386,7 @@ def compare_logprobs(
         case.steps.append(result)
 
 
-def where_to_look(path: str, step: int) -> str:
+def _where_to_look(path: str, step: int) -> str:
     """Where bring-up looks first when `step` of `path` is the first to fail."""
     if step == 0:
         return {
@@ -407,8 +407,30 @@ def where_to_look(path: str, step: int) -> str:
     )
 
 
-def check_thresholds(case: CaseResult, thresholds: Any) -> None:
-    """Add a failure for each threshold the case misses, at its first failing step."""
+def window_hint(hint: str, step: int, window: Any, prompt_tokens: int | None) -> str:
+    """`hint`, led by the checkpoint's sliding window when the failing step's context is
+    longer than it: step k's query sits at position prompt_tokens - 1 + k, and only past
+    the window does a generator that ignores it differ."""
+    if window is None or prompt_tokens is None or prompt_tokens + step <= window.size:
+        return hint
+    return (
+        f"the context here ({prompt_tokens + step} tokens) is longer than the checkpoint's "
+        f"{window.describe()}: the generator must mask keys older than the window (a query "
+        f"at position p sees keys p - {window.size} < c <= p) in prefill and decode; "
+        f"else: {hint}"
+    )
+
+
+def check_thresholds(
+    case: CaseResult, thresholds: Any, window: Any = None, prompt_tokens: int | None = None
+) -> None:
+    """Add a failure for each threshold the case misses, at its first failing step.
+    `window` (`format.attention_window`) and the prompt's length: a miss past the window
+    names it first (`window_hint`)."""
+
+    def where_to_look(path: str, step: int) -> str:
+        return window_hint(_where_to_look(path, step), step, window, prompt_tokens)
+
     for s in case.compared:
         if s.pcc is not None and not (s.pcc >= thresholds.pcc):
             hint = where_to_look(case.path, s.step)

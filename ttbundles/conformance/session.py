@@ -148,9 +148,44 @@ def _golden_path(choice: str, typed: list[str]) -> Path:
     )
 
 
-def load_live(kind: str, checkpoint: str) -> Any:
+def generator_is_reference(plan: TestPlan) -> bool:
+    """Whether the bundle's generator is (built on) the torch reference generator, read
+    from source: then the reference is the code under test, and a golden it makes proves
+    nothing about it."""
+    from ttbundles.check.static_reader import read_bundle_class
+
+    try:
+        static = read_bundle_class(plan.bundle_dir, plan.metadata)
+    except Exception:  # noqa: BLE001 - unreadable: the ordinary default applies
+        return False
+    return static is not None and any(ref.startswith(REFERENCE_PACKAGE) for ref in static.lineage)
+
+
+REFERENCE_PACKAGE = "ttbundles.reference."
+
+
+def checkpoint_window(checkpoint: str) -> Any:
+    """The checkpoint's sliding window (`format.attention_window`), None without one or
+    when its config.json cannot be read (the golden says why)."""
+    from ttbundles.format.attention_window import attention_window
+
+    try:
+        config = json.loads((Path(checkpoint) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        try:
+            from ttbundles.reference.golden import load_config
+
+            config = load_config(checkpoint)
+        except Exception:  # noqa: BLE001 - no window known: hints stay general
+            return None
+    return attention_window(config)
+
+
+def load_live(kind: str, checkpoint: str, *, tested_is_reference: bool = False) -> Any:
     """A live golden; `auto`: the reference where it covers the checkpoint, else
-    transformers. Raises TTBundleError (TTB125) when neither can be had."""
+    transformers; with `tested_is_reference` (the bundle's generator is the reference),
+    transformers first, the reference only when transformers cannot run the checkpoint.
+    Raises TTBundleError (TTB125) when neither can be had."""
     try:
         from ttbundles.reference.golden import load_config, load_golden, reference_covers
     except ImportError as exc:
@@ -171,6 +206,11 @@ def load_live(kind: str, checkpoint: str) -> Any:
             return VisionGolden(checkpoint)
         except Exception as exc:  # noqa: BLE001
             raise _no_golden(kind, checkpoint, f"{type(exc).__name__}: {exc}") from None
+    if kind == AUTO and tested_is_reference:
+        try:
+            return load_golden("transformers", checkpoint, config)
+        except Exception:  # noqa: BLE001 - transformers cannot run it: the reference
+            pass
     if kind == AUTO:
         kind = "reference" if reference_covers(config) is None else "transformers"
     elif kind == "reference":
@@ -378,12 +418,15 @@ def run_test(
 
         loaded: dict[str, Any] = {}
         failed: dict[str, TTBundleError] = {}
+        tested_is_reference = AUTO in live_kinds and generator_is_reference(plan)
 
         def load_all() -> None:
             begun = time.perf_counter()
             for kind in live_kinds:
                 try:
-                    loaded[kind] = load_live(kind, str(checkpoint))
+                    loaded[kind] = load_live(
+                        kind, str(checkpoint), tested_is_reference=tested_is_reference
+                    )
                 except TTBundleError as exc:
                     failed[kind] = exc
             report.seconds["golden_load"] = time.perf_counter() - begun
@@ -420,11 +463,12 @@ def run_test(
                 sources.append(FileSource(golden, f"{Path(choice).name} ({golden.golden})"))
             else:
                 sources.append(LiveSource(loaded[choice]))
+        window = checkpoint_window(str(checkpoint))
         begun = time.perf_counter()
         for source in sources:
             progress("progress", label=f"comparing with {source.name}")
             report.goldens.append(source.name)
-            compare_all(report, plan, served, arrays, source)
+            compare_all(report, plan, served, arrays, source, window)
             progress("advance", label=f"compared with {source.name}")
         report.seconds["compare"] = time.perf_counter() - begun
         if record is not None:
@@ -476,7 +520,16 @@ def check_golden_file(golden: GoldenFile, where: str, plan: TestPlan, served: di
             )
 
 
-def compare_all(report: TestReport, plan: TestPlan, served: dict, arrays: Any, source: Any) -> None:
+def compare_all(
+    report: TestReport,
+    plan: TestPlan,
+    served: dict,
+    arrays: Any,
+    source: Any,
+    window: Any = None,
+) -> None:
+    """Compare every served case with `source`; `window`: the checkpoint's sliding window
+    (`format.attention_window`), which the fix lines name where a mismatch starts past it."""
     from ttbundles.conformance import compare
 
     labels = {p.name: p.label() for p in plan.prompts}
@@ -501,7 +554,7 @@ def compare_all(report: TestReport, plan: TestPlan, served: dict, arrays: Any, s
                 compare.compare_logprobs(
                     case, item["context"], item["tokens"], item["logprobs"], source
                 )
-                compare.check_thresholds(case, thresholds)
+                compare.check_thresholds(case, thresholds, window, len(item["context"]))
                 compare.compare_seeded(
                     case, item["context"], plan.tests.sampling.model_dump(), source
                 )
@@ -528,7 +581,7 @@ def compare_all(report: TestReport, plan: TestPlan, served: dict, arrays: Any, s
                 compare.compare_logits(
                     case, item["context"], item["tokens"], arrays[item["logits"]], golden
                 )
-                compare.check_thresholds(case, thresholds)
+                compare.check_thresholds(case, thresholds, window, len(item["context"]))
                 exercised(case, path, served)
             report.cases.append(case)
     perplexity = runs.get("perplexity")

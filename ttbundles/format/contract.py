@@ -159,6 +159,10 @@ KNOWN_CAPABILITY_KEYS: dict[str, str] = {
         "alignment declares no chunked prefill for ttbundles"
     ),
     "accepts_trace_mode": "ignored: the worker passes enable_trace on every call",
+    "supports_sliding_window": (
+        "used: the class masks the checkpoint's sliding window itself; without it a window "
+        "shorter than max_model_len is refused (ttbundles' own key)"
+    ),
     "fabric_config": (
         "not applied: the worker opens the mesh with the device option tt.fabric_config "
         "(the class's ttnn.set_fabric_config keywords are not read); validate warns"

@@ -1,4 +1,10 @@
-"""RMSNorm, RoPE and causal attention over the paged KV cache, batched per attention group."""
+"""RMSNorm, RoPE and causal attention over the paged KV cache, batched per attention group.
+
+Sliding-window layers attend through the same cache with a narrower mask: every position's
+K/V stays in the paged cache (a full-attention cache for every layer: correct, not lean),
+and a query at position p sees only the keys at `p - window < c <= p`
+(`format.attention_window`, as transformers masks them).
+"""
 
 from __future__ import annotations
 
@@ -65,11 +71,19 @@ def gather_context(cache: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
     return picked.view(n, kv_heads, num_blocks * block_size, head_dim)
 
 
-def causal_mask(query_positions: torch.Tensor, length: int) -> torch.Tensor:
+def causal_mask(
+    query_positions: torch.Tensor, length: int, window: int | None = None
+) -> torch.Tensor:
     """Which keys each query sees, `[n, L, C]` bool with C = length: the key at position c
-    is visible to a query at position p iff c <= p. query_positions `[n, L]` (absolute)."""
-    key_positions = torch.arange(length)  # [C]
-    return key_positions[None, None, :] <= query_positions[:, :, None]
+    is visible to a query at position p iff c <= p, and with a sliding `window` also
+    c > p - window (transformers' `kv_idx > q_idx - sliding_window`). query_positions
+    `[n, L]` (absolute)."""
+    key_positions = torch.arange(length)[None, None, :]  # [1, 1, C]
+    queries = query_positions[:, :, None]  # [n, L, 1]
+    visible = key_positions <= queries
+    if window is not None:
+        visible &= key_positions > queries - window
+    return visible
 
 
 def causal_attention(
@@ -111,6 +125,9 @@ class AttentionGroup:
     span: slice  # the group's n * L tokens in the flattened batch
     blocks: torch.Tensor  # [n, KV, nb] where the contexts are (`context_blocks`)
     visible: torch.Tensor  # [n, L, C] bool; C = nb * Bs covers the longest context
+    # The same for sliding-window layers (keys older than the window masked too); None
+    # when the model has no window.
+    visible_in_window: torch.Tensor | None = None
 
     @classmethod
     def build(
@@ -119,24 +136,38 @@ class AttentionGroup:
         query_positions: torch.Tensor,
         block_table: torch.Tensor,
         cache_shape: torch.Size,
+        window: int | None = None,
     ) -> AttentionGroup:
         """query_positions `[n, L]` (ascending per row, the last one ends the row's
-        context); block_table `[n, max_blocks]`, the rows' page-table rows."""
+        context); block_table `[n, max_blocks]`, the rows' page-table rows; `window`: the
+        model's sliding window, for the layers that have one."""
         blocks = context_blocks(block_table, query_positions[:, -1], cache_shape)
         length = blocks.shape[-1] * cache_shape[2]  # C = nb * Bs
-        return cls(span, blocks, causal_mask(query_positions, length))
+        windowed = None if window is None else causal_mask(query_positions, length, window)
+        return cls(span, blocks, causal_mask(query_positions, length), windowed)
 
     def attend(
-        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        scale: float,
+        sliding: bool = False,
     ) -> torch.Tensor:
         """The group's attention output `[n * L, H, D]`; q `[T, H, D]` is the whole
-        batch's, the caches `[N, KV, Bs, D]` already hold this layer's new K/V."""
-        n, length, _ = self.visible.shape
+        batch's, the caches `[N, KV, Bs, D]` already hold this layer's new K/V.
+        `sliding`: the layer has the model's window (the group was built with it)."""
+        visible = self.visible
+        if sliding:
+            if self.visible_in_window is None:
+                raise ValueError("a sliding-window layer in a group built without the window")
+            visible = self.visible_in_window
+        n, length, _ = visible.shape
         out = causal_attention(
             q[self.span].unflatten(0, (n, length)),  # [n, L, H, D]
             gather_context(k_cache, self.blocks),  # [n, KV, C, D]
             gather_context(v_cache, self.blocks),
-            self.visible,
+            visible,
             scale,
         )
         return out.flatten(0, 1)
@@ -147,6 +178,7 @@ def attention_groups(
     positions: torch.Tensor,
     page_table: torch.Tensor,
     cache_shape: torch.Size,
+    window: int | None = None,
 ) -> list[AttentionGroup]:
     """How the segments' attention is batched; the groups' spans tile the flattened tokens.
 
@@ -155,18 +187,21 @@ def attention_groups(
     purpose: chunks differ in length (1 .. thousands of tokens), and a padded batch would
     make every row pay for the longest chunk and the longest context, with scores of
     `[n, H, L_max, C_max]`; one row at a time they stay `[H, L, C]` of that row.
-    positions `[T]` are the flattened tokens' positions.
+    positions `[T]` are the flattened tokens' positions; `window`: the model's sliding
+    window (each group then also holds the windowed mask).
     """
     if all(len(s.tokens) == 1 for s in segments):
         span = slice(0, len(segments))
         rows = [s.row for s in segments]
-        return [AttentionGroup.build(span, positions[span, None], page_table[rows], cache_shape)]
+        return [
+            AttentionGroup.build(span, positions[span, None], page_table[rows], cache_shape, window)
+        ]
     groups, offset = [], 0
     for segment in segments:
         span = slice(offset, offset + len(segment.tokens))
         groups.append(
             AttentionGroup.build(
-                span, positions[None, span], page_table[segment.row][None], cache_shape
+                span, positions[None, span], page_table[segment.row][None], cache_shape, window
             )
         )
         offset = span.stop

@@ -72,6 +72,18 @@ def early_exit_drafts(
         x = weights.embed_tokens[tokens]  # [n, hidden]
         cos, sin = model.rope(positions)
         visible = torch.cat([in_context, torch.ones(n, step + 1, dtype=torch.bool)], dim=1)
+        window = model.window
+        if window is not None:
+            # The query at q = p + step sees keys c > q - window: cached positions c, and
+            # its own drafted positions p + j (j = 0 .. step).
+            key_positions = torch.cat(
+                [
+                    torch.arange(context_length)[None, :].expand(n, -1),
+                    positions[:, None] - step + torch.arange(step + 1)[None, :],
+                ],
+                dim=1,
+            )  # [n, C + step + 1]
+            in_window = visible & (key_positions > positions[:, None] - window.size)
         for index, layer in enumerate(weights.layers[:layers]):
             h = rms_norm(x, layer.input_norm, dims.rms_norm_eps)
             q = layer.q_proj(h).view(n, dims.num_heads, dims.head_dim)
@@ -86,8 +98,11 @@ def early_exit_drafts(
             own_v[index].append(v)
             keys = torch.cat([context[index][0], torch.stack(own_k[index], dim=2)], dim=2)
             values = torch.cat([context[index][1], torch.stack(own_v[index], dim=2)], dim=2)
+            sees = visible
+            if window is not None and index in window.layers:
+                sees = in_window
             attended = causal_attention(
-                q[:, None], keys, values, visible[:, None, :], model.scale
+                q[:, None], keys, values, sees[:, None, :], model.scale
             )  # [n, 1, H, D]
             x = x + layer.o_proj(attended.reshape(n, dims.num_heads * dims.head_dim))
             h = rms_norm(x, layer.post_attention_norm, dims.rms_norm_eps)

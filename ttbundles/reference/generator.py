@@ -13,7 +13,10 @@ attend one row at a time (see `attention_groups`).
 
 Checkpoints: Hugging Face format (safetensors, sharded or not) of Llama, Mistral, Qwen2
 (q/k/v biases) and Qwen3 (per-head RMSNorm on q and k). RoPE types: "default", "linear",
-"llama3" and "yarn" (see `rope_frequencies`). Sliding-window attention is not modelled.
+"llama3" and "yarn" (see `rope_frequencies`). Sliding windows (Mistral's `sliding_window`,
+Qwen2/Qwen3's `use_sliding_window` layers: `format.attention_window`) are masked as
+transformers masks them, on every path (prefill chunks, prefix-cache hits, decode, the
+speculative verify, prompt logprobs, the drafter); the cache still holds every position.
 
 Shape conventions used throughout (all batch tensors are row-major in the batch):
 
@@ -36,7 +39,6 @@ Shape conventions used throughout (all batch tensors are row-major in the batch)
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -45,6 +47,11 @@ import torch
 import torch.nn.functional as F
 
 from ttbundles.format import speculative as spec
+from ttbundles.format.attention_window import (
+    WINDOW_CAPABILITY_KEY,
+    AttentionWindow,
+    attention_window,
+)
 from ttbundles.format.contract import LEGACY_RESET_KEYWORD, SamplingParams
 from ttbundles.reference.attention import (
     Segment,
@@ -118,6 +125,8 @@ class ReferenceLlamaGenerator:
         # A deferred verify: read_decode_output serves the [B, 1+K] block, and there is
         # no hidden handle to keep (the host drafts).
         "supports_async_spec_decode": True,
+        # Keys older than the checkpoint's sliding window are masked on every path.
+        WINDOW_CAPABILITY_KEY: True,
     }
     decode_input_update_contract = 1
     MAX_SPEC_K = 8
@@ -136,6 +145,7 @@ class ReferenceLlamaGenerator:
         max_batch_size: int = 32,
         max_seq_len: int = 2048,
         lanes: int = 1,
+        window: AttentionWindow | None = None,
     ):
         if lanes < 1 or max_batch_size % lanes:
             raise ValueError(
@@ -151,6 +161,8 @@ class ReferenceLlamaGenerator:
         self.max_batch_size = max_batch_size
         self.max_seq_len = max_seq_len
         self.scale = dims.head_dim**-0.5
+        # The checkpoint's sliding window (None: every layer attends over everything).
+        self.window = window
         self.sampler = DeviceSampler(max_batch_size, dims.vocab_size)
         # One worker thread stands in for the device's command queue: every forward and
         # readback runs there in submission order, so the host can schedule the next step
@@ -186,18 +198,6 @@ class ReferenceLlamaGenerator:
         `n_layers` keeps only the first layers (as TT-Metal's generators do, for tests).
         """
         dims = ModelDims.from_hf_config(hf_config)
-        window = getattr(hf_config, "sliding_window", None)
-        if (
-            getattr(hf_config, "use_sliding_window", window is not None)
-            and window
-            and (window < max_seq_len)
-        ):
-            warnings.warn(
-                f"sliding_window={window} < max_seq_len={max_seq_len}: the reference "
-                "generator attends over the full context, so results past the window "
-                "differ from the model's",
-                stacklevel=2,
-            )
         inv_freq, attention_scaling = rope_frequencies(hf_config, dims)
         state = load_safetensors(checkpoint_dir(hf_config))
         weights = LlamaWeights.from_state_dict(
@@ -214,6 +214,7 @@ class ReferenceLlamaGenerator:
             max_batch_size,
             max_seq_len,
             lanes=tt_data_parallel,
+            window=attention_window(hf_config),
         )
 
     @classmethod
@@ -316,7 +317,14 @@ class ReferenceLlamaGenerator:
         block_size = kv_cache[0][0].shape[2]
         block_of_token = page_table[rows, positions // block_size]  # [T]
         slot_of_token = positions % block_size  # [T]
-        groups = attention_groups(segments, positions, page_table, kv_cache[0][0].shape)
+        window = self.window
+        groups = attention_groups(
+            segments,
+            positions,
+            page_table,
+            kv_cache[0][0].shape,
+            None if window is None else window.size,
+        )
 
         x, cos, sin = self.segment_inputs(segments, token_ids, positions)
         additions = self.residual_additions(segments)
@@ -338,7 +346,10 @@ class ReferenceLlamaGenerator:
             v_cache[block_of_token, :, slot_of_token, :] = v
 
             # [T, H, D]: the groups' spans tile the flattened tokens in order.
-            attended = torch.cat([g.attend(q, k_cache, v_cache, self.scale) for g in groups])
+            sliding = window is not None and index in window.layers
+            attended = torch.cat(
+                [g.attend(q, k_cache, v_cache, self.scale, sliding) for g in groups]
+            )
             x = x + layer.o_proj(attended.view(-1, dims.num_heads * dims.head_dim))
 
             h = rms_norm(x, layer.post_attention_norm, dims.rms_norm_eps)

@@ -83,6 +83,10 @@ class {class_name}({base}):
         "supports_chunked_prefill": True,
         "supports_device_penalties": True,
         "max_device_logprobs": 20,
+        # The reference masks keys older than the checkpoint's sliding window (Mistral,
+        # Qwen2/Qwen3 use_sliding_window). Keep this only while your code does too: without
+        # it a window shorter than max_model_len is refused at configuration (TTB250).
+        "supports_sliding_window": True,
     }}
     # The decode input-update contract v1: decode_forward takes the four keyword-only
     # commands (reload_inputs, ...), saying what to restage on the device.

@@ -304,6 +304,9 @@ def plan_config(vllm_config: VllmConfig, registry: Registry) -> Plan | None:
     _plan_server(vllm_config, plan)
 
     _plan_lengths(vllm_config, plan, target)
+    from ttbundles.serving.window_admission import plan_window
+
+    plan_window(vllm_config, plan, entry)  # a window the generator does not mask: TTB250
     _plan_inputs(vllm_config, plan, meta.name, caps.input_limits())
     _plan_logprobs(vllm_config, plan, caps.prompt_logprobs)
     _plan_lanes(vllm_config, plan, caps.execution, target)

@@ -1,0 +1,134 @@
+"""A sliding-window checkpoint as a new user meets it: a tiny `MistralForCausalLM` with
+`sliding_window=8`, a bundle from `ttbundle init --reference`, `ttbundle test` with its
+defaults (against transformers, since the generator is the reference), and plain `vllm
+serve`, whose greedy tokens for prompts several windows long must be transformers' (once
+cold, once through a prefix-cache hit). And `ttbundle test` with its defaults fails a
+reference that ignores the window, with a fix line that names it."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import WINDOW
+from tests.e2e.conftest import Reference
+from tests.e2e.test_first_bundle import MAX_TOKENS, completion, shell_environment, typed
+from ttbundles.demo.server import free_port
+
+# Several windows of tokens each (the demo tokenizer splits words into a few tokens).
+PROMPTS = [
+    "Once upon a time, there was a little girl who lived in a village near the forest. "
+    "Whenever she went out, the little girl wore a red riding cloak",
+    "The capital of France is Paris, the capital of Italy is Rome, the capital of Spain is",
+]
+
+IGNORES_THE_WINDOW = '''
+
+class IgnoresTheWindow(TTMistralForCausalLMGenerator):
+    """The reference with its window taken away: attends over the whole context."""
+
+    @classmethod
+    def initialize_vllm_model(cls, *args, **kwargs):
+        generator = super().initialize_vllm_model(*args, **kwargs)
+        generator.window = None
+        return generator
+'''
+
+
+def served_tokens(tmp_path: Path, env: dict[str, str], reference: Reference) -> None:
+    """Plain `vllm serve` of the installed bundle: each prompt's greedy tokens, twice
+    (the second time its full blocks come from the prefix cache), equal transformers'."""
+    port = free_port()
+    log = tmp_path / "serve.log"
+    line = f"EXTRA_MODELS_DIR=models vllm serve ckpt --served-model-name ckpt --port {port}"
+    with log.open("w") as sink:
+        server = subprocess.Popen(
+            ["bash", "-c", line],
+            cwd=tmp_path,
+            env=env,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + 600
+        while True:
+            assert server.poll() is None, log.read_text()[-4000:]
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
+                    break
+            except OSError:
+                assert time.monotonic() < deadline, log.read_text()[-4000:]
+                time.sleep(1)
+        text = log.read_text()
+        assert "my-mistral@0.1.0" in text, "the installed bundle serves"
+        assert "results past the window differ" not in text
+        for prompt in PROMPTS:
+            for _ in range(2):
+                served, prompt_ids = completion(port, prompt)
+                prompt_ids = prompt_ids or reference.tokenizer(prompt)["input_ids"]
+                assert len(prompt_ids) >= 3 * WINDOW, len(prompt_ids)
+                assert served == reference.greedy(list(prompt_ids), MAX_TOKENS), prompt
+    finally:
+        # Its own session: the group holds the shell, vllm and the engine core.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(30)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+
+
+@pytest.mark.server
+def test_a_sliding_window_mistral_from_init_to_vllm_serve(tmp_path, window_checkpoint):
+    env = shell_environment(tmp_path)
+    os.symlink(window_checkpoint, tmp_path / "ckpt")
+    created = typed("ttbundle init my-mistral --arch MistralForCausalLM --reference", tmp_path, env)
+    assert created.strip() == "my-mistral"
+    assert "valid (0 errors, 0 warnings" in typed(
+        "ttbundle validate --strict my-mistral", tmp_path, env
+    )
+    # Defaults: the generator is the reference, so the golden is transformers.
+    tested = typed("ttbundle test my-mistral --model ckpt", tmp_path, env, timeout=900)
+    assert "PASSED" in tested and "FAIL" not in tested, tested
+    assert "vs transformers" in tested and "vs reference" not in tested, tested
+    typed("ttbundle pack my-mistral -o dist", tmp_path, env)
+    typed("ttbundle install dist/my-mistral-0.1.0.ttbundle --models-dir models", tmp_path, env)
+    served_tokens(tmp_path, env, Reference(tmp_path / "ckpt"))
+
+
+@pytest.mark.server
+def test_ttbundle_test_fails_a_reference_that_ignores_the_window(tmp_path, window_checkpoint):
+    env = shell_environment(tmp_path)
+    os.symlink(window_checkpoint, tmp_path / "ckpt")
+    typed("ttbundle init my-mistral --arch MistralForCausalLM --reference", tmp_path, env)
+    adapter = tmp_path / "my-mistral" / "adapter.py"
+    adapter.write_text(adapter.read_text() + IGNORES_THE_WINDOW)
+    meta = tmp_path / "my-mistral" / "vllm_metadata.json"
+    meta.write_text(
+        meta.read_text().replace(
+            '"adapter:TTMistralForCausalLMGenerator"', '"adapter:IgnoresTheWindow"'
+        )
+    )
+    done = subprocess.run(
+        ["bash", "-c", "ttbundle test my-mistral --model ckpt"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    out = done.stdout + done.stderr
+    assert done.returncode == 1, out[-4000:]
+    assert "Traceback" not in done.stderr, done.stderr
+    assert "TTB120" in out and "(golden: transformers)" in out, out[-4000:]
+    assert f"the checkpoint's sliding_window={WINDOW} (all 2 layers)" in out, out[-4000:]
