@@ -62,11 +62,15 @@ def test_eight_concurrent_requests_spread_over_the_lanes_and_match_one_lane(
     wait_idle(lanes_server)
     before = lanes_server.lane_metrics().get("ttbundles:lane_requests_assigned", {})
     prompts = [random_ids(700 + i, 12 + 4 * i, reference.vocab_size) for i in range(8)]
-    responses = concurrently(lanes_server, prompts, max_tokens=12)
+    # 48 tokens each: every request still runs when the last one arrives (a request that
+    # finished first would free its lane for a late one: two each is what the policy
+    # gives eight requests in flight together); two of the longest fill a lane's 12
+    # blocks, so nothing is preempted.
+    responses = concurrently(lanes_server, prompts, max_tokens=48)
     for prompt, response in zip(prompts, responses, strict=True):
-        assert output_ids(response) == reference.greedy(prompt, 12)
+        assert output_ids(response) == reference.greedy(prompt, 48)
     # The same prompts on the one-lane demo server give the same tokens.
-    one_lane = concurrently(demo_server, prompts, max_tokens=12)
+    one_lane = concurrently(demo_server, prompts, max_tokens=48)
     assert [output_ids(r) for r in one_lane] == [output_ids(r) for r in responses]
     lanes = wait_idle(lanes_server)
     assigned = lanes["ttbundles:lane_requests_assigned"]
