@@ -346,6 +346,26 @@ def pytest_runtest_protocol(item, nextitem):
         _CURRENT_TEST.pop()
 
 
+def pytest_sessionfinish(session):
+    """Under pytest-xdist (the fast tier runs on every core), a worker hands what it saw
+    to the controller, which prints the summary."""
+    output = getattr(session.config, "workeroutput", None)
+    if output is not None:
+        output["ttbundles_cli_processes"] = sorted(_CLI_PROCESS_TESTS)
+        output["ttbundles_release_selection"] = getattr(
+            session.config, "_ttbundles_release_selection", None
+        )
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    output = getattr(node, "workeroutput", None) or {}
+    _CLI_PROCESS_TESTS.update(output.get("ttbundles_cli_processes", ()))
+    selection = output.get("ttbundles_release_selection")
+    if selection:  # every worker collects the same items: one worker's count is the run's
+        node.config._ttbundles_release_selection = tuple(selection)
+
+
 def pytest_terminal_summary(terminalreporter, config):
     if _CLI_PROCESS_TESTS:
         terminalreporter.write_line(
