@@ -102,6 +102,10 @@ class Plan:
     server: dict[str, Any] = field(default_factory=dict)
     # The bundle declares prompt logprobs (schema 3): requests may ask for them.
     prompt_logprobs: bool = False
+    # The chat settings the bundle's serving defaults supply (schema 4), those the
+    # operator left unset only: tool_call_parser, enable_auto_tool_choice, chat_template
+    # (an absolute path), reasoning_parser (`serving.chat_defaults`).
+    chat: dict[str, Any] = field(default_factory=dict)
 
     def decide(self, setting: str, requested: Any, effective: Any, reason: str) -> Any:
         self.decisions.append(Decision(setting, requested, effective, reason))
@@ -315,6 +319,9 @@ def plan_config(vllm_config: VllmConfig, registry: Registry) -> Plan | None:
     from ttbundles.serving.spec_admission import plan_speculative
 
     plan_speculative(vllm_config, plan, meta)
+    from ttbundles.serving.chat_defaults import plan_chat_defaults
+
+    plan_chat_defaults(vllm_config, plan, meta, entry.path, COMMAND_LINE)
 
     plan.options = options.model_dump(exclude_none=True)
     additional[PLAN_KEY] = plan.to_dict()
@@ -362,14 +369,24 @@ def refuse_vllm_parallelism(settings: Any, mesh: str | None) -> None:
 # default.
 COMMAND_LINE: dict[str, Any] = {}
 ASKED_SETTINGS = ("max_model_len", "max_num_seqs")
+# vllm serve's chat settings: what the operator passed wins over the bundle's serving
+# defaults. Unset is None, False or "" (vLLM's defaults); each parse says them afresh.
+CHAT_SETTINGS = ("tool_call_parser", "enable_auto_tool_choice", "chat_template", "reasoning_parser")
 
 
 def record_command_line(parsed: Any) -> None:
-    """Keep the settings of `ASKED_SETTINGS` the parsed command line gives (not None)."""
+    """Keep the settings of `ASKED_SETTINGS` the parsed command line gives (not None),
+    and the chat settings it sets."""
     for name in ASKED_SETTINGS:
         value = getattr(parsed, name, None)
         if value is not None:
             COMMAND_LINE[name] = value
+    for name in CHAT_SETTINGS:
+        value = getattr(parsed, name, None)
+        if value:
+            COMMAND_LINE[name] = value
+        else:
+            COMMAND_LINE.pop(name, None)
 
 
 def _plan_options(
