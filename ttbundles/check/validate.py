@@ -11,6 +11,7 @@ import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from ttbundles.archive.evidence import read_evidence
 from ttbundles.check.adapter import check_adapter
 from ttbundles.check.serving_defaults import check_serving
 from ttbundles.check.tests_section import check_tests
@@ -87,6 +88,7 @@ def check_bundle(
             semantic_checks(metadata, str(loaded.file))
             + check_tests(bundle_dir, metadata, str(loaded.file))
             + check_serving(bundle_dir, metadata, str(loaded.file))
+            + read_evidence(bundle_dir)[1]
             + check_adapter(bundle_dir, metadata),
             str(loaded.file),
         )
