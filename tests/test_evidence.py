@@ -78,8 +78,22 @@ def test_ttbundle_test_keeps_its_evidence_in_the_bundle(run_cli, demo_checkpoint
     assert record["bundle_digest"] == content_digest(folder)
     assert record["recorded_at"].endswith("+00:00")
     assert validate_bundle(folder).ok(strict=True)
+    card = _card(run_cli, folder)
+    host = card["meshes"]["HOST"]
+    assert host["status"] == "tested" and host["evidence"]["passed"]
+    status = {f["feature"]: f for f in host["features"]}
+    assert status["text generation"]["status"] == "served"  # decode did not run
     (folder / "adapter.py").write_text((folder / "adapter.py").read_text() + "\n# edited\n")
     assert [d.code for d in validate_bundle(folder).diagnostics] == ["TTB114"]
+    card = _card(run_cli, folder)
+    assert card["meshes"]["HOST"]["status"] == "stale"
+    assert card["diagnostics"][0]["code"] == "TTB114"
+
+
+def _card(run_cli, folder) -> dict:
+    done = run_cli("card", folder, "-f", "json")
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
 
 
 def test_keep_evidence_needs_a_folder(run_cli, tmp_path):

@@ -67,6 +67,8 @@ def test_auto_tool_choice_is_served_from_the_bundles_defaults(tools_server, demo
     text = log.read_text()
     assert "tool_call_parser: None -> 'pythonic' (default of bundle demo-tools@1.0.0" in text
     assert "enable_auto_tool_choice: None -> True" in text
+    # The start-up report's one line on a mesh the bundle has no evidence for.
+    assert "evidence: demo-tools@1.0.0 has no evidence on mesh HOST: served, not tested" in text
 
 
 def test_the_template_tells_the_model_the_tools_in_the_syntax_the_parser_reads(

@@ -71,6 +71,8 @@ def to_evidence(report: TestReport) -> dict[str, Any]:
         "checkpoint": report.checkpoint,
         "goldens": report.goldens,
         "paths": plan.paths,
+        # The sample_on_device mode the device_sampling path ran (None: host sampling).
+        "device_mode": plan.device_mode if "device_sampling" in plan.paths else None,
         "max_tokens": plan.max_tokens,
         "thresholds": plan.thresholds.model_dump(),
         "passed": report.passed,

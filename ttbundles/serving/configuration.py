@@ -106,6 +106,11 @@ class Plan:
     # operator left unset only: tool_call_parser, enable_auto_tool_choice, chat_template
     # (an absolute path), reasoning_parser (`serving.chat_defaults`).
     chat: dict[str, Any] = field(default_factory=dict)
+    # What the bundle's evidence says of this mesh: tested, stale, failed or untested
+    # (`check.support`), and the one line the plan and the start-up report give when it
+    # is not "tested" ("": nothing to say).
+    evidence: str = "untested"
+    evidence_note: str = ""
 
     def decide(self, setting: str, requested: Any, effective: Any, reason: str) -> Any:
         self.decisions.append(Decision(setting, requested, effective, reason))
@@ -170,6 +175,8 @@ class Plan:
             f"on mesh {self.mesh or 'unset'}:"
         ]
         lines += [f"  {d}" for d in self.decisions]
+        if self.evidence_note:
+            lines.append(f"  {self.evidence_note}")
         logger.info("\n".join(lines))
         for warning in self.warnings:
             logger.warning(
@@ -303,6 +310,7 @@ def plan_config(vllm_config: VllmConfig, registry: Registry) -> Plan | None:
     )
 
     _refuse_unsupported(vllm_config, mesh)
+    _plan_evidence(plan, entry.path)
 
     options = _plan_options(vllm_config, plan, meta, target)
     _plan_server(vllm_config, plan)
@@ -326,6 +334,33 @@ def plan_config(vllm_config: VllmConfig, registry: Registry) -> Plan | None:
     plan.options = options.model_dump(exclude_none=True)
     additional[PLAN_KEY] = plan.to_dict()
     return plan
+
+
+def _plan_evidence(plan: Plan, bundle_dir: Any) -> None:
+    """Whether the bundle was proven on this mesh (its evidence): a server running a
+    target with no evidence says so in one line, not as an error."""
+    from pathlib import Path
+
+    from ttbundles.check.support import evidence_status
+
+    mesh = plan.mesh
+    folder = Path(bundle_dir)
+    status = (
+        evidence_status(folder).get(mesh, "untested") if mesh and folder.is_dir() else ("untested")
+    )
+    plan.evidence = status
+    if status == "tested":
+        return
+    bundle = f"{plan.bundle['name']}@{plan.bundle['version']}"
+    why = {
+        "untested": "no evidence",
+        "stale": "stale evidence (the bundle changed since)",
+        "failed": "evidence of a failed test",
+    }[status]
+    plan.evidence_note = (
+        f"evidence: {bundle} has {why} on mesh {mesh or 'unset'}: served, not tested "
+        "(ttbundle test BUNDLE --model CKPT --keep-evidence proves it)"
+    )
 
 
 def _refuse_unsupported(vllm_config: VllmConfig, mesh: str | None) -> None:
