@@ -114,3 +114,22 @@ def test_plan_refuses_a_parser_vllm_lacks(run_cli, demo_checkpoint, tmp_path):
     assert done.returncode == 1, done.stderr
     assert "TTB112" in done.stderr and "did you mean 'pythonic'?" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_plan_applies_the_bundles_reasoning_parser(run_cli, demo_checkpoint, tmp_path):
+    write_chat_bundle(tmp_path / "models", reasoning_parser="deepseek_r1")
+    done = run_cli(
+        "plan",
+        str(demo_checkpoint),
+        "--mesh",
+        "HOST",
+        "--models-dir",
+        str(tmp_path / "models"),
+        "-f",
+        "json",
+        timeout=300,
+    )
+    decisions, plan = _decisions(done)
+    assert decisions["reasoning_parser"]["effective"] == "deepseek_r1"
+    assert plan["chat"] == {"reasoning_parser": "deepseek_r1"}
+    assert "tool_call_parser" not in decisions  # the bundle declares none
