@@ -20,6 +20,7 @@ from ttbundles.errors import Diagnostic, Severity, TTBundleError
 
 from . import (
     archive,
+    card,
     compat,
     conformance,
     demo,
@@ -76,6 +77,7 @@ app.command()(distribution.pull)
 app.command()(distribution.sign)
 app.command("list")(info.list_bundles)
 app.command()(info.inspect)
+app.command()(card.card)
 app.command()(info.schema)
 app.command()(init.init)
 app.command()(init.migrate)

@@ -71,6 +71,15 @@ def test(
             dir_okay=False,
         ),
     ] = None,
+    keep_evidence: Annotated[
+        bool,
+        typer.Option(
+            "--keep-evidence",
+            help="Keep the evidence of this run in the bundle folder (evidence/MESH.json: "
+            "mesh, versions, paths, thresholds, pass or fail with the figures, date, and "
+            "the digest of the content proven), where packing and signing cover it.",
+        ),
+    ] = False,
     steps: Annotated[
         bool,
         typer.Option("--steps", help="Print every case's per-step table (failing cases' always)."),
@@ -105,6 +114,12 @@ def test(
     # Without a network: the cache (offline for the harness and the golden too) or TTB208
     # at once, as plan and init --from-hf answer, not two minutes of retries.
     answer_offline(model)
+    if keep_evidence and not bundle.is_dir():
+        # An archive's files are fixed by its manifest: evidence goes into a folder.
+        raise typer.BadParameter(
+            f"{bundle} is not a bundle folder; test the folder, then pack it again",
+            param_hint="'--keep-evidence'",
+        )
 
     # SIGTERM unwinds like Ctrl-C: the serving process is stopped and the run's temporary
     # folder removed on the way out (exit 143).
@@ -121,16 +136,24 @@ def test(
             progress=progress,
             timeout=timeout,
         )
+    kept = None
+    if keep_evidence:
+        from ttbundles.archive.evidence import write_evidence
+        from ttbundles.conformance.report import to_evidence
+
+        kept = write_evidence(bundle, to_evidence(report))
     if fmt is TestFormat.json:
         from ttbundles.conformance.report import to_json
 
-        Output(Format.json).json(to_json(report))
+        Output(Format.json).json({**to_json(report), "evidence": str(kept) if kept else None})
     elif fmt is TestFormat.junit:
         from ttbundles.conformance.report import to_junit
 
         sys.stdout.write(to_junit(report))
     else:
         render(report, Output(), every_step=steps)
+        if kept is not None:
+            Output().line(f"evidence kept in {kept}")
     raise typer.Exit(0 if report.passed else 1)
 
 

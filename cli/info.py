@@ -65,6 +65,11 @@ def list_bundles(
     if out.is_json:
         # `ok` is the exit status: false exactly when list exits 1 (where vllm serve
         # would not start); errors about single bundles are in the diagnostics.
+        from ttbundles.check.support import evidence_status
+
+        for row in rows:  # {mesh: tested | stale | failed} from each bundle's evidence
+            folder = Path(row["path"])
+            row["evidence"] = evidence_status(folder) if folder.is_dir() else {}
         out.result(not refused, problems, mesh=registry.mesh, entries=rows)
     else:
         # About what the command was given (a models folder that is not there): the
@@ -151,6 +156,14 @@ def inspect(
         record = read_beside(path)
         data["signer"] = signer_of_archive(path)
     data["provenance"] = record.to_dict() if record is not None else None
+    # {mesh: tested | stale | failed} from the bundle's evidence (a folder's; an
+    # archive's evidence shows once installed, or with ttbundle card on the folder).
+    if path.is_dir():
+        from ttbundles.check.support import evidence_status
+
+        data["evidence"] = evidence_status(path)
+    else:
+        data["evidence"] = None
     if out.is_json:
         out.result(True, [], **data)
         return
@@ -169,6 +182,9 @@ def inspect(
     out.line(f"capabilities: {_caps(meta['capabilities'])}")
     targets = meta.get("targets") or {}
     out.line(f"targets:      {', '.join(targets) if targets else 'any mesh'}")
+    if data["evidence"] is not None:
+        proven = ", ".join(f"{m} {s}" for m, s in data["evidence"].items())
+        out.line(f"evidence:     {proven or 'none (ttbundle test --keep-evidence)'}")
     if meta.get("when", {}).get("env"):
         out.line("when:         " + ", ".join(f"{k}={v}" for k, v in meta["when"]["env"].items()))
     out.table(

@@ -140,6 +140,8 @@ def plan(
         [[d["setting"], d["requested"], d["effective"], d["reason"]] for d in result["decisions"]],
         head=3,
     )
+    if result.get("evidence_note"):
+        out.line(result["evidence_note"])
     out.diagnostics(problems, stderr=True)
 
 

@@ -83,6 +83,12 @@ CODES: dict[str, str] = {
     # The tests section (validated with the rest of the format)
     "TTB110": "a test path needs a capability the bundle does not declare",
     "TTB111": "the tests' prompt file or recorded golden is missing or invalid",
+    # The bundle's serving defaults (schema 4)
+    "TTB112": "a serving default names a tool-call or reasoning parser vLLM does not have",
+    "TTB113": "serving.chat_template names a file the bundle lacks or that does not read",
+    # Evidence kept in the bundle (ttbundle test --keep-evidence)
+    "TTB114": "evidence is stale: the bundle content changed since it was recorded",
+    "TTB115": "an evidence file does not read",
     # ttbundle test: a bundle against its golden
     "TTB120": "logits differ from the golden beyond a threshold (PCC, top-1/top-5, max abs diff)",
     "TTB121": "seeded sampling is not reproducible (the same seed alone and in a batch differ)",
@@ -281,6 +287,16 @@ WHAT_TO_DO: dict[str, str] = {
     "TTB110": "Declare the capability the path needs, or drop the path from tests.paths or --path.",
     "TTB111": "Fix the file the tests section names (prompt file, image or recorded "
     "golden): it must exist inside the bundle and parse.",
+    "TTB112": "Name a parser the installed vLLM lists (the message names the closest), or "
+    "install a vLLM release that has it; the operator may also pass --tool-call-parser / "
+    "--reasoning-parser, which win over the bundle's.",
+    "TTB114": "Prove the bundle again on that mesh (ttbundle test BUNDLE --model CKPT "
+    "--mesh MESH --keep-evidence), or remove the stale file from evidence/.",
+    "TTB115": "Record the evidence again (ttbundle test --keep-evidence) or remove the "
+    "file; evidence files are written by ttbundles, not by hand.",
+    "TTB113": "Add the template file to the bundle at the path serving.chat_template "
+    "gives (relative to the bundle folder, UTF-8 Jinja), or drop the key to use the "
+    "checkpoint's own template.",
     "TTB120": "Start where the hint points (the prefill, the chunks, the cache hit, a "
     "decode step) and compare the failing step's logits; `--steps` shows every step.",
     "TTB121": "Make device sampling use each request's seed independently of the batch it runs in.",

@@ -11,7 +11,9 @@ import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from ttbundles.archive.evidence import read_evidence
 from ttbundles.check.adapter import check_adapter
+from ttbundles.check.serving_defaults import check_serving
 from ttbundles.check.tests_section import check_tests
 from ttbundles.errors import Diagnostic, Report, Severity
 from ttbundles.format.contract import unservable_reason
@@ -85,6 +87,8 @@ def check_bundle(
         _locate(
             semantic_checks(metadata, str(loaded.file))
             + check_tests(bundle_dir, metadata, str(loaded.file))
+            + check_serving(bundle_dir, metadata, str(loaded.file))
+            + read_evidence(bundle_dir)[1]
             + check_adapter(bundle_dir, metadata),
             str(loaded.file),
         )

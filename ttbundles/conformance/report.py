@@ -34,6 +34,64 @@ def to_json(report: TestReport) -> dict[str, Any]:
     }
 
 
+def to_evidence(report: TestReport) -> dict[str, Any]:
+    """What the run proved, as `ttbundle test --keep-evidence` keeps it in the bundle
+    (`archive.evidence` adds the content digest): the mesh and its target, the versions it
+    ran with, the paths and thresholds, pass or fail with each case's figures, the date."""
+    import datetime
+    from importlib.metadata import PackageNotFoundError, version
+
+    from ttbundles.tt_metal import ttnn_origin
+    from ttbundles.vllm_window import installed_vllm
+
+    plan = report.plan
+    meta = plan.metadata
+    target = meta.target(plan.mesh)
+    try:
+        ttbundles_version: str | None = version("ttbundles")
+    except PackageNotFoundError:
+        ttbundles_version = None
+    tt_metal = None
+    origin = ttnn_origin()
+    if origin is not None:
+        try:
+            tt_metal = {"version": version("ttnn"), "origin": origin}
+        except PackageNotFoundError:
+            tt_metal = {"version": None, "origin": origin}
+    return {
+        "mesh": plan.mesh,
+        "target": target.model_dump(exclude_defaults=True) if target is not None else None,
+        "bundle": {"name": meta.name, "version": meta.version},
+        "recorded_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "versions": {
+            "ttbundles": ttbundles_version,
+            "vllm": installed_vllm(),
+            "tt_metal": tt_metal,  # None: not installed (the host mesh runs without it)
+        },
+        "checkpoint": report.checkpoint,
+        "goldens": report.goldens,
+        "paths": plan.paths,
+        # The sample_on_device mode the device_sampling path ran (None: host sampling).
+        "device_mode": plan.device_mode if "device_sampling" in plan.paths else None,
+        "max_tokens": plan.max_tokens,
+        "thresholds": plan.thresholds.model_dump(),
+        "passed": report.passed,
+        "cases": [
+            {
+                "path": case.path,
+                "prompt": case.prompt,
+                "golden": case.golden,
+                "passed": case.passed,
+                "skipped": case.skipped,
+                "figures": case.to_dict()["summary"],
+            }
+            for case in report.cases
+        ],
+        "perplexity": [result.to_dict() for result in report.perplexity],
+        "failures": [d.to_dict() for d in report.failures],
+    }
+
+
 def fmt(value: float | None, spec: str) -> str:
     if value is None:
         return "-"

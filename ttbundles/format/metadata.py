@@ -1,4 +1,4 @@
-"""The bundle format: `vllm_metadata.json`, schema versions 1 to 3, as a pydantic model.
+"""The bundle format: `vllm_metadata.json`, schema versions 1 to 4, as a pydantic model.
 
 This model is the single source of truth: `schemas/vllm_metadata.schema.json` is generated
 from it (`ttbundle schema`), and a test fails when the checked-in file drifts. It imports
@@ -40,7 +40,7 @@ METADATA_FILE = "vllm_metadata.json"
 # every ttbundles release reads it. A document needs a higher one only for what that
 # version added (see `needs_version`).
 SCHEMA_VERSION = 1
-LATEST_SCHEMA_VERSION = 3
+LATEST_SCHEMA_VERSION = 4
 # Every schema version this release reads, with what it changed.
 SUPPORTED_SCHEMA_VERSIONS: dict[int, str] = {
     1: "first versioned format: identity, capabilities, targets, when, requires",
@@ -49,6 +49,8 @@ SUPPORTED_SCHEMA_VERSIONS: dict[int, str] = {
     3: "speculative decoding (capabilities.spec_decode, async_spec_decode, "
     "spec_requirements, spec_hidden_handoff, spec_plan) as the reference plugin's class "
     "keys; capabilities.prompt_logprobs",
+    4: "serving: the bundle's serving defaults (tool-call parser, auto tool choice, "
+    "reasoning parser, chat template), applied at vllm serve when the operator passes none",
 }
 # What each version added, as (object, key) pairs: a document of a lower version using
 # one is refused with the version it needs (TTB020), and the schema says the same.
@@ -62,6 +64,8 @@ ADDED_IN: dict[int, tuple[tuple[str, str], ...]] = {
         ("capabilities", "spec_plan"),
         ("capabilities", "prompt_logprobs"),
     ),
+    # An owner "" is the document itself: the whole `serving` object is new in 4.
+    4: (("", "serving"),),
 }
 # Input modalities vLLM's multimodal processors know; a bundle lists those it serves.
 Modality = Literal["image", "video", "audio"]
@@ -163,14 +167,15 @@ def _version_gates() -> list[dict[str, Any]]:
             if added > version:
                 for owner, key in keys:
                     later.setdefault(owner, {})[key] = False
+        top = later.pop("", {})
+        properties: dict[str, Any] = {
+            owner: {"properties": keys} for owner, keys in sorted(later.items())
+        }
+        properties.update(top)
         gates.append(
             {
                 "if": {"properties": {"schema_version": {"const": version}}},
-                "then": {
-                    "properties": {
-                        owner: {"properties": keys} for owner, keys in sorted(later.items())
-                    }
-                },
+                "then": {"properties": properties},
             }
         )
     return gates
@@ -642,8 +647,55 @@ class BundleTests(_Strict):
         return value
 
 
+class ServingDefaults(_Strict):
+    """What `vllm serve` needs to serve the bundle's models as chat models with tools or
+    reasoning, which the operator would otherwise have to know per model: each one applies
+    when the operator does not pass its flag (the operator's flags win)."""
+
+    tool_call_parser: str | None = Field(
+        None,
+        min_length=1,
+        description="vLLM's tool-call parser (--tool-call-parser), e.g. 'hermes'; one the "
+        "installed vLLM has (ttbundle validate checks).",
+    )
+    enable_auto_tool_choice: bool | None = Field(
+        None,
+        description="--enable-auto-tool-choice: requests may send tool_choice 'auto'; "
+        "unset: on when tool_call_parser is set.",
+    )
+    reasoning_parser: str | None = Field(
+        None,
+        min_length=1,
+        description="vLLM's reasoning parser (--reasoning-parser), e.g. 'deepseek_r1'.",
+    )
+    chat_template: str | None = Field(
+        None,
+        description="A Jinja chat template file in the bundle (--chat-template), e.g. "
+        "'chat_template.jinja'; unset: the checkpoint's own.",
+    )
+
+    _file = field_validator("chat_template")(_relative_file)
+
+    @model_validator(mode="after")
+    def _auto_needs_a_parser(self) -> ServingDefaults:
+        if self.enable_auto_tool_choice and self.tool_call_parser is None:
+            raise PydanticCustomError(
+                "TTB033",
+                "serving.enable_auto_tool_choice needs serving.tool_call_parser",
+                {"hint": 'name the parser, e.g. "tool_call_parser": "hermes"'},
+            )
+        return self
+
+    @property
+    def auto_tool_choice(self) -> bool:
+        """Whether the bundle turns auto tool choice on (its default: with a parser)."""
+        if self.enable_auto_tool_choice is not None:
+            return self.enable_auto_tool_choice
+        return self.tool_call_parser is not None
+
+
 class BundleMetadata(_Strict):
-    """`vllm_metadata.json`, schema versions 1 to 3 (`SUPPORTED_SCHEMA_VERSIONS`)."""
+    """`vllm_metadata.json`, schema versions 1 to 4 (`SUPPORTED_SCHEMA_VERSIONS`)."""
 
     model_config = ConfigDict(
         title="ttbundles vllm_metadata.json",
@@ -658,7 +710,7 @@ class BundleMetadata(_Strict):
     schema_uri: str | None = Field(
         None, alias="$schema", description="Schema URI, so editors can validate the file."
     )
-    schema_version: Literal[1, 2, 3] = Field(description="Version of this format.")
+    schema_version: Literal[1, 2, 3, 4] = Field(description="Version of this format.")
     name: str = Field(
         pattern=NAME_PATTERN, max_length=64, description="Bundle name, unique in a folder."
     )
@@ -690,6 +742,11 @@ class BundleMetadata(_Strict):
     tests: BundleTests | None = Field(
         None, description="What `ttbundle test` runs against a golden; absent: the defaults."
     )
+    serving: ServingDefaults | None = Field(
+        None,
+        description="vllm serve's chat settings the bundle was made for (schema_version 4), "
+        "applied when the operator passes none; absent: vLLM's defaults.",
+    )
 
     # Set by the parser for metadata of the reference plugin's two-key form.
     legacy_: SkipJsonSchema[bool] = Field(False, alias=LEGACY_KEY, exclude=True, repr=False)
@@ -706,7 +763,7 @@ class BundleMetadata(_Strict):
             data = dict(data)
         else:
             data = _aside(data, copy=True)
-            for key in ("capabilities", "when", "requires"):
+            for key in ("capabilities", "when", "requires", "serving"):
                 if key in data:
                     data[key] = _aside(data[key])
             if isinstance(data.get("models"), list):
@@ -733,7 +790,7 @@ class BundleMetadata(_Strict):
         if isinstance(value, bool):
             raise PydanticCustomError(
                 "TTB032",
-                "schema_version must be a number (1, 2 or 3), not a boolean",
+                "schema_version must be a number (1 to 4), not a boolean",
                 {"hint": f'write "schema_version": {SCHEMA_VERSION}'},
             )
         return value
@@ -831,9 +888,9 @@ def added_keys(metadata: BundleMetadata) -> dict[int, list[str]]:
     used: dict[int, list[str]] = {}
     for version, keys in ADDED_IN.items():
         for owner, key in keys:
-            value = getattr(metadata, owner)
+            value = getattr(metadata, owner) if owner else metadata
             if value is not None and getattr(value, key):
-                used.setdefault(version, []).append(f"{owner}.{key}")
+                used.setdefault(version, []).append(f"{owner}.{key}" if owner else key)
     return used
 
 

@@ -102,6 +102,15 @@ class Plan:
     server: dict[str, Any] = field(default_factory=dict)
     # The bundle declares prompt logprobs (schema 3): requests may ask for them.
     prompt_logprobs: bool = False
+    # The chat settings the bundle's serving defaults supply (schema 4), those the
+    # operator left unset only: tool_call_parser, enable_auto_tool_choice, chat_template
+    # (an absolute path), reasoning_parser (`serving.chat_defaults`).
+    chat: dict[str, Any] = field(default_factory=dict)
+    # What the bundle's evidence says of this mesh: tested, stale, failed or untested
+    # (`check.support`), and the one line the plan and the start-up report give when it
+    # is not "tested" ("": nothing to say).
+    evidence: str = "untested"
+    evidence_note: str = ""
 
     def decide(self, setting: str, requested: Any, effective: Any, reason: str) -> Any:
         self.decisions.append(Decision(setting, requested, effective, reason))
@@ -166,6 +175,8 @@ class Plan:
             f"on mesh {self.mesh or 'unset'}:"
         ]
         lines += [f"  {d}" for d in self.decisions]
+        if self.evidence_note:
+            lines.append(f"  {self.evidence_note}")
         logger.info("\n".join(lines))
         for warning in self.warnings:
             logger.warning(
@@ -299,6 +310,7 @@ def plan_config(vllm_config: VllmConfig, registry: Registry) -> Plan | None:
     )
 
     _refuse_unsupported(vllm_config, mesh)
+    _plan_evidence(plan, entry.path)
 
     options = _plan_options(vllm_config, plan, meta, target)
     _plan_server(vllm_config, plan)
@@ -318,10 +330,40 @@ def plan_config(vllm_config: VllmConfig, registry: Registry) -> Plan | None:
     from ttbundles.serving.spec_admission import plan_speculative
 
     plan_speculative(vllm_config, plan, meta)
+    from ttbundles.serving.chat_defaults import plan_chat_defaults
+
+    plan_chat_defaults(vllm_config, plan, meta, entry.path, COMMAND_LINE)
 
     plan.options = options.model_dump(exclude_none=True)
     additional[PLAN_KEY] = plan.to_dict()
     return plan
+
+
+def _plan_evidence(plan: Plan, bundle_dir: Any) -> None:
+    """Whether the bundle was proven on this mesh (its evidence): a server running a
+    target with no evidence says so in one line, not as an error."""
+    from pathlib import Path
+
+    from ttbundles.check.support import evidence_status
+
+    mesh = plan.mesh
+    folder = Path(bundle_dir)
+    status = (
+        evidence_status(folder).get(mesh, "untested") if mesh and folder.is_dir() else ("untested")
+    )
+    plan.evidence = status
+    if status == "tested":
+        return
+    bundle = f"{plan.bundle['name']}@{plan.bundle['version']}"
+    why = {
+        "untested": "no evidence",
+        "stale": "stale evidence (the bundle changed since)",
+        "failed": "evidence of a failed test",
+    }[status]
+    plan.evidence_note = (
+        f"evidence: {bundle} has {why} on mesh {mesh or 'unset'}: served, not tested "
+        "(ttbundle test BUNDLE --model CKPT --keep-evidence proves it)"
+    )
 
 
 def _refuse_unsupported(vllm_config: VllmConfig, mesh: str | None) -> None:
@@ -365,14 +407,24 @@ def refuse_vllm_parallelism(settings: Any, mesh: str | None) -> None:
 # default.
 COMMAND_LINE: dict[str, Any] = {}
 ASKED_SETTINGS = ("max_model_len", "max_num_seqs")
+# vllm serve's chat settings: what the operator passed wins over the bundle's serving
+# defaults. Unset is None, False or "" (vLLM's defaults); each parse says them afresh.
+CHAT_SETTINGS = ("tool_call_parser", "enable_auto_tool_choice", "chat_template", "reasoning_parser")
 
 
 def record_command_line(parsed: Any) -> None:
-    """Keep the settings of `ASKED_SETTINGS` the parsed command line gives (not None)."""
+    """Keep the settings of `ASKED_SETTINGS` the parsed command line gives (not None),
+    and the chat settings it sets."""
     for name in ASKED_SETTINGS:
         value = getattr(parsed, name, None)
         if value is not None:
             COMMAND_LINE[name] = value
+    for name in CHAT_SETTINGS:
+        value = getattr(parsed, name, None)
+        if value:
+            COMMAND_LINE[name] = value
+        else:
+            COMMAND_LINE.pop(name, None)
 
 
 def _plan_options(

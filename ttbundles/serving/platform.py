@@ -148,6 +148,10 @@ class TTPlatform(Platform):
             )
         if plan is not None:
             image_requests.install(plan.server_options.allow_private_media_urls)
+            if plan.chat and not cls.planning:
+                from ttbundles.serving import chat_defaults
+
+                chat_defaults.install(plan.chat)
             lowered = plan.lowered_length()
             if lowered is not None:
                 from ttbundles.serving import length_limits

@@ -44,6 +44,8 @@ Private hooks (all checked on 0.33.0 and 0.34.0):
 - `replace_media_connector_init` / `http_connection`: `MediaConnector.__init__`'s
   `connection` and vLLM's `HTTPConnection` (image URLs fetched only from public
   addresses, `serving.media_urls`);
+- `replace_init_app_state`: the API server's `init_app_state`, where `vllm serve` reads
+  its chat settings (the bundle's serving defaults fill those the operator left unset);
 - `async_llm_class`: `AsyncLLM.shutdown` is wrapped (`serving.shutdown`: requests left
   open when `vllm serve` stops).
 - `prompt_length_checks`: `TokenizeParams`' length checks and `InputProcessor.
@@ -406,6 +408,20 @@ def replace_media_connector_init(init: Any) -> Any:
 
     original = MediaConnector.__init__
     MediaConnector.__init__ = init
+    return original
+
+
+def replace_init_app_state(init: Any) -> Any:
+    """Put `init` in place of the API server's `init_app_state` where `vllm serve` calls
+    it (`vllm.entrypoints.launchers.api_server.entry`, which imported it by name) and
+    return the original. It reads the chat settings from the parsed command line
+    (`args.tool_call_parser`, `enable_auto_tool_choice`, `chat_template`,
+    `structured_outputs_config.reasoning_parser`): `serving.chat_defaults` fills those the
+    operator left unset from the plan. Checked on 0.33.0 and 0.34.0."""
+    from vllm.entrypoints.launchers.api_server import entry
+
+    original = entry.init_app_state
+    entry.init_app_state = init
     return original
 
 

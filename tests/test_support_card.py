@@ -1,0 +1,84 @@
+"""The support card (`ttbundle card`, `check.support`): per mesh and feature, tested
+(fresh evidence covers it), served (declared, untested) or refused (with the plan's
+code); `inspect` and `list --format json` carry each mesh's evidence status; the plan
+says in one line when the serving mesh has no evidence."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from ttbundles.archive.evidence import write_evidence
+from ttbundles.paths import builtin_bundles_dir
+
+EVERY_PATH = ["prefill", "decode", "chunked_prefill", "prefix_cache", "device_sampling"]
+
+
+@pytest.fixture
+def demo(tmp_path):
+    """A copy of the demo bundle, in a models folder of its own."""
+    return shutil.copytree(builtin_bundles_dir() / "demo", tmp_path / "models" / "demo")
+
+
+def _json(done) -> dict:
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_the_card_says_tested_served_refused_per_feature(run_cli, demo):
+    write_evidence(
+        demo, {"mesh": "HOST", "passed": True, "paths": EVERY_PATH, "device_mode": "all"}
+    )
+    card = _json(run_cli("card", demo, "-f", "json"))
+    host = card["meshes"]["HOST"]
+    assert host["status"] == "tested"
+    status = {f["feature"]: f for f in host["features"]}
+    for feature in ("text generation", "prefix_caching", "chunked_prefill"):
+        assert status[feature]["status"] == "tested", feature
+    assert status["sample_on_device: all"]["status"] == "tested"
+    assert status["sample_on_device: decode_only"]["status"] == "served"  # another mode
+    assert status["async_decode"]["status"] == "served"  # no test path proves it
+    assert status["spec_decode: ngram"]["status"] == "served"
+    assert status["spec_decode: custom_class"] == {
+        "feature": "spec_decode: custom_class",
+        "status": "refused",
+        "code": "TTB235",
+        "note": "refused by the plan",
+    }
+    assert status["images"]["status"] == "refused" and status["images"]["code"] == "TTB215"
+    text = run_cli("card", demo).stdout
+    assert text.startswith("---\nlibrary_name: vllm\n")
+    assert "tested_meshes: [HOST]" in text and "## HOST: tested" in text
+    assert "| spec_decode: custom_class | refused (TTB235: refused by the plan) |" in text
+
+
+def test_a_failed_or_missing_evidence_proves_nothing(run_cli, demo):
+    card = _json(run_cli("card", demo, "-f", "json"))
+    assert card["meshes"]["HOST"]["status"] == "untested"
+    assert {f["status"] for f in card["meshes"]["HOST"]["features"]} == {"served", "refused"}
+    write_evidence(demo, {"mesh": "HOST", "passed": False, "paths": EVERY_PATH})
+    card = _json(run_cli("card", demo, "-f", "json"))
+    assert card["meshes"]["HOST"]["status"] == "failed"
+    assert "tested" not in {f["status"] for f in card["meshes"]["HOST"]["features"]}
+
+
+def test_inspect_and_list_carry_the_evidence_status(run_cli, demo):
+    write_evidence(demo, {"mesh": "HOST", "passed": True, "paths": ["prefill"]})
+    assert _json(run_cli("inspect", demo, "-f", "json"))["evidence"] == {"HOST": "tested"}
+    assert "evidence:     HOST tested" in run_cli("inspect", demo).stdout
+    listed = _json(run_cli("list", "--models-dir", demo.parent, "-f", "json"))
+    (row,) = [r for r in listed["entries"] if r["path"] == str(demo)]
+    assert row["evidence"] == {"HOST": "tested"}
+
+
+def test_the_plan_says_when_the_mesh_has_no_evidence(run_cli, demo, demo_checkpoint):
+    args = ("plan", demo_checkpoint, "--mesh", "HOST", "--models-dir", demo.parent)
+    plan = _json(run_cli(*args, "-f", "json", timeout=300))
+    assert plan["evidence"] == "untested"
+    assert plan["evidence_note"].startswith("evidence: demo@1.0.0 has no evidence on mesh HOST")
+    write_evidence(demo, {"mesh": "HOST", "passed": True, "paths": ["prefill"]})
+    done = run_cli(*args, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "evidence:" not in done.stdout

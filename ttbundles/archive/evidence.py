@@ -1,0 +1,118 @@
+"""What a bundle was proven on, kept inside it: `evidence/<MESH>.json`.
+
+`ttbundle test --keep-evidence` writes one file per mesh: the mesh and its target, the
+versions it ran with, the paths and thresholds, pass or fail with the figures, the date,
+and the digest of the bundle content it proved. The file is an ordinary file of the
+bundle, so the archive's manifest digest (and a signature over it) covers it once packed.
+
+The content digest is the manifest's root digest (`root_digest`) over the bundle's files
+less `evidence/` itself: recording evidence does not change what it proves, and editing
+anything else (the adapter, the metadata) does, which makes the evidence stale.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ttbundles.archive.files import list_files
+from ttbundles.archive.manifest import FileEntry, hash_file, root_digest
+from ttbundles.errors import Diagnostic, Severity, TTBundleError
+from ttbundles.fsutil import write_text_atomic
+
+EVIDENCE_DIR = "evidence"
+EVIDENCE_FORMAT = "ttbundles.evidence/1"
+
+
+def content_digest(bundle_dir: Path) -> str:
+    """The root digest of the bundle's files other than its evidence."""
+    entries = []
+    for rel in list_files(bundle_dir):
+        if rel.startswith(EVIDENCE_DIR + "/"):
+            continue
+        size, sha256 = hash_file(bundle_dir / rel)
+        entries.append(FileEntry(path=rel, size=size, sha256=sha256))
+    return root_digest(entries)
+
+
+def evidence_file(bundle_dir: Path, mesh: str) -> Path:
+    return bundle_dir / EVIDENCE_DIR / f"{mesh}.json"
+
+
+def write_evidence(bundle_dir: Path, record: dict[str, Any]) -> Path:
+    """Write `record` (what a run proved, with its `mesh`) as the mesh's evidence, with
+    the digest of the content it proved; replaces that mesh's earlier evidence."""
+    path = evidence_file(bundle_dir, record["mesh"])
+    document = {
+        "format": EVIDENCE_FORMAT,
+        **record,
+        "bundle_digest": content_digest(bundle_dir),
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(path, json.dumps(document, indent=2, sort_keys=False) + "\n")
+    return path
+
+
+@dataclass
+class Evidence:
+    """One mesh's evidence as read back: `stale` when the bundle content changed since."""
+
+    mesh: str
+    file: Path
+    record: dict[str, Any]
+    stale: bool
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.record.get("passed"))
+
+
+def read_evidence(bundle_dir: Path) -> tuple[list[Evidence], list[Diagnostic]]:
+    """Every mesh's evidence in the bundle, and what is wrong with it: TTB114 (a warning)
+    for evidence recorded on other content, TTB115 for a file that does not read."""
+    folder = bundle_dir / EVIDENCE_DIR
+    if not folder.is_dir():
+        return [], []
+    found: list[Evidence] = []
+    problems: list[Diagnostic] = []
+    digest: str | None = None
+    for path in sorted(folder.glob("*.json")):
+        try:
+            record = json.loads(path.read_text(encoding="utf-8"))
+            if not isinstance(record, dict) or record.get("format") != EVIDENCE_FORMAT:
+                raise ValueError(f"not {EVIDENCE_FORMAT}")
+            mesh, recorded = str(record["mesh"]), str(record["bundle_digest"])
+        except (OSError, ValueError, KeyError) as exc:
+            problems.append(
+                Diagnostic(
+                    "TTB115",
+                    Severity.ERROR,
+                    f"evidence file {path.name} does not read: {exc}",
+                    file=str(path),
+                    hint="record it again (ttbundle test --keep-evidence) or remove it",
+                )
+            )
+            continue
+        if digest is None:
+            try:
+                digest = content_digest(bundle_dir)
+            except TTBundleError as exc:  # a file that cannot be hashed: said once
+                return found, problems + exc.diagnostics
+        stale = recorded != digest
+        found.append(Evidence(mesh, path, record, stale))
+        if stale:
+            problems.append(
+                Diagnostic(
+                    "TTB114",
+                    Severity.WARNING,
+                    f"evidence for mesh {mesh} is stale: recorded on bundle content "
+                    f"{recorded[:19]}..., the bundle is now {digest[:19]}... (a file changed "
+                    "since it was proven)",
+                    file=str(path),
+                    hint=f"prove it again: ttbundle test BUNDLE --model CKPT --mesh {mesh} "
+                    "--keep-evidence",
+                )
+            )
+    return found, problems

@@ -1,0 +1,164 @@
+"""A bundle's support card: per target mesh and feature, tested, served or refused.
+
+- **tested**: the bundle's evidence on that mesh (`archive.evidence`, fresh and passed)
+  covers the feature through a `ttbundle test` path;
+- **served**: the plan admits it (the bundle declares it), with no evidence for it;
+- **refused**: the plan refuses it or turns it off, with the code it gives.
+
+The plan's verdict is derived from the metadata as the plan derives it (the capabilities
+gate each feature), without importing vLLM: a card is printed where no vLLM need be.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ttbundles.archive.evidence import Evidence, read_evidence
+from ttbundles.format.contract import SPEC_METHODS
+from ttbundles.format.metadata import BundleMetadata
+
+ANY_MESH = "any"
+# Feature -> the `ttbundle test` paths whose passing proves it (all of them).
+_TEST_PATHS: dict[str, tuple[str, ...]] = {
+    "text generation": ("prefill", "decode"),
+    "prefix_caching": ("prefix_cache",),
+    "chunked_prefill": ("chunked_prefill",),
+}
+
+
+def _features(meta: BundleMetadata) -> list[tuple[str, bool, str, str]]:
+    """(feature, admitted, code when not, what the plan does) for every feature."""
+    caps = meta.capabilities
+    out = [("text generation", True, "", "")]
+    for key in ("prefix_caching", "chunked_prefill", "async_decode"):
+        out.append((key, bool(getattr(caps, key)), "TTB203", "turned off by the plan"))
+    for mode in ("decode_only", "all"):
+        out.append(
+            (
+                f"sample_on_device: {mode}",
+                mode in caps.sample_on_device,
+                "TTB204",
+                "refused by the plan",
+            )
+        )
+    for method in SPEC_METHODS:
+        out.append(
+            (
+                f"spec_decode: {method}",
+                method in caps.spec_decode,
+                "TTB235",
+                "refused by the plan",
+            )
+        )
+    out.append(("prompt_logprobs", caps.prompt_logprobs, "TTB206", "refused per request"))
+    out.append(("lanes", caps.execution == "single", "TTB202", "one engine per submesh"))
+    limits = caps.input_limits()
+    out.append(("images", "image" in limits, "TTB215", "text only"))
+    return out
+
+
+def _tested(feature: str, evidence: Evidence | None) -> bool:
+    if evidence is None or evidence.stale or not evidence.passed:
+        return False
+    ran = set(evidence.record.get("paths") or ())
+    if feature in _TEST_PATHS:
+        return set(_TEST_PATHS[feature]) <= ran
+    if feature.startswith("sample_on_device: "):
+        mode = feature.partition(": ")[2]
+        return "device_sampling" in ran and evidence.record.get("device_mode") == mode
+    return False
+
+
+def support_card(bundle_dir: Path, meta: BundleMetadata) -> dict[str, Any]:
+    """The card as data: bundle, meshes ({mesh: {status, evidence, features}}), and
+    diagnostics (what is wrong with the evidence, as `Diagnostic`s)."""
+    found, problems = read_evidence(bundle_dir)
+    by_mesh = {e.mesh: e for e in found}
+    meshes = list(meta.targets) or [ANY_MESH]
+    meshes += [m for m in by_mesh if m not in meshes]
+    card: dict[str, Any] = {
+        "bundle": {"name": meta.name, "version": meta.version, "arch": meta.arch},
+        "meshes": {},
+        "diagnostics": problems,  # Diagnostic objects: stale or unreadable evidence
+    }
+    for mesh in meshes:
+        evidence = by_mesh.get(mesh)
+        features = []
+        for feature, admitted, code, refusal in _features(meta):
+            if not admitted:
+                features.append(
+                    {"feature": feature, "status": "refused", "code": code, "note": refusal}
+                )
+            elif _tested(feature, evidence):
+                features.append({"feature": feature, "status": "tested"})
+            else:
+                features.append({"feature": feature, "status": "served"})
+        card["meshes"][mesh] = {
+            "status": mesh_status(evidence),
+            "evidence": None
+            if evidence is None
+            else {
+                "file": str(evidence.file.relative_to(bundle_dir)),
+                "passed": evidence.passed,
+                "stale": evidence.stale,
+                "recorded_at": evidence.record.get("recorded_at"),
+                "versions": evidence.record.get("versions"),
+            },
+            "features": features,
+        }
+    return card
+
+
+def mesh_status(evidence: Evidence | None) -> str:
+    """One word for a mesh: tested (fresh, passed evidence), stale, failed, untested."""
+    if evidence is None:
+        return "untested"
+    if evidence.stale:
+        return "stale"
+    return "tested" if evidence.passed else "failed"
+
+
+def evidence_status(bundle_dir: Path) -> dict[str, str]:
+    """{mesh: status} for every mesh with evidence ({}: none), for `inspect` and `list`."""
+    found, _ = read_evidence(bundle_dir)
+    return {e.mesh: mesh_status(e) for e in found}
+
+
+def to_markdown(card: dict[str, Any]) -> str:
+    """The card as Markdown with Hugging Face model-card front matter."""
+    bundle = card["bundle"]
+    tested = sorted(m for m, v in card["meshes"].items() if v["status"] == "tested")
+    lines = [
+        "---",
+        "library_name: vllm",
+        "tags:",
+        "- tenstorrent",
+        "- ttbundles",
+        f"- {bundle['arch']}",
+        f"ttbundle: {bundle['name']}@{bundle['version']}",
+        "tested_meshes: [" + ", ".join(tested) + "]",
+        "---",
+        "",
+        f"# {bundle['name']} {bundle['version']}: support",
+        "",
+        "tested: proven on the mesh by the bundle's evidence (`ttbundle test "
+        "--keep-evidence`); served: the plan admits it, not tested; refused: the plan "
+        "refuses it (code).",
+    ]
+    for mesh, entry in card["meshes"].items():
+        evidence = entry["evidence"]
+        lines += ["", f"## {mesh}: {entry['status']}", ""]
+        if evidence is not None:
+            versions = evidence.get("versions") or {}
+            lines.append(
+                f"Evidence {evidence['file']}, {evidence.get('recorded_at')}, "
+                f"vLLM {versions.get('vllm')}, ttbundles {versions.get('ttbundles')}"
+                + (" (stale: the bundle changed since)" if evidence["stale"] else "")
+            )
+            lines.append("")
+        lines += ["| feature | status |", "|---|---|"]
+        for f in entry["features"]:
+            status = f["status"] + (f" ({f['code']}: {f['note']})" if "code" in f else "")
+            lines.append(f"| {f['feature']} | {status} |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,124 @@
+"""The bundle's serving defaults at `vllm serve`: tool calling, reasoning, chat template.
+
+A bundle may declare the tool-call parser, auto tool choice, reasoning parser and chat
+template its models need (`serving`, schema 4), so that an operator need not know them
+per model. Each is a plan decision: the operator's flag when given, else the bundle's,
+else vLLM's default. The reasoning parser is an engine setting (set in the
+configuration here); the others are the API server's, which vLLM reads from the parsed
+command line when it builds its handlers: `install` fills those the operator left unset
+just before (`compat.replace_init_app_state`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ttbundles.errors import ConfigurationError
+from ttbundles.format.metadata import BundleMetadata
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+
+_state: dict[str, Any] = {}
+
+
+def plan_chat_defaults(
+    vllm_config: VllmConfig,
+    plan: Any,
+    meta: BundleMetadata,
+    bundle_dir: Path,
+    asked: Mapping[str, Any],
+) -> None:
+    """Decide each chat setting the bundle declares; keep in `plan.chat` those the bundle
+    supplies. `plan` is `configuration.Plan` (untyped here: configuration imports this
+    module), `asked` the chat settings the operator's command line set. A parser the
+    installed vLLM lacks is refused now (TTB112), not when the server builds its
+    handlers."""
+    serving = meta.serving
+    if serving is None:
+        return
+    from ttbundles.check.serving_defaults import parser_problems
+    from ttbundles.vllm_parsers import registered
+
+    problems = parser_problems(meta, names=registered)
+    errors = [d for d in problems if d.is_error]
+    if errors:
+        bundle = f"{meta.name}@{meta.version}"
+        raise ConfigurationError(
+            [
+                replace(
+                    d,
+                    message=f"bundle {bundle}: {d.message}",
+                    hint=f"{d.hint}; or pass the flag to vllm serve (it wins)",
+                )
+                for d in errors
+            ]
+        )
+    structured = getattr(vllm_config, "structured_outputs_config", None)
+    engine_reasoning = getattr(structured, "reasoning_parser", None) or None
+    template = (
+        str((bundle_dir / serving.chat_template).resolve())
+        if serving.chat_template is not None
+        else None
+    )
+    declared: dict[str, Any] = {
+        "tool_call_parser": serving.tool_call_parser,
+        "enable_auto_tool_choice": serving.auto_tool_choice or None,
+        "chat_template": template,
+        "reasoning_parser": serving.reasoning_parser,
+    }
+    where = f"{meta.name}@{meta.version}"
+    for setting, ours in declared.items():
+        if ours is None:
+            continue
+        given = asked.get(setting)
+        if setting == "reasoning_parser" and given is None:
+            given = engine_reasoning  # set by vLLM for the model, e.g. gpt-oss's own
+        option = "--" + setting.replace("_", "-")
+        if given is not None:
+            plan.decide(
+                setting,
+                given,
+                given,
+                f"set by the user ({option}); bundle {where}'s default {ours!r} not applied",
+            )
+            continue
+        plan.chat[setting] = plan.decide(
+            setting, None, ours, f"default of bundle {where} (serving.{setting})"
+        )
+    if "reasoning_parser" in plan.chat and structured is not None:
+        structured.reasoning_parser = plan.chat["reasoning_parser"]
+
+
+def install(chat: dict[str, Any]) -> None:
+    """In the API server's process: fill the chat settings of `chat` (the plan's) into
+    the parsed command line when vLLM builds its handlers. Once per process."""
+    _state["chat"] = dict(chat)
+    if _state.get("installed") or not chat:
+        return
+    _state["installed"] = True
+    from ttbundles.serving import compat
+
+    original: Any = None
+
+    async def init_app_state(engine_client: Any, state: Any, args: Any, *rest: Any, **kw: Any):
+        apply(args, _state["chat"])
+        return await original(engine_client, state, args, *rest, **kw)
+
+    original = compat.replace_init_app_state(init_app_state)
+
+
+def apply(args: Any, chat: dict[str, Any]) -> None:
+    """Set each of `chat`'s settings on the parsed command line `args` where it is unset
+    (the operator's flag wins, even one given after the plan)."""
+    for setting, value in chat.items():
+        if setting == "reasoning_parser":
+            structured = getattr(args, "structured_outputs_config", None)
+            if structured is not None and not getattr(structured, "reasoning_parser", None):
+                structured.reasoning_parser = value
+            continue
+        if not getattr(args, setting, None):
+            setattr(args, setting, value)
