@@ -205,11 +205,13 @@ def _body_reaches(module: str, node: ast.AST, seen: set[tuple[str, str]]) -> boo
         return True
     commands = _commands()
     local = _functions(_tree(module)) if module in MODULES else {}
+    # A command the test may run: a string naming it, alone or first in a command line
+    # (`run_cli("plan", ...)`, a parametrized "validate --bogus ."), decorators included.
+    for text in (n.value for n in ast.walk(node) if isinstance(n, ast.Constant)):
+        first = text.split(" ", 1)[0] if isinstance(text, str) else None
+        if first in commands and _reaches(commands[first]):
+            return True
     for call in (n for n in ast.walk(node) if isinstance(n, ast.Call)):
-        for arg in call.args:
-            named = isinstance(arg, ast.Constant) and arg.value in commands
-            if named and _reaches(commands[arg.value]):
-                return True
         callee = call.func.id if isinstance(call.func, ast.Name) else None
         if callee in local and (module, callee) not in seen:
             seen.add((module, callee))
