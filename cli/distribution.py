@@ -139,7 +139,13 @@ def sign(
         Path, typer.Argument(help="A bundle folder or a .ttbundle archive.", metavar="DIR|ARCHIVE")
     ],
     key: Annotated[
-        Path, typer.Option("--key", help="The PEM elliptic-curve private key.", dir_okay=False)
+        Path,
+        typer.Option(
+            "--key",
+            help="The PEM elliptic-curve private key (P-256/P-384/P-521): "
+            "openssl ecparam -name prime256v1 -genkey -noout -out key.pem.",
+            dir_okay=False,
+        ),
     ],
     certificate: Annotated[
         Path | None,

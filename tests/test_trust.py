@@ -8,6 +8,7 @@ and nothing is installed or written.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -425,3 +426,42 @@ def test_pull_under_policy_refuses_and_writes_nothing(
         done = run_cli("pull", ref, "--install", "--models-dir", models, env=env)
         assert done.returncode == 1 and code in done.stderr
         assert [p.name for p in models.iterdir() if not p.name.startswith(".ttbundle")] == []
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
+def test_every_key_model_signing_refuses_is_one_line_with_the_recipe(run_cli, tmp_path):
+    """The keys a user may have at hand: each refused key names its type and the recipe,
+    and the recipe given makes a key that signs."""
+
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], check=True, capture_output=True, cwd=tmp_path)
+
+    openssl("genrsa", "-out", "rsa.pem", "2048")
+    openssl("genpkey", "-algorithm", "ed25519", "-out", "ed25519.pem")
+    openssl("ecparam", "-name", "secp256k1", "-genkey", "-noout", "-out", "k1.pem")
+    openssl("ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", "key.pem")
+    openssl("ec", "-in", "key.pem", "-pubout", "-out", "key.pub")
+    (tmp_path / "text.pem").write_text("not a key\n")
+    folder = _bundle(tmp_path)
+    expected = {
+        "rsa.pem": "an RSA-2048 private key",
+        "ed25519.pem": "an Ed25519 private key",
+        "k1.pem": "an elliptic-curve private key on secp256k1",
+        "key.pub": "a public key, not a private key",
+        "text.pem": "not a PEM file",
+    }
+    for name, kind in expected.items():
+        done = run_cli("sign", folder, "--key", tmp_path / name)
+        assert done.returncode == 1, (name, done.stderr)
+        [line] = [x for x in done.stderr.splitlines() if "TTB142" in x]
+        assert kind in line, line
+        assert "openssl ecparam -name prime256v1 -genkey -noout -out key.pem" in done.stderr
+        assert "internal error" not in done.stderr and "Traceback" not in done.stderr
+        assert not (folder / SIGNATURE_FILE).exists()
+    # the recipe's key, P-384 and P-521 sign, and the public key verifies
+    for curve in ("secp384r1", "secp521r1"):
+        openssl("ecparam", "-name", curve, "-genkey", "-noout", "-out", f"{curve}.pem")
+        assert run_cli("sign", folder, "--key", tmp_path / f"{curve}.pem").returncode == 0
+    done = run_cli("sign", folder, "--key", tmp_path / "key.pem")
+    assert done.returncode == 0, done.stderr
+    assert run_cli("verify", folder, "--key", tmp_path / "key.pub").returncode == 0

@@ -307,7 +307,11 @@ WHAT_TO_DO: dict[str, str] = {
     "trusts, or change TT_BUNDLES_TRUST.",
     "TTB141": "Re-sign after changing files, or sign with a key or certificate the "
     "policy trusts; the message says which file or key failed.",
-    "TTB142": "Check the key and certificate files: PEM, readable, an EC private key.",
+    "TTB142": "Sign with an elliptic-curve private key in PEM on P-256, P-384 or P-521 "
+    "(RSA, Ed25519 and other keys are not accepted by model-signing): "
+    "`openssl ecparam -name prime256v1 -genkey -noout -out key.pem`; its public key for "
+    "verify: `openssl ec -in key.pem -pubout -out key.pub`. With --certificate, the "
+    "certificate must be of that key.",
     "TTB143": "Fix TT_BUNDLES_TRUST: a folder of *.pub/*.pem keys, one key file, or a "
     "JSON policy file; registration stops until it reads.",
     "TTB144": "Informational: a replace keeps the version it replaced for readers that were "
