@@ -375,7 +375,9 @@ WHAT_TO_DO: dict[str, str] = {
     "(capabilities.async_spec_decode, schema 3: the demo bundle does), or drop "
     "--speculative-config. In-process lanes (--data-parallel-size on a single-execute "
     "bundle) speculate.",
-    "TTB237": "Send the request without the parameter the message names, or serve without "
+    "TTB237": "Send the request without the field the message names (response_format "
+    "json_schema/json_object and a forced tool_choice reach the engine as structured "
+    "outputs, which are not served while speculating), or serve without "
     "--speculative-config (greedy requests speculate with any generator; sampled ones "
     "need a plan that offers the logits accept mode).",
     "TTB238": "Ask for no logprobs on this speculating server, serve without "

@@ -175,19 +175,14 @@ class TTPlatform(Platform):
             )
         speculative = _state.get("speculative")
         if speculative:
-            from ttbundles.serving.spec_admission import request_refusal
+            from ttbundles.serving.spec_admission import refusal_message, request_refusal
 
             refusal = request_refusal(speculative, params)
             if refusal is not None:
-                code, parameter, value, why = refusal
+                # No value: vLLM would append its repr (a StructuredOutputsParams is
+                # hundreds of characters); the message names what the client sent.
                 raise UnsupportedRequestError(
-                    f"{code}: {parameter}={value!r} is not supported while speculating "
-                    f"({speculative['method']}, k={speculative['k']}) on Tenstorrent: "
-                    f"{why}; "
-                    f"send the request without {parameter}, or serve without "
-                    "--speculative-config",
-                    parameter=parameter,
-                    value=value,
+                    refusal_message(speculative, refusal), parameter=refusal[1]
                 )
         prompt_logprobs = getattr(params, "prompt_logprobs", None)
         if prompt_logprobs is None:
