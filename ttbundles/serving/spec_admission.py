@@ -24,7 +24,6 @@ speculates, because only the class can answer `spec_plan`.
 from __future__ import annotations
 
 import json
-
 from typing import TYPE_CHECKING, Any
 
 from ttbundles.errors import ConfigurationError
