@@ -27,8 +27,10 @@ CODES: dict[str, str] = {
     "TTB036": "main_class is not of the form module:Class",
     "TTB037": "model checkpoint has no pinned revision",
     "TTB038": "invalid Tenstorrent device option (additional_config.tt)",
+    "TTB039": "init: the folder already holds a file init would write",
     # The adapter, checked statically (never imported by validate)
     "TTB040": "a value in the class is computed, not a literal, and was not checked statically",
+    "TTB041": "the arch is not one the torch reference generator (the class's base) reads",
     "TTB050": "adapter module not found in the bundle",
     "TTB051": "adapter module has a syntax error",
     "TTB052": "main class not defined in the adapter module",
@@ -196,15 +198,23 @@ WHAT_TO_DO: dict[str, str] = {
     "meant); free extensions start with `x-`.",
     "TTB031": "Add the field the message names.",
     "TTB032": "Give the value the type the schema asks for (the message names it).",
-    "TTB033": "Give one of the allowed values (the message lists them or suggests one).",
+    "TTB033": "Give a valid value: one of the allowed values, or of the form the message "
+    "names (it lists them or suggests one). An existing file init would overwrite is "
+    "TTB039; an arch the reference generator does not read is TTB041.",
     "TTB034": "Write a PEP 440 version (`1.2.0`) or a specifier pip reads (`>=0.33,<0.35`).",
     "TTB035": "Use one of the mesh names the message lists (N150, N300, T3K, TG, P150x4, "
     "HOST, ...).",
     "TTB036": "Write main_class as `module:Class`, e.g. `adapter:MyGenerator`.",
     "TTB037": "Pin the checkpoint: give `revision` a commit hash of the Hugging Face repository.",
     "TTB038": "Use a device option from the reference page, with a value of its type.",
+    "TTB039": "init never overwrites: choose an empty (or new) folder, or pass --keep-adapter "
+    "to keep an existing adapter.py and write metadata naming its class.",
     "TTB040": "Nothing is wrong: the value is computed, so only running code knows it. "
     "`ttbundle validate --import` checks it where the class imports.",
+    "TTB041": "The torch reference generator reads Llama, Mistral, Qwen2 and Qwen3 (text) and "
+    "Qwen2.5-VL / Qwen3-VL (its VL classes): set arch to one it reads, or write the "
+    "generator for this architecture (`ttbundle init --arch ARCH` gives the TT-NN "
+    "template). See docs/authors/generator-contract.md.",
     "TTB050": "Add the module main_class names to the bundle (`adapter:Gen` is "
     "adapter.py or adapter/__init__.py), or correct main_class.",
     "TTB051": "Fix the Python syntax at the line given.",
