@@ -195,3 +195,16 @@ def test_runnable_block(block, tmp_path):
         assert "Traceback" not in output
         if expected:
             assert _pattern(expected).match(output), f"$ {command}\n{output}"
+
+
+def test_the_demo_set_up_installs_only_what_the_demo_needs():
+    """./scripts/demo runs scripts/setup: no OCI registry there (apt-get, as root); the
+    distribution tests' registry is installed by scripts/test, before the shared set-up."""
+    scripts = Path(__file__).resolve().parents[1] / "scripts"
+    for shared in ("setup", "demo"):
+        text = (scripts / shared).read_text()
+        assert "apt-get" not in text and "docker-registry" not in text, shared
+    test = (scripts / "test").read_text()
+    assert test.index("apt-get install") < test.index("scripts/setup\n")
+    assert "docker-registry apache2-utils" in test
+    assert "scripts/setup" in (scripts / "demo").read_text()
