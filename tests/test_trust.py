@@ -425,7 +425,22 @@ def test_pull_under_policy_refuses_and_writes_nothing(
         assert snapshot(out) == {}
         done = run_cli("pull", ref, "--install", "--models-dir", models, env=env)
         assert done.returncode == 1 and code in done.stderr
-        assert [p.name for p in models.iterdir() if not p.name.startswith(".ttbundle")] == []
+        # the error names the reference typed, not our work file under it; the models
+        # folder made for the pull is gone again
+        [line] = [x for x in done.stderr.splitlines() if code in x]
+        assert line.startswith(f"{ref}: error {code}") or line.startswith(f"{ref}!/"), line
+        assert ".ttbundle-pull-" not in done.stderr, done.stderr
+        assert not models.exists() and not out.exists()
+    # unreachable: an error, and no folder left behind either
+    unreachable = tmp_path / "unreachable"
+    for args in (["-o", unreachable / "o" / "deep"], ["--install", "--models-dir", unreachable]):
+        done = run_cli("pull", "127.0.0.1:1/team/x:1", "--plain-http", *args, env=env)
+        assert done.returncode == 1 and "TTB131" in done.stderr, done.stderr
+        assert not unreachable.exists()
+    # a folder that was already there stays
+    (tmp_path / "kept").mkdir()
+    done = run_cli("pull", "127.0.0.1:1/team/x:1", "--plain-http", "-o", tmp_path / "kept")
+    assert done.returncode == 1 and (tmp_path / "kept").is_dir()
 
 
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
