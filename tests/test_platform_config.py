@@ -487,3 +487,23 @@ def test_a_prompt_over_a_lowered_limit_is_refused_with_the_reason(
         "(ttbundles: max_model_len is 128 on this server, not 256: bundle "
         "targeted@1.0.0's target HOST supports at most 128.)"
     )
+
+
+def test_the_plan_says_dtype_has_no_effect_on_the_host_and_image_urls_only_for_images(
+    demo_checkpoint, vision_checkpoint
+):
+    """vLLM logs its dtype (a downcast of a float32 checkpoint to bfloat16); on HOST the
+    reference computes in float32 and the plan says so. A text-only server makes no
+    decision about image URLs; one that serves images does."""
+    _, decisions, _ = configure(demo_checkpoint, dtype="bfloat16")
+    dtype = decisions["dtype"]
+    assert (dtype["requested"], dtype["effective"]) == ("bfloat16", "float32")
+    assert "--dtype has no effect on HOST" in dtype["reason"]
+    assert "tt.allow_private_media_urls" not in decisions
+    _, decisions, _ = configure(
+        demo_checkpoint, additional_config={"tt": {"allow_private_media_urls": True}}
+    )
+    assert "no effect" in decisions["tt.allow_private_media_urls"]["reason"]
+    _, decisions, _ = configure(vision_checkpoint, max_model_len=1024)
+    assert decisions["tt.allow_private_media_urls"]["effective"] is False
+    assert decisions["dtype"]["effective"] == "float32"

@@ -17,6 +17,7 @@ from pydantic import ValidationError
 
 from ttbundles.errors import ConfigurationError, Diagnostic, Severity
 from ttbundles.format.contract import unservable_reason
+from ttbundles.format.meshes import is_host
 from ttbundles.format.metadata import BundleMetadata, Target, tt_arch_name
 from ttbundles.format.tt_options import (
     SERVER_OPTION_NAMES,
@@ -301,7 +302,8 @@ def plan_config(vllm_config: VllmConfig, registry: Registry) -> Plan | None:
     _refuse_unsupported(vllm_config, mesh)
 
     options = _plan_options(vllm_config, plan, meta, target)
-    _plan_server(vllm_config, plan)
+    _plan_server(vllm_config, plan, bool(caps.input_limits()))
+    _plan_dtype(vllm_config, plan)
 
     _plan_lengths(vllm_config, plan, target)
     _plan_inputs(vllm_config, plan, meta.name, caps.input_limits())
@@ -410,13 +412,25 @@ def _plan_options(
     return options
 
 
-def _plan_server(vllm_config: VllmConfig, plan: Plan) -> None:
-    """The API server's options: which image URLs it fetches (`serving.media_urls`)."""
+def _plan_server(vllm_config: VllmConfig, plan: Plan, images: bool) -> None:
+    """The API server's options: which image URLs it fetches (`serving.media_urls`).
+    Decided aloud only where images are served: a text-only server fetches none, and a
+    line about image URLs in its log is noise (unless the user set the option)."""
     additional = vllm_config.additional_config
     raw = additional.get("tt") if isinstance(additional, dict) else None
     server = parse_server_options(raw)
     allow = server.allow_private_media_urls
     requested = allow if isinstance(raw, dict) and "allow_private_media_urls" in raw else None
+    plan.server = server.model_dump()
+    if not images:
+        if requested is not None:
+            plan.decide(
+                "tt.allow_private_media_urls",
+                requested,
+                allow,
+                "set by the user, no effect: this bundle takes no images",
+            )
+        return
     if requested is None:
         reason = "default: http(s) image URLs must name public addresses (TTB220)"
     elif allow is True:
@@ -426,7 +440,21 @@ def _plan_server(vllm_config: VllmConfig, plan: Plan) -> None:
     else:
         reason = "set by the user: image URLs may name public addresses and these networks"
     plan.decide("tt.allow_private_media_urls", requested, allow, reason)
-    plan.server = server.model_dump()
+
+
+def _plan_dtype(vllm_config: VllmConfig, plan: Plan) -> None:
+    """On the host mesh the generator is the torch reference, which loads and computes in
+    float32 whatever vLLM's `--dtype` says: vLLM logs its own choice (a downcast to
+    bfloat16 of a float32 checkpoint), so the plan says which one is true."""
+    if not is_host(plan.mesh) or vllm_config.model_config is None:
+        return
+    vllm_dtype = str(vllm_config.model_config.dtype).removeprefix("torch.")
+    plan.decide(
+        "dtype",
+        vllm_dtype,
+        "float32",
+        "the host mesh computes in float32: --dtype has no effect on HOST",
+    )
 
 
 def _plan_features(vllm_config: VllmConfig, plan: Plan, meta: BundleMetadata) -> None:
