@@ -480,3 +480,33 @@ def test_every_key_model_signing_refuses_is_one_line_with_the_recipe(run_cli, tm
     done = run_cli("sign", folder, "--key", tmp_path / "key.pem")
     assert done.returncode == 0, done.stderr
     assert run_cli("verify", folder, "--key", tmp_path / "key.pub").returncode == 0
+
+
+def test_a_skipped_bundle_is_the_cause_named_first_when_the_fallback_cannot_serve(
+    tmp_path, trust_alice
+):
+    """Under a trust policy the unsigned extra Qwen3 bundle is skipped (TTB140) and the
+    built-in tt-qwen3 (TT-Metal's class, not importable here) is the fallback: the refusal
+    leads with the skip and its code, not "add a bundle for this architecture"."""
+    from ttbundles.errors import ConfigurationError
+    from ttbundles.registry.servable import require_importable, skipped_for
+
+    models = tmp_path / "models"
+    document = metadata("mine", "1.0.0", main_class="adapter:Generator", arch="Qwen3ForCausalLM")
+    write_bundle(models / "mine", name="mine", document=document)
+    environ = {"EXTRA_MODELS_DIR": str(models), "TT_BUNDLES_TRUST": str(trust_alice)}
+    registry = compute(environ, mesh="HOST", index=False)
+    chosen = registry.registered["TTQwen3ForCausalLM"]
+    assert chosen.source.value == "built-in"
+    skipped = skipped_for(registry, "TTQwen3ForCausalLM")
+    assert [e.path.name for e in skipped] == ["mine"]
+    with pytest.raises(ConfigurationError) as excinfo:
+        require_importable(chosen.class_ref(), chosen.label, skipped=skipped)
+    [diagnostic] = excinfo.value.diagnostics
+    assert diagnostic.code == "TTB140", diagnostic
+    assert diagnostic.message.startswith("bundle mine is not signed"), diagnostic.message
+    assert "fallback" in diagnostic.message and "ttbundle sign" in diagnostic.hint
+    # without a skipped bundle it stays TTB058
+    with pytest.raises(ConfigurationError) as excinfo:
+        require_importable(chosen.class_ref(), chosen.label)
+    assert excinfo.value.diagnostics[0].code == "TTB058"

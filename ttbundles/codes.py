@@ -112,7 +112,7 @@ CODES: dict[str, str] = {
         "old version kept after a replace for readers inside it (the next install removes it)"
     ),
     # Configuration (plan and the platform)
-    "TTB200": "no registered TT architecture serves this checkpoint",
+    "TTB200": "no TT architecture servable here serves this checkpoint",
     "TTB201": "parallelism is provided by the mesh, not by vLLM options",
     "TTB202": "feature not supported yet",
     "TTB203": "setting adjusted to what the bundle declares",
@@ -328,7 +328,8 @@ WHAT_TO_DO: dict[str, str] = {
     "inside it at the swap; the next `ttbundle install` or `uninstall` in that folder "
     "removes it (no sooner than 0.5 s after the replace). vLLM ignores it meanwhile.",
     "TTB200": "Install or enable a bundle for the checkpoint's architecture (`ttbundle "
-    "list` shows what registers), or check the checkpoint's config.json architectures.",
+    "list` shows what is servable here and why not the rest), or check the checkpoint's "
+    "config.json architectures. See docs/operators/installing.md.",
     "TTB201": "Drop --tensor-parallel-size/--pipeline-parallel-size: on Tenstorrent the "
     "mesh (MESH_DEVICE) provides that parallelism.",
     "TTB202": "Not supported yet: drop the option or feature the message names.",

@@ -11,7 +11,7 @@ server fails with the same words before any engine starts. Nothing is imported.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from ttbundles import envs
@@ -167,11 +167,37 @@ def refusals(
     return found
 
 
-def require_importable(class_ref: str, label: str) -> None:
-    """Raise TTB058 when the class the plan chose cannot be imported here."""
+def skipped_for(registry: Registry, tt_arch: str) -> list[Entry]:
+    """The bundles for `tt_arch` that registration skipped (a refused signature, ...)."""
+    return [e for e in registry.entries if e.status is Status.SKIPPED and e.tt_arch == tt_arch]
+
+
+def require_importable(class_ref: str, label: str, skipped: Sequence[Entry] = ()) -> None:
+    """Raise TTB058 when the class the plan chose cannot be imported here.
+
+    `skipped`: bundles for the same architecture that registration skipped (an unsigned
+    one under a trust policy, TTB140). The chosen class is then only the fallback, and the
+    true cause is the skip: said first, with its own code, rather than "add a bundle for
+    this architecture" to a user who did."""
     module = class_module(class_ref)
     if module is None or module_findable(module):
         return
+    if skipped:
+        first = skipped[0]
+        code, _, why = first.reason.partition(" ")
+        raise ConfigurationError(
+            Diagnostic(
+                code if code.startswith("TTB") else "TTB058",
+                Severity.ERROR,
+                f"{why or first.reason} (bundle {first.label} at {first.path} skipped); "
+                f"the fallback {label} serves this model with {class_ref}, but module "
+                f"{module!r} is not importable here",
+                file=str(first.path),
+                hint="fix the skipped bundle: sign it (ttbundle sign DIR --key KEY) with a "
+                "key TT_BUNDLES_TRUST trusts, or trust its signer (ttbundle list shows why "
+                "each bundle is skipped)",
+            )
+        )
     raise ConfigurationError(
         Diagnostic(
             "TTB058",
@@ -194,5 +220,6 @@ __all__ = [
     "opens_here",
     "require_device",
     "require_importable",
+    "skipped_for",
     "unservable",
 ]

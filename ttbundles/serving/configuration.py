@@ -25,7 +25,7 @@ from ttbundles.format.tt_options import (
     ServerOptions,
     TTOptions,
 )
-from ttbundles.registry.registry import Registry
+from ttbundles.registry.registry import Registry, Status
 from ttbundles.suggest import hint_for
 
 if TYPE_CHECKING:  # vLLM's config imports the platform: import it only for type hints
@@ -188,16 +188,32 @@ def select_entry(architectures: list[str], registry: Registry):
         entry = registered.get(tt_arch_name(arch))
         if entry is not None:
             return entry
-    # One architecture a line, without paths (`ttbundle list` shows where each is from).
-    listing = "".join(
-        f"\n  {a} ({e.label}, {e.source.value})" for a, e in sorted(registered.items())
+    raise _error("TTB200", *_none_serves(architectures, registry))
+
+
+def _none_serves(architectures: list[str], registry: Registry) -> tuple[str, str]:
+    """TTB200's message and fix, in `ttbundle list`'s words: only what can be served
+    here is called registered; the rest is counted with why (listing 13 architectures
+    the line above calls not servable as "registered" sent users the wrong way)."""
+    from ttbundles.registry.servable import mark_unservable, not_servable_counts
+
+    mark_unservable(registry)  # the error path: the registry is not used again
+    servable = registry.registered
+    listing = "".join(f"\n  {a} ({e.label}, {e.source.value})" for a, e in sorted(servable.items()))
+    others = [e for e in registry.entries if e.status is Status.UNSERVABLE]
+    rest = (
+        f"; {len(others)} more registered but not servable here: "
+        f"{not_servable_counts([e.reason for e in others])}"
+        if others
+        else ""
     )
-    raise _error(
-        "TTB200",
-        f"no registered TT architecture serves {', '.join(architectures) or 'this model'} "
+    wanted = ", ".join(architectures) or "this model"
+    return (
+        f"no TT architecture servable here serves {wanted} "
         f"(looked for {', '.join(tt_arch_name(a) for a in architectures)}); "
-        f"registered:{listing or ' none'}",
-        "add a bundle for it to EXTRA_MODELS_DIR (ttbundle list shows what is registered)",
+        f"servable:{listing or ' none'}{rest}",
+        "add a bundle for it to EXTRA_MODELS_DIR (ttbundle list shows what is servable "
+        "and why not; docs/operators/installing.md)",
     )
 
 

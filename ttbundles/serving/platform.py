@@ -135,7 +135,8 @@ class TTPlatform(Platform):
         from ttbundles.serving import image_requests
         from ttbundles.serving.configuration import served_plan
 
-        plan = plan_config(vllm_config, checked_registry())
+        registry = checked_registry()
+        plan = plan_config(vllm_config, registry)
         served = served_plan(vllm_config)
         # For validate_request: what a speculating launch refuses per request.
         _state["speculative"] = served.speculative if served is not None else {}
@@ -156,7 +157,9 @@ class TTPlatform(Platform):
             if servable.opens_here(mesh):
                 bundle = plan.bundle
                 servable.require_importable(
-                    bundle["main_class"], f"{bundle['name']}@{bundle['version']}"
+                    bundle["main_class"],
+                    f"{bundle['name']}@{bundle['version']}",
+                    skipped=servable.skipped_for(registry, plan.tt_arch),
                 )
             plan.log()
             if plan.dp_address and not cls.planning:
