@@ -565,8 +565,8 @@ def test_validate_compiles_every_module_of_the_bundle(make_bundle, run_cli):
 
 def test_the_validate_help_example_validates_in_the_repository(run_cli):
     """The folders `validate --help`'s example names that exist in a checkout validate
-    (`bundles/` as a whole does not: tt-mllama is shipped refused, TTB202, as the worker
-    refuses it)."""
+    strictly, and `bundles/` as a whole, the repository's own bundles, validates (exit 0:
+    warnings only, for the TT-Metal classes not importable here)."""
     [example] = [
         line.strip()
         for line in run_cli("validate", "--help").stdout.splitlines()
@@ -576,6 +576,8 @@ def test_the_validate_help_example_validates_in_the_repository(run_cli):
     assert paths, example
     done = no_traceback(run_cli("validate", "--strict", *paths, cwd=REPO))
     assert done.returncode == 0, done.stdout
+    done = no_traceback(run_cli("validate", "bundles/", cwd=REPO))
+    assert done.returncode == 0 and "0 errors" in done.stdout, done.stdout
 
 
 def test_legacy_metadata_gets_the_verdict_list_gives(make_bundle, run_cli, tmp_path):

@@ -99,11 +99,11 @@ def unservable(registry: Registry) -> dict[str, Diagnostic]:
 
 # Why a registered entry is not servable, by the code its reason starts with: one
 # wording for `list`'s folded line and `doctor`'s count.
-NOT_SERVABLE_WHY = {"TTB058": "not importable here", "TTB202": "refused by the pinned vLLM"}
+NOT_SERVABLE_WHY = {"TTB058": "not importable here", "TTB202": "served by no tested vLLM"}
 
 
 def not_servable_counts(reasons: list[str | None]) -> str:
-    """`14 not importable here (TTB058), 1 refused by the pinned vLLM (TTB202)`."""
+    """`14 not importable here (TTB058), 1 served by no tested vLLM (TTB202)`."""
     codes = [(reason or "").split(" ")[0] for reason in reasons]
     return ", ".join(
         f"{codes.count(c)} {NOT_SERVABLE_WHY.get(c, c)} ({c})" for c in dict.fromkeys(codes)
@@ -124,7 +124,7 @@ def mark_unservable(registry: Registry) -> list[Diagnostic]:
     for entry in registry.registered.values():
         refused = unservable_reason(entry.facts.arch) if entry.facts else None
         if refused is not None:
-            # Whatever the machine: the pinned vLLM cannot serve the architecture (the
+            # Whatever the machine: no tested vLLM can serve the architecture (the
             # platform refuses it with TTB202 before loading anything).
             entry.status = Status.UNSERVABLE
             entry.reason = "TTB202 " + refused.split(";")[0]
@@ -165,6 +165,34 @@ def refusals(
         if device is not None:
             found.append(device)
     return found
+
+
+def listing_rows(registry: Registry) -> list[dict]:
+    """`ttbundle list`'s rows for the architectures no tested vLLM serves
+    (`contract.UNSERVABLE_ARCHITECTURES`), where no bundle registers one: a listing
+    entry says why TT-Metal's class is not offered, without shipping a bundle that could
+    never validate or serve. Only alongside the built-ins, which they stand beside."""
+    from ttbundles.format.contract import UNSERVABLE_ARCHITECTURES
+
+    if not any(e.source is Source.BUILTIN for e in registry.entries):
+        return []
+    present = {e.tt_arch for e in registry.entries}
+    return [
+        {
+            "tt_arch": f"TT{arch}",
+            "bundle": None,
+            "version": None,
+            "source": "listing",
+            "path": "",
+            "status": Status.UNSERVABLE.value,
+            "reason": "TTB202 " + reason.split(";")[0],
+            "main_class": None,
+            "capabilities": None,
+            "signer": None,
+        }
+        for arch, reason in UNSERVABLE_ARCHITECTURES.items()
+        if f"TT{arch}" not in present
+    ]
 
 
 def skipped_for(registry: Registry, tt_arch: str) -> list[Entry]:
@@ -219,6 +247,7 @@ __all__ = [
     "module_findable",
     "opens_here",
     "require_device",
+    "listing_rows",
     "require_importable",
     "skipped_for",
     "unservable",

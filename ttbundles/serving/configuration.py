@@ -188,6 +188,14 @@ def select_entry(architectures: list[str], registry: Registry):
         entry = registered.get(tt_arch_name(arch))
         if entry is not None:
             return entry
+    for arch in architectures:  # no bundle, and none could serve it: say why
+        reason = unservable_reason(arch)
+        if reason is not None:
+            raise _error(
+                "TTB202",
+                f"{arch} cannot be served: {reason}",
+                "serve a model vLLM knows (for images: Qwen2.5-VL, Qwen3-VL, Gemma 3)",
+            )
     raise _error("TTB200", *_none_serves(architectures, registry))
 
 
@@ -288,7 +296,7 @@ def plan_config(vllm_config: VllmConfig, registry: Registry) -> Plan | None:
         raise _error(
             "TTB202",
             f"{meta.tt_arch} ({meta.name}) cannot be served: {reason}",
-            "serve a model the pinned vLLM knows (for images: Qwen2.5-VL, Qwen3-VL, Gemma 3)",
+            "serve a model vLLM knows (for images: Qwen2.5-VL, Qwen3-VL, Gemma 3)",
         )
     caps = meta.capabilities
     mesh = registry.mesh
