@@ -171,9 +171,13 @@ def listing_rows(registry: Registry) -> list[dict]:
     """`ttbundle list`'s rows for the architectures no tested vLLM serves
     (`contract.UNSERVABLE_ARCHITECTURES`), where no bundle registers one: a listing
     entry says why TT-Metal's class is not offered, without shipping a bundle that could
-    never validate or serve. Only alongside the built-ins, which they stand beside."""
+    never validate or serve. Only alongside the built-ins, which they stand beside, and
+    where `mark_unservable` judges (this machine opens the registry's mesh), as it
+    judged the bundle that stood here before."""
     from ttbundles.format.contract import UNSERVABLE_ARCHITECTURES
 
+    if not opens_here(mesh_or_none(registry.mesh)):
+        return []
     if not any(e.source is Source.BUILTIN for e in registry.entries):
         return []
     present = {e.tt_arch for e in registry.entries}
