@@ -44,7 +44,7 @@ def compat(
                     b.bundle or "-",
                     b.source,
                     b.now,
-                    "registers" if b.registers else "does not register",
+                    b.verdict,
                     b.reason or short_path(b.path, verbose=False),
                 ]
                 for b in report.bundles

@@ -109,11 +109,8 @@ def demo(
 
     Example: ttbundle demo --vision --query
     """
-    from ttbundles.demo import model
-    from ttbundles.demo.checkpoint import write_demo_checkpoint
-    from ttbundles.demo.flow import run_demo
+    from ttbundles.demo.flow import prepare_only, run_demo, write_checkpoint_only
     from ttbundles.demo.query import DemoAnswers, VisionAnswers
-    from ttbundles.demo.vision_checkpoint import ensure_vision_checkpoint, write_vision_checkpoint
 
     out = Output(fmt)
 
@@ -125,21 +122,17 @@ def demo(
         if line.startswith(("downloading", "converting", "starting vllm serve")):
             stages.begin(line)  # long: a spinner with the time taken, on a terminal
 
-    if write_checkpoint is not None:
-        if vision:
-            folder = write_demo_checkpoint(write_checkpoint, writer=write_vision_checkpoint)
-        else:
-            folder = write_demo_checkpoint(write_checkpoint)
-        out.result(True, path=str(folder)) if out.is_json else out.plain(str(folder))
-        return
-    if prepare:
-        if vision:
-            folder, _ = ensure_vision_checkpoint(checkpoint_dir)
-        else:
-            try:
-                folder, _ = model.prepare(checkpoint_dir, say=say, progress=stages.progress())
-            finally:
-                stages.done()
+    if write_checkpoint is not None or prepare:
+        try:
+            folder = (
+                write_checkpoint_only(write_checkpoint, vision=vision)
+                if write_checkpoint is not None
+                else prepare_only(
+                    checkpoint_dir, vision=vision, say=say, progress=stages.progress()
+                )
+            )
+        finally:
+            stages.done()
         out.result(True, path=str(folder)) if out.is_json else out.plain(str(folder))
         return
     # A plain `kill` of this command must still stop the server it started.

@@ -94,8 +94,6 @@ def pull(
 
     Example: ttbundle pull 127.0.0.1:5000/team/my-llama:1.2.0 --install --models-dir /opt/tt-bundles
     """
-    import tempfile
-
     from ttbundles.distribution.pull import pull as pull_bundle
 
     out = Output(fmt)
@@ -109,24 +107,17 @@ def pull(
         out.plain(f"pulled {result.name} {result.version} from {result.reference}")
         out.plain(str(archive))
         return
-    from ttbundles.installer.operations import install as install_archive
+    from ttbundles.distribution.pull import pull_install
     from ttbundles.installer.operations import resolve_models_dir
 
-    target = resolve_models_dir(models_dir)
-    target.mkdir(parents=True, exist_ok=True)
-    from ttbundles.errors import shown_as
-
-    # The pulled archive is ours, in a work folder removed on the way out: errors name
-    # the registry reference the user typed.
-    with (
-        tempfile.TemporaryDirectory(prefix=".ttbundle-pull-", dir=target) as tmp,
-        shown_as(tmp, ref),
-    ):
-        with _progress("pulling", not out.is_json) as progress:
-            result, archive = pull_bundle(
-                ref, Path(tmp), plain_http=plain_http, progress=progress, keep=False
-            )
-        installed = install_archive(archive, target, replace=replace, provenance=result.provenance)
+    with _progress("pulling", not out.is_json) as progress:
+        result, installed = pull_install(
+            ref,
+            resolve_models_dir(models_dir),
+            replace=replace,
+            plain_http=plain_http,
+            progress=progress,
+        )
     if out.is_json:
         out.result(True, [], pulled=result.to_dict(), **installed.to_dict())
         return
@@ -139,7 +130,13 @@ def sign(
         Path, typer.Argument(help="A bundle folder or a .ttbundle archive.", metavar="DIR|ARCHIVE")
     ],
     key: Annotated[
-        Path, typer.Option("--key", help="The PEM elliptic-curve private key.", dir_okay=False)
+        Path,
+        typer.Option(
+            "--key",
+            help="The PEM elliptic-curve private key (P-256/P-384/P-521): "
+            "openssl ecparam -name prime256v1 -genkey -noout -out key.pem.",
+            dir_okay=False,
+        ),
     ],
     certificate: Annotated[
         Path | None,

@@ -51,13 +51,13 @@ def list_bundles(
     absent = [folder for folder in models_dir or [] if not folder.is_dir()]
     if absent:
         raise TTBundleError([missing_path(folder, what="models folder") for folder in absent])
-    from ttbundles.registry.servable import mark_unservable, refusals
+    from ttbundles.registry.servable import listing_rows, mark_unservable, refusals
     from ttbundles.serving.registration import fallbacks
 
     registry = compute(mesh=mesh, models_dirs=models_dir or None)
     unservable = mark_unservable(registry)
     refused = refusals(registry, what_if=mesh is not None)
-    rows = table(registry)
+    rows = table(registry) + listing_rows(registry)
     folders = sources(models_dirs=models_dir or None)
     extra = [folder for source, folder in folders if source is Source.EXTRA]
     problems = refused or (registry.problems + unservable + leftover_diagnostics(extra))
@@ -79,7 +79,11 @@ def list_bundles(
         problems = [d for d in problems if d not in given]
         folded = []
         if not show_all:
-            folded = [r for r in rows if r["status"] == "unservable" and r["source"] == "built-in"]
+            folded = [
+                r
+                for r in rows
+                if r["status"] == "unservable" and r["source"] in ("built-in", "listing")
+            ]
             rows = [r for r in rows if r not in folded]
         out.table(
             f"TT architectures (mesh: {registry.mesh or 'any'})",

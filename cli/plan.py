@@ -10,6 +10,8 @@ from typing import Annotated
 
 import typer
 
+from ttbundles.suggest import slipped_option
+
 from .options import FormatOption
 from .output import Format, Output, short_path
 from .usage import no_such_option
@@ -57,41 +59,27 @@ def plan(
     ours = [o for p in ctx.command.params for o in getattr(p, "opts", [])]
     # A slip in one of our own options is answered at once, not after vLLM's import (15 s)
     # and its parser: vLLM's options are not known before then, ours are.
-    for arg in ctx.args:
-        option = arg.partition("=")[0]
-        slip = next((o for o in ours if o.startswith("--") and _one_slip(option, o)), None)
-        if slip is not None:
-            if out.is_json:
-                from ttbundles.errors import Diagnostic, Severity
+    slipped = slipped_option(ctx.args, ours)
+    if slipped is not None:
+        option, slip = slipped
+        if out.is_json:
+            from ttbundles.errors import Diagnostic, Severity
 
-                out.result(
-                    False,
-                    [
-                        Diagnostic(
-                            "TTB004",
-                            Severity.ERROR,
-                            f"no such option {option}",
-                            hint=f"did you mean {slip}?",
-                        )
-                    ],
-                )
-            else:
-                sys.stderr.write(no_such_option(ctx.command_path, option, ours, also="") + "\n")
-            sys.exit(2)
-    from ttbundles.errors import TTBundleError, missing_path
-    from ttbundles.hub import answer_offline
-
-    # A --models-dir typed wrong is an error now, as for list (not a note in vLLM's log).
-    absent = [folder for folder in models_dir or [] if not folder.is_dir()]
-    if absent:
-        raise TTBundleError([missing_path(folder, what="models folder") for folder in absent])
-
-    # Without a network a hub id is answered from the cache or refused (TTB208) now, not
-    # after vLLM's and the hub's retries (33 s).
-    source = model or (ctx.args[0] if ctx.args and not ctx.args[0].startswith("-") else None)
-    if source is not None:
-        answer_offline(source)
-    from ttbundles.serving.dry_run import ServeOptionsError, make_plan
+            out.result(
+                False,
+                [
+                    Diagnostic(
+                        "TTB004",
+                        Severity.ERROR,
+                        f"no such option {option}",
+                        hint=f"did you mean {slip}?",
+                    )
+                ],
+            )
+        else:
+            sys.stderr.write(no_such_option(ctx.command_path, option, ours, also="") + "\n")
+        sys.exit(2)
+    from ttbundles.serving.dry_run import ServeOptionsError, plan_serve
 
     log = io.StringIO()  # vLLM's log: the plan is the output; --vllm-log shows it too
     stages = not out.is_json and out.err.is_terminal
@@ -99,7 +87,7 @@ def plan(
         out.err.print("plan: building the configuration as vllm serve does (imports vLLM)...")
     began = time.monotonic()
     try:
-        result = make_plan(
+        result, problems = plan_serve(
             model, list(ctx.args), mesh=mesh, models_dirs=models_dir or None, log=log
         )
     except ServeOptionsError as exc:  # a usage error: one line and exit 2, not vLLM's usage
@@ -119,12 +107,6 @@ def plan(
             sys.stderr.write(log.getvalue())
         if stages:
             out.err.print(f"plan: vLLM took {time.monotonic() - began:.1f} s")
-    from ttbundles.errors import Diagnostic, Severity
-
-    problems = [
-        Diagnostic(**{**p, "severity": Severity(p["severity"])})
-        for p in result.pop("problems", None) or []
-    ]
     if out.is_json:
         out.result(True, problems, **result)  # the problems as every command's diagnostics
         return
@@ -143,25 +125,3 @@ def plan(
     if result.get("evidence_note"):
         out.line(result["evidence_note"])
     out.diagnostics(problems, stderr=True)
-
-
-def _one_slip(word: str, option: str) -> bool:
-    """`word` is `option` with one typing slip: two neighbours swapped (`--fromat`), one
-    character wrong, missing or extra. Tighter than a did-you-mean, since a word that is
-    not ours may be one of vLLM's options (`--load-format` is not a slip of `--format`)."""
-    if word == option:
-        return False
-    if len(word) == len(option):
-        diff = [i for i, (a, b) in enumerate(zip(word, option)) if a != b]
-        if len(diff) == 1:
-            return True
-        return (
-            len(diff) == 2
-            and diff[1] == diff[0] + 1
-            and word[diff[0]] == option[diff[1]]
-            and word[diff[1]] == option[diff[0]]
-        )
-    short, long = sorted((word, option), key=len)
-    if len(long) - len(short) != 1:
-        return False
-    return any(long[:i] + long[i + 1 :] == short for i in range(len(long)))

@@ -1,7 +1,7 @@
 """A real OCI registry for the tests: Debian's `docker-registry` (distribution 2.8) on
 127.0.0.1, on a free port, with a temporary storage folder, optionally behind htpasswd
 basic auth or the bearer-token flow (`auth: token`, with `TokenServer` as its realm).
-`scripts/setup` installs it where it can (root: apt); elsewhere the tests that need it
+`scripts/test` installs it where it can (root: apt); elsewhere the tests that need it
 are skipped, saying why.
 """
 
@@ -27,7 +27,7 @@ import httpx
 
 BINARY = shutil.which("docker-registry") or "/usr/bin/docker-registry"
 MISSING = (
-    "Debian's docker-registry is not installed (scripts/setup installs it with apt-get "
+    "Debian's docker-registry is not installed (scripts/test installs it with apt-get "
     "when run as root; install the docker-registry and apache2-utils packages)"
 )
 

@@ -373,3 +373,25 @@ def test_no_test_skips_over_a_missing_dependency():
         if "pytest." + "importorskip(" in line  # (spelled apart: not a hit here)
     ]
     assert found == []
+
+
+def test_the_plan_and_demo_command_bodies_keep_only_parsing_and_output():
+    """Their logic lives in the library (serving.dry_run.plan_serve, suggest.slipped_option,
+    demo.flow): the bodies stay short and import no checkpoint, hub or model code."""
+    root = Path(__file__).resolve().parents[1] / "cli"
+    for file, name in (("plan.py", "plan"), ("demo.py", "demo")):
+        tree = ast.parse((root / file).read_text())
+        [function] = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name]
+        body = function.body[1:]  # after the docstring
+        assert function.end_lineno - body[0].lineno + 1 <= 70, (file, "body too long")
+        imported = {
+            node.module
+            for node in ast.walk(function)
+            if isinstance(node, ast.ImportFrom) and node.module
+        }
+        assert not imported & {
+            "ttbundles.hub",
+            "ttbundles.demo.checkpoint",
+            "ttbundles.demo.vision_checkpoint",
+            "ttbundles.demo.model",
+        }, (file, imported)

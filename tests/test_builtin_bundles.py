@@ -54,11 +54,6 @@ BUILTINS: dict[str, tuple[str, str, dict[str, str]]] = {
         "models.demos.t3000.llama2_70b.tt.generator_vllm:TtLlamaForCausalLM",
         {"TT_LLAMA_TEXT_VER": "llama2_70b"},
     ),
-    "tt-mllama": (
-        "TTMllamaForConditionalGeneration",
-        f"{TTT}:MllamaForConditionalGeneration",
-        {},
-    ),
     "tt-qwen2": ("TTQwen2ForCausalLM", f"{TTT}:QwenForCausalLM", {}),
     "tt-qwen3": ("TTQwen3ForCausalLM", f"{TTT}:QwenForCausalLM", {}),
     "tt-qwen3-galaxy": (
@@ -156,7 +151,6 @@ CAPABILITIES: dict[str, dict] = {
     "tt-llama": {**TEXT, "chunked_prefill": True},
     "tt-llama-galaxy": {"execution": "single"},
     "tt-llama2-70b": {},
-    "tt-mllama": {},
     "tt-qwen2": {**TEXT, "chunked_prefill": True},
     "tt-qwen3": {**TEXT, "chunked_prefill": True},
     "tt-qwen3-galaxy": {"execution": "single"},
@@ -386,7 +380,7 @@ def test_required_env_is_documented_not_set(builtins: dict[str, BundleMetadata])
 
 
 # Built-ins the worker refuses, and the refusal `validate` must give for them too.
-REFUSED = {"tt-mllama": ("TTB202", "/arch", "vLLM removed in 0.10.2")}
+REFUSED: dict[str, tuple[str, str, str]] = {}
 
 
 @pytest.mark.parametrize("folder", _builtin_dirs(), ids=lambda p: p.name)

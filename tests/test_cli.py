@@ -544,7 +544,7 @@ def test_init_from_local_checkpoint(run_cli, tmp_path):
 @pytest.mark.parametrize(
     ("setup", "code"),
     [
-        ("exists", "TTB033"),
+        ("exists", "TTB039"),
         ("no config", "TTB208"),
         ("no architectures", "TTB208"),
         ("bad arch", "TTB033"),

@@ -195,3 +195,35 @@ def test_runnable_block(block, tmp_path):
         assert "Traceback" not in output
         if expected:
             assert _pattern(expected).match(output), f"$ {command}\n{output}"
+
+
+def test_the_demo_set_up_installs_only_what_the_demo_needs():
+    """./scripts/demo runs scripts/setup: no OCI registry there (apt-get, as root); the
+    distribution tests' registry is installed by scripts/test, before the shared set-up."""
+    scripts = Path(__file__).resolve().parents[1] / "scripts"
+    for shared in ("setup", "demo"):
+        text = (scripts / shared).read_text()
+        assert "apt-get" not in text and "docker-registry" not in text, shared
+    test = (scripts / "test").read_text()
+    assert test.index("apt-get install") < test.index("scripts/setup\n")
+    assert "docker-registry apache2-utils" in test
+    assert "scripts/setup" in (scripts / "demo").read_text()
+
+
+def test_the_generator_contract_has_one_section_per_concept_and_a_runnable_drafter():
+    """One "## Speculative decoding" (two that disagreed confused authors); the page's
+    propose_draft_tokens snippet runs as written; the page says how to start a drafter."""
+    page = Path(__file__).resolve().parents[1] / "docs" / "authors" / "generator-contract.md"
+    text = page.read_text()
+    headings = [line for line in text.splitlines() if line.startswith("## ")]
+    titles = [h.split(" {#")[0] for h in headings]
+    assert len(titles) == len(set(titles)), titles
+    # the old section's claim, untrue since the logits accept mode is served
+    assert "`accept_modes` including `argmax_ids`" not in text
+    [snippet] = [
+        block
+        for block in re.findall(r"```python\n(.*?)```", text, flags=re.S)
+        if "def propose_draft_tokens" in block
+    ]
+    exec(compile(snippet, str(page), "exec"), {"__name__": "snippet"})
+    assert "**Starting a drafter.**" in text and "bundles/demo-drafter" in text

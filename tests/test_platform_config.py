@@ -131,9 +131,8 @@ def test_image_urls_are_limited_to_public_addresses_unless_the_operator_allows_m
 ):
     bundle(models_dir, "plain")
     _, decisions, plan = configure(demo_checkpoint)
-    decision = decisions["tt.allow_private_media_urls"]
-    assert (decision["requested"], decision["effective"]) == (None, False)
-    assert "TTB220" in decision["reason"]
+    # text only: the default holds, and is not said (the vision case: below)
+    assert "tt.allow_private_media_urls" not in decisions
     assert plan["server"] == {"allow_private_media_urls": False}
     networks = ["10.1.2.0/24", "fd00::/8"]
     config, decisions, plan = configure(
@@ -230,14 +229,20 @@ def test_unsupported_parallelism_and_features(models_dir, demo_checkpoint, optio
 
 def test_no_bundle_for_the_architecture_lists_what_is_registered(models_dir, demo_checkpoint):
     bundle(models_dir, "qwen", arch="Qwen2ForCausalLM")
+    # registered, but its module is not importable here: counted, not listed as servable
+    bundle(models_dir, "gone", arch="Qwen3ForCausalLM")
+    (models_dir.parent / "lib" / "tt_models" / "gone.py").unlink()
     with pytest.raises(ConfigurationError) as excinfo:
         configure(demo_checkpoint)
     assert error_of(excinfo) == "TTB200"
     message = str(excinfo.value)
     assert "TTLlamaForCausalLM" in message and "TTQwen2ForCausalLM (qwen@1.0.0, extra" in message
-    # One architecture a line, no paths.
-    listed = message.split("registered:", 1)[1].splitlines()[1:]
+    # One architecture a line, no paths; only the servable ones are listed as such.
+    listed = message.split("servable:", 1)[1].splitlines()[1:]
     assert any(line.strip().startswith("TTQwen2ForCausalLM (qwen@1.0.0") for line in listed)
+    assert "TTQwen3ForCausalLM" not in message
+    assert "1 more registered but not servable here: 1 not importable here (TTB058)" in message
+    assert "docs/operators/installing.md" in excinfo.value.diagnostics[0].hint
     assert str(models_dir) not in message
 
 
@@ -487,3 +492,24 @@ def test_a_prompt_over_a_lowered_limit_is_refused_with_the_reason(
         "(ttbundles: max_model_len is 128 on this server, not 256: bundle "
         "targeted@1.0.0's target HOST supports at most 128.)"
     )
+
+
+def test_the_plan_says_dtype_has_no_effect_on_the_host_and_image_urls_only_for_images(
+    demo_checkpoint, vision_checkpoint
+):
+    """vLLM logs its dtype (a downcast of a float32 checkpoint to bfloat16); on HOST the
+    reference computes in float32 and the plan says so. A text-only server makes no
+    decision about image URLs; one that serves images does."""
+    _, decisions, _ = configure(demo_checkpoint, dtype="bfloat16")
+    dtype = decisions["dtype"]
+    assert (dtype["requested"], dtype["effective"]) == ("bfloat16", "float32")
+    assert "--dtype has no effect on HOST" in dtype["reason"]
+    assert "tt.allow_private_media_urls" not in decisions
+    _, decisions, _ = configure(
+        demo_checkpoint, additional_config={"tt": {"allow_private_media_urls": True}}
+    )
+    assert "no effect" in decisions["tt.allow_private_media_urls"]["reason"]
+    _, decisions, _ = configure(vision_checkpoint, max_model_len=1024)
+    assert decisions["tt.allow_private_media_urls"]["effective"] is False
+    assert "TTB220" in decisions["tt.allow_private_media_urls"]["reason"]
+    assert decisions["dtype"]["effective"] == "float32"

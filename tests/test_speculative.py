@@ -18,7 +18,7 @@ from ttbundles.errors import ConfigurationError
 from ttbundles.format import speculative as spec
 from ttbundles.serving.runner.ngram import NgramProposer
 from ttbundles.serving.runner.rejection import accept_row, target_probs
-from ttbundles.serving.spec_admission import request_refusal
+from ttbundles.serving.spec_admission import refusal_message, request_refusal
 from ttbundles.serving.stats import STATS
 
 PLACEHOLDER = spec.PLACEHOLDER_TOKEN_ID
@@ -632,6 +632,65 @@ SPECULATING = {"method": "ngram", "k": 3, "accept_modes": ["argmax_ids", "logits
 def test_requests_refused_while_speculating(params, expected):
     refusal = request_refusal(SPECULATING, params)
     assert (refusal[:2] if refusal else None) == expected
+
+
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+}
+
+
+def _chat_params(**fields):
+    """The SamplingParams vLLM's own chat endpoint makes of a request body (a forced
+    tool choice becomes a JSON schema as its tool parser does: `adjust_request`)."""
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+    from vllm.sampling_params import StructuredOutputsParams
+    from vllm.tool_parsers.utils import get_json_schema_from_tools
+
+    request = ChatCompletionRequest(
+        model="m", messages=[{"role": "user", "content": "hi"}], **fields
+    )
+    if request.tools:
+        schema = get_json_schema_from_tools(request.tool_choice, request.tools)
+        if schema is not None:
+            request.structured_outputs = StructuredOutputsParams(json=schema)
+            request.response_format = None
+    return request.to_sampling_params(8, {})
+
+
+@pytest.mark.parametrize(
+    ("fields", "names"),
+    [
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "schema": {"type": "object"}},
+                }
+            },
+            "response_format json_schema",
+        ),
+        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"tools": [TOOL], "tool_choice": "required"}, 'tool_choice "required"'),
+        (
+            {"tools": [TOOL], "tool_choice": {"type": "function", "function": TOOL["function"]}},
+            "named tool_choice",
+        ),
+        ({"structured_outputs": {"choice": ["yes", "no"]}}, "structured_outputs.choice"),
+        ({"structured_outputs": {"regex": "[a-z]+"}}, "structured_outputs.regex"),
+        ({"bad_words": ["x"] * 50}, "bad_words="),
+        ({"min_tokens": 3}, "min_tokens=3"),
+        ({"presence_penalty": 0.5}, "presence_penalty=0.5"),
+    ],
+)
+def test_a_refusal_names_what_the_client_sent_in_one_short_line(fields, names):
+    message = refusal_message(SPECULATING, request_refusal(SPECULATING, _chat_params(**fields)))
+    assert message.startswith("TTB237: ") and names in message, message
+    assert "\n" not in message and len(message) < 260, (len(message), message)
+    assert "Params(" not in message, message
 
 
 def test_sampled_requests_need_the_logits_accept_mode():

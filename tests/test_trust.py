@@ -8,6 +8,7 @@ and nothing is installed or written.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -424,4 +425,88 @@ def test_pull_under_policy_refuses_and_writes_nothing(
         assert snapshot(out) == {}
         done = run_cli("pull", ref, "--install", "--models-dir", models, env=env)
         assert done.returncode == 1 and code in done.stderr
-        assert [p.name for p in models.iterdir() if not p.name.startswith(".ttbundle")] == []
+        # the error names the reference typed, not our work file under it; the models
+        # folder made for the pull is gone again
+        [line] = [x for x in done.stderr.splitlines() if code in x]
+        assert line.startswith(f"{ref}: error {code}") or line.startswith(f"{ref}!/"), line
+        assert ".ttbundle-pull-" not in done.stderr, done.stderr
+        assert not models.exists() and not out.exists()
+    # unreachable: an error, and no folder left behind either
+    unreachable = tmp_path / "unreachable"
+    for args in (["-o", unreachable / "o" / "deep"], ["--install", "--models-dir", unreachable]):
+        done = run_cli("pull", "127.0.0.1:1/team/x:1", "--plain-http", *args, env=env)
+        assert done.returncode == 1 and "TTB131" in done.stderr, done.stderr
+        assert not unreachable.exists()
+    # a folder that was already there stays
+    (tmp_path / "kept").mkdir()
+    done = run_cli("pull", "127.0.0.1:1/team/x:1", "--plain-http", "-o", tmp_path / "kept")
+    assert done.returncode == 1 and (tmp_path / "kept").is_dir()
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
+def test_every_key_model_signing_refuses_is_one_line_with_the_recipe(run_cli, tmp_path):
+    """The keys a user may have at hand: each refused key names its type and the recipe,
+    and the recipe given makes a key that signs."""
+
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], check=True, capture_output=True, cwd=tmp_path)
+
+    openssl("genrsa", "-out", "rsa.pem", "2048")
+    openssl("genpkey", "-algorithm", "ed25519", "-out", "ed25519.pem")
+    openssl("ecparam", "-name", "secp256k1", "-genkey", "-noout", "-out", "k1.pem")
+    openssl("ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", "key.pem")
+    openssl("ec", "-in", "key.pem", "-pubout", "-out", "key.pub")
+    (tmp_path / "text.pem").write_text("not a key\n")
+    folder = _bundle(tmp_path)
+    expected = {
+        "rsa.pem": "an RSA-2048 private key",
+        "ed25519.pem": "an Ed25519 private key",
+        "k1.pem": "an elliptic-curve private key on secp256k1",
+        "key.pub": "a public key, not a private key",
+        "text.pem": "not a PEM file",
+    }
+    for name, kind in expected.items():
+        done = run_cli("sign", folder, "--key", tmp_path / name)
+        assert done.returncode == 1, (name, done.stderr)
+        [line] = [x for x in done.stderr.splitlines() if "TTB142" in x]
+        assert kind in line, line
+        assert "openssl ecparam -name prime256v1 -genkey -noout -out key.pem" in done.stderr
+        assert "internal error" not in done.stderr and "Traceback" not in done.stderr
+        assert not (folder / SIGNATURE_FILE).exists()
+    # the recipe's key, P-384 and P-521 sign, and the public key verifies
+    for curve in ("secp384r1", "secp521r1"):
+        openssl("ecparam", "-name", curve, "-genkey", "-noout", "-out", f"{curve}.pem")
+        assert run_cli("sign", folder, "--key", tmp_path / f"{curve}.pem").returncode == 0
+    done = run_cli("sign", folder, "--key", tmp_path / "key.pem")
+    assert done.returncode == 0, done.stderr
+    assert run_cli("verify", folder, "--key", tmp_path / "key.pub").returncode == 0
+
+
+def test_a_skipped_bundle_is_the_cause_named_first_when_the_fallback_cannot_serve(
+    tmp_path, trust_alice
+):
+    """Under a trust policy the unsigned extra Qwen3 bundle is skipped (TTB140) and the
+    built-in tt-qwen3 (TT-Metal's class, not importable here) is the fallback: the refusal
+    leads with the skip and its code, not "add a bundle for this architecture"."""
+    from ttbundles.errors import ConfigurationError
+    from ttbundles.registry.servable import require_importable, skipped_for
+
+    models = tmp_path / "models"
+    document = metadata("mine", "1.0.0", main_class="adapter:Generator", arch="Qwen3ForCausalLM")
+    write_bundle(models / "mine", name="mine", document=document)
+    environ = {"EXTRA_MODELS_DIR": str(models), "TT_BUNDLES_TRUST": str(trust_alice)}
+    registry = compute(environ, mesh="HOST", index=False)
+    chosen = registry.registered["TTQwen3ForCausalLM"]
+    assert chosen.source.value == "built-in"
+    skipped = skipped_for(registry, "TTQwen3ForCausalLM")
+    assert [e.path.name for e in skipped] == ["mine"]
+    with pytest.raises(ConfigurationError) as excinfo:
+        require_importable(chosen.class_ref(), chosen.label, skipped=skipped)
+    [diagnostic] = excinfo.value.diagnostics
+    assert diagnostic.code == "TTB140", diagnostic
+    assert diagnostic.message.startswith("bundle mine is not signed"), diagnostic.message
+    assert "fallback" in diagnostic.message and "ttbundle sign" in diagnostic.hint
+    # without a skipped bundle it stays TTB058
+    with pytest.raises(ConfigurationError) as excinfo:
+        require_importable(chosen.class_ref(), chosen.label)
+    assert excinfo.value.diagnostics[0].code == "TTB058"

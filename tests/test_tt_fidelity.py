@@ -7,6 +7,7 @@ source has the real class's shape; none imports TT-Metal.
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -368,15 +369,20 @@ def test_known_keys_are_documented_with_what_the_worker_does():
         assert key in contract.KNOWN_CAPABILITY_KEYS
 
 
-def test_list_and_doctor_show_mllama_as_not_servable():
-    """`ttbundle list` / `doctor` (servable.mark_unservable): the built-in registers, and
-    its row says why it cannot be served, before anyone starts a server."""
-    from ttbundles.registry.registry import Status, compute
-    from ttbundles.registry.servable import mark_unservable
-
-    bundles = Path(__file__).parents[1] / "bundles"
-    registry = compute({"TT_VLLM_BUILTIN_MODELS": "0"}, mesh="HOST", models_dirs=[bundles])
-    mark_unservable(registry)
-    [entry] = [e for e in registry.entries if e.tt_arch == "TTMllamaForConditionalGeneration"]
-    assert entry.status is Status.UNSERVABLE
-    assert entry.reason.startswith("TTB202 Llama 3.2 Vision (Mllama) is an encoder-decoder")
+def test_list_shows_mllama_as_a_listing_entry_not_a_bundle(run_cli):
+    """No vLLM of the tested window serves Mllama, so no bundle ships for it (one would
+    never validate); `ttbundle list` still says why TT-Metal's class is not offered."""
+    assert not (Path(__file__).parents[1] / "bundles" / "tt-mllama").exists()
+    env = {"MESH_DEVICE": "HOST", "TT_VLLM_BUILTIN_MODELS": "1"}
+    done = run_cli("list", "--format", "json", env=env)
+    [row] = [
+        r
+        for r in json.loads(done.stdout)["entries"]
+        if r["tt_arch"] == "TTMllamaForConditionalGeneration"
+    ]
+    assert (row["source"], row["status"], row["bundle"]) == ("listing", "unservable", None)
+    assert row["reason"].startswith("TTB202 Llama 3.2 Vision (Mllama) is an encoder-decoder")
+    assert "pinned vLLM 0.33" not in row["reason"]
+    shown = run_cli("list", "--all", env=env).stdout
+    [line] = [x for x in shown.splitlines() if x.startswith("TTMllamaForConditionalGeneration")]
+    assert "listing" in line and "not servable" in line

@@ -136,6 +136,25 @@ def test_compat_says_which_bundles_register_on_another_release(tmp_path, run_cli
     assert bad.returncode == 2 and "not a vLLM version" in bad.stderr
 
 
+def test_compat_agrees_with_list_on_what_is_servable_here(run_cli):
+    """A built-in whose TT-Metal class is not importable here is "unservable" in `list`;
+    compat says it registers on the release but is not servable here, not "registers"."""
+    env = {"MESH_DEVICE": "HOST", "TT_VLLM_BUILTIN_MODELS": "1"}
+    listed = json.loads(run_cli("list", "--format", "json", env=env).stdout)
+    rows = listed.get("bundles") or listed.get("entries") or listed.get("rows")
+    status = {r["bundle"]: r["status"] for r in rows}
+    assert status["tt-qwen3"] == "unservable" and status["demo"] == "registered"
+    done = run_cli("compat", "0.34.0", "--format", "json", env=env)
+    compat_rows = {r["bundle"]: r for r in json.loads(done.stdout)["bundles"]}
+    for name, row in compat_rows.items():
+        assert row["status_now"] == status[name], name
+        assert row["servable"] is (status[name] != "unservable"), name
+    assert compat_rows["tt-qwen3"]["reason"].startswith("TTB058")
+    human = run_cli("compat", "0.34.0", env=env).stdout
+    [line] = [x for x in human.splitlines() if x.split()[1:2] == ["tt-qwen3"]]
+    assert "registers, not servable here" in line
+
+
 def test_a_missing_part_is_one_error_naming_the_release_and_the_window():
     from ttbundles.errors import TTBundleError
     from ttbundles.serving import compat

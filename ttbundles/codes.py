@@ -27,8 +27,10 @@ CODES: dict[str, str] = {
     "TTB036": "main_class is not of the form module:Class",
     "TTB037": "model checkpoint has no pinned revision",
     "TTB038": "invalid Tenstorrent device option (additional_config.tt)",
+    "TTB039": "init: the folder already holds a file init would write",
     # The adapter, checked statically (never imported by validate)
     "TTB040": "a value in the class is computed, not a literal, and was not checked statically",
+    "TTB041": "the arch is not one the torch reference generator (the class's base) reads",
     "TTB050": "adapter module not found in the bundle",
     "TTB051": "adapter module has a syntax error",
     "TTB052": "main class not defined in the adapter module",
@@ -116,7 +118,7 @@ CODES: dict[str, str] = {
         "old version kept after a replace for readers inside it (the next install removes it)"
     ),
     # Configuration (plan and the platform)
-    "TTB200": "no registered TT architecture serves this checkpoint",
+    "TTB200": "no TT architecture servable here serves this checkpoint",
     "TTB201": "parallelism is provided by the mesh, not by vLLM options",
     "TTB202": "feature not supported yet",
     "TTB203": "setting adjusted to what the bundle declares",
@@ -204,15 +206,23 @@ WHAT_TO_DO: dict[str, str] = {
     "meant); free extensions start with `x-`.",
     "TTB031": "Add the field the message names.",
     "TTB032": "Give the value the type the schema asks for (the message names it).",
-    "TTB033": "Give one of the allowed values (the message lists them or suggests one).",
+    "TTB033": "Give a valid value: one of the allowed values, or of the form the message "
+    "names (it lists them or suggests one). An existing file init would overwrite is "
+    "TTB039; an arch the reference generator does not read is TTB041.",
     "TTB034": "Write a PEP 440 version (`1.2.0`) or a specifier pip reads (`>=0.33,<0.35`).",
     "TTB035": "Use one of the mesh names the message lists (N150, N300, T3K, TG, P150x4, "
     "HOST, ...).",
     "TTB036": "Write main_class as `module:Class`, e.g. `adapter:MyGenerator`.",
     "TTB037": "Pin the checkpoint: give `revision` a commit hash of the Hugging Face repository.",
     "TTB038": "Use a device option from the reference page, with a value of its type.",
+    "TTB039": "init never overwrites: choose an empty (or new) folder, or pass --keep-adapter "
+    "to keep an existing adapter.py and write metadata naming its class.",
     "TTB040": "Nothing is wrong: the value is computed, so only running code knows it. "
     "`ttbundle validate --import` checks it where the class imports.",
+    "TTB041": "The torch reference generator reads Llama, Mistral, Qwen2 and Qwen3 (text) and "
+    "Qwen2.5-VL / Qwen3-VL (its VL classes): set arch to one it reads, or write the "
+    "generator for this architecture (`ttbundle init --arch ARCH` gives the TT-NN "
+    "template). See docs/authors/generator-contract.md.",
     "TTB050": "Add the module main_class names to the bundle (`adapter:Gen` is "
     "adapter.py or adapter/__init__.py), or correct main_class.",
     "TTB051": "Fix the Python syntax at the line given.",
@@ -325,14 +335,19 @@ WHAT_TO_DO: dict[str, str] = {
     "trusts, or change TT_BUNDLES_TRUST.",
     "TTB141": "Re-sign after changing files, or sign with a key or certificate the "
     "policy trusts; the message says which file or key failed.",
-    "TTB142": "Check the key and certificate files: PEM, readable, an EC private key.",
+    "TTB142": "Sign with an elliptic-curve private key in PEM on P-256, P-384 or P-521 "
+    "(RSA, Ed25519 and other keys are not accepted by model-signing): "
+    "`openssl ecparam -name prime256v1 -genkey -noout -out key.pem`; its public key for "
+    "verify: `openssl ec -in key.pem -pubout -out key.pub`. With --certificate, the "
+    "certificate must be of that key.",
     "TTB143": "Fix TT_BUNDLES_TRUST: a folder of *.pub/*.pem keys, one key file, or a "
     "JSON policy file; registration stops until it reads.",
     "TTB144": "Informational: a replace keeps the version it replaced for readers that were "
     "inside it at the swap; the next `ttbundle install` or `uninstall` in that folder "
     "removes it (no sooner than 0.5 s after the replace). vLLM ignores it meanwhile.",
     "TTB200": "Install or enable a bundle for the checkpoint's architecture (`ttbundle "
-    "list` shows what registers), or check the checkpoint's config.json architectures.",
+    "list` shows what is servable here and why not the rest), or check the checkpoint's "
+    "config.json architectures. See docs/operators/installing.md.",
     "TTB201": "Drop --tensor-parallel-size/--pipeline-parallel-size: on Tenstorrent the "
     "mesh (MESH_DEVICE) provides that parallelism.",
     "TTB202": "Not supported yet: drop the option or feature the message names.",
@@ -389,7 +404,9 @@ WHAT_TO_DO: dict[str, str] = {
     "(capabilities.async_spec_decode, schema 3: the demo bundle does), or drop "
     "--speculative-config. In-process lanes (--data-parallel-size on a single-execute "
     "bundle) speculate.",
-    "TTB237": "Send the request without the parameter the message names, or serve without "
+    "TTB237": "Send the request without the field the message names (response_format "
+    "json_schema/json_object and a forced tool_choice reach the engine as structured "
+    "outputs, which are not served while speculating), or serve without "
     "--speculative-config (greedy requests speculate with any generator; sampled ones "
     "need a plan that offers the logits accept mode).",
     "TTB238": "Ask for no logprobs on this speculating server, serve without "

@@ -291,13 +291,16 @@ def _bundles(report: Report, environ: Mapping[str, str]) -> None:
     if servable:
         detail += ": " + ", ".join(f"{e.tt_arch} ({e.label})" for e in servable[:4])
         detail += ", ... (ttbundle list shows all)" if len(servable) > 4 else ""
-    not_servable = [e for e in registered if e.status.value == "unservable"]
+    # What list folds into its count: the unservable entries and the listing entries
+    # (architectures no tested vLLM serves, which ship no bundle).
+    from ttbundles.registry.servable import listing_rows, not_servable_counts
+
+    not_servable = [e.reason for e in registered if e.status.value == "unservable"]
+    not_servable += [row["reason"] for row in listing_rows(registry)]
     if not_servable:
         # Split by why, so that the count agrees with the warnings below (TTB058 names
-        # the classes not importable here; a TTB202 refusal is in its bundle's reason).
-        from ttbundles.registry.servable import not_servable_counts
-
-        counts = not_servable_counts([e.reason for e in not_servable])
+        # the classes not importable here; a TTB202 refusal is in its reason).
+        counts = not_servable_counts(not_servable)
         detail += f"; {len(not_servable)} registered but not servable here: {counts}"
     if skipped:
         detail += f"; {len(skipped)} skipped"

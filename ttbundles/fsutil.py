@@ -126,3 +126,31 @@ __all__ = [
     "write_json_atomic",
     "write_text_atomic",
 ]
+
+
+@contextmanager
+def folder_kept_on_success(path: Path, *, ours: tuple[str, ...] = ()) -> Iterator[Path]:
+    """Make `path` (and missing parents); on failure remove the ones made here again,
+    when empty (but for the files named in `ours`, which our own steps leave, such as
+    the installer's lock). A refused or unreachable pull must not leave an empty `-o` or
+    `--models-dir` behind, which reads as if something had been written."""
+    path = Path(path)
+    missing = []
+    for folder in (path, *path.parents):
+        if folder.exists():
+            break
+        missing.append(folder)
+    path.mkdir(parents=True, exist_ok=True)
+    try:
+        yield path
+    except BaseException:
+        if missing:
+            for name in ours:
+                with suppress(OSError):
+                    (path / name).unlink()
+        for folder in missing:  # deepest first
+            try:
+                folder.rmdir()
+            except OSError:  # not empty, or not ours to remove any more
+                break
+        raise

@@ -185,6 +185,18 @@ def test_sampled_output_with_speculation_keeps_the_targets_distribution(spec_ser
         ({"body": {"min_tokens": 3}}, "TTB237", "min_tokens"),
         ({"presence_penalty": 0.5}, "TTB237", "presence_penalty"),
         ({"body": {"structured_outputs": {"choice": ["yes", "no"]}}}, "TTB237", "structured"),
+        (
+            {
+                "body": {
+                    "response_format": {
+                        "type": "json_schema",
+                        "json_schema": {"name": "x", "schema": {"type": "object"}},
+                    }
+                }
+            },
+            "TTB237",
+            "response_format json_schema",
+        ),
     ],
 )
 def test_what_cannot_speculate_is_refused_per_request(spec_servers, extra, code, parameter):
@@ -195,6 +207,8 @@ def test_what_cannot_speculate_is_refused_per_request(spec_servers, extra, code,
         completion_ids(server, REPETITIVE[0], 4, temperature=0, **extra)
     message = str(excinfo.value)
     assert code in message and parameter in message, message
+    # what the client sent, once, never vLLM's internal repr
+    assert "Params(" not in message and message.count(code) == 1, message
     # The server keeps serving.
     assert len(completion_ids(server, REPETITIVE[0], 4, temperature=0)) == 4
 

@@ -16,6 +16,7 @@ import functools
 from pathlib import Path
 
 from ttbundles.check.capabilities import ClassCapabilities, agreement, key_notes
+from ttbundles.check.reference_archs import covers, reference_of
 from ttbundles.check.speculative import spec_agreement, static_method_diagnostics
 from ttbundles.check.static_reader import (
     ClassInfo,
@@ -137,7 +138,30 @@ def check_adapter(
         ]
     if not contract:
         return []
-    return _contract_diagnostics(info, metadata, meta_file)
+    reference = _reference_arch(info, metadata, meta_file)
+    return [*reference, *_contract_diagnostics(info, metadata, meta_file)]
+
+
+def _reference_arch(info: ClassInfo, metadata: BundleMetadata, meta_file: str) -> list[Diagnostic]:
+    """A class on a torch reference generator serves only what that generator reads:
+    another `arch` is refused at load, tens of seconds into a server (TTB041 says it now)."""
+    found = reference_of(info.ancestors)
+    if found is None or covers(found[1], metadata.arch):
+        return []
+    base, archs = found
+    return [
+        Diagnostic(
+            "TTB041",
+            Severity.ERROR,
+            f"arch {metadata.arch} is not one the torch reference generator this class builds "
+            f"on ({base.replace(':', '.')}) reads ({', '.join(archs)}): it would be refused "
+            "at load",
+            file=meta_file,
+            pointer="/arch",
+            hint=f"set arch to one of {', '.join(archs)}, or write the generator for "
+            f"{metadata.arch} (ttbundle init --arch {metadata.arch} for the TT-NN template)",
+        )
+    ]
 
 
 def _uncompilable(bundle_dir: Path, *, skip: list[Path]) -> list[Diagnostic]:

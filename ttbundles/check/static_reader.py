@@ -63,6 +63,9 @@ class ClassInfo:
     methods: dict[str, Definition] = field(default_factory=dict)
     capabilities: ClassCapabilities | None = None
     unresolved_bases: list[str] = field(default_factory=list)
+    # "module:Class" of the class, then of its bases depth-first (found or only imported):
+    # which known classes it builds on, e.g. a reference generator.
+    ancestors: list[str] = field(default_factory=list)
     contract: int = 0  # its decode_input_update_contract, where a literal shows it
     # `module:Class` of the class and of every base read, nearest first (the MRO as far
     # as it could be followed).
@@ -254,13 +257,21 @@ class _ClassFinder:
                 resolved = self.find(path, module, base_name, depth + 1)
             if resolved is None:
                 info.unresolved_bases.insert(0, base_name)
+                origin = (
+                    self._imported(self.parse(path), module, path, base_name)
+                    if "." not in base_name
+                    else None
+                )
+                info.ancestors[:0] = [f"{origin[0]}:{origin[1]}" if origin else base_name]
             else:
                 info.lineage[1:1] = resolved.lineage
+                info.ancestors[:0] = resolved.ancestors
                 info.methods.update(resolved.methods)
                 info.unresolved_bases[:0] = resolved.unresolved_bases
                 if resolved.capabilities is not None:
                     info.capabilities = resolved.capabilities
                 info.contract = resolved.contract
+        info.ancestors.insert(0, f"{module}:{node.name}")
         for item in node.body:
             if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef):
                 info.methods[item.name] = Definition(path, item.lineno, item)

@@ -154,7 +154,7 @@ def semantic_checks(metadata: BundleMetadata, file: str) -> list[Diagnostic]:
                 f"{metadata.arch} cannot be served: {reason}",
                 file=file,
                 pointer="/arch",
-                hint="serve a model the pinned vLLM knows (for images: Qwen2.5-VL, Qwen3-VL, "
+                hint="serve a model vLLM knows (for images: Qwen2.5-VL, Qwen3-VL, "
                 "Gemma 3); the worker refuses this one before loading weights",
             )
         )

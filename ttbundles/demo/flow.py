@@ -44,6 +44,31 @@ from ttbundles.format.meshes import HOST
 from ttbundles.paths import user_cache_dir
 
 
+def write_checkpoint_only(folder: Path, *, vision: bool = False) -> Path:
+    """`demo --write-checkpoint DIR`: the tiny demo (or vision) checkpoint, written there."""
+    from ttbundles.demo.checkpoint import write_demo_checkpoint
+
+    if vision:
+        from ttbundles.demo.vision_checkpoint import write_vision_checkpoint
+
+        return write_demo_checkpoint(folder, writer=write_vision_checkpoint)
+    return write_demo_checkpoint(folder)
+
+
+def prepare_only(
+    checkpoint_dir: Path | None,
+    *,
+    vision: bool = False,
+    say: Callable[[str], None] = lambda _: None,
+    progress: Callable[[int, int], None] | None = None,
+) -> Path:
+    """`demo --prepare`: the demo model (downloaded once and converted) or the vision
+    checkpoint, in the cache or `checkpoint_dir`; its folder."""
+    if vision:
+        return ensure_vision_checkpoint(checkpoint_dir)[0]
+    return model.prepare(checkpoint_dir, say=say, progress=progress)[0]
+
+
 def run_demo(
     *,
     host: str = DEFAULT_HOST,

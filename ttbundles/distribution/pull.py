@@ -17,6 +17,7 @@ import secrets
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ttbundles.archive.reader import verified_manifest
 from ttbundles.distribution import artifact
@@ -26,8 +27,12 @@ from ttbundles.distribution.push import read_members
 from ttbundles.distribution.reference import Reference, parse_reference
 from ttbundles.errors import TTBundleError, relocated
 from ttbundles.format.metadata import METADATA_FILE
+from ttbundles.fsutil import folder_kept_on_success
 from ttbundles.trust.provenance import Provenance
 from ttbundles.trust.signature import SIGNATURE_FILE, read_claim
+
+if TYPE_CHECKING:
+    from ttbundles.installer.operations import InstallResult
 
 MAX_MANIFEST = 4 << 20
 MAX_CONFIG = 4 << 20
@@ -181,8 +186,11 @@ def pull(
 
     reference = parse_reference(ref)
     output_dir = Path(output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    with RegistryClient(reference, plain_http=plain_http) as client:
+    # A folder made here and left empty by a failure is removed again.
+    with (
+        folder_kept_on_success(output_dir),
+        RegistryClient(reference, plain_http=plain_http) as client,
+    ):
         document, _, digest = _manifest(client, reference)
         config_digest, config_size = _descriptor(document.get("config") or {}, reference, "config")
         metadata = fetch_bytes(client, config_digest, config_size, MAX_CONFIG, "the config")
@@ -248,3 +256,35 @@ def pull(
         provenance=provenance,
     )
     return result, final
+
+
+def pull_install(
+    ref: str,
+    models_dir: Path,
+    *,
+    replace: bool = False,
+    plain_http: bool = False,
+    progress: Progress | None = None,
+) -> tuple[PullResult, InstallResult]:
+    """Pull `ref` and install it into `models_dir` (`pull --install`).
+
+    The archive is ours, in a work folder inside `models_dir` removed on the way out:
+    errors name the registry reference the user typed (the archive as REF, a file in it
+    as REF!/path), never that folder, and a models folder made here is removed again
+    when nothing was installed.
+    """
+    import tempfile
+
+    from ttbundles.errors import shown_as
+    from ttbundles.installer.leftovers import LOCK_FILE
+    from ttbundles.installer.operations import install
+
+    with (
+        folder_kept_on_success(Path(models_dir), ours=(LOCK_FILE,)) as target,
+        tempfile.TemporaryDirectory(prefix=PART_PREFIX, dir=target) as tmp,
+        shown_as(tmp, ref),
+    ):
+        result, archive = pull(ref, Path(tmp), plain_http=plain_http, progress=progress, keep=False)
+        with shown_as(archive, f"{ref}!"):
+            installed = install(archive, target, replace=replace, provenance=result.provenance)
+    return result, installed

@@ -388,14 +388,15 @@ MULTIMODAL_HINT = (
 UNSERVABLE_ARCHITECTURES: dict[str, str] = {
     "MllamaForConditionalGeneration": (
         "Llama 3.2 Vision (Mllama) is an encoder-decoder model (cross-attention over the "
-        "image), which vLLM removed in 0.10.2 with its V0 engine; the pinned vLLM 0.33 has "
-        "no Mllama, and TT-Metal's class requires images and cross_page_table in every "
-        "prefill, which a text-only engine never has"
+        "image), which vLLM removed in 0.10.2 with its V0 engine; no vLLM release of the "
+        "tested window has Mllama, and TT-Metal's class requires images and "
+        "cross_page_table in every prefill, which a text-only engine never has"
     ),
 }
-"""Architectures the pinned vLLM cannot serve whatever the generator, with the reason.
-`validate`, `plan` and the platform's configuration refuse them (TTB202) before any class
-is imported or weight loaded."""
+"""Architectures no vLLM of the tested window can serve whatever the generator, with the
+reason. `validate`, `plan` and the platform's configuration refuse them (TTB202) before
+any class is imported or weight loaded; `ttbundle list` shows each as a listing entry
+(no bundle ships for one: it could never be served)."""
 
 
 def unservable_reason(arch: str) -> str | None:

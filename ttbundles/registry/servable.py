@@ -11,7 +11,7 @@ server fails with the same words before any engine starts. Nothing is imported.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from ttbundles import envs
@@ -99,11 +99,11 @@ def unservable(registry: Registry) -> dict[str, Diagnostic]:
 
 # Why a registered entry is not servable, by the code its reason starts with: one
 # wording for `list`'s folded line and `doctor`'s count.
-NOT_SERVABLE_WHY = {"TTB058": "not importable here", "TTB202": "refused by the pinned vLLM"}
+NOT_SERVABLE_WHY = {"TTB058": "not importable here", "TTB202": "served by no tested vLLM"}
 
 
 def not_servable_counts(reasons: list[str | None]) -> str:
-    """`14 not importable here (TTB058), 1 refused by the pinned vLLM (TTB202)`."""
+    """`14 not importable here (TTB058), 1 served by no tested vLLM (TTB202)`."""
     codes = [(reason or "").split(" ")[0] for reason in reasons]
     return ", ".join(
         f"{codes.count(c)} {NOT_SERVABLE_WHY.get(c, c)} ({c})" for c in dict.fromkeys(codes)
@@ -124,7 +124,7 @@ def mark_unservable(registry: Registry) -> list[Diagnostic]:
     for entry in registry.registered.values():
         refused = unservable_reason(entry.facts.arch) if entry.facts else None
         if refused is not None:
-            # Whatever the machine: the pinned vLLM cannot serve the architecture (the
+            # Whatever the machine: no tested vLLM can serve the architecture (the
             # platform refuses it with TTB202 before loading anything).
             entry.status = Status.UNSERVABLE
             entry.reason = "TTB202 " + refused.split(";")[0]
@@ -167,11 +167,69 @@ def refusals(
     return found
 
 
-def require_importable(class_ref: str, label: str) -> None:
-    """Raise TTB058 when the class the plan chose cannot be imported here."""
+def listing_rows(registry: Registry) -> list[dict]:
+    """`ttbundle list`'s rows for the architectures no tested vLLM serves
+    (`contract.UNSERVABLE_ARCHITECTURES`), where no bundle registers one: a listing
+    entry says why TT-Metal's class is not offered, without shipping a bundle that could
+    never validate or serve. Only alongside the built-ins, which they stand beside, and
+    where `mark_unservable` judges (this machine opens the registry's mesh), as it
+    judged the bundle that stood here before."""
+    from ttbundles.format.contract import UNSERVABLE_ARCHITECTURES
+
+    if not opens_here(mesh_or_none(registry.mesh)):
+        return []
+    if not any(e.source is Source.BUILTIN for e in registry.entries):
+        return []
+    present = {e.tt_arch for e in registry.entries}
+    return [
+        {
+            "tt_arch": f"TT{arch}",
+            "bundle": None,
+            "version": None,
+            "source": "listing",
+            "path": "",
+            "status": Status.UNSERVABLE.value,
+            "reason": "TTB202 " + reason.split(";")[0],
+            "main_class": None,
+            "capabilities": None,
+            "signer": None,
+        }
+        for arch, reason in UNSERVABLE_ARCHITECTURES.items()
+        if f"TT{arch}" not in present
+    ]
+
+
+def skipped_for(registry: Registry, tt_arch: str) -> list[Entry]:
+    """The bundles for `tt_arch` that registration skipped (a refused signature, ...)."""
+    return [e for e in registry.entries if e.status is Status.SKIPPED and e.tt_arch == tt_arch]
+
+
+def require_importable(class_ref: str, label: str, skipped: Sequence[Entry] = ()) -> None:
+    """Raise TTB058 when the class the plan chose cannot be imported here.
+
+    `skipped`: bundles for the same architecture that registration skipped (an unsigned
+    one under a trust policy, TTB140). The chosen class is then only the fallback, and the
+    true cause is the skip: said first, with its own code, rather than "add a bundle for
+    this architecture" to a user who did."""
     module = class_module(class_ref)
     if module is None or module_findable(module):
         return
+    if skipped:
+        first = skipped[0]
+        code, _, why = first.reason.partition(" ")
+        raise ConfigurationError(
+            Diagnostic(
+                code if code.startswith("TTB") else "TTB058",
+                Severity.ERROR,
+                f"{why or first.reason} (bundle {first.label} at {first.path} skipped); "
+                f"the fallback {label} serves this model with {class_ref}, but module "
+                f"{module!r} is not importable here",
+                file=str(first.path),
+                hint="fix the skipped bundle: sign it (ttbundle sign DIR --key KEY) with a "
+                "key TT_BUNDLES_TRUST trusts, or trust its signer (ttbundle list shows why "
+                "each bundle is skipped)",
+            )
+        )
     raise ConfigurationError(
         Diagnostic(
             "TTB058",
@@ -193,6 +251,8 @@ __all__ = [
     "module_findable",
     "opens_here",
     "require_device",
+    "listing_rows",
     "require_importable",
+    "skipped_for",
     "unservable",
 ]

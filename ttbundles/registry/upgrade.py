@@ -21,6 +21,7 @@ from ttbundles import vllm_window
 from ttbundles.errors import Diagnostic, Severity
 from ttbundles.registry.registry import Status, compute
 from ttbundles.registry.requirements import unmet
+from ttbundles.registry.servable import mark_unservable
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,16 @@ class BundleOnRelease:
     now: str  # its status on this machine
     registers: bool  # on the asked release
     reason: str  # why not, or "" when it registers
+    # Whether this machine can serve it (`ttbundle list`'s word): a built-in whose class
+    # is not importable here registers on any release and is still served by none.
+    servable: bool = True
+
+    @property
+    def verdict(self) -> str:
+        """The asked release's column, in `ttbundle list`'s words."""
+        if not self.registers:
+            return "does not register"
+        return "registers" if self.servable else "registers, not servable here"
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -43,6 +54,7 @@ class BundleOnRelease:
             "path": self.path,
             "status_now": self.now,
             "registers": self.registers,
+            "servable": self.servable,
             "reason": self.reason,
         }
 
@@ -88,6 +100,8 @@ def check_release(
         raise ValueError(f"{version!r} is not a vLLM version (e.g. 0.34.0)") from error
     report = UpgradeReport(str(asked), vllm_window.verdict(str(asked)))
     registry = compute(mesh=mesh, models_dirs=models_dirs)
+    # As `ttbundle list` does: what this machine cannot serve is not called registered.
+    mark_unservable(registry)
     for entry in registry.entries:
         facts = entry.facts
         if facts is None:  # invalid metadata: it registers on no release
@@ -105,6 +119,9 @@ def check_release(
         invalid = entry.status is Status.SKIPPED and not entry.reason.startswith("TTB100")
         if invalid:
             reasons.append(entry.reason)
+        servable = entry.status is not Status.UNSERVABLE
+        # Why it is not servable, when nothing else keeps it from registering.
+        reasons_shown = "; ".join(reasons) if reasons or servable else entry.reason
         report.bundles.append(
             BundleOnRelease(
                 tt_arch=entry.tt_arch,
@@ -113,7 +130,8 @@ def check_release(
                 path=str(entry.path),
                 now=entry.status.value,
                 registers=not reasons,
-                reason="; ".join(reasons),
+                reason=reasons_shown,
+                servable=servable,
             )
         )
     if not report.verdict.tested:

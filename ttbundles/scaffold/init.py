@@ -147,7 +147,7 @@ def init_bundle(
     a bundle that serves on the host mesh at once, to be replaced by TT-NN code.
 
     An `adapter.py` already in the folder is never mixed with silently: without
-    `keep_adapter` it is refused (TTB033); with it, the adapter stays and the metadata
+    `keep_adapter` it is refused (TTB039); with it, the adapter stays and the metadata
     names its class (the template's name when it defines it, else its only class)."""
     models: list[dict] = []
     notes: list[str] = []
@@ -180,7 +180,7 @@ def init_bundle(
         _check_reference_family(arch)
     if (folder / METADATA_FILE).exists():
         raise TTBundleError.single(
-            "TTB033",
+            "TTB039",
             f"{folder / METADATA_FILE} already exists",
             file=folder,
             hint="choose an empty folder",
@@ -191,7 +191,7 @@ def init_bundle(
     if adapter.exists():
         if not keep_adapter:
             raise TTBundleError.single(
-                "TTB033",
+                "TTB039",
                 f"{adapter} already exists: init writes a new adapter template",
                 file=adapter,
                 hint="choose an empty folder, or pass --keep-adapter to keep it and write "
@@ -268,7 +268,7 @@ def _check_reference_family(arch: str) -> None:
         return
     families = ", ".join(REFERENCE_BASES)
     raise TTBundleError.single(
-        "TTB033",
+        "TTB041",
         f"the torch reference generator does not cover {arch} (it reads {families})",
         hint=f"init without --reference for the TT-NN template, or pick one of {families}",
     )

@@ -18,16 +18,13 @@ Pure text; neither torch nor vLLM is imported here (the family list is checked a
 
 from __future__ import annotations
 
+from ttbundles.check.reference_archs import TEXT_ARCHITECTURES
+
 # The Hugging Face architectures whose checkpoints the reference generator reads, with
 # the class an adapter builds on (module, class).
 REFERENCE_BASES: dict[str, tuple[str, str]] = {
     arch: ("ttbundles.reference.generator", "ReferenceLlamaGenerator")
-    for arch in (
-        "LlamaForCausalLM",
-        "MistralForCausalLM",
-        "Qwen2ForCausalLM",
-        "Qwen3ForCausalLM",
-    )
+    for arch in TEXT_ARCHITECTURES
 }
 
 # What the reference generator implements: the bundle declares all of it (the class's

@@ -17,6 +17,7 @@ from pydantic import ValidationError
 
 from ttbundles.errors import ConfigurationError, Diagnostic, Severity
 from ttbundles.format.contract import unservable_reason
+from ttbundles.format.meshes import is_host
 from ttbundles.format.metadata import BundleMetadata, Target, tt_arch_name
 from ttbundles.format.tt_options import (
     SERVER_OPTION_NAMES,
@@ -24,7 +25,7 @@ from ttbundles.format.tt_options import (
     ServerOptions,
     TTOptions,
 )
-from ttbundles.registry.registry import Registry
+from ttbundles.registry.registry import Registry, Status
 from ttbundles.suggest import hint_for
 
 if TYPE_CHECKING:  # vLLM's config imports the platform: import it only for type hints
@@ -198,16 +199,40 @@ def select_entry(architectures: list[str], registry: Registry):
         entry = registered.get(tt_arch_name(arch))
         if entry is not None:
             return entry
-    # One architecture a line, without paths (`ttbundle list` shows where each is from).
-    listing = "".join(
-        f"\n  {a} ({e.label}, {e.source.value})" for a, e in sorted(registered.items())
+    for arch in architectures:  # no bundle, and none could serve it: say why
+        reason = unservable_reason(arch)
+        if reason is not None:
+            raise _error(
+                "TTB202",
+                f"{arch} cannot be served: {reason}",
+                "serve a model vLLM knows (for images: Qwen2.5-VL, Qwen3-VL, Gemma 3)",
+            )
+    raise _error("TTB200", *_none_serves(architectures, registry))
+
+
+def _none_serves(architectures: list[str], registry: Registry) -> tuple[str, str]:
+    """TTB200's message and fix, in `ttbundle list`'s words: only what can be served
+    here is called registered; the rest is counted with why (listing 13 architectures
+    the line above calls not servable as "registered" sent users the wrong way)."""
+    from ttbundles.registry.servable import mark_unservable, not_servable_counts
+
+    mark_unservable(registry)  # the error path: the registry is not used again
+    servable = registry.registered
+    listing = "".join(f"\n  {a} ({e.label}, {e.source.value})" for a, e in sorted(servable.items()))
+    others = [e for e in registry.entries if e.status is Status.UNSERVABLE]
+    rest = (
+        f"; {len(others)} more registered but not servable here: "
+        f"{not_servable_counts([e.reason for e in others])}"
+        if others
+        else ""
     )
-    raise _error(
-        "TTB200",
-        f"no registered TT architecture serves {', '.join(architectures) or 'this model'} "
+    wanted = ", ".join(architectures) or "this model"
+    return (
+        f"no TT architecture servable here serves {wanted} "
         f"(looked for {', '.join(tt_arch_name(a) for a in architectures)}); "
-        f"registered:{listing or ' none'}",
-        "add a bundle for it to EXTRA_MODELS_DIR (ttbundle list shows what is registered)",
+        f"servable:{listing or ' none'}{rest}",
+        "add a bundle for it to EXTRA_MODELS_DIR (ttbundle list shows what is servable "
+        "and why not; docs/operators/installing.md)",
     )
 
 
@@ -282,7 +307,7 @@ def plan_config(vllm_config: VllmConfig, registry: Registry) -> Plan | None:
         raise _error(
             "TTB202",
             f"{meta.tt_arch} ({meta.name}) cannot be served: {reason}",
-            "serve a model the pinned vLLM knows (for images: Qwen2.5-VL, Qwen3-VL, Gemma 3)",
+            "serve a model vLLM knows (for images: Qwen2.5-VL, Qwen3-VL, Gemma 3)",
         )
     caps = meta.capabilities
     mesh = registry.mesh
@@ -313,7 +338,8 @@ def plan_config(vllm_config: VllmConfig, registry: Registry) -> Plan | None:
     _plan_evidence(plan, entry.path)
 
     options = _plan_options(vllm_config, plan, meta, target)
-    _plan_server(vllm_config, plan)
+    _plan_server(vllm_config, plan, bool(caps.input_limits()))
+    _plan_dtype(vllm_config, plan)
 
     _plan_lengths(vllm_config, plan, target)
     from ttbundles.serving.window_admission import plan_window
@@ -465,13 +491,25 @@ def _plan_options(
     return options
 
 
-def _plan_server(vllm_config: VllmConfig, plan: Plan) -> None:
-    """The API server's options: which image URLs it fetches (`serving.media_urls`)."""
+def _plan_server(vllm_config: VllmConfig, plan: Plan, images: bool) -> None:
+    """The API server's options: which image URLs it fetches (`serving.media_urls`).
+    Decided aloud only where images are served: a text-only server fetches none, and a
+    line about image URLs in its log is noise (unless the user set the option)."""
     additional = vllm_config.additional_config
     raw = additional.get("tt") if isinstance(additional, dict) else None
     server = parse_server_options(raw)
     allow = server.allow_private_media_urls
     requested = allow if isinstance(raw, dict) and "allow_private_media_urls" in raw else None
+    plan.server = server.model_dump()
+    if not images:
+        if requested is not None:
+            plan.decide(
+                "tt.allow_private_media_urls",
+                requested,
+                allow,
+                "set by the user, no effect: this bundle takes no images",
+            )
+        return
     if requested is None:
         reason = "default: http(s) image URLs must name public addresses (TTB220)"
     elif allow is True:
@@ -481,7 +519,21 @@ def _plan_server(vllm_config: VllmConfig, plan: Plan) -> None:
     else:
         reason = "set by the user: image URLs may name public addresses and these networks"
     plan.decide("tt.allow_private_media_urls", requested, allow, reason)
-    plan.server = server.model_dump()
+
+
+def _plan_dtype(vllm_config: VllmConfig, plan: Plan) -> None:
+    """On the host mesh the generator is the torch reference, which loads and computes in
+    float32 whatever vLLM's `--dtype` says: vLLM logs its own choice (a downcast to
+    bfloat16 of a float32 checkpoint), so the plan says which one is true."""
+    if not is_host(plan.mesh) or vllm_config.model_config is None:
+        return
+    vllm_dtype = str(vllm_config.model_config.dtype).removeprefix("torch.")
+    plan.decide(
+        "dtype",
+        vllm_dtype,
+        "float32",
+        "the host mesh computes in float32: --dtype has no effect on HOST",
+    )
 
 
 def _plan_features(vllm_config: VllmConfig, plan: Plan, meta: BundleMetadata) -> None:

@@ -47,6 +47,38 @@ class ServeOptionsError(TTBundleError):
         self.known = known
 
 
+def plan_serve(
+    model: str | None,
+    serve_args: list[str],
+    *,
+    mesh: str | None = None,
+    models_dirs: list[Path] | None = None,
+    log: Any = None,
+) -> tuple[dict[str, Any], list[Diagnostic]]:
+    """`ttbundle plan`'s work: (the plan, its problems as diagnostics).
+
+    What can be refused before vLLM's import (15 s) is refused first: a `--models-dir`
+    typed wrong (TTB001, as for `list`), and, without a network, a hub id not in the
+    cache (TTB208; not after vLLM's and the hub's retries, 33 s). The model is `model`,
+    else the first of `serve_args` when it is not an option, as `vllm serve` reads it.
+    """
+    from ttbundles.errors import missing_path
+    from ttbundles.hub import answer_offline
+
+    absent = [folder for folder in models_dirs or [] if not Path(folder).is_dir()]
+    if absent:
+        raise TTBundleError([missing_path(folder, what="models folder") for folder in absent])
+    source = model or (serve_args[0] if serve_args and not serve_args[0].startswith("-") else None)
+    if source is not None:
+        answer_offline(source)
+    result = make_plan(model, serve_args, mesh=mesh, models_dirs=models_dirs, log=log)
+    problems = [
+        Diagnostic(**{**p, "severity": Severity(p["severity"])})
+        for p in result.pop("problems", None) or []
+    ]
+    return result, problems
+
+
 def make_plan(
     model: str | None,
     serve_args: list[str],

@@ -135,7 +135,8 @@ class TTPlatform(Platform):
         from ttbundles.serving import image_requests
         from ttbundles.serving.configuration import served_plan
 
-        plan = plan_config(vllm_config, checked_registry())
+        registry = checked_registry()
+        plan = plan_config(vllm_config, registry)
         served = served_plan(vllm_config)
         # For validate_request: what a speculating launch refuses per request.
         _state["speculative"] = served.speculative if served is not None else {}
@@ -160,7 +161,9 @@ class TTPlatform(Platform):
             if servable.opens_here(mesh):
                 bundle = plan.bundle
                 servable.require_importable(
-                    bundle["main_class"], f"{bundle['name']}@{bundle['version']}"
+                    bundle["main_class"],
+                    f"{bundle['name']}@{bundle['version']}",
+                    skipped=servable.skipped_for(registry, plan.tt_arch),
                 )
             plan.log()
             if plan.dp_address and not cls.planning:
@@ -179,19 +182,14 @@ class TTPlatform(Platform):
             )
         speculative = _state.get("speculative")
         if speculative:
-            from ttbundles.serving.spec_admission import request_refusal
+            from ttbundles.serving.spec_admission import refusal_message, request_refusal
 
             refusal = request_refusal(speculative, params)
             if refusal is not None:
-                code, parameter, value, why = refusal
+                # No value: vLLM would append its repr (a StructuredOutputsParams is
+                # hundreds of characters); the message names what the client sent.
                 raise UnsupportedRequestError(
-                    f"{code}: {parameter}={value!r} is not supported while speculating "
-                    f"({speculative['method']}, k={speculative['k']}) on Tenstorrent: "
-                    f"{why}; "
-                    f"send the request without {parameter}, or serve without "
-                    "--speculative-config",
-                    parameter=parameter,
-                    value=value,
+                    refusal_message(speculative, refusal), parameter=refusal[1]
                 )
         prompt_logprobs = getattr(params, "prompt_logprobs", None)
         if prompt_logprobs is None:

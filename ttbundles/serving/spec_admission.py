@@ -23,6 +23,7 @@ speculates, because only the class can answer `spec_plan`.
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Any
 
 from ttbundles.errors import ConfigurationError
@@ -270,6 +271,64 @@ def request_refusal(speculative: dict[str, Any], params: Any) -> tuple[str, str,
         why = f"{_NO_LOGITS}, which rejection sampling of a sampled request needs"
         return "TTB237", "temperature", temperature, why
     return None
+
+
+def client_field(parameter: str, value: Any) -> str:
+    """The request field the client sent, in a few words, for a refused `parameter`.
+
+    vLLM turns `response_format` and a forced `tool_choice` into `structured_outputs`
+    before the platform sees the request, so a refusal naming `structured_outputs` (or
+    printing its repr) points at a field the client never wrote. The constraint's kind
+    still tells which field it came from: `json_object` only from `response_format`, a
+    JSON array of tool calls only from `tool_choice: "required"`, and a JSON schema from
+    `response_format` json_schema or a named tool (the two cannot be told apart here).
+    """
+    if parameter != "structured_outputs":
+        return f"{parameter}={_short(value)}"
+    if getattr(value, "json_object", None):
+        return 'response_format {"type": "json_object"}'
+    schema = getattr(value, "json", None)
+    if schema is not None:
+        if _is_tool_call_array(schema):
+            return 'tool_choice "required"'
+        return "response_format json_schema (or a named tool_choice)"
+    if getattr(value, "structural_tag", None) is not None:
+        return "response_format structural_tag"
+    for kind in ("choice", "regex", "grammar"):
+        if getattr(value, kind, None) is not None:
+            return f"structured_outputs.{kind}"
+    return "structured_outputs"
+
+
+def _is_tool_call_array(schema: Any) -> bool:
+    """The schema vLLM builds for `tool_choice: "required"` (an array of tool calls)."""
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except ValueError:
+            return False
+    return (
+        isinstance(schema, dict)
+        and schema.get("type") == "array"
+        and isinstance(schema.get("items"), dict)
+        and "anyOf" in schema["items"]
+    )
+
+
+def _short(value: Any, limit: int = 40) -> str:
+    """A value as the client would write it, cut to one short phrase."""
+    text = json.dumps(value) if isinstance(value, (list, dict, str)) else repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def refusal_message(speculative: dict[str, Any], refusal: tuple[str, str, Any, str]) -> str:
+    """The one line a refused request gets back while speculating."""
+    code, parameter, value, why = refusal
+    return (
+        f"{code}: {client_field(parameter, value)} is not served while speculating "
+        f"({speculative['method']}, k={speculative['k']}) on Tenstorrent: {why}; "
+        "drop it from the request, or serve without --speculative-config"
+    )
 
 
 def _structured(params: Any) -> Any:

@@ -35,6 +35,75 @@ def _unsigned_paths(folder: Path, signed: set[str]) -> list[str]:
     return others
 
 
+# What model-signing's key signer accepts (`model_signing._signing.sign_ec_key`): an
+# elliptic-curve private key in PEM on one of these curves; anything else makes it fail
+# deep inside (an RSA key has no `.curve`), so the key is checked here first.
+SIGNING_CURVES = ("secp256r1", "secp384r1", "secp521r1")
+KEY_RECIPE = (
+    "make one with: openssl ecparam -name prime256v1 -genkey -noout -out key.pem "
+    "(its public key for verify: openssl ec -in key.pem -pubout -out key.pub)"
+)
+
+
+def _key_kind(key: object) -> str:
+    """A human name of a private key's type ("an RSA-2048 private key")."""
+    from cryptography.hazmat.primitives.asymmetric import dsa, ec, ed448, ed25519, rsa, x25519
+
+    if isinstance(key, rsa.RSAPrivateKey):
+        return f"an RSA-{key.key_size} private key"
+    if isinstance(key, ed25519.Ed25519PrivateKey):
+        return "an Ed25519 private key"
+    if isinstance(key, ed448.Ed448PrivateKey):
+        return "an Ed448 private key"
+    if isinstance(key, dsa.DSAPrivateKey):
+        return f"a DSA-{key.key_size} private key"
+    if isinstance(key, x25519.X25519PrivateKey):
+        return "an X25519 private key"
+    if isinstance(key, ec.EllipticCurvePrivateKey):
+        return f"an elliptic-curve private key on {key.curve.name}"
+    return f"a {type(key).__name__} key"
+
+
+def check_signing_key(key: Path, password: str | None = None) -> None:
+    """Refuse, in one TTB142 line with the recipe that works, a key model-signing cannot use.
+
+    Users type `openssl genrsa` first; model-signing then fails with an AttributeError
+    that reads as our bug. Naming the key's type and the command that makes a usable
+    key turns that into a fix the user can apply.
+    """
+    from cryptography.exceptions import UnsupportedAlgorithm
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    data = Path(key).read_bytes()
+
+    def refuse(what: str) -> TTBundleError:
+        return TTBundleError.single(
+            "TTB142",
+            f"cannot sign with {key}: it is {what}; model-signing signs with an "
+            f"elliptic-curve private key (PEM) on P-256, P-384 or P-521",
+            file=key,
+            hint=KEY_RECIPE,
+        )
+
+    try:
+        private = serialization.load_pem_private_key(data, password.encode() if password else None)
+    except TypeError:
+        raise refuse("an encrypted private key and no password was given") from None
+    except (ValueError, UnsupportedAlgorithm) as exc:
+        if b"-----BEGIN" not in data:
+            raise refuse("not a PEM file") from None
+        if b"PUBLIC KEY-----" in data:
+            raise refuse("a public key, not a private key") from None
+        if b"CERTIFICATE-----" in data:
+            raise refuse("a certificate, not a private key") from None
+        raise refuse(f"a PEM file whose private key cannot be read ({exc})") from None
+    if not isinstance(private, ec.EllipticCurvePrivateKey):
+        raise refuse(_key_kind(private))
+    if private.curve.name not in SIGNING_CURVES:
+        raise refuse(_key_kind(private))
+
+
 def sign_folder(
     folder: Path,
     key: Path,
@@ -53,6 +122,7 @@ def sign_folder(
     absent = [p for p in (key, certificate, *chain) if p is not None and not Path(p).is_file()]
     if absent:
         raise TTBundleError([missing_path(p, what="file") for p in absent])
+    check_signing_key(key, password)
 
     folder = Path(folder)
     signed = set(list_files(folder)) - {SIGNATURE_FILE}
@@ -70,8 +140,8 @@ def sign_folder(
             "TTB142",
             f"cannot sign with {key}{f' and {certificate}' if certificate else ''}: {exc}",
             file=key,
-            hint="give a PEM elliptic-curve private key (openssl ecparam -name prime256v1 "
-            "-genkey -noout -out key.pem), and its certificate for --certificate",
+            hint=f"give a PEM elliptic-curve private key ({KEY_RECIPE}), "
+            "and its certificate for --certificate",
         ) from None
     config.set_hashing_config(
         hashing.Config().set_ignored_paths(paths=ignored, ignore_git_paths=False)

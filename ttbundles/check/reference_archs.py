@@ -1,0 +1,45 @@
+"""Which Hugging Face architectures each torch reference generator reads, statically.
+
+A bundle whose class builds on a reference generator (`init --reference` writes one)
+serves only the architectures that generator reads; any other `arch` is refused at load
+(TTB063), tens of seconds into `vllm serve`. `validate` and `init --reference` say it
+before (TTB041) from this table, read without importing torch (a test checks it against
+`ttbundles.reference.config.SUPPORTED_ARCHITECTURES`).
+"""
+
+from __future__ import annotations
+
+# The text generator's families (`reference.config.SUPPORTED_ARCHITECTURES`).
+TEXT_ARCHITECTURES: tuple[str, ...] = (
+    "LlamaForCausalLM",
+    "MistralForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
+)
+
+# "module:Class" of each reference generator -> the architectures it reads. A class is
+# judged by its nearest ancestor listed here (the VL generators derive from the text one).
+REFERENCE_GENERATORS: dict[str, tuple[str, ...]] = {
+    "ttbundles.reference.generator:ReferenceLlamaGenerator": TEXT_ARCHITECTURES,
+    "ttbundles.reference.generator:ReferenceLlamaGeneratorLegacy": TEXT_ARCHITECTURES,
+    "ttbundles.reference.vl_generator:ReferenceQwen2_5_VLGenerator": (
+        "Qwen2_5_VLForConditionalGeneration",
+    ),
+    "ttbundles.reference.vl_generator:ReferenceQwen3VLGenerator": (
+        "Qwen3VLForConditionalGeneration",
+    ),
+}
+
+
+def reference_of(ancestors: list[str] | tuple[str, ...]) -> tuple[str, tuple[str, ...]] | None:
+    """The nearest reference generator among a class's ancestors ("module:Class", the
+    class first) and the architectures it reads; None when it builds on none."""
+    for name in ancestors:
+        if name in REFERENCE_GENERATORS:
+            return name, REFERENCE_GENERATORS[name]
+    return None
+
+
+def covers(architectures: tuple[str, ...], arch: str) -> bool:
+    """Whether `arch` is one of them (a `TT` prefix, as TT-Metal names its classes, aside)."""
+    return arch in architectures or (arch.startswith("TT") and arch[2:] in architectures)
