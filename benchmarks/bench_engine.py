@@ -280,13 +280,19 @@ class RunnerClock:
 
         setattr(target, name, wrapped)
 
+    def _mid_prefill(self) -> set[str]:
+        # The runner's own record (its request states'; a field of the runner before the
+        # runner was split by concept, kept readable for interleaved runs against it).
+        states = getattr(self.runner, "states", None)
+        return states.mid_prefill if states is not None else self.runner._mid_prefill
+
     def _execute(self, scheduler_output) -> None:
         so = scheduler_output
         steady = (
             not so.scheduled_new_reqs
             and so.num_scheduled_tokens
             and all(n == 1 for n in so.num_scheduled_tokens.values())
-            and not self.runner._mid_prefill
+            and not self._mid_prefill()
         )
         if steady:
             self.decode_starts.append(time.perf_counter())
