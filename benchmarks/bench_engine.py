@@ -207,9 +207,13 @@ class RunnerClock:
         self._wrap_instance("execute_model", self._execute)
         self._wrap_instance("sample_tokens", None)
         self._wrap_instance("synchronize", None, kind="wait")
-        for name in ("_decode", "_prefill", "_read", "_process"):
-            if getattr(runner, name, None) is not None:
-                self._wrap_instance(name, None, kind="inside")
+        # The generator's own methods: the runner's bound contract (`runner.methods`),
+        # or its fields before the runner was split by concept (interleaved runs).
+        methods = getattr(runner, "methods", None)
+        for name in ("decode", "prefill", "read", "process"):
+            target, field = (methods, name) if methods is not None else (runner, f"_{name}")
+            if getattr(target, field, None) is not None:
+                self._wrap_instance(field, None, kind="inside", target=target)
         original = TTAsyncOutput.get_output
         clock = self
 

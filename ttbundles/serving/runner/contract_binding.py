@@ -87,9 +87,10 @@ def bind_class(cls: type, class_name: str, version: int, *, optimizations: bool)
     return ClassMethods(initialize, max_tokens)
 
 
-@dataclass(frozen=True)
+@dataclass
 class GeneratorMethods:
-    """The instance's methods a step calls (None: not bound, the runner does without)."""
+    """The instance's methods a step calls (None: not bound, the runner does without).
+    Not frozen: a benchmark wraps them to time the generator apart from the runner."""
 
     prefill: BoundMethod
     decode: BoundMethod

@@ -15,8 +15,6 @@ TT-Metal's decode input-update contract v1 for classes that declare it, and
 
 from __future__ import annotations
 
-import logging
-from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -59,8 +57,6 @@ from ttbundles.serving.stats import STATS
 if TYPE_CHECKING:  # vLLM's config and scheduler types are only needed for annotations
     from vllm.config import VllmConfig
     from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
-
-logger = logging.getLogger("vllm.ttbundles")
 
 
 class TTModelRunner:
@@ -209,6 +205,10 @@ class TTModelRunner:
         self.kv_cache, self.cache_layers = self.methods.allocate_cache(shape, dtype, num_layers)
 
     # --- device helpers -----------------------------------------------------------------
+
+    def synchronize(self, event: Any) -> None:
+        """Wait for a readback event (`readback.synchronize`)."""
+        synchronize(self.mesh_device, event)
 
     def process_output(self, *, host_out: Any, is_tokens: bool) -> Any:
         assert self.methods is not None and self.methods.process is not None
@@ -514,7 +514,7 @@ class TTModelRunner:
             verify = step.verify is not None
             pending = TTAsyncOutput(
                 step,
-                synchronize=partial(synchronize, self.mesh_device),
+                synchronize=self.synchronize,
                 process_output=self.process_output,
                 finish=self._finish_verify_readback if verify else self._finish_with_tokens,
                 resolved=self._inflight.remove,
