@@ -207,9 +207,13 @@ class RunnerClock:
         self._wrap_instance("execute_model", self._execute)
         self._wrap_instance("sample_tokens", None)
         self._wrap_instance("synchronize", None, kind="wait")
-        for name in ("_decode", "_prefill", "_read", "_process"):
-            if getattr(runner, name, None) is not None:
-                self._wrap_instance(name, None, kind="inside")
+        # The generator's own methods: the runner's bound contract (`runner.methods`),
+        # or its fields before the runner was split by concept (interleaved runs).
+        methods = getattr(runner, "methods", None)
+        for name in ("decode", "prefill", "read", "process"):
+            target, field = (methods, name) if methods is not None else (runner, f"_{name}")
+            if getattr(target, field, None) is not None:
+                self._wrap_instance(field, None, kind="inside", target=target)
         original = TTAsyncOutput.get_output
         clock = self
 
@@ -280,13 +284,19 @@ class RunnerClock:
 
         setattr(target, name, wrapped)
 
+    def _mid_prefill(self) -> set[str]:
+        # The runner's own record (its request states'; a field of the runner before the
+        # runner was split by concept, kept readable for interleaved runs against it).
+        states = getattr(self.runner, "states", None)
+        return states.mid_prefill if states is not None else self.runner._mid_prefill
+
     def _execute(self, scheduler_output) -> None:
         so = scheduler_output
         steady = (
             not so.scheduled_new_reqs
             and so.num_scheduled_tokens
             and all(n == 1 for n in so.num_scheduled_tokens.values())
-            and not self.runner._mid_prefill
+            and not self._mid_prefill()
         )
         if steady:
             self.decode_starts.append(time.perf_counter())

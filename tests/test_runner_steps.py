@@ -218,22 +218,22 @@ def test_rows_that_gain_a_block_in_the_same_step_are_staged_as_whole_arrays(
     request's block ids, nothing after them), and the tokens equal transformers'."""
     scheduler, runner = build(demo_checkpoint, async_decode=True)
     checked = []
-    original = runner._append_one_block_each
+    states = runner.states
+    original = states.append_one_block_each
 
-    def checking(req_ids, index, new_blocks, grown):
-        took = original(req_ids, index, new_blocks, grown)
+    def checking(req_ids, new_blocks, grown):
+        took = original(req_ids, new_blocks, grown)
         if took:
             for i in grown:
                 blocks = runner.requests[req_ids[i]].block_ids[0]
-                slot = runner.slot_of[req_ids[i]]
-                assert runner._slot_blocks[slot] == len(blocks)
-                assert runner._slot_table_np[slot].tolist() == blocks + [0] * (
-                    runner._slot_table_np.shape[1] - len(blocks)
-                )
+                slot = runner.slots.slot_of[req_ids[i]]
+                assert runner.tables.count(slot) == len(blocks)
+                row = runner.tables.row(slot)
+                assert row == blocks + [0] * (len(row) - len(blocks))
             checked.append(len(grown))
         return took
 
-    runner._append_one_block_each = checking
+    states.append_one_block_each = checking
     prompts = {
         name: [start + i for i in range(14)] for name, start in (("a", 20), ("b", 60), ("c", 90))
     }
@@ -292,7 +292,7 @@ def test_no_penalty_history_is_built_for_a_batch_without_penalties(demo_checkpoi
     assert out["a"] == greedy(PROMPT_A, 5) and out["b"] == greedy(PROMPT_B, 5)
     decodes = runner.generator.decodes
     assert decodes and all(d["device"] and not d["history"] for d in decodes)
-    assert runner._history.builds == 0
+    assert runner.history.builds == 0
 
 
 def test_a_penalty_batch_carries_each_slots_history(demo_checkpoint):
@@ -311,7 +311,7 @@ def test_a_penalty_batch_carries_each_slots_history(demo_checkpoint):
     )
     decodes = runner.generator.decodes
     assert decodes and all(d["history"] for d in decodes)
-    assert runner._history.builds == len(decodes)
+    assert runner.history.builds == len(decodes)
     for step, decode in enumerate(decodes):
         prompt, output = decode["history"]["prompt_tokens"], decode["history"]["output_tokens"]
         assert prompt.shape == (4, len(PROMPT_A)) and output.shape[0] == 4
@@ -419,19 +419,20 @@ def test_lanes_give_each_request_its_lanes_rows_and_the_same_tokens(
     scheduler, runner = build(
         demo_checkpoint, async_decode=async_decode, lanes=4, num_blocks=4 * 16
     )
-    assert runner.per_lane == 4 and runner.generator.lanes == 4
+    assert runner.slots.per_lane == 4 and runner.generator.lanes == 4
     assert len(runner.kv_cache) == 4 and runner.kv_cache[0][0][0].shape[0] == 16
     prompts = {f"r{i}": [30 + i, *PROMPT_B, 60 + i] for i in range(8)}
     slots: dict[str, set[int]] = {name: set() for name in prompts}
-    original = runner._take_slot
+    original = runner.slots.take
 
     def watch(req_id):
-        original(req_id)
-        slot = runner.slot_of[req_id]
-        assert slot // 4 == runner.lane_of[req_id] == scheduler.lane_of_request(req_id)
+        taken = original(req_id)
+        slot = runner.slots.slot_of[req_id]
+        assert slot // 4 == runner.slots.lane_of[req_id] == scheduler.lane_of_request(req_id)
         slots[req_id].add(slot)
+        return taken
 
-    runner._take_slot = watch
+    runner.slots.take = watch
     out = run(
         scheduler,
         runner,
@@ -449,7 +450,8 @@ def test_lanes_give_each_request_its_lanes_rows_and_the_same_tokens(
     # Lane-local block ids: every lane's first request starts at the same block.
     starts = {int(first["table"][slot, 0]) for slot in first["slots"] if slot % 4 == 0}
     assert len(starts) == 1
-    assert runner.slot_of == {} and all(len(free) == 4 for free in runner._free_slots)
+    assert runner.slots.slot_of == {}
+    assert all(len(runner.slots.free_slots(lane)) == 4 for lane in range(4))
 
 
 def test_a_lane_under_kv_pressure_preempts_inside_itself(demo_checkpoint, greedy):

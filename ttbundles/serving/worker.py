@@ -194,7 +194,7 @@ class TTWorker(WorkerBase):
         runner = self.model_runner
         tokens = runner.max_tokens_all_users()
         if tokens is None:
-            tokens = runner.per_lane * self.model_config.max_model_len
+            tokens = runner.slots.per_lane * self.model_config.max_model_len
         block = self.cache_config.block_size
         num_blocks = (-(-tokens // block) + 1) * runner.lanes
         spec = next(iter(self.get_kv_cache_spec().values()))

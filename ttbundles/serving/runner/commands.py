@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ttbundles.serving.stats import STATS
+
 
 @dataclass(frozen=True)
 class DecodeCommands:
@@ -60,3 +62,11 @@ class DecodeCommands:
             reload_sampling_params=transition,
             reset_sampling_state=transition,
         )
+
+    def count(self) -> None:
+        """What this decode tells the generator, in the serving counters."""
+        STATS.count("commands.reload_inputs" if self.reload_inputs else "commands.resident")
+        if self.reload_page_table:
+            STATS.count("commands.reload_page_table")
+        if self.reset_sampling_state:
+            STATS.count("commands.reset_sampling_state")

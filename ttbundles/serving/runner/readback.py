@@ -1,16 +1,20 @@
 """A decode step (or a speculative verify) whose output is still being read back from
-the device."""
+the device, and when the steps in flight must be read back before the next one."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from vllm.v1.outputs import AsyncModelRunnerOutput, ModelRunnerOutput
 
+from ttbundles.serving import compat
 from ttbundles.serving.binding import split_output
-from ttbundles.serving.runner.step import StepState
+from ttbundles.serving.runner.step import Layout, StepState
+
+if TYPE_CHECKING:
+    from vllm.v1.core.sched.output import SchedulerOutput
 
 
 class TTAsyncOutput(AsyncModelRunnerOutput):
@@ -62,3 +66,48 @@ class TTAsyncOutput(AsyncModelRunnerOutput):
 
     def get_kv_connector_output(self) -> None:
         return None
+
+
+def is_steady(
+    so: SchedulerOutput,
+    previous: list[str] | None,
+    previous_layout: Layout | None,
+    speculating: bool,
+) -> bool:
+    """The same decode batch as the last asynchronous step (`previous`, its rows; None:
+    that step was not asynchronous): keep overlapping, nothing to drain."""
+    if previous is None or so.scheduled_new_reqs or so.has_structured_output_requests:
+        return False
+    if speculating:
+        return False  # a step's committed tokens are the next step's drafts' source
+    if compat.resumed_req_ids(so):
+        return False
+    scheduled = so.num_scheduled_tokens
+    # One token each (every scheduled request has at least one), the same requests.
+    if len(scheduled) != len(previous) or so.total_num_scheduled_tokens != len(scheduled):
+        return False
+    assert previous_layout is not None
+    previous_set = previous_layout.id_set
+    return previous_set.isdisjoint(so.finished_req_ids) and scheduled.keys() >= previous_set
+
+
+def drain_reason(so: SchedulerOutput, speculating: bool) -> str:
+    """Why the steps in flight are read back before this one (a `decode.drain.*` count)."""
+    if speculating:
+        return "speculative"
+    if so.has_structured_output_requests:
+        return "structured_output"
+    if so.scheduled_new_reqs or any(n > 1 for n in so.num_scheduled_tokens.values()):
+        return "prefill"
+    return "batch_change"
+
+
+def synchronize(mesh_device: Any, event: Any) -> None:
+    """Wait for a readback event: `ttnn.event_synchronize` on a card; the host mesh's
+    events wait for themselves."""
+    if getattr(mesh_device, "is_host", False):
+        event.wait()
+        return
+    import ttnn  # only on machines with the TT-Metal stack
+
+    ttnn.event_synchronize(event)

@@ -39,6 +39,8 @@ from ttbundles.format import speculative as spec
 from ttbundles.serving.binding import GeneratorContractError
 from ttbundles.serving.runner.ngram import NgramProposer
 from ttbundles.serving.runner.rejection import accept_row, is_greedy, target_logits
+from ttbundles.serving.runner.step import StepState
+from ttbundles.serving.stats import STATS
 
 
 def check_verify_output(out: Any, mode: str, class_name: str, *, deferred: bool = False) -> None:
@@ -386,3 +388,89 @@ class Speculation:
     def take(self) -> tuple[list[str], list[list[int]]] | None:
         pending, self.pending = self.pending, None
         return pending
+
+    # --- the runner's verify step: what it commits, and the next drafts ---------------
+
+    def commit_verify(
+        self, step: StepState, batch: Any, class_name: str, *, processed_logprobs: bool
+    ) -> tuple[list[list[int]], Any]:
+        """A verify read back: each row's committed tokens (accepted drafts and the
+        bonus token), and their logprobs where a row asked (a logits-mode verify)."""
+        layout = step.layout
+        committed = self.accept(
+            step.verify_out, step.verify, layout.slots, layout.params, step.positions, class_name
+        )
+        STATS.count("speculative.committed_tokens", sum(len(c) for c in committed))
+        logprobs = None
+        if layout.any_logprobs:  # a logits-mode verify (`spec_mode`)
+            logprobs = self.logprobs(
+                step.verify_out,
+                layout.slots,
+                committed,
+                layout.params,
+                batch.logprobs,
+                processed=processed_logprobs,
+            )
+        return committed, logprobs
+
+    def after_commit(
+        self,
+        step: StepState,
+        sampled: list[list[int]],
+        batch: Any,
+        propose: Callable[..., Any] | None,
+        class_name: str,
+    ) -> None:
+        """Record what each row committed and propose its next drafts."""
+        self.committed(step.req_ids, sampled)
+        if self.method == "ngram":
+            self.propose_ngram(step.req_ids, sampled, batch)
+        else:
+            self.propose_model(
+                propose, step.req_ids, step.layout.slots, sampled, step.positions, class_name
+            )
+
+    def computed_under_async(
+        self, computed: np.ndarray, totals: np.ndarray, batch: Any
+    ) -> np.ndarray:
+        """Each row's computed tokens as the runner knows them, under asynchronous
+        scheduling with speculation. vLLM's scheduler builds a step before it has the
+        previous one's acceptance: it counts that step's drafts (placeholders) as
+        computed and rolls the rejected ones back only when the output arrives. The step
+        before was drained (a verify is never overlapped), so a decoding row's committed
+        tokens are all on the host and every one but the last is computed; a row in
+        prefill has the scheduler's exact count (no drafts). Written back into the batch,
+        where the rest of the step reads it."""
+        known = np.minimum(computed, totals - 1)
+        if (known != computed).any():
+            STATS.count("speculative.async_rollback")
+            batch.num_computed_tokens_cpu[: len(known)] = known
+        return known
+
+
+def verify_block(out: Any, mode: str, class_name: str) -> Any:
+    """The device tensor of a deferred verify's `VerifyOutput` (its `argmax_ids` or
+    `logits`), the one `read_decode_output` is handed."""
+    check_verify_output(out, mode, class_name, deferred=True)
+    return out.argmax_ids if mode == spec.ACCEPT_MODE_ARGMAX_IDS else out.logits
+
+
+def read_back_verify(step: StepState, block: Any, capacity: int) -> None:
+    """A deferred verify read back: its host block (`[B, 1+K]` ids or `[B, 1+K, V]`
+    logits, in whatever shape `process_decode_output_host` gave it) put in a host
+    `VerifyOutput` with the hidden handle the verify returned, on the step, which is then
+    accepted and committed as a synchronous verify is."""
+    verify = step.verify
+    width = int(verify.tokens.shape[1])
+    hidden = getattr(step.verify_out, "hidden", None)
+    host = torch.as_tensor(block)
+    if verify.spec_mode == spec.ACCEPT_MODE_ARGMAX_IDS:
+        out = spec.VerifyOutput(
+            verify.spec_mode, argmax_ids=host.reshape(capacity, width), hidden=hidden
+        )
+    else:
+        out = spec.VerifyOutput(
+            verify.spec_mode, logits=host.reshape(capacity, width, -1), hidden=hidden
+        )
+    step.verify_out = out
+    step.readback = None

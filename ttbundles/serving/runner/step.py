@@ -86,13 +86,14 @@ class Layout:
         # state's own, appended to in place), the `req_id_to_index` every output of this
         # layout carries (vLLM only reads it), whether row i is slot i (a device output
         # read back by slot then needs no gather), the idle slots' rows, and the decode
-        # page table with the table version it was cut at (see `_decode_page_table`).
+        # page table of each KV-cache group with the table version it was cut at (see
+        # `BlockTables.decode_table`).
         self.outputs = [s.output_token_ids for s in self.states]
         self.index = {r: i for i, r in enumerate(req_ids)}
         self.id_set = frozenset(req_ids)
         self.in_order = bool(np.array_equal(self.slots, np.arange(len(slots))))
         self.idle_rows = torch.from_numpy(np.flatnonzero(self.idle))
-        self.table: tuple[int, torch.Tensor] | None = None
+        self.tables: dict[int, tuple[int, torch.Tensor]] = {}
 
 
 def rows_of(logprobs: Any, rows: list[int]) -> Any:

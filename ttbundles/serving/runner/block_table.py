@@ -1,0 +1,110 @@
+"""The page tables a decode sends: one persistent block table per KV-cache group, one row
+per slot, as vLLM's own runner keeps them (`vllm/v1/worker/gpu/block_table.py`,
+`BlockTables`: one table per KV-cache group).
+
+Every model served today has one KV-cache group (group 0: every layer's cache is paged
+alike). A hybrid model (sliding-window layers beside full-attention ones) has one group
+per kind of layer, each with its own block ids per request (vLLM's `block_ids[group]`)
+and so its own table here: the group index is already every method's argument.
+
+A row is written when its request's blocks change and cleared when its slot changes
+hands; `version` is bumped on every write, so a table cut for a batch layout is sent
+again (the same tensor, never written after it was sent) while it holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+if TYPE_CHECKING:
+    from ttbundles.serving.runner.step import Layout
+
+
+class BlockTables:
+    """`num_groups` tables of `[capacity, ceil(max_model_len / block_size)]` int32 block
+    ids by slot, and how many columns of each row are live."""
+
+    def __init__(self, capacity: int, max_model_len: int, block_size: int, num_groups: int = 1):
+        width = -(-max_model_len // block_size)
+        self.capacity = capacity
+        self.num_groups = num_groups
+        self.tables = [torch.zeros((capacity, width), dtype=torch.int32) for _ in range(num_groups)]
+        # numpy views of the same memory: row writes without a torch call per row.
+        self.tables_np = [table.numpy() for table in self.tables]
+        self.counts = [np.zeros(capacity, dtype=np.int64) for _ in range(num_groups)]
+        self.version = 0
+
+    def stage(self, slot: int, blocks: Sequence[int], group: int = 0) -> None:
+        """Write a slot's block ids (its request's, in order) into its row."""
+        count = len(blocks)
+        row = self.tables_np[group][slot]
+        row[:count] = blocks
+        if count < self.counts[group][slot]:
+            row[count:] = 0
+        self.counts[group][slot] = count
+        self.version += 1
+
+    def append_one_each(self, slots: np.ndarray, block_ids: np.ndarray, group: int = 0) -> None:
+        """One new block at the end of each of `slots`' rows (a steady decode crossing a
+        block boundary): the same writes as `stage` per row, as whole-array ones. Each
+        row must be staged up to its request's blocks (`count`)."""
+        counts = self.counts[group]
+        self.tables_np[group][slots, counts[slots]] = block_ids
+        counts[slots] += 1
+        self.version += 1
+
+    def count(self, slot: int, group: int = 0) -> int:
+        """The live columns of a slot's row."""
+        return int(self.counts[group][slot])
+
+    def row(self, slot: int, group: int = 0) -> list[int]:
+        """A slot's whole row (live columns, then zeros)."""
+        return self.tables_np[group][slot].tolist()
+
+    def clear(self, slot: int) -> None:
+        """A slot changing hands: its row in every group is emptied."""
+        for table, counts in zip(self.tables_np, self.counts):
+            table[slot] = 0
+            counts[slot] = 0
+        self.version += 1
+
+    def decode_table(self, layout: Layout, group: int = 0) -> torch.Tensor:
+        """`[capacity, W]` int32 by slot: the group's table cut to the widest row of this
+        batch, rows of slots outside it zero. A copy: the generator may read it after the
+        host has moved on. Cut again only when a row changed since this layout's last
+        cut; otherwise the same tensor, which `DecodeCommands.decide` also takes as
+        unchanged without comparing."""
+        cached = layout.tables.get(group)
+        if cached is not None and cached[0] == self.version:
+            return cached[1]
+        slots = layout.slots
+        width = max(int(self.counts[group][slots].max()) if len(slots) else 0, 1)
+        table = self.tables[group][:, :width].clone()
+        if len(layout.idle_rows):
+            table.index_fill_(0, layout.idle_rows, 0)
+        layout.tables[group] = (self.version, table)
+        return table
+
+
+def prefill_table(rows: Sequence[Sequence[int]]) -> torch.Tensor:
+    """`[len(rows), W]` int32 block ids, row r the r-th prefill row's blocks (a prefill's
+    rows are its requests, not slots), zero padded to the longest."""
+    width = max(len(r) for r in rows)
+    table = torch.zeros((len(rows), width), dtype=torch.int32)
+    for i, row in enumerate(rows):
+        table[i, : len(row)] = torch.tensor(row, dtype=torch.int32)
+    return table
+
+
+def per_layer(page_table: torch.Tensor, layers: int) -> dict[str, list[torch.Tensor]]:
+    """`page_tables_per_layer` for a generator whose cache was allocated per layer
+    (`layers` > 0): one KV-cache group, so every layer's table is the step's one (the
+    reference plugin sends one per layer too; Gemma-4 26B-A4B's autoport raises without
+    it). With several groups each layer would get its group's table."""
+    if not layers:
+        return {}
+    return {"page_tables_per_layer": [page_table] * layers}

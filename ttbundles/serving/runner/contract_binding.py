@@ -1,0 +1,181 @@
+"""The generator contract bound for one class: what the runner calls, each method bound
+once (`serving.binding.bind`) with the keywords the runner can supply, and what the class
+declares that cannot be driven as configured refused before any weight loads.
+
+Two stages, as the class loads: the class methods (`initialize_vllm_model`,
+`get_max_tokens_all_users`, and prefill and decode read on the class so that a parameter
+the worker cannot supply is refused early), then, on the instance, every method a step
+calls.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ttbundles.format import contract
+from ttbundles.format import speculative as spec
+from ttbundles.serving.binding import (
+    BoundMethod,
+    GeneratorContractError,
+    bind,
+    call_at_load,
+    decode_offer,
+)
+
+
+def refuse_unsupported_keys(class_name: str, capabilities: dict[str, Any], block_size: int) -> None:
+    """Keys that make a class impossible to drive as configured, refused before any
+    weight loads (`format.contract.KNOWN_CAPABILITY_KEYS`)."""
+    steps = capabilities.get(contract.OUTPUT_TOKENS_PER_STEP_KEY, 1)
+    if isinstance(steps, int) and not isinstance(steps, bool) and steps > 1:
+        raise GeneratorContractError.single(
+            "TTB202",
+            f"{class_name} declares output_tokens_per_step={steps}: block-output decode is "
+            "not supported yet (the worker commits one token per step)",
+            hint="serve a one-token-per-step generator for this architecture",
+        )
+    required = capabilities.get(contract.REQUIRED_BLOCK_SIZE_KEY)
+    if isinstance(required, int) and required != block_size:
+        raise GeneratorContractError.single(
+            "TTB063",
+            f"{class_name} requires KV blocks of {required} tokens (required_block_size), "
+            f"but the engine uses {block_size}",
+            hint=f"serve with --block-size {required}",
+        )
+
+
+@dataclass(frozen=True)
+class ClassMethods:
+    initialize: BoundMethod
+    max_tokens: BoundMethod | None
+
+    def max_tokens_all_users(
+        self, mesh_device: Any, model: str, *, tt_data_parallel: Any, **sizes: int
+    ) -> int | None:
+        """The generator's own KV capacity in tokens, when it declares one (`sizes`:
+        max_model_len and max_num_seqs)."""
+        if self.max_tokens is None:
+            return None
+        num_devices = getattr(mesh_device, "get_num_devices", lambda: 1)()
+        return int(
+            call_at_load(
+                self.max_tokens,
+                f"model {model!r} on {num_devices} device(s)",
+                model_name=model,
+                num_devices=num_devices,
+                tt_data_parallel=tt_data_parallel,
+                **sizes,
+            )
+        )
+
+
+def bind_class(cls: type, class_name: str, version: int, *, optimizations: bool) -> ClassMethods:
+    """Bind initialize_vllm_model and get_max_tokens_all_users; refuse at load what the
+    class requires and the worker cannot supply. `optimizations`: the option is set
+    (passed only then)."""
+    offered = [k for k in contract.INITIALIZE.passes if k != "optimizations"]
+    if optimizations:
+        offered.append("optimizations")
+    initialize = bind(cls, contract.INITIALIZE, offered, class_name=class_name)
+    max_tokens = bind(cls, contract.MAX_TOKENS, contract.MAX_TOKENS.passes, class_name=class_name)
+    # Prefill and decode read on the class too, so that a parameter the worker cannot
+    # supply (Mllama's images) is refused before initialize_vllm_model loads weights;
+    # bound again on the instance after it.
+    bind(cls, contract.PREFILL, contract.PREFILL.passes, class_name=class_name, optional=True)
+    bind(cls, contract.DECODE, decode_offer(version), class_name=class_name, optional=True)
+    return ClassMethods(initialize, max_tokens)
+
+
+@dataclass
+class GeneratorMethods:
+    """The instance's methods a step calls (None: not bound, the runner does without).
+    Not frozen: a benchmark wraps them to time the generator apart from the runner."""
+
+    prefill: BoundMethod
+    decode: BoundMethod
+    allocate_per_layer: BoundMethod | None
+    allocate: BoundMethod | None
+    read: BoundMethod | None  # async decode: read_decode_output
+    process: BoundMethod | None  # and process_decode_output_host
+    propose: BoundMethod | None  # the generator's own drafter (`custom_class`)
+
+    def allocate_cache(
+        self, shape: tuple[int, ...], dtype: Any, num_layers: int
+    ) -> tuple[Any, int]:
+        """The KV cache, and its layers when it was allocated per layer (then every
+        step passes `page_tables_per_layer`; 0 otherwise). Newer generators (hybrid
+        attention) take one (shape, dtype, index) per layer, and are preferred through
+        it where they offer it."""
+        if self.allocate_per_layer is not None:
+            specs = [(shape, dtype, layer) for layer in range(num_layers)]
+            return self.allocate_per_layer(per_layer_specs=specs), num_layers
+        assert self.allocate is not None
+        return self.allocate(kv_cache_shape=shape, dtype=dtype, num_layers=num_layers), 0
+
+
+def bind_instance(
+    model: Any,
+    class_name: str,
+    version: int,
+    *,
+    image_inputs: bool,
+    prompt_logits: bool,
+    speculation_method: str | None,
+    async_decode: bool,
+) -> GeneratorMethods:
+    """Bind what the steps call on the loaded generator, offering what this launch
+    supplies (images, prompt logits, the verify keywords when speculating)."""
+    prefill_offer = contract.PREFILL.passes
+    if image_inputs:
+        prefill_offer += contract.PREFILL_IMAGE_INPUTS
+    if prompt_logits:
+        prefill_offer += (contract.PROMPT_LOGITS_KEYWORD,)
+    prefill = bind(model, contract.PREFILL, prefill_offer, class_name=class_name)
+    offer = decode_offer(version)
+    if speculation_method is not None:
+        offer += spec.VERIFY_KEYWORDS
+    decode = bind(model, contract.DECODE, offer, class_name=class_name)
+    propose = None
+    if speculation_method is not None:
+        propose = _bind_speculation(model, decode, class_name, speculation_method)
+    per_layer, whole = (
+        bind(model, method, method.passes, class_name=class_name, optional=True)
+        for method in (contract.ALLOCATE_KV_CACHE_PER_LAYER, contract.ALLOCATE_KV_CACHE)
+    )
+    if per_layer is None and whole is None:
+        raise GeneratorContractError.single(
+            "TTB053",
+            f"{class_name} has neither allocate_kv_cache nor allocate_kv_cache_per_layer",
+            hint="implement one of them",
+        )
+    read = process = None
+    if async_decode:
+        read_m, process_m = contract.READ_DECODE_OUTPUT, contract.PROCESS_DECODE_OUTPUT
+        read = bind(model, read_m, read_m.passes, class_name=class_name)
+        process = bind(model, process_m, process_m.passes, class_name=class_name)
+    return GeneratorMethods(prefill, decode, per_layer, whole, read, process, propose)
+
+
+def _bind_speculation(
+    model: Any, decode: BoundMethod, class_name: str, method: str
+) -> BoundMethod | None:
+    """A speculating launch needs a decode that takes the verify keywords and, for the
+    generator's own drafter (`custom_class`), `propose_draft_tokens`."""
+    missing = [k for k in spec.VERIFY_KEYWORDS if not decode.accepts(k)]
+    if missing:
+        raise GeneratorContractError.single(
+            "TTB239",
+            f"{class_name}.decode_forward takes no {', '.join(missing)}: it cannot verify "
+            "drafts, though the class declares supports_spec_decode",
+            hint="serve a verify in decode_forward (docs/authors/generator-contract.md"
+            "#speculative-decoding), or drop --speculative-config",
+        )
+    if method != "custom_class":
+        return None
+    return bind(
+        model,
+        contract.PROPOSE_DRAFT_TOKENS,
+        contract.PROPOSE_DRAFT_TOKENS.passes,
+        class_name=class_name,
+    )
