@@ -27,6 +27,7 @@ REFERENCE_BASES: dict[str, tuple[str, str]] = {
         "MistralForCausalLM",
         "Qwen2ForCausalLM",
         "Qwen3ForCausalLM",
+        "Gemma3ForCausalLM",
     )
 }
 
@@ -84,8 +85,9 @@ class {class_name}({base}):
         "supports_device_penalties": True,
         "max_device_logprobs": 20,
         # The reference masks keys older than the checkpoint's sliding window (Mistral,
-        # Qwen2/Qwen3 use_sliding_window). Keep this only while your code does too: without
-        # it a window shorter than max_model_len is refused at configuration (TTB250).
+        # Qwen2/Qwen3 use_sliding_window, Gemma 3's local layers). Keep this only while
+        # your code does too: without it a window shorter than max_model_len is refused
+        # at configuration (TTB250).
         "supports_sliding_window": True,
     }}
     # The decode input-update contract v1: decode_forward takes the four keyword-only
