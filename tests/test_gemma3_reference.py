@@ -176,3 +176,23 @@ def test_a_bidirectional_gemma_is_refused():
     )
     with pytest.raises(NotImplementedError, match="use_bidirectional_attention"):
         ModelStyle.from_hf_config(config, ModelDims.from_hf_config(config))
+
+
+def test_other_gemmas_are_refused_with_what_is_missing():
+    """Gemma 4 text (and Gemma 1/2) read as Llama would be wrong in silence: refused."""
+    config = transformers.Gemma4TextConfig(
+        hidden_size=64, num_attention_heads=4, head_dim=16, num_hidden_layers=2
+    )
+    with pytest.raises(NotImplementedError, match="global_head_dim, num_global_key_value_heads"):
+        ModelStyle.from_hf_config(config, ModelDims(160, 64, 2, 4, 2, 16, 1e-6))
+    gemma2 = transformers.Gemma2Config(hidden_size=64, num_attention_heads=4, head_dim=16)
+    with pytest.raises(NotImplementedError, match="implements Gemma 3 text"):
+        ModelStyle.from_hf_config(gemma2, ModelDims(160, 64, 2, 4, 2, 16, 1e-6))
+
+
+def test_vllm_knows_gemma3_for_causal_lm():
+    """vLLM's own registry has the architecture (in both releases), so a bundle
+    registered for it overrides a name vLLM knows rather than inventing one."""
+    from vllm.model_executor.models.registry import ModelRegistry
+
+    assert "Gemma3ForCausalLM" in ModelRegistry.get_supported_archs()

@@ -189,6 +189,19 @@ class ModelStyle:
         """The defaults, or Gemma 3's; a Gemma 3 variant the reference does not implement
         is refused (NotImplementedError, the message says which key)."""
         if not is_gemma3(hf_config):
+            model_type = str(getattr(hf_config, "model_type", "") or "")
+            if model_type.startswith("gemma"):
+                # Gemma 1/2/4 read as Llama would be wrong without an error: say so.
+                raise NotImplementedError(
+                    f"model_type {model_type!r}: of the Gemma family the reference generator "
+                    "implements Gemma 3 text (gemma3_text) only"
+                    + (
+                        "; Gemma 4's global layers have their own head size and KV heads "
+                        "(global_head_dim, num_global_key_value_heads)"
+                        if model_type.startswith("gemma4")
+                        else ""
+                    )
+                )
             return cls()
         if getattr(hf_config, "use_bidirectional_attention", False):
             raise NotImplementedError(
