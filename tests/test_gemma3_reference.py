@@ -190,6 +190,22 @@ def test_other_gemmas_are_refused_with_what_is_missing():
         ModelStyle.from_hf_config(gemma2, ModelDims(160, 64, 2, 4, 2, 16, 1e-6))
 
 
+def test_the_reference_golden_covers_gemma3(gemma, gemma3_checkpoint):
+    """`ttbundle test --golden reference` (and `auto`) can use the reference on Gemma 3:
+    it is covered, and its golden's logits are transformers'."""
+    from ttbundles.reference.golden import ReferenceGolden, load_config, reference_covers
+
+    model, gen = gemma
+    config = load_config(gemma3_checkpoint)
+    assert reference_covers(config) is None
+    ids = prompt(85, LENGTH, gen.dims.vocab_size)
+    golden = ReferenceGolden(gemma3_checkpoint, config).sequence_logits(ids)
+    torch.testing.assert_close(torch.from_numpy(golden), hf_logits(model, ids), atol=ATOL, rtol=0)
+    gemma4 = transformers.Gemma4TextConfig(hidden_size=64, num_attention_heads=4, head_dim=16)
+    gemma4.architectures = ["Gemma4ForCausalLM"]
+    assert "Gemma4ForCausalLM" in reference_covers(gemma4)
+
+
 def test_vllm_knows_gemma3_for_causal_lm():
     """vLLM's own registry has the architecture (in both releases), so a bundle
     registered for it overrides a name vLLM knows rather than inventing one."""

@@ -218,3 +218,28 @@ class ModelStyle:
             local_rope=True,
             final_softcap=getattr(hf_config, "final_logit_softcapping", None),
         )
+
+
+@dataclass(frozen=True)
+class ModelRope:
+    """The model's RoPE: the inverse frequencies `[D / 2]` and cos/sin scale of every
+    layer, and for Gemma 3 those of its sliding layers (`local`: inv_freq, scale, which
+    layers), which rotate with their own base."""
+
+    inv_freq: torch.Tensor
+    scaling: float
+    local: tuple[torch.Tensor, float, frozenset[int]] | None = None
+
+    @classmethod
+    def from_hf_config(cls, hf_config: Any, dims: ModelDims, style: ModelStyle) -> ModelRope:
+        """Read once; unsupported RoPE types raise NotImplementedError (`rope_frequencies`)."""
+        if not style.local_rope:
+            return cls(*rope_frequencies(hf_config, dims))
+        # Per layer type: the global layers' RoPE (with its scaling) and the local one.
+        inv_freq, scaling = rope_frequencies(hf_config, dims, "full_attention")
+        local_freq, local_scaling = rope_frequencies(hf_config, dims, SLIDING_LAYER_TYPE)
+        layer_types = list(getattr(hf_config, "layer_types", None) or [])
+        local_layers = frozenset(
+            i for i, kind in enumerate(layer_types) if kind == SLIDING_LAYER_TYPE
+        )
+        return cls(inv_freq, scaling, (local_freq, local_scaling, local_layers))

@@ -51,7 +51,6 @@ import torch.nn.functional as F
 
 from ttbundles.format import speculative as spec
 from ttbundles.format.attention_window import (
-    SLIDING_LAYER_TYPE,
     WINDOW_CAPABILITY_KEY,
     AttentionWindow,
     attention_window,
@@ -64,7 +63,7 @@ from ttbundles.reference.attention import (
     rms_norm,
     rope_cos_sin,
 )
-from ttbundles.reference.config import ModelDims, ModelStyle, rope_frequencies
+from ttbundles.reference.config import ModelDims, ModelRope, ModelStyle
 from ttbundles.reference.readback import DeviceOutput, HostOutput, ReadEvent
 from ttbundles.reference.sampling import MAX_DEVICE_TOP_K, DeviceSampler
 from ttbundles.reference.weights import LlamaWeights, checkpoint_dir, load_safetensors
@@ -209,18 +208,7 @@ class ReferenceLlamaGenerator:
         """
         dims = ModelDims.from_hf_config(hf_config)
         style = ModelStyle.from_hf_config(hf_config, dims)
-        local_rope = None
-        if style.local_rope:
-            # Per layer type: the global layers' RoPE (with its scaling) and the local one.
-            inv_freq, attention_scaling = rope_frequencies(hf_config, dims, "full_attention")
-            local_freq, local_scaling = rope_frequencies(hf_config, dims, SLIDING_LAYER_TYPE)
-            layer_types = list(getattr(hf_config, "layer_types", None) or [])
-            local_layers = frozenset(
-                i for i, kind in enumerate(layer_types) if kind == SLIDING_LAYER_TYPE
-            )
-            local_rope = (local_freq, local_scaling, local_layers)
-        else:
-            inv_freq, attention_scaling = rope_frequencies(hf_config, dims)
+        rope = ModelRope.from_hf_config(hf_config, dims, style)
         state = load_safetensors(checkpoint_dir(hf_config))
         weights = LlamaWeights.from_state_dict(
             state,
@@ -234,14 +222,14 @@ class ReferenceLlamaGenerator:
         return cls(
             weights,
             dims,
-            inv_freq,
-            attention_scaling,
+            rope.inv_freq,
+            rope.scaling,
             max_batch_size,
             max_seq_len,
             lanes=tt_data_parallel,
             window=attention_window(hf_config),
             style=style,
-            local_rope=local_rope,
+            local_rope=rope.local,
         )
 
     @classmethod
