@@ -227,6 +227,52 @@ def window_checkpoint(tmp_path_factory) -> Path:
     return out
 
 
+GEMMA3_WINDOW = 32
+GEMMA3_LAYER_TYPES = (["sliding_attention"] * 5 + ["full_attention"]) * 2
+
+
+def write_gemma3_checkpoint(out: Path) -> Path:
+    """A tiny Gemma 3 text checkpoint (the demo's tokenizer): 12 layers, 10 local with
+    `sliding_window=32` and 2 global, a local and a scaled global RoPE, head size and
+    query scalar of their own, tied embeddings, a final soft cap."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    from ttbundles.demo.checkpoint import build_tokenizer, save_random
+
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer(out)
+    config = Gemma3TextConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=len(GEMMA3_LAYER_TYPES),
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        query_pre_attn_scalar=24,
+        max_position_embeddings=1024,
+        sliding_window=GEMMA3_WINDOW,
+        layer_types=list(GEMMA3_LAYER_TYPES),
+        rope_parameters={
+            "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1_000_000.0},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+        },
+        final_logit_softcapping=30.0,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=True,
+    )
+    save_random(Gemma3ForCausalLM(config), "Gemma3ForCausalLM", out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def gemma3_checkpoint(tmp_path_factory) -> Path:
+    """`write_gemma3_checkpoint`, once per session."""
+    return write_gemma3_checkpoint(tmp_path_factory.mktemp("checkpoint") / "tiny-gemma3")
+
+
 @pytest.fixture(scope="session")
 def vision_golden(vision_checkpoint):
     """transformers' Qwen2.5-VL on the tiny vision checkpoint (`reference.vl_golden`)."""

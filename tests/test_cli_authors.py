@@ -640,7 +640,17 @@ def test_init_reference_names_the_families_it_covers(run_cli, tmp_path):
     assert "error TTB041 the torch reference generator does not cover GemmaForCausalLM" in (
         done.stderr
     )
-    assert "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM" in done.stderr
+    assert (
+        "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
+        "Gemma3ForCausalLM" in done.stderr
+    )
+    # Gemma 4: refused with what the reference lacks for it.
+    done = no_traceback(
+        run_cli("init", tmp_path / "g4", "--arch", "Gemma4ForCausalLM", "--reference")
+    )
+    assert done.returncode == 1 and not (tmp_path / "g4").exists()
+    assert "does not cover Gemma4ForCausalLM" in done.stderr
+    assert "global_head_dim, num_global_key_value_heads" in done.stderr
     done = no_traceback(
         run_cli(
             "init", tmp_path / "k", "--arch", "LlamaForCausalLM", "--reference", "--keep-adapter"

@@ -49,7 +49,9 @@ def new_cache(gen: ReferenceLlamaGenerator, num_blocks: int = NUM_BLOCKS):
 
 
 def page_table(block_lists: list[list[int]], width: int = 16) -> torch.Tensor:
-    """[B, width] int32; unused entries 0, as a padded worker table would be."""
+    """[B, width] int32 (wider when a row has more blocks); unused entries 0, as a
+    padded worker table would be."""
+    width = max([width] + [len(blocks) for blocks in block_lists])
     table = torch.zeros(len(block_lists), width, dtype=torch.int32)
     for row, blocks in enumerate(block_lists):
         table[row, : len(blocks)] = torch.tensor(blocks, dtype=torch.int32)

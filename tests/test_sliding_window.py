@@ -107,6 +107,17 @@ CHECKPOINTS = {
         "Qwen2ForCausalLM",
         dict(use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1),
     ),
+    # layer 0 sliding (local RoPE), layer 1 global; Gemma's own norms, scales and MLP
+    "gemma3": (
+        "Gemma3TextConfig",
+        "Gemma3ForCausalLM",
+        dict(
+            sliding_window=WINDOW,
+            head_dim=16,
+            query_pre_attn_scalar=24,
+            layer_types=["sliding_attention", "full_attention"],
+        ),
+    ),
 }
 
 

@@ -1,9 +1,11 @@
 """A sliding-window checkpoint as a new user meets it: a tiny `MistralForCausalLM` with
-`sliding_window=8`, a bundle from `ttbundle init --reference`, `ttbundle test` with its
-defaults (against transformers, since the generator is the reference), and plain `vllm
-serve`, whose greedy tokens for prompts several windows long must be transformers' (once
-cold, once through a prefix-cache hit). And `ttbundle test` with its defaults fails a
-reference that ignores the window, with a fix line that names it."""
+`sliding_window=8`, and a tiny `Gemma3ForCausalLM` (10 local layers with
+`sliding_window=32`, 2 global ones), each a bundle from `ttbundle init --reference`,
+`ttbundle test` with its defaults (against transformers, since the generator is the
+reference), and plain `vllm serve`, whose greedy tokens for prompts several windows long
+must be transformers' (once cold, once through a prefix-cache hit). And `ttbundle test`
+with its defaults fails a reference that ignores the window, with a fix line that names
+it."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import WINDOW
+from tests.conftest import GEMMA3_WINDOW, WINDOW
 from tests.e2e.conftest import Reference
 from tests.e2e.test_first_bundle import MAX_TOKENS, completion, shell_environment, typed
 from ttbundles.demo.server import free_port
@@ -28,6 +30,18 @@ PROMPTS = [
     "Whenever she went out, the little girl wore a red riding cloak",
     "The capital of France is Paris, the capital of Italy is Rome, the capital of Spain is",
 ]
+# Gemma 3's window is 32 tokens: prompts of more than three windows.
+LONG_PROMPTS = [
+    PROMPTS[0] + " and carried a basket of bread and butter through the dark wood to her "
+    "grandmother, who lived alone in a small house at the other end of the forest path, and",
+    "One, two, three, four, five, six, seven, eight, nine, ten, eleven, twelve, thirteen, "
+    "fourteen, fifteen, sixteen, seventeen, eighteen, nineteen, twenty, twenty-one, twenty-two",
+]
+# family: (architecture, checkpoint fixture, window, prompts)
+FAMILIES = {
+    "mistral": ("MistralForCausalLM", "window_checkpoint", WINDOW, PROMPTS),
+    "gemma3": ("Gemma3ForCausalLM", "gemma3_checkpoint", GEMMA3_WINDOW, LONG_PROMPTS),
+}
 
 IGNORES_THE_WINDOW = '''
 
@@ -42,7 +56,14 @@ class IgnoresTheWindow(TTMistralForCausalLMGenerator):
 '''
 
 
-def served_tokens(tmp_path: Path, env: dict[str, str], reference: Reference) -> None:
+def served_tokens(
+    tmp_path: Path,
+    env: dict[str, str],
+    reference: Reference,
+    bundle: str = "my-mistral",
+    window: int = WINDOW,
+    prompts: list[str] = PROMPTS,
+) -> None:
     """Plain `vllm serve` of the installed bundle: each prompt's greedy tokens, twice
     (the second time its full blocks come from the prefix cache), equal transformers'."""
     port = free_port()
@@ -68,13 +89,13 @@ def served_tokens(tmp_path: Path, env: dict[str, str], reference: Reference) -> 
                 assert time.monotonic() < deadline, log.read_text()[-4000:]
                 time.sleep(1)
         text = log.read_text()
-        assert "my-mistral@0.1.0" in text, "the installed bundle serves"
+        assert f"{bundle}@0.1.0" in text, "the installed bundle serves"
         assert "results past the window differ" not in text
-        for prompt in PROMPTS:
+        for prompt in prompts:
             for _ in range(2):
                 served, prompt_ids = completion(port, prompt)
                 prompt_ids = prompt_ids or reference.tokenizer(prompt)["input_ids"]
-                assert len(prompt_ids) >= 3 * WINDOW, len(prompt_ids)
+                assert len(prompt_ids) >= 3 * window, len(prompt_ids)
                 assert served == reference.greedy(list(prompt_ids), MAX_TOKENS), prompt
     finally:
         # Its own session: the group holds the shell, vllm and the engine core.
@@ -89,21 +110,24 @@ def served_tokens(tmp_path: Path, env: dict[str, str], reference: Reference) -> 
 
 
 @pytest.mark.server
-def test_a_sliding_window_mistral_from_init_to_vllm_serve(tmp_path, window_checkpoint):
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_a_sliding_window_checkpoint_from_init_to_vllm_serve(tmp_path, request, family):
+    arch, fixture, window, prompts = FAMILIES[family]
+    bundle = f"my-{family}"
     env = shell_environment(tmp_path)
-    os.symlink(window_checkpoint, tmp_path / "ckpt")
-    created = typed("ttbundle init my-mistral --arch MistralForCausalLM --reference", tmp_path, env)
-    assert created.strip() == "my-mistral"
+    os.symlink(request.getfixturevalue(fixture), tmp_path / "ckpt")
+    created = typed(f"ttbundle init {bundle} --arch {arch} --reference", tmp_path, env)
+    assert created.strip() == bundle
     assert "valid (0 errors, 0 warnings" in typed(
-        "ttbundle validate --strict my-mistral", tmp_path, env
+        f"ttbundle validate --strict {bundle}", tmp_path, env
     )
     # Defaults: the generator is the reference, so the golden is transformers.
-    tested = typed("ttbundle test my-mistral --model ckpt", tmp_path, env, timeout=900)
+    tested = typed(f"ttbundle test {bundle} --model ckpt", tmp_path, env, timeout=900)
     assert "PASSED" in tested and "FAIL" not in tested, tested
     assert "vs transformers" in tested and "vs reference" not in tested, tested
-    typed("ttbundle pack my-mistral -o dist", tmp_path, env)
-    typed("ttbundle install dist/my-mistral-0.1.0.ttbundle --models-dir models", tmp_path, env)
-    served_tokens(tmp_path, env, Reference(tmp_path / "ckpt"))
+    typed(f"ttbundle pack {bundle} -o dist", tmp_path, env)
+    typed(f"ttbundle install dist/{bundle}-0.1.0.ttbundle --models-dir models", tmp_path, env)
+    served_tokens(tmp_path, env, Reference(tmp_path / "ckpt"), bundle, window, prompts)
 
 
 @pytest.mark.server

@@ -15,6 +15,7 @@ TEXT_ARCHITECTURES: tuple[str, ...] = (
     "MistralForCausalLM",
     "Qwen2ForCausalLM",
     "Qwen3ForCausalLM",
+    "Gemma3ForCausalLM",
 )
 
 # "module:Class" of each reference generator -> the architectures it reads. A class is

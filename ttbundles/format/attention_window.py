@@ -11,6 +11,8 @@ transformers' modeling code applies it:
 - Qwen2 and Qwen3: only with `use_sliding_window` true (their configs drop
   `sliding_window` otherwise); the layers `layer_types` names `"sliding_attention"`,
   which the config derives, when absent, as the layers at index `>= max_window_layers`.
+- Gemma 3: the layers `layer_types` names sliding; in older configs without it, all
+  but every `sliding_window_pattern`-th (default 6), as `Gemma3TextConfig` derives them.
 - Llama: none (`LlamaConfig` has no window; a stray `sliding_window` key is not read).
 - Any other family: the layers `layer_types` names sliding, else every layer when
   `sliding_window` is set. Only used to refuse (`serving.window_admission`): a family the
@@ -37,6 +39,8 @@ without it serves a windowed checkpoint only up to `max_model_len <= window`."""
 _DEFAULT_MAX_WINDOW_LAYERS = 28
 _WINDOW_SWITCHED = ("qwen2", "qwen3")  # model types whose window needs use_sliding_window
 _NO_WINDOW = ("llama",)
+_PATTERNED = ("gemma3",)  # model types whose layer_types default to a pattern
+_DEFAULT_SLIDING_PATTERN = 6  # Gemma3TextConfig's default
 
 
 @dataclass(frozen=True)
@@ -71,7 +75,7 @@ def _model_type(config: Any) -> str:
     if model_type:
         return model_type
     architectures = " ".join(_get(config, "architectures") or []).lower()
-    for name in ("mistral", "qwen3", "qwen2", "llama"):
+    for name in ("mistral", "qwen3", "qwen2", "gemma3", "llama"):
         if name in architectures:
             return name
     return ""
@@ -102,6 +106,11 @@ def attention_window(config: Any) -> AttentionWindow | None:
             first = _get(config, "max_window_layers")
             first = _DEFAULT_MAX_WINDOW_LAYERS if first is None else int(first)
             sliding = set(range(first, num_layers))
+    elif model_type.startswith(_PATTERNED) and not isinstance(layer_types, list | tuple):
+        # Older Gemma 3 configs: every `sliding_window_pattern`-th layer is global, as
+        # Gemma3TextConfig derives `layer_types` when they are absent.
+        pattern = int(_get(config, "sliding_window_pattern") or _DEFAULT_SLIDING_PATTERN)
+        sliding = {i for i in range(num_layers) if (i + 1) % pattern}
     elif model_type == "mistral" or not isinstance(layer_types, list | tuple):
         sliding = set(range(num_layers))
     else:

@@ -7,6 +7,8 @@ from typing import Any
 
 import torch
 
+from ttbundles.format.attention_window import SLIDING_LAYER_TYPE
+
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 # The Hugging Face architectures whose checkpoints the reference generator reads.
 SUPPORTED_ARCHITECTURES = (
@@ -14,7 +16,11 @@ SUPPORTED_ARCHITECTURES = (
     "MistralForCausalLM",
     "Qwen2ForCausalLM",
     "Qwen3ForCausalLM",
+    "Gemma3ForCausalLM",
 )
+# The MLP activations the reference implements (gate activation of a gated MLP):
+# SwiGLU for Llama/Mistral/Qwen, GeGLU with the tanh GELU for Gemma 3.
+SUPPORTED_ACTIVATIONS = ("silu", "swish", "gelu_pytorch_tanh")
 
 
 @dataclass(frozen=True)
@@ -28,14 +34,21 @@ class ModelDims:
     num_kv_heads: int
     head_dim: int
     rms_norm_eps: float
+    hidden_act: str = "silu"
 
     @classmethod
     def from_hf_config(cls, hf_config: Any) -> ModelDims:
-        """Llama, Mistral, Qwen2 and Qwen3 configs all spell these the same way."""
-        hidden_act = getattr(hf_config, "hidden_act", "silu")
-        if hidden_act not in ("silu", "swish"):
+        """Llama, Mistral, Qwen2, Qwen3 and Gemma 3 configs all spell these the same way
+        (Gemma names its activation `hidden_activation`)."""
+        hidden_act = (
+            getattr(hf_config, "hidden_activation", None)
+            or getattr(hf_config, "hidden_act", None)
+            or "silu"
+        )
+        if hidden_act not in SUPPORTED_ACTIVATIONS:
             raise NotImplementedError(
-                f"hidden_act {hidden_act!r}: the reference MLP is SwiGLU (silu) only"
+                f"hidden_act {hidden_act!r}: the reference MLP is gated with "
+                f"{', '.join(SUPPORTED_ACTIVATIONS)} only"
             )
         num_heads = hf_config.num_attention_heads
         return cls(
@@ -47,25 +60,34 @@ class ModelDims:
             # Qwen3 and some Mistral checkpoints set head_dim != hidden_size / heads.
             head_dim=getattr(hf_config, "head_dim", None) or hf_config.hidden_size // num_heads,
             rms_norm_eps=getattr(hf_config, "rms_norm_eps", 1e-6),
+            hidden_act=hidden_act,
         )
 
 
-def rope_parameters(hf_config: Any) -> dict[str, Any]:
+def rope_parameters(hf_config: Any, layer_type: str | None = None) -> dict[str, Any]:
     """The RoPE settings as one flat dict with at least `rope_type` and `rope_theta`.
 
     transformers 5.x keeps them in `hf_config.rope_parameters`; older configs (and
     hand-built ones) have `rope_theta` plus an optional `rope_scaling` dict whose type key
     may be spelled `type`. Both are accepted so the reference does not depend on which
-    transformers wrote the config.
+    transformers wrote the config. Gemma 3 keeps one dict per layer type
+    (`"sliding_attention"`, `"full_attention"`): `layer_type` picks one; older Gemma 3
+    configs spell the sliding layers' base `rope_local_base_freq` (default RoPE, no
+    scaling: the scaling is the global layers').
     """
     params = getattr(hf_config, "rope_parameters", None)
-    if isinstance(params, dict) and params:
-        if any(isinstance(value, dict) for value in params.values()):
+    per_type = isinstance(params, dict) and any(isinstance(v, dict) for v in params.values())
+    if per_type:
+        if layer_type is None or not isinstance(params.get(layer_type), dict):
             raise NotImplementedError(
-                "per-layer-type rope_parameters (e.g. sliding/full attention) are not "
-                "supported by the reference Llama generator"
+                "per-layer-type rope_parameters (e.g. sliding/full attention) are read only "
+                f"for Gemma 3 (no entry for {layer_type!r})"
             )
+        params = dict(params[layer_type])
+    elif isinstance(params, dict) and params:
         params = dict(params)
+    elif layer_type == SLIDING_LAYER_TYPE and getattr(hf_config, "rope_local_base_freq", None):
+        params = {"rope_type": "default", "rope_theta": hf_config.rope_local_base_freq}
     else:
         params = dict(getattr(hf_config, "rope_scaling", None) or {})
     params["rope_type"] = params.get("rope_type") or params.get("type") or "default"
@@ -99,15 +121,18 @@ class _RopeConfigView:
         """Already standard: `rope_parameters` built it."""
 
 
-def rope_frequencies(hf_config: Any, dims: ModelDims) -> tuple[torch.Tensor, float]:
-    """RoPE inverse frequencies `[D / 2]` and the cos/sin scale ("attention factor").
+def rope_frequencies(
+    hf_config: Any, dims: ModelDims, layer_type: str | None = None
+) -> tuple[torch.Tensor, float]:
+    """RoPE inverse frequencies `[D / 2]` and the cos/sin scale ("attention factor"), of
+    the layers of `layer_type` when the config has per-layer-type RoPE (Gemma 3).
 
     "default" is computed here (it is one line); the scaled types use transformers' own
     `ROPE_INIT_FUNCTIONS`, so the reference is exact against Hugging Face by construction.
     "dynamic" and "longrope" are refused: in transformers they change the frequencies with
     the current sequence length, which has no batch-independent meaning over a paged cache.
     """
-    params = rope_parameters(hf_config)
+    params = rope_parameters(hf_config, layer_type)
     rope_type = params["rope_type"]
     if rope_type not in SUPPORTED_ROPE_TYPES:
         raise NotImplementedError(
@@ -125,3 +150,96 @@ def rope_frequencies(hf_config: Any, dims: ModelDims) -> tuple[torch.Tensor, flo
     view = _RopeConfigView(params, dims, getattr(hf_config, "max_position_embeddings", 0))
     inv_freq, attention_scaling = ROPE_INIT_FUNCTIONS[rope_type](view)
     return inv_freq.float(), float(attention_scaling)
+
+
+GEMMA3_ARCHITECTURE = "Gemma3ForCausalLM"
+
+
+def is_gemma3(hf_config: Any) -> bool:
+    """A Gemma 3 text config (`Gemma3TextConfig`, model_type `gemma3_text`)."""
+    architectures = getattr(hf_config, "architectures", None) or []
+    model_type = str(getattr(hf_config, "model_type", "") or "")
+    return model_type == "gemma3_text" or GEMMA3_ARCHITECTURE in architectures
+
+
+@dataclass(frozen=True)
+class ModelStyle:
+    """How a family's forward pass differs from Llama's, read once from the config.
+
+    Llama, Mistral and Qwen have the defaults. Gemma 3 (as transformers'
+    `modeling_gemma3`): RMSNorm scales by `1 + weight` (`norm_offset`), the embedding is
+    multiplied by `sqrt(hidden_size)`, queries are scaled by `query_pre_attn_scalar**-0.5`
+    rather than `head_dim**-0.5`, each layer normalises the attention and MLP outputs
+    too (`sandwich_norms`: post-attention, pre- and post-feed-forward norms), the sliding
+    layers have their own RoPE (`local_rope`), and the final logits may be soft-capped
+    (`cap * tanh(x / cap)`). Gemma 3's `attn_logit_softcapping` is read by neither
+    transformers' `Gemma3Attention` nor vLLM's Gemma 3 (Gemma 2 used it), so it is not
+    applied here either: the logits stay transformers'.
+    """
+
+    norm_offset: float = 0.0
+    embed_scale: float | None = None
+    query_scale: float | None = None  # None: head_dim ** -0.5
+    sandwich_norms: bool = False
+    local_rope: bool = False
+    final_softcap: float | None = None
+
+    @classmethod
+    def from_hf_config(cls, hf_config: Any, dims: ModelDims) -> ModelStyle:
+        """The defaults, or Gemma 3's; a Gemma 3 variant the reference does not implement
+        is refused (NotImplementedError, the message says which key)."""
+        if not is_gemma3(hf_config):
+            model_type = str(getattr(hf_config, "model_type", "") or "")
+            if model_type.startswith("gemma"):
+                # Gemma 1/2/4 read as Llama would be wrong without an error: say so.
+                raise NotImplementedError(
+                    f"model_type {model_type!r}: of the Gemma family the reference generator "
+                    "implements Gemma 3 text (gemma3_text) only"
+                    + (
+                        "; Gemma 4's global layers have their own head size and KV heads "
+                        "(global_head_dim, num_global_key_value_heads)"
+                        if model_type.startswith("gemma4")
+                        else ""
+                    )
+                )
+            return cls()
+        if getattr(hf_config, "use_bidirectional_attention", False):
+            raise NotImplementedError(
+                "use_bidirectional_attention (EmbeddingGemma) is not a causal language "
+                "model: the reference generator serves causal Gemma 3 only"
+            )
+        scalar = getattr(hf_config, "query_pre_attn_scalar", None) or dims.head_dim
+        return cls(
+            norm_offset=1.0,
+            # transformers keeps the scale as a tensor of the weights' dtype (float32 here).
+            embed_scale=float(torch.tensor(dims.hidden_size**0.5, dtype=torch.float32)),
+            query_scale=float(scalar) ** -0.5,
+            sandwich_norms=True,
+            local_rope=True,
+            final_softcap=getattr(hf_config, "final_logit_softcapping", None),
+        )
+
+
+@dataclass(frozen=True)
+class ModelRope:
+    """The model's RoPE: the inverse frequencies `[D / 2]` and cos/sin scale of every
+    layer, and for Gemma 3 those of its sliding layers (`local`: inv_freq, scale, which
+    layers), which rotate with their own base."""
+
+    inv_freq: torch.Tensor
+    scaling: float
+    local: tuple[torch.Tensor, float, frozenset[int]] | None = None
+
+    @classmethod
+    def from_hf_config(cls, hf_config: Any, dims: ModelDims, style: ModelStyle) -> ModelRope:
+        """Read once; unsupported RoPE types raise NotImplementedError (`rope_frequencies`)."""
+        if not style.local_rope:
+            return cls(*rope_frequencies(hf_config, dims))
+        # Per layer type: the global layers' RoPE (with its scaling) and the local one.
+        inv_freq, scaling = rope_frequencies(hf_config, dims, "full_attention")
+        local_freq, local_scaling = rope_frequencies(hf_config, dims, SLIDING_LAYER_TYPE)
+        layer_types = list(getattr(hf_config, "layer_types", None) or [])
+        local_layers = frozenset(
+            i for i, kind in enumerate(layer_types) if kind == SLIDING_LAYER_TYPE
+        )
+        return cls(inv_freq, scaling, (local_freq, local_scaling, local_layers))

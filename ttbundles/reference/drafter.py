@@ -20,15 +20,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
-from ttbundles.reference.attention import (
-    apply_rope,
-    causal_attention,
-    context_blocks,
-    gather_context,
-    rms_norm,
-)
+from ttbundles.reference.attention import causal_attention, context_blocks, gather_context
 
 
 @torch.no_grad()
@@ -51,7 +44,6 @@ def early_exit_drafts(
     `layers` layers at positions p, p + 1, ..., attending over the cached context and
     the tokens drafted so far.
     """
-    dims = model.dims
     weights = model.weights
     n = last_tokens.shape[0]
     cache_shape = kv_cache[0][0].shape
@@ -69,8 +61,9 @@ def early_exit_drafts(
     tokens, positions = last_tokens.long(), last_positions.long()
     drafts = []
     for step in range(num_drafts):
-        x = weights.embed_tokens[tokens]  # [n, hidden]
+        x = model.embed(tokens)  # [n, hidden]
         cos, sin = model.rope(positions)
+        rotations = model.layer_rope(positions, cos, sin)
         visible = torch.cat([in_context, torch.ones(n, step + 1, dtype=torch.bool)], dim=1)
         window = model.window
         if window is not None:
@@ -85,15 +78,7 @@ def early_exit_drafts(
             )  # [n, C + step + 1]
             in_window = visible & (key_positions > positions[:, None] - window.size)
         for index, layer in enumerate(weights.layers[:layers]):
-            h = rms_norm(x, layer.input_norm, dims.rms_norm_eps)
-            q = layer.q_proj(h).view(n, dims.num_heads, dims.head_dim)
-            k = layer.k_proj(h).view(n, dims.num_kv_heads, dims.head_dim)
-            v = layer.v_proj(h).view(n, dims.num_kv_heads, dims.head_dim)
-            if layer.q_norm is not None:
-                q = rms_norm(q, layer.q_norm, dims.rms_norm_eps)
-                k = rms_norm(k, layer.k_norm, dims.rms_norm_eps)
-            q = apply_rope(q, cos, sin)
-            k = apply_rope(k, cos, sin)
+            q, k, v = model.attention_inputs(layer, x, *rotations[index])
             own_k[index].append(k)
             own_v[index].append(v)
             keys = torch.cat([context[index][0], torch.stack(own_k[index], dim=2)], dim=2)
@@ -104,11 +89,8 @@ def early_exit_drafts(
             attended = causal_attention(
                 q[:, None], keys, values, sees[:, None, :], model.scale
             )  # [n, 1, H, D]
-            x = x + layer.o_proj(attended.reshape(n, dims.num_heads * dims.head_dim))
-            h = rms_norm(x, layer.post_attention_norm, dims.rms_norm_eps)
-            x = x + layer.down_proj(F.silu(layer.gate_proj(h)) * layer.up_proj(h))
-        final = rms_norm(x, weights.final_norm, dims.rms_norm_eps)
-        tokens = F.linear(final, weights.lm_head).argmax(dim=-1)
+            x = model.layer_output(layer, x, attended)
+        tokens = model.lm_logits(x).argmax(dim=-1)
         drafts.append(tokens)
         positions = positions + 1
     return torch.stack(drafts, dim=1)

@@ -12,9 +12,12 @@ gathered from the paged cache with one index_select each for K and V; prefill ch
 attend one row at a time (see `attention_groups`).
 
 Checkpoints: Hugging Face format (safetensors, sharded or not) of Llama, Mistral, Qwen2
-(q/k/v biases) and Qwen3 (per-head RMSNorm on q and k). RoPE types: "default", "linear",
-"llama3" and "yarn" (see `rope_frequencies`). Sliding windows (Mistral's `sliding_window`,
-Qwen2/Qwen3's `use_sliding_window` layers: `format.attention_window`) are masked as
+(q/k/v biases), Qwen3 (per-head RMSNorm on q and k) and Gemma 3 text (its differences
+from Llama are `config.ModelStyle`: `1 + weight` norms, the scaled embedding and query,
+sandwich norms, a GeGLU MLP, local RoPE on the sliding layers, the final soft cap). RoPE types:
+"default", "linear", "llama3" and "yarn" (see `rope_frequencies`). Sliding windows
+(Mistral's `sliding_window`, Qwen2/Qwen3's `use_sliding_window` layers, Gemma 3's
+`layer_types`: `format.attention_window`) are masked as
 transformers masks them, on every path (prefill chunks, prefix-cache hits, decode, the
 speculative verify, prompt logprobs, the drafter); the cache still holds every position.
 
@@ -60,7 +63,7 @@ from ttbundles.reference.attention import (
     rms_norm,
     rope_cos_sin,
 )
-from ttbundles.reference.config import ModelDims, rope_frequencies
+from ttbundles.reference.config import ModelDims, ModelRope, ModelStyle
 from ttbundles.reference.readback import DeviceOutput, HostOutput, ReadEvent
 from ttbundles.reference.sampling import MAX_DEVICE_TOP_K, DeviceSampler
 from ttbundles.reference.weights import LlamaWeights, checkpoint_dir, load_safetensors
@@ -146,6 +149,8 @@ class ReferenceLlamaGenerator:
         max_seq_len: int = 2048,
         lanes: int = 1,
         window: AttentionWindow | None = None,
+        style: ModelStyle | None = None,
+        local_rope: tuple[torch.Tensor, float, frozenset[int]] | None = None,
     ):
         if lanes < 1 or max_batch_size % lanes:
             raise ValueError(
@@ -160,9 +165,13 @@ class ReferenceLlamaGenerator:
         self.attention_scaling = attention_scaling  # cos/sin scale (yarn), else 1
         self.max_batch_size = max_batch_size
         self.max_seq_len = max_seq_len
-        self.scale = dims.head_dim**-0.5
+        # How the family's forward pass differs from Llama's (Gemma 3; else the defaults).
+        self.style = style or ModelStyle()
+        self.scale = self.style.query_scale or dims.head_dim**-0.5
         # The checkpoint's sliding window (None: every layer attends over everything).
         self.window = window
+        # Gemma 3's sliding layers rotate with their own base: (inv_freq, scale, layers).
+        self.local_rope = local_rope
         self.sampler = DeviceSampler(max_batch_size, dims.vocab_size)
         # One worker thread stands in for the device's command queue: every forward and
         # readback runs there in submission order, so the host can schedule the next step
@@ -198,10 +207,14 @@ class ReferenceLlamaGenerator:
         `n_layers` keeps only the first layers (as TT-Metal's generators do, for tests).
         """
         dims = ModelDims.from_hf_config(hf_config)
-        inv_freq, attention_scaling = rope_frequencies(hf_config, dims)
+        style = ModelStyle.from_hf_config(hf_config, dims)
+        rope = ModelRope.from_hf_config(hf_config, dims, style)
         state = load_safetensors(checkpoint_dir(hf_config))
         weights = LlamaWeights.from_state_dict(
-            state, dims, bool(getattr(hf_config, "tie_word_embeddings", False))
+            state,
+            dims,
+            bool(getattr(hf_config, "tie_word_embeddings", False)),
+            norm_offset=style.norm_offset,
         )
         if n_layers is not None:
             weights.layers = weights.layers[:n_layers]
@@ -209,12 +222,14 @@ class ReferenceLlamaGenerator:
         return cls(
             weights,
             dims,
-            inv_freq,
-            attention_scaling,
+            rope.inv_freq,
+            rope.scaling,
             max_batch_size,
             max_seq_len,
             lanes=tt_data_parallel,
             window=attention_window(hf_config),
+            style=style,
+            local_rope=rope.local,
         )
 
     @classmethod
@@ -273,6 +288,75 @@ class ReferenceLlamaGenerator:
         """cos and sin `[T, D]` of the tokens' absolute positions `[T]`."""
         return rope_cos_sin(positions, self.inv_freq, self.attention_scaling)
 
+    def layer_rope(
+        self, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Each layer's cos and sin: `(cos, sin)` for every layer, except Gemma 3's
+        sliding layers, which rotate the same positions with the local base."""
+        rotations = [(cos, sin)] * self.dims.num_layers
+        if self.local_rope is not None:
+            local_freq, local_scaling, local_layers = self.local_rope
+            local = rope_cos_sin(positions, local_freq, local_scaling)
+            for index in local_layers:
+                if index < len(rotations):
+                    rotations[index] = local
+        return rotations
+
+    def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """Token embeddings `[T, hidden]` (Gemma multiplies them by sqrt(hidden))."""
+        x = self.weights.embed_tokens[token_ids]
+        if self.style.embed_scale is not None:
+            x = x * self.style.embed_scale
+        return x
+
+    def attention_inputs(
+        self, layer: Any, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q `[T, H, D]`, k and v `[T, KV, D]` of one layer for the hidden states `x`:
+        input norm, projections, per-head q/k norms (Qwen3, Gemma 3), RoPE."""
+        dims = self.dims
+        h = rms_norm(x, layer.input_norm, dims.rms_norm_eps)
+        q = layer.q_proj(h).view(-1, dims.num_heads, dims.head_dim)  # [T, H, D]
+        k = layer.k_proj(h).view(-1, dims.num_kv_heads, dims.head_dim)  # [T, KV, D]
+        v = layer.v_proj(h).view(-1, dims.num_kv_heads, dims.head_dim)
+        if layer.q_norm is not None:  # RMSNorm of each head, before RoPE
+            q = rms_norm(q, layer.q_norm, dims.rms_norm_eps)
+            k = rms_norm(k, layer.k_norm, dims.rms_norm_eps)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+    def layer_output(self, layer: Any, x: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
+        """The layer's output from its input `x [T, hidden]` and its attention `[T, H, D]`:
+        output projection and residual, then the gated MLP and residual. Gemma 3 also
+        normalises the attention output and the MLP's input and output (sandwich norms)."""
+        dims = self.dims
+        eps = dims.rms_norm_eps
+        out = layer.o_proj(attended.reshape(-1, dims.num_heads * dims.head_dim))
+        if self.style.sandwich_norms:
+            x = x + rms_norm(out, layer.post_attention_norm, eps)
+            h = rms_norm(x, layer.pre_feedforward_norm, eps)
+            return x + rms_norm(self.mlp(layer, h), layer.post_feedforward_norm, eps)
+        x = x + out
+        return x + self.mlp(layer, rms_norm(x, layer.post_attention_norm, eps))
+
+    def mlp(self, layer: Any, h: torch.Tensor) -> torch.Tensor:
+        """The gated MLP: SwiGLU, or GeGLU with the tanh GELU (`gelu_pytorch_tanh`)."""
+        gate = layer.gate_proj(h)
+        if self.dims.hidden_act == "gelu_pytorch_tanh":
+            gate = F.gelu(gate, approximate="tanh")
+        else:
+            gate = F.silu(gate)
+        return layer.down_proj(gate * layer.up_proj(h))
+
+    def lm_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits `[n, V]` of the last layer's hidden states: final norm, LM head, and
+        the final soft cap when the config sets one (Gemma)."""
+        final = rms_norm(x, self.weights.final_norm, self.dims.rms_norm_eps)
+        logits = F.linear(final, self.weights.lm_head)
+        cap = self.style.final_softcap
+        if cap is not None:
+            logits = torch.tanh(logits / cap) * cap
+        return logits
+
     def segment_inputs(
         self, segments: list[Segment], token_ids: torch.Tensor, positions: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -281,7 +365,7 @@ class ReferenceLlamaGenerator:
         embeddings and the positions' rotation; a vision-language generator substitutes
         image embeddings and multimodal positions (`reference.vl_generator`)."""
         cos, sin = self.rope(positions)
-        return self.weights.embed_tokens[token_ids], cos, sin
+        return self.embed(token_ids), cos, sin
 
     def residual_additions(
         self, segments: list[Segment]
@@ -309,7 +393,6 @@ class ReferenceLlamaGenerator:
         read back from it, so earlier chunks and prefix-cached blocks are seen exactly like
         new ones. Attention is batched per `AttentionGroup` (see `attention_groups`).
         """
-        dims = self.dims
         lengths = torch.tensor([len(s.tokens) for s in segments])  # [n]
         token_ids = torch.cat([s.tokens for s in segments])  # [T]
         positions = torch.cat([torch.arange(s.start, s.end) for s in segments])  # [T]
@@ -327,19 +410,12 @@ class ReferenceLlamaGenerator:
         )
 
         x, cos, sin = self.segment_inputs(segments, token_ids, positions)
+        rotations = self.layer_rope(positions, cos, sin)
         additions = self.residual_additions(segments)
         for index, (layer, (k_cache, v_cache)) in enumerate(
             zip(self.weights.layers, kv_cache, strict=True)
         ):
-            h = rms_norm(x, layer.input_norm, dims.rms_norm_eps)
-            q = layer.q_proj(h).view(-1, dims.num_heads, dims.head_dim)  # [T, H, D]
-            k = layer.k_proj(h).view(-1, dims.num_kv_heads, dims.head_dim)  # [T, KV, D]
-            v = layer.v_proj(h).view(-1, dims.num_kv_heads, dims.head_dim)
-            if layer.q_norm is not None:  # Qwen3: RMSNorm of each head, before RoPE
-                q = rms_norm(q, layer.q_norm, dims.rms_norm_eps)
-                k = rms_norm(k, layer.k_norm, dims.rms_norm_eps)
-            q = apply_rope(q, cos, sin)
-            k = apply_rope(k, cos, sin)
+            q, k, v = self.attention_inputs(layer, x, *rotations[index])
 
             # cache[block, :, slot, :] for each token t gets k[t] ([KV, D]).
             k_cache[block_of_token, :, slot_of_token, :] = k
@@ -350,18 +426,14 @@ class ReferenceLlamaGenerator:
             attended = torch.cat(
                 [g.attend(q, k_cache, v_cache, self.scale, sliding) for g in groups]
             )
-            x = x + layer.o_proj(attended.view(-1, dims.num_heads * dims.head_dim))
-
-            h = rms_norm(x, layer.post_attention_norm, dims.rms_norm_eps)
-            x = x + layer.down_proj(F.silu(layer.gate_proj(h)) * layer.up_proj(h))
+            x = self.layer_output(layer, x, attended)
             if index in additions:
                 tokens_at, values = additions[index]
                 x = x.index_add(0, tokens_at, values)
 
         if not all_positions:
             x = x[lengths.cumsum(0) - 1]  # [n] each segment's last token
-        final = rms_norm(x, self.weights.final_norm, dims.rms_norm_eps)
-        return F.linear(final, self.weights.lm_head)  # [n, V] (all_positions: [T, V])
+        return self.lm_logits(x)  # [n, V] (all_positions: [T, V])
 
     def _run(
         self,

@@ -23,7 +23,12 @@ import numpy as np
 import torch
 
 from ttbundles.reference.attention import Segment
-from ttbundles.reference.config import SUPPORTED_ARCHITECTURES, ModelDims, rope_frequencies
+from ttbundles.reference.config import (
+    SUPPORTED_ARCHITECTURES,
+    ModelDims,
+    ModelRope,
+    ModelStyle,
+)
 
 BLOCK = 16  # block size of the scratch cache a reference pass uses
 
@@ -45,7 +50,7 @@ def reference_covers(config: Any) -> str | None:
         )
     try:
         dims = ModelDims.from_hf_config(config)
-        rope_frequencies(config, dims)
+        ModelRope.from_hf_config(config, dims, ModelStyle.from_hf_config(config, dims))
     except (NotImplementedError, AttributeError, KeyError, ValueError) as exc:
         return str(exc)
     return None

@@ -26,7 +26,9 @@ class Linear:
 
 @dataclass
 class LayerWeights:
-    """One decoder layer. Optional parts: q/k/v biases (Qwen2), q/k norms (Qwen3)."""
+    """One decoder layer. Optional parts: q/k/v biases (Qwen2), q/k norms (Qwen3,
+    Gemma 3), the feed-forward norms (Gemma 3, whose `post_attention_norm` then
+    normalises the attention output rather than the MLP input)."""
 
     input_norm: torch.Tensor  # [hidden]
     q_proj: Linear  # [H * D, hidden]
@@ -39,6 +41,8 @@ class LayerWeights:
     down_proj: Linear  # [hidden, intermediate]
     q_norm: torch.Tensor | None = None  # [D], applied per head before RoPE
     k_norm: torch.Tensor | None = None  # [D]
+    pre_feedforward_norm: torch.Tensor | None = None  # [hidden]
+    post_feedforward_norm: torch.Tensor | None = None  # [hidden]
 
 
 @dataclass
@@ -52,10 +56,24 @@ class LlamaWeights:
 
     @classmethod
     def from_state_dict(
-        cls, state: dict[str, torch.Tensor], dims: ModelDims, tie_word_embeddings: bool
+        cls,
+        state: dict[str, torch.Tensor],
+        dims: ModelDims,
+        tie_word_embeddings: bool,
+        norm_offset: float = 0.0,
     ) -> LlamaWeights:
-        """Map Hugging Face `LlamaForCausalLM`-style keys (also Mistral/Qwen2/Qwen3)."""
+        """Map Hugging Face `LlamaForCausalLM`-style keys (also Mistral/Qwen2/Qwen3/Gemma 3).
+
+        `norm_offset`: added to every RMSNorm weight once, here (Gemma's norms scale by
+        `1 + weight`, transformers computes `1.0 + weight.float()`), so the forward pass
+        has one RMSNorm for every family.
+        """
         state = {name: tensor.float() for name, tensor in state.items()}
+        if norm_offset:
+            state = {
+                name: tensor + norm_offset if name.endswith("norm.weight") else tensor
+                for name, tensor in state.items()
+            }
 
         def take(name: str) -> torch.Tensor:
             if name not in state:
@@ -81,6 +99,8 @@ class LlamaWeights:
                     down_proj=linear(f"{prefix}.mlp.down_proj"),
                     q_norm=state.get(f"{prefix}.self_attn.q_norm.weight"),
                     k_norm=state.get(f"{prefix}.self_attn.k_norm.weight"),
+                    pre_feedforward_norm=state.get(f"{prefix}.pre_feedforward_layernorm.weight"),
+                    post_feedforward_norm=state.get(f"{prefix}.post_feedforward_layernorm.weight"),
                 )
             )
         embed = take("model.embed_tokens.weight")

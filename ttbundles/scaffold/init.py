@@ -31,6 +31,7 @@ from ttbundles.scaffold.hf_config import _read_hf_config, architectures_by_model
 from ttbundles.scaffold.reference import (
     REFERENCE_BASES,
     REFERENCE_CAPABILITIES,
+    REFERENCE_MISSING,
     REFERENCE_TARGETS,
     reference_adapter_source,
 )
@@ -267,9 +268,11 @@ def _check_reference_family(arch: str) -> None:
     if arch in REFERENCE_BASES:
         return
     families = ", ".join(REFERENCE_BASES)
+    missing = REFERENCE_MISSING.get(arch)
     raise TTBundleError.single(
         "TTB041",
-        f"the torch reference generator does not cover {arch} (it reads {families})",
+        f"the torch reference generator does not cover {arch} (it reads {families})"
+        + (f": {missing}" if missing else ""),
         hint=f"init without --reference for the TT-NN template, or pick one of {families}",
     )
 

@@ -27,6 +27,17 @@ REFERENCE_BASES: dict[str, tuple[str, str]] = {
     for arch in TEXT_ARCHITECTURES
 }
 
+# Families the reference does not cover yet, with what it lacks: `init --reference`
+# says this rather than only listing the families it does cover.
+REFERENCE_MISSING: dict[str, str] = {
+    "Gemma4ForCausalLM": (
+        "Gemma 4's global layers have their own head size and KV heads "
+        "(global_head_dim, num_global_key_value_heads), which need a KV cache shape per "
+        "layer, and its global RoPE is partial ('proportional'); the reference allocates "
+        "one shape for every layer and implements Gemma 3"
+    ),
+}
+
 # What the reference generator implements: the bundle declares all of it (the class's
 # model_capabilities below say the same, so validate finds them in agreement).
 REFERENCE_CAPABILITIES: dict = {
@@ -81,8 +92,9 @@ class {class_name}({base}):
         "supports_device_penalties": True,
         "max_device_logprobs": 20,
         # The reference masks keys older than the checkpoint's sliding window (Mistral,
-        # Qwen2/Qwen3 use_sliding_window). Keep this only while your code does too: without
-        # it a window shorter than max_model_len is refused at configuration (TTB250).
+        # Qwen2/Qwen3 use_sliding_window, Gemma 3's local layers). Keep this only while
+        # your code does too: without it a window shorter than max_model_len is refused
+        # at configuration (TTB250).
         "supports_sliding_window": True,
     }}
     # The decode input-update contract v1: decode_forward takes the four keyword-only
