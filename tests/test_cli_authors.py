@@ -683,13 +683,13 @@ def test_validate_refuses_an_arch_the_reference_base_does_not_read(run_cli, tmp_
     assert done.returncode == 0, done.stderr
     bundle = tmp_path / "b"
     meta = json.loads((bundle / META).read_text())
-    meta["arch"] = "Gemma3ForCausalLM"
+    meta["arch"] = "Gemma4ForCausalLM"
     (bundle / META).write_text(json.dumps(meta))
     for strict in ([], ["--strict"]):
         done = no_traceback(run_cli("validate", *strict, bundle))
         assert done.returncode == 1, done.stdout
         [line] = [x for x in done.stdout.splitlines() if "TTB041" in x]
-        assert "/arch" in line and "Gemma3ForCausalLM" in line and "Qwen3ForCausalLM" in line
+        assert "/arch" in line and "Gemma4ForCausalLM" in line and "Qwen3ForCausalLM" in line
     # the class's nearest reference decides: the VL generator reads its own architecture
     (bundle / "adapter.py").write_text(
         "from ttbundles.reference.vl_generator import ReferenceQwen2_5_VLGenerator\n\n\n"

@@ -171,8 +171,7 @@ def test_tampered_layer_is_refused(run_cli, registry, tmp_path: Path):
     done = run_cli("pull", pushed["reference"], "--install", "--models-dir", models)
     assert done.returncode == 1 and "TTB135" in done.stderr
     assert ".ttbundle-pull-" not in done.stderr
-    assert not (models / "tampered").exists()
-    assert [p.name for p in models.iterdir() if not p.name.startswith(".ttbundle")] == []
+    assert not models.exists()  # a refused pull leaves no folder it made
 
 
 def test_unknown_tag(run_cli, registry, tmp_path: Path):

@@ -243,7 +243,7 @@ def test_init_refuses_to_mix_with_an_existing_adapter(run_cli, workdir):
     (workdir / "mine" / "adapter.py").write_text((workdir / "demo" / "adapter.py").read_text())
     done = run_cli("init", "mine", "--arch", "LlamaForCausalLM", cwd=workdir)
     assert (done.returncode, done.stdout) == (1, "")
-    assert "TTB033" in done.stderr and "--keep-adapter" in done.stderr
+    assert "TTB039" in done.stderr and "--keep-adapter" in done.stderr
     assert not (workdir / "mine" / "vllm_metadata.json").exists()
     kept = run_cli("init", "mine", "--arch", "LlamaForCausalLM", "--keep-adapter", cwd=workdir)
     assert kept.returncode == 0, kept.stderr
@@ -439,16 +439,18 @@ def test_an_interrupted_test_run_stops_its_server_and_removes_its_folder(workdir
     )
     spec = ""
     try:
-        harness = None
+        # The signal goes as soon as the run has written its serving process's spec: the
+        # CLI is then starting that process and waits for it, so the signal always finds
+        # it at work (a signal sent once the serving process was seen running could come
+        # after it had served everything, the run about to end by itself: seen under load).
         deadline = time.monotonic() + 120
-        while harness is None and time.monotonic() < deadline:
+        while not spec and time.monotonic() < deadline:
             specs = list((workdir / "tmp").glob("ttbundle-test-*/spec.json"))
             spec = str(specs[0]) if specs else ""
-            harness = _pid_running(spec) if specs else None
-            time.sleep(0.1)
-        assert harness is not None, "the serving process did not start"
+            time.sleep(0.05)
+        assert spec, "the run did not get to start its serving process"
         run.send_signal(sig)
-        out, err = run.communicate(timeout=60)
+        out, err = run.communicate(timeout=120)
     finally:
         if run.poll() is None:
             run.kill()
@@ -460,9 +462,9 @@ def test_an_interrupted_test_run_stops_its_server_and_removes_its_folder(workdir
     # could stop them itself, else within seconds by following their parent (a signal
     # while the harness was being started).
     deadline = time.monotonic() + 15
-    left = [harness]
+    left = _pids_running(spec)
     while left and time.monotonic() < deadline:
-        left = [pid for pid in {harness, *_pids_running(spec)} if not _zombie(pid)]
+        left = [pid for pid in _pids_running(spec) if not _zombie(pid)]
         time.sleep(0.1)
     assert left == [], "still running 15 s after: " + "; ".join(map(_describe, left))
 
@@ -526,20 +528,6 @@ def test_the_sweep_removes_only_folders_whose_run_is_gone(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         [live.name, bare.name, f"{PREFIX}4-file", "other"]
     )
-
-
-def _pid_running(argument: str) -> int | None:
-    """The pid of a process with `argument` on its command line."""
-    from pathlib import Path
-
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                if argument in (proc / "cmdline").read_bytes().decode().split("\0"):
-                    return int(proc.name)
-            except OSError:
-                continue
-    return None
 
 
 def _describe(pid: int) -> str:

@@ -2,7 +2,8 @@
 them: a prefix hit keeps vLLM's layout (pixels dropped, grid kept); an image the prefill
 computes again after its prefix was lost gets its last pixels back by hash.
 
-Built from vLLM's own multimodal feature classes, fed to the runner's real method.
+Built from vLLM's own multimodal feature classes, fed to the runner's real function
+(`runner.images.prefill_image_inputs`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from vllm.multimodal.inputs import (
 )
 
 from ttbundles.serving.pixel_store import PixelStore
-from ttbundles.serving.runner import TTModelRunner
+from ttbundles.serving.runner.images import prefill_image_inputs
 
 
 def feature(
@@ -35,18 +36,21 @@ def feature(
     )
 
 
-class Requests:
-    """The runner's request table, as `_image_inputs` reads it."""
+class Runner:
+    """What the runner hands `prefill_image_inputs`: its request table and pixel store."""
 
     def __init__(self, **features):
-        self.table = {rid: type("State", (), {"mm_features": f})() for rid, f in features.items()}
+        self.requests = {
+            rid: type("State", (), {"mm_features": f})() for rid, f in features.items()
+        }
+        self.pixels = PixelStore()
+
+    def image_inputs(self, req_ids: list[str], computed: list[int]) -> dict:
+        return prefill_image_inputs(req_ids, computed, self.requests, self.pixels)
 
 
-def runner(**features) -> TTModelRunner:
-    instance = TTModelRunner.__new__(TTModelRunner)  # only the image inputs are exercised
-    instance.requests = Requests(**features).table
-    instance.pixels = PixelStore()
-    return instance
+def runner(**features) -> Runner:
+    return Runner(**features)
 
 
 def test_the_store_evicts_the_least_recently_used_past_its_budget():
@@ -64,7 +68,7 @@ def test_the_store_evicts_the_least_recently_used_past_its_budget():
 def test_rows_follow_the_reference_plugin_layout():
     pixels = torch.ones(16, 1176)
     run = runner(text=[], image=[feature("h1", 3, 4, pixels)])
-    got = run._image_inputs(["text", "image"], [0, 0])
+    got = run.image_inputs(["text", "image"], [0, 0])
     assert got["pixel_values"][0] is None and got["image_grid_thw"][0] is None
     assert got["pixel_values"][1][0] is pixels
     assert got["image_grid_thw"][1][0].tolist() == [1, 4, 4]
@@ -73,13 +77,13 @@ def test_rows_follow_the_reference_plugin_layout():
 def test_a_prefix_hit_keeps_vllms_layout_and_a_lost_prefix_gets_the_pixels_back():
     pixels = torch.ones(16, 1176)
     first = runner(first=[feature("h1", 3, 4, pixels)])
-    first._image_inputs(["first"], [0])  # the image passes through: stored by hash
+    first.image_inputs(["first"], [0])  # the image passes through: stored by hash
     hit = runner(second=[feature("h1", 3, 4, None)])
     hit.pixels = first.pixels
-    covered = hit._image_inputs(["second"], [16])  # the prefix covers the image
+    covered = hit.image_inputs(["second"], [16])  # the prefix covers the image
     assert covered["pixel_values"][0] == [None]
     assert covered["image_grid_thw"][0][0].tolist() == [1, 4, 4]
-    again = hit._image_inputs(["second"], [0])  # preempted, blocks evicted: recompute
+    again = hit.image_inputs(["second"], [0])  # preempted, blocks evicted: recompute
     assert again["pixel_values"][0][0] is pixels
     unknown = runner(third=[feature("h2", 3, 4, None)])
-    assert unknown._image_inputs(["third"], [0])["pixel_values"][0] == [None]
+    assert unknown.image_inputs(["third"], [0])["pixel_values"][0] == [None]
