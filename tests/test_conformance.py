@@ -697,9 +697,9 @@ class ContiguousReads(ReferenceLlamaGenerator):
     def forward_segments(self, segments, page_table, kv_cache, **kwargs):
         groups = reference.attention_groups
 
-        def contiguous(segments, positions, table, shape):
+        def contiguous(segments, positions, table, shape, *window):
             first = table[:, :1] + torch.arange(table.shape[1])
-            return groups(segments, positions, first, shape)
+            return groups(segments, positions, first, shape, *window)
 
         reference.attention_groups = contiguous
         try:
