@@ -459,10 +459,13 @@ def test_demo_tiny_in_the_foreground_serves_on_a_time_wait_port_and_keeps_vllms_
         # Anything vLLM would still print after the hint comes before this request's
         # answer: the request goes through the same server after it.
         checkpoint = tmp_path / "ttbundles" / "demo-checkpoint"
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="EMPTY")
-        answer = client.completions.create(
-            model=str(checkpoint), prompt="The capital of France is", max_tokens=4
-        )
+        # Closed before the stop below: no open connection for the server to wait on.
+        with openai.OpenAI(
+            base_url=f"http://127.0.0.1:{port}/v1", api_key="EMPTY", max_retries=0
+        ) as client:
+            answer = client.completions.create(
+                model=str(checkpoint), prompt="The capital of France is", max_tokens=4
+            )
         assert answer.usage.completion_tokens == 4
         lines = out.read_text().splitlines()
         assert lines[0] == f"checkpoint: {checkpoint} (prepared now)"
@@ -474,7 +477,7 @@ def test_demo_tiny_in_the_foreground_serves_on_a_time_wait_port_and_keeps_vllms_
         assert "Application startup complete" in log.read_text()
     finally:
         os.killpg(demo.pid, signal.SIGINT)
-        demo.wait(60)
+        demo.wait(180)
 
 
 def test_demo_command_vision_sends_its_picture(tmp_path):
