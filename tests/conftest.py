@@ -21,6 +21,13 @@ os.environ["MESH_DEVICE"] = "HOST"
 os.environ["VLLM_PLUGINS"] = "tt,tt_model_registry"
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
+# A shell without job control starts background commands (`.ci/run &`) with SIGINT
+# ignored, and every process they start inherits that: a test sending Ctrl-C to a
+# command would find it deaf. The session handles it as Python does by default, so the
+# processes it starts get SIGINT's default again (a handler, unlike "ignore", is reset
+# at exec).
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 # Registration keeps its index of checked bundles in the user cache: a session's own.
 if "TTBUNDLES_TEST_KEEP_CACHE" not in os.environ:
     import tempfile
