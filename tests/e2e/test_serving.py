@@ -384,10 +384,15 @@ def test_plain_bundle_answers_concurrent_requests_like_transformers(plain_server
 # --- the one-command demo ---------------------------------------------------------------
 
 
+# What the session sets that a user's shell does not: the demo runs without them, its
+# engine core spawned as the vllm command does by default (tests/conftest.py forks it).
+AS_USERS_RUN_IT = ("VLLM_PLUGINS", "EXTRA_MODELS_DIR", "VLLM_WORKER_MULTIPROC_METHOD")
+
+
 def _demo(args: list[str], cache: Path) -> subprocess.CompletedProcess:
     """`ttbundle demo` as the README runs it, with the shell naming a card's mesh (the
     demo must ignore it) and the given cache folder."""
-    env = {k: v for k, v in os.environ.items() if k not in ("VLLM_PLUGINS", "EXTRA_MODELS_DIR")}
+    env = {k: v for k, v in os.environ.items() if k not in AS_USERS_RUN_IT}
     env.update(
         {"XDG_CACHE_HOME": str(cache), "COLUMNS": "250", "NO_COLOR": "1", "MESH_DEVICE": "T3K"}
     )
@@ -440,7 +445,7 @@ def test_demo_tiny_in_the_foreground_serves_on_a_time_wait_port_and_keeps_vllms_
     from tests.conftest import time_wait_port
 
     port = time_wait_port()
-    env = {k: v for k, v in os.environ.items() if k not in ("VLLM_PLUGINS", "EXTRA_MODELS_DIR")}
+    env = {k: v for k, v in os.environ.items() if k not in AS_USERS_RUN_IT}
     env.update({"XDG_CACHE_HOME": str(tmp_path), "COLUMNS": "250", "NO_COLOR": "1"})
     out = tmp_path / "stdout.txt"
     with out.open("w") as sink:
