@@ -91,6 +91,9 @@ CODES: dict[str, str] = {
     # Evidence kept in the bundle (ttbundle test --keep-evidence)
     "TTB114": "evidence is stale: the bundle content changed since it was recorded",
     "TTB115": "an evidence file does not read",
+    # ttbundle bench: serving speed against the declared targets (schema 5)
+    "TTB116": "a performance target the bundle declares was missed (ttbundle bench)",
+    "TTB117": "ttbundle bench could not measure: no server at --url, or the client failed",
     # ttbundle test: a bundle against its golden
     "TTB120": "logits differ from the golden beyond a threshold (PCC, top-1/top-5, max abs diff)",
     "TTB121": "seeded sampling is not reproducible (the same seed alone and in a batch differ)",
@@ -304,6 +307,12 @@ WHAT_TO_DO: dict[str, str] = {
     "--mesh MESH --keep-evidence), or remove the stale file from evidence/.",
     "TTB115": "Record the evidence again (ttbundle test --keep-evidence) or remove the "
     "file; evidence files are written by ttbundles, not by hand.",
+    "TTB116": "Make the bundle faster on that mesh, or declare the figures it reaches "
+    "(performance.MESH in vllm_metadata.json); with --rounds 3 the range shows whether one "
+    "slow round on a busy machine missed it.",
+    "TTB117": "Give --url the address of a running vllm serve (its /health answers 200), or "
+    "leave --url out and bench serves the bundle; when requests failed, the server's log "
+    "says why (a prompt longer than max_model_len: lower --input-len).",
     "TTB113": "Add the template file to the bundle at the path serving.chat_template "
     "gives (relative to the bundle folder, UTF-8 Jinja), or drop the key to use the "
     "checkpoint's own template.",
