@@ -6,8 +6,10 @@ and the digest of the bundle content it proved. The file is an ordinary file of 
 bundle, so the archive's manifest digest (and a signature over it) covers it once packed.
 
 The content digest is the manifest's root digest (`root_digest`) over the bundle's files
-less `evidence/` itself: recording evidence does not change what it proves, and editing
-anything else (the adapter, the metadata) does, which makes the evidence stale.
+less `evidence/` itself and the signature: recording evidence does not change what it
+proves, nor does signing the bundle afterwards (the signature covers the evidence, not the
+other way round), and editing anything else (the adapter, the metadata) does, which makes
+the evidence stale.
 
 `ttbundle bench --keep-evidence` keeps its figures beside, in `evidence/performance/
 <MESH>.json` (same digest, same staleness): a bench run does not replace what a test
@@ -21,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ttbundles.archive.files import list_files
+from ttbundles.archive.files import SIGNATURE_FILE, list_files
 from ttbundles.archive.manifest import FileEntry, hash_file, root_digest
 from ttbundles.errors import Diagnostic, Severity, TTBundleError
 from ttbundles.fsutil import write_text_atomic
@@ -33,10 +35,10 @@ PERFORMANCE_FORMAT = "ttbundles.performance/1"
 
 
 def content_digest(bundle_dir: Path) -> str:
-    """The root digest of the bundle's files other than its evidence."""
+    """The root digest of the bundle's files other than its evidence and signature."""
     entries = []
     for rel in list_files(bundle_dir):
-        if rel.startswith(EVIDENCE_DIR + "/"):
+        if rel.startswith(EVIDENCE_DIR + "/") or rel == SIGNATURE_FILE:
             continue
         size, sha256 = hash_file(bundle_dir / rel)
         entries.append(FileEntry(path=rel, size=size, sha256=sha256))
@@ -135,3 +137,18 @@ def read_evidence(
                 )
             )
     return found, problems
+
+
+def mesh_status(evidence: Evidence | None) -> str:
+    """One word for a mesh: tested (fresh, passed evidence), stale, failed, untested."""
+    if evidence is None:
+        return "untested"
+    if evidence.stale:
+        return "stale"
+    return "tested" if evidence.passed else "failed"
+
+
+def evidence_status(bundle_dir: Path) -> dict[str, str]:
+    """{mesh: status} for every mesh with evidence ({}: none), for `inspect` and `list`."""
+    found, _ = read_evidence(bundle_dir)
+    return {e.mesh: mesh_status(e) for e in found}

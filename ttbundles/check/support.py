@@ -17,7 +17,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ttbundles.archive.evidence import Evidence, read_evidence
+from ttbundles.archive.evidence import Evidence, mesh_status, read_evidence
+from ttbundles.archive.evidence import evidence_status as evidence_status  # list, inspect
 from ttbundles.format.contract import SPEC_METHODS
 from ttbundles.format.metadata import BundleMetadata
 
@@ -141,21 +142,6 @@ def _performance(bundle_dir: Path, evidence: Evidence | None) -> dict[str, Any] 
         "workload": record.get("workload"),
         "workloads": workloads,
     }
-
-
-def mesh_status(evidence: Evidence | None) -> str:
-    """One word for a mesh: tested (fresh, passed evidence), stale, failed, untested."""
-    if evidence is None:
-        return "untested"
-    if evidence.stale:
-        return "stale"
-    return "tested" if evidence.passed else "failed"
-
-
-def evidence_status(bundle_dir: Path) -> dict[str, str]:
-    """{mesh: status} for every mesh with evidence ({}: none), for `inspect` and `list`."""
-    found, _ = read_evidence(bundle_dir)
-    return {e.mesh: mesh_status(e) for e in found}
 
 
 def to_markdown(card: dict[str, Any]) -> str:
