@@ -116,6 +116,8 @@ CODES: dict[str, str] = {
     "TTB141": "signature invalid: files changed, wrong key or not a model-signing bundle",
     "TTB142": "signing failed (key or certificate unreadable)",
     "TTB143": "trust policy (TT_BUNDLES_TRUST) unreadable or invalid",
+    "TTB145": "the trust policy requires evidence on the serving mesh; the bundle has none "
+    "fresh and passed",
     # Installing (continued)
     "TTB144": (
         "old version kept after a replace for readers inside it (the next install removes it)"
@@ -351,6 +353,9 @@ WHAT_TO_DO: dict[str, str] = {
     "certificate must be of that key.",
     "TTB143": "Fix TT_BUNDLES_TRUST: a folder of *.pub/*.pem keys, one key file, or a "
     "JSON policy file; registration stops until it reads.",
+    "TTB145": "Prove the bundle on that mesh (ttbundle test BUNDLE --model CKPT --mesh MESH "
+    "--keep-evidence), sign it again (the evidence is a file the signature covers) and "
+    "reinstall; or remove require_evidence from the policy file.",
     "TTB144": "Informational: a replace keeps the version it replaced for readers that were "
     "inside it at the swap; the next `ttbundle install` or `uninstall` in that folder "
     "removes it (no sooner than 0.5 s after the replace). vLLM ignores it meanwhile.",
