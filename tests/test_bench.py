@@ -130,7 +130,7 @@ def test_no_server_at_url_is_ttb117_exit_1(run_cli, demo, tmp_path):
     assert done.returncode == 1
     (problem,) = json.loads(done.stdout)["diagnostics"]
     assert problem["code"] == "TTB117" and "not an http:// or https:// URL" in problem["message"]
-    assert not (demo / "evidence").exists()
+    assert not (demo / "evidence" / "performance").exists()
 
 
 def test_options_that_cannot_go_together_are_usage_errors(run_cli, demo, tmp_path):
