@@ -23,6 +23,7 @@ from ttbundles.format.contract import SPEC_METHODS
 from ttbundles.format.metadata import BundleMetadata
 
 ANY_MESH = "any"
+TT_METAL_STATUS = "x-tt-metal-status"
 # Feature -> the `ttbundle test` paths whose passing proves it (all of them).
 _TEST_PATHS: dict[str, tuple[str, ...]] = {
     "text generation": ("prefill", "decode"),
@@ -88,6 +89,9 @@ def support_card(bundle_dir: Path, meta: BundleMetadata) -> dict[str, Any]:
         "bundle": {"name": meta.name, "version": meta.version, "arch": meta.arch},
         "meshes": {},
         "diagnostics": problems,  # Diagnostic objects: stale or unreadable evidence
+        # What TT-Metal's own catalog states for the bundle's models (status tier, meshes),
+        # as the bundle quotes it with its source (`x-tt-metal-status`); None: not quoted.
+        "tt_metal_status": meta.extensions.get(TT_METAL_STATUS),
     }
     for mesh in meshes:
         evidence = by_mesh.get(mesh)
@@ -182,6 +186,16 @@ def to_markdown(card: dict[str, Any]) -> str:
             lines.append(f"| {f['feature']} | {status} |")
         if entry.get("performance"):
             lines += _performance_lines(entry["performance"])
+    stated = card.get("tt_metal_status")
+    if isinstance(stated, dict) and isinstance(stated.get("support"), list):
+        lines += ["", "## What TT-Metal states", "", f"Source: {stated.get('source')}", ""]
+        lines += ["| models | status | meshes | TT-Metal commit |", "|---|---|---|---|"]
+        for row in stated["support"]:
+            if isinstance(row, dict):
+                lines.append(
+                    f"| {', '.join(row.get('models') or [])} | {row.get('status')} | "
+                    f"{', '.join(row.get('meshes') or [])} | {row.get('tt_metal_commit')} |"
+                )
     return "\n".join(lines) + "\n"
 
 
