@@ -20,6 +20,7 @@ from ttbundles.errors import Diagnostic, Severity, TTBundleError
 
 from . import (
     archive,
+    bench,
     card,
     compat,
     conformance,
@@ -85,6 +86,7 @@ app.command()(demo.demo)
 app.command()(doctor.doctor)
 app.command()(compat.compat)
 app.command("test")(conformance.test)
+app.command()(bench.bench)
 app.command(
     context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
     options_metavar="MODEL [OPTIONS] [VLLM SERVE OPTIONS]",

@@ -160,14 +160,6 @@ def inspect(
         record = read_beside(path)
         data["signer"] = signer_of_archive(path)
     data["provenance"] = record.to_dict() if record is not None else None
-    # {mesh: tested | stale | failed} from the bundle's evidence (a folder's; an
-    # archive's evidence shows once installed, or with ttbundle card on the folder).
-    if path.is_dir():
-        from ttbundles.check.support import evidence_status
-
-        data["evidence"] = evidence_status(path)
-    else:
-        data["evidence"] = None
     if out.is_json:
         out.result(True, [], **data)
         return

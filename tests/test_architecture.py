@@ -194,6 +194,7 @@ LAYERS: list[set[str]] = [
     {"reference", "serving"},  # the only two that import torch and vLLM
     {"conformance", "doctor"},  # `ttbundle test` and `ttbundle doctor`
     {"demo"},
+    {"bench"},  # `ttbundle bench`: serves as demo does, measures with vLLM's client
     {"cli"},  # the typer app, thin over all of the above
     # `python -m ttbundles`, and the package's lazy public API, which reaches everything.
     {"__main__", "__init__"},

@@ -506,3 +506,48 @@ def test_docs_conformance_table_lists_every_builtin(builtins: dict[str, BundleMe
         assert form.startswith("v1") == (record.get("decode_input_update_contract") == 1), name
         assert outcome.startswith("refused") == (name in REFUSED), name
         assert outcome.startswith(("served", "refused")), name
+
+
+# --- what the built-ins say they were proven on -----------------------------------------
+
+DEMO_BUNDLES = ("demo", "demo-drafter", "demo-vision")
+TIERS = {"complete", "functional", "experimental"}
+
+
+@pytest.mark.parametrize("name", DEMO_BUNDLES)
+def test_the_demo_bundles_carry_fresh_evidence_from_the_host_mesh(name):
+    """Recorded by our own `ttbundle test --keep-evidence` (scripts/record-evidence): a
+    change to a demo bundle's files without recording again fails here."""
+    from ttbundles.archive.evidence import read_evidence
+
+    found, problems = read_evidence(BUNDLES / name)
+    assert problems == [], f"run scripts/record-evidence: {[str(d) for d in problems]}"
+    (evidence,) = found
+    assert (evidence.mesh, evidence.passed, evidence.stale) == ("HOST", True, False)
+    assert {"prefill", "decode"} <= set(evidence.record["paths"])
+    assert evidence.record["versions"]["vllm"] and evidence.record["cases"]
+
+
+def test_tt_metal_status_is_quoted_only_with_its_source():
+    """`x-tt-metal-status`: what TT-Metal's catalog states (tier, meshes, the TT-Metal
+    commit it was stated for), each with the source it is quoted from; the card shows it."""
+    from ttbundles.check.support import TT_METAL_STATUS, support_card, to_markdown
+    from ttbundles.format.meshes import MESH_NAMES
+
+    quoted = []
+    for folder in _builtin_dirs():
+        document = json.loads((folder / METADATA_FILE).read_text(encoding="utf-8"))
+        stated = document.get(TT_METAL_STATUS)
+        if stated is None:
+            continue
+        quoted.append(folder.name)
+        assert stated["source"].startswith("tenstorrent/") and "commit" in stated["source"]
+        for row in stated["support"]:
+            assert row["status"] in TIERS, folder.name
+            assert row["meshes"] and set(row["meshes"]) <= set(MESH_NAMES), folder.name
+            assert re.fullmatch(r"[0-9a-f]{7,40}", row["tt_metal_commit"]), folder.name
+            assert all("/" in m for m in row["models"]), folder.name
+        card = support_card(folder, _load(folder))
+        assert card["tt_metal_status"] == stated
+        assert "## What TT-Metal states" in to_markdown(card)
+    assert "tt-mistral" in quoted and "tt-llama-galaxy" in quoted

@@ -101,3 +101,32 @@ def test_keep_evidence_needs_a_folder(run_cli, tmp_path):
     archive.write_bytes(b"x")
     done = run_cli("test", archive, "--model", "ckpt", "--keep-evidence")
     assert done.returncode == 2 and "--keep-evidence" in done.stderr
+
+
+def test_signing_and_packing_keep_the_evidence_verifiable(run_cli, make_bundle, tmp_path):
+    from tests.trust_keys import key_pair
+    from ttbundles.trust.signing import sign
+
+    keys = key_pair(tmp_path / "keys", "alice")
+    folder = make_bundle("b")
+    write_evidence(folder, {"mesh": "HOST", "passed": True, "paths": ["prefill", "decode"]})
+    sign(folder, keys.private)  # the signature covers the evidence; the evidence stays fresh
+    assert [(e.mesh, e.stale) for e in read_evidence(folder)[0]] == [("HOST", False)]
+    verified = run_cli("verify", folder, "--key", keys.public)
+    assert verified.returncode == 0, verified.stderr
+    archive = pack(folder, tmp_path / "dist")
+    assert verify(archive).ok()
+    # inspect of the archive: its evidence as installing it would serve it.
+    for target in (archive, folder):
+        data = json.loads(run_cli("inspect", target, "-f", "json").stdout)
+        assert data["evidence"] == {"HOST": "tested"}, target
+    assert "evidence:     HOST tested" in run_cli("inspect", archive).stdout
+    # An edit: the signature no longer verifies, and the evidence is stale, packed or not.
+    (folder / "adapter.py").write_text((folder / "adapter.py").read_text() + "\n# edited\n")
+    assert run_cli("verify", folder, "--key", keys.public).returncode == 1
+    assert [(e.mesh, e.stale) for e in read_evidence(folder)[0]] == [("HOST", True)]
+    sign(folder, keys.private)  # signed again: verifies, and the evidence is still stale
+    assert run_cli("verify", folder, "--key", keys.public).returncode == 0
+    edited = pack(folder, tmp_path / "dist-edited")
+    data = json.loads(run_cli("inspect", edited, "-f", "json").stdout)
+    assert data["evidence"] == {"HOST": "stale"}

@@ -35,7 +35,10 @@ def workdir(tmp_path, demo_checkpoint):
     from ttbundles.paths import builtin_bundles_dir
 
     shutil.copytree(demo_checkpoint, tmp_path / "ckpt")
-    shutil.copytree(builtin_bundles_dir() / "demo", tmp_path / "demo")
+    # Without the evidence the demo ships with: the tests edit their copy.
+    shutil.copytree(
+        builtin_bundles_dir() / "demo", tmp_path / "demo", ignore=shutil.ignore_patterns("evidence")
+    )
     return tmp_path
 
 

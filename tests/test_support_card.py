@@ -18,8 +18,13 @@ EVERY_PATH = ["prefill", "decode", "chunked_prefill", "prefix_cache", "device_sa
 
 @pytest.fixture
 def demo(tmp_path):
-    """A copy of the demo bundle, in a models folder of its own."""
-    return shutil.copytree(builtin_bundles_dir() / "demo", tmp_path / "models" / "demo")
+    """A copy of the demo bundle without the evidence it ships with, in a models folder
+    of its own: each test writes the evidence it is about."""
+    return shutil.copytree(
+        builtin_bundles_dir() / "demo",
+        tmp_path / "models" / "demo",
+        ignore=shutil.ignore_patterns("evidence"),
+    )
 
 
 def _json(done) -> dict:

@@ -510,3 +510,73 @@ def test_a_skipped_bundle_is_the_cause_named_first_when_the_fallback_cannot_serv
     with pytest.raises(ConfigurationError) as excinfo:
         require_importable(chosen.class_ref(), chosen.label)
     assert excinfo.value.diagnostics[0].code == "TTB058"
+
+
+def _evidence_policy(folder: Path, keys, require: object = True) -> Path:
+    """A policy file trusting alice's key and asking for evidence on the served mesh."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "alice.pub").write_bytes(keys["alice"].public.read_bytes())
+    policy = folder / "policy.json"
+    policy.write_text(json.dumps({"keys": ["alice.pub"], "require_evidence": require}))
+    return policy
+
+
+def test_policy_can_require_evidence_on_the_serving_mesh(run_cli, tmp_path, keys):
+    from ttbundles.archive.evidence import write_evidence
+
+    models = tmp_path / "models"
+    proven = _bundle(models, "proven")
+    write_evidence(proven, {"mesh": "HOST", "passed": True, "paths": ["prefill", "decode"]})
+    sign(proven, keys["alice"].private)
+    document = metadata(
+        "unproven", "1.0.0", main_class="adapter:Generator", arch="OtherForCausalLM"
+    )
+    unproven = write_bundle(models / "unproven", name="unproven", document=document)
+    sign(unproven, keys["alice"].private)
+    policy = _evidence_policy(tmp_path / "policy", keys)
+    environ = {
+        "EXTRA_MODELS_DIR": str(models),
+        "TT_VLLM_BUILTIN_MODELS": "0",
+        "TT_BUNDLES_TRUST": str(policy),
+    }
+
+    def entries(mesh: str) -> dict:
+        found = compute({**environ, "MESH_DEVICE": mesh}, index=False)
+        return {e.path.name: e for e in found.entries}
+
+    served = entries("HOST")
+    assert served["proven"].status is Status.REGISTERED
+    assert served["unproven"].status is Status.SKIPPED
+    assert served["unproven"].reason == (
+        "TTB145 bundle unproven has no evidence for mesh HOST, and the trust policy "
+        "(TT_BUNDLES_TRUST) requires evidence on the mesh being served"
+    )
+    # Proven on the host mesh is not proven on another one.
+    assert entries("N300")["proven"].reason.startswith(
+        "TTB145 bundle proven has no evidence for mesh N300"
+    )
+    # Evidence of other content (signed again after an edit) or of a failed run: refused.
+    (proven / "adapter.py").write_text((proven / "adapter.py").read_text() + "\n# edited\n")
+    sign(proven, keys["alice"].private)
+    assert "has stale evidence for mesh HOST" in entries("HOST")["proven"].reason
+    write_evidence(proven, {"mesh": "HOST", "passed": False, "paths": ["prefill"]})
+    sign(proven, keys["alice"].private)
+    assert "failed its test on mesh HOST" in entries("HOST")["proven"].reason
+    # Without require_evidence the same policy serves both; doctor says what it asks.
+    lenient = _evidence_policy(tmp_path / "lenient", keys, require=False)
+    found = compute({**environ, "TT_BUNDLES_TRUST": str(lenient), "MESH_DEVICE": "HOST"})
+    assert {e.path.name: e.status for e in found.entries} == {
+        "proven": Status.REGISTERED,
+        "unproven": Status.REGISTERED,
+    }
+    doctor = json.loads(
+        run_cli("doctor", "-f", "json", env={"TT_BUNDLES_TRUST": str(policy)}).stdout
+    )
+    assert "served only on a mesh their evidence proves" in json.dumps(doctor)
+
+
+def test_require_evidence_must_be_a_boolean(run_cli, tmp_path, keys):
+    policy = _evidence_policy(tmp_path / "policy", keys, require="yes")
+    done = run_cli("doctor", "-f", "json", env={"TT_BUNDLES_TRUST": str(policy)})
+    assert "TTB143" in done.stdout
+    assert "require_evidence must be true or false, not 'yes'" in done.stdout

@@ -91,6 +91,9 @@ CODES: dict[str, str] = {
     # Evidence kept in the bundle (ttbundle test --keep-evidence)
     "TTB114": "evidence is stale: the bundle content changed since it was recorded",
     "TTB115": "an evidence file does not read",
+    # ttbundle bench: serving speed against the declared targets (schema 5)
+    "TTB116": "a performance target the bundle declares was missed (ttbundle bench)",
+    "TTB117": "ttbundle bench could not measure: no server at --url, or the client failed",
     # ttbundle test: a bundle against its golden
     "TTB120": "logits differ from the golden beyond a threshold (PCC, top-1/top-5, max abs diff)",
     "TTB121": "seeded sampling is not reproducible (the same seed alone and in a batch differ)",
@@ -113,6 +116,8 @@ CODES: dict[str, str] = {
     "TTB141": "signature invalid: files changed, wrong key or not a model-signing bundle",
     "TTB142": "signing failed (key or certificate unreadable)",
     "TTB143": "trust policy (TT_BUNDLES_TRUST) unreadable or invalid",
+    "TTB145": "the trust policy requires evidence on the serving mesh; the bundle has none "
+    "fresh and passed",
     # Installing (continued)
     "TTB144": (
         "old version kept after a replace for readers inside it (the next install removes it)"
@@ -304,6 +309,12 @@ WHAT_TO_DO: dict[str, str] = {
     "--mesh MESH --keep-evidence), or remove the stale file from evidence/.",
     "TTB115": "Record the evidence again (ttbundle test --keep-evidence) or remove the "
     "file; evidence files are written by ttbundles, not by hand.",
+    "TTB116": "Make the bundle faster on that mesh, or declare the figures it reaches "
+    "(performance.MESH in vllm_metadata.json); with --rounds 3 the range shows whether one "
+    "slow round on a busy machine missed it.",
+    "TTB117": "Give --url the address of a running vllm serve (its /health answers 200), or "
+    "leave --url out and bench serves the bundle; when requests failed, the server's log "
+    "says why (a prompt longer than max_model_len: lower --input-len).",
     "TTB113": "Add the template file to the bundle at the path serving.chat_template "
     "gives (relative to the bundle folder, UTF-8 Jinja), or drop the key to use the "
     "checkpoint's own template.",
@@ -342,6 +353,9 @@ WHAT_TO_DO: dict[str, str] = {
     "certificate must be of that key.",
     "TTB143": "Fix TT_BUNDLES_TRUST: a folder of *.pub/*.pem keys, one key file, or a "
     "JSON policy file; registration stops until it reads.",
+    "TTB145": "Prove the bundle on that mesh (ttbundle test BUNDLE --model CKPT --mesh MESH "
+    "--keep-evidence), sign it again (the evidence is a file the signature covers) and "
+    "reinstall; or remove require_evidence from the policy file.",
     "TTB144": "Informational: a replace keeps the version it replaced for readers that were "
     "inside it at the swap; the next `ttbundle install` or `uninstall` in that folder "
     "removes it (no sooner than 0.5 s after the replace). vLLM ignores it meanwhile.",

@@ -97,7 +97,8 @@ _VARIABLES: dict[str, Callable[[str | None], Any]] = {
     # The trust policy (ttbundles.trust.policy): a folder of trusted public keys (*.pem,
     # *.pub), one key file, or a policy file (*.json). Unset: every bundle may be served
     # (its signer is shown). Set: install, pull and registration refuse bundles not
-    # signed by a trusted key or certificate chain.
+    # signed by a trusted key or certificate chain; a policy file with
+    # "require_evidence": true also skips bundles without evidence on the mesh served.
     "TT_BUNDLES_TRUST": _text,
     # Registry credentials for `ttbundle push`/`pull` (every registry), before the docker
     # config.

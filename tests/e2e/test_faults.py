@@ -31,10 +31,12 @@ SYNTAX_ERROR = "class DemoGenerator:\n    def oops(:\n        pass\n"
 
 def demo_copy(models: Path, name: str, *, arch: str | None = None, edit=None) -> Path:
     """The built-in demo bundle copied as `name` (optionally for another `arch`), its
-    adapter passed through `edit`."""
+    adapter passed through `edit`; without the demo's evidence, which the edits stale."""
     folder = models / name
     shutil.copytree(
-        builtin_bundles_dir() / "demo", folder, ignore=shutil.ignore_patterns("__pycache__")
+        builtin_bundles_dir() / "demo",
+        folder,
+        ignore=shutil.ignore_patterns("__pycache__", "evidence"),
     )
     meta = folder / "vllm_metadata.json"
     document = json.loads(meta.read_text())

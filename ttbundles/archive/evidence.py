@@ -6,8 +6,14 @@ and the digest of the bundle content it proved. The file is an ordinary file of 
 bundle, so the archive's manifest digest (and a signature over it) covers it once packed.
 
 The content digest is the manifest's root digest (`root_digest`) over the bundle's files
-less `evidence/` itself: recording evidence does not change what it proves, and editing
-anything else (the adapter, the metadata) does, which makes the evidence stale.
+less `evidence/` itself and the signature: recording evidence does not change what it
+proves, nor does signing the bundle afterwards (the signature covers the evidence, not the
+other way round), and editing anything else (the adapter, the metadata) does, which makes
+the evidence stale.
+
+`ttbundle bench --keep-evidence` keeps its figures beside, in `evidence/performance/
+<MESH>.json` (same digest, same staleness): a bench run does not replace what a test
+proved, nor the other way round.
 """
 
 from __future__ import annotations
@@ -17,20 +23,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ttbundles.archive.files import list_files
+from ttbundles.archive.files import SIGNATURE_FILE, list_files
 from ttbundles.archive.manifest import FileEntry, hash_file, root_digest
 from ttbundles.errors import Diagnostic, Severity, TTBundleError
 from ttbundles.fsutil import write_text_atomic
 
 EVIDENCE_DIR = "evidence"
 EVIDENCE_FORMAT = "ttbundles.evidence/1"
+PERFORMANCE_DIR = f"{EVIDENCE_DIR}/performance"
+PERFORMANCE_FORMAT = "ttbundles.performance/1"
 
 
 def content_digest(bundle_dir: Path) -> str:
-    """The root digest of the bundle's files other than its evidence."""
+    """The root digest of the bundle's files other than its evidence and signature."""
     entries = []
     for rel in list_files(bundle_dir):
-        if rel.startswith(EVIDENCE_DIR + "/"):
+        if rel.startswith(EVIDENCE_DIR + "/") or rel == SIGNATURE_FILE:
             continue
         size, sha256 = hash_file(bundle_dir / rel)
         entries.append(FileEntry(path=rel, size=size, sha256=sha256))
@@ -41,12 +49,20 @@ def evidence_file(bundle_dir: Path, mesh: str) -> Path:
     return bundle_dir / EVIDENCE_DIR / f"{mesh}.json"
 
 
-def write_evidence(bundle_dir: Path, record: dict[str, Any]) -> Path:
+def performance_file(bundle_dir: Path, mesh: str) -> Path:
+    return bundle_dir / PERFORMANCE_DIR / f"{mesh}.json"
+
+
+def write_evidence(bundle_dir: Path, record: dict[str, Any], *, performance: bool = False) -> Path:
     """Write `record` (what a run proved, with its `mesh`) as the mesh's evidence, with
-    the digest of the content it proved; replaces that mesh's earlier evidence."""
-    path = evidence_file(bundle_dir, record["mesh"])
+    the digest of the content it proved; replaces that mesh's earlier evidence (of the
+    same kind: a test's, or with `performance` a bench run's figures)."""
+    if performance:
+        path, kind = performance_file(bundle_dir, record["mesh"]), PERFORMANCE_FORMAT
+    else:
+        path, kind = evidence_file(bundle_dir, record["mesh"]), EVIDENCE_FORMAT
     document = {
-        "format": EVIDENCE_FORMAT,
+        "format": kind,
         **record,
         "bundle_digest": content_digest(bundle_dir),
     }
@@ -69,10 +85,15 @@ class Evidence:
         return bool(self.record.get("passed"))
 
 
-def read_evidence(bundle_dir: Path) -> tuple[list[Evidence], list[Diagnostic]]:
-    """Every mesh's evidence in the bundle, and what is wrong with it: TTB114 (a warning)
-    for evidence recorded on other content, TTB115 for a file that does not read."""
-    folder = bundle_dir / EVIDENCE_DIR
+def read_evidence(
+    bundle_dir: Path, *, performance: bool = False
+) -> tuple[list[Evidence], list[Diagnostic]]:
+    """Every mesh's evidence in the bundle (with `performance`: its bench figures), and
+    what is wrong with it: TTB114 (a warning) for evidence recorded on other content,
+    TTB115 for a file that does not read."""
+    folder = bundle_dir / (PERFORMANCE_DIR if performance else EVIDENCE_DIR)
+    kind = PERFORMANCE_FORMAT if performance else EVIDENCE_FORMAT
+    again = "bench" if performance else "test"
     if not folder.is_dir():
         return [], []
     found: list[Evidence] = []
@@ -81,8 +102,8 @@ def read_evidence(bundle_dir: Path) -> tuple[list[Evidence], list[Diagnostic]]:
     for path in sorted(folder.glob("*.json")):
         try:
             record = json.loads(path.read_text(encoding="utf-8"))
-            if not isinstance(record, dict) or record.get("format") != EVIDENCE_FORMAT:
-                raise ValueError(f"not {EVIDENCE_FORMAT}")
+            if not isinstance(record, dict) or record.get("format") != kind:
+                raise ValueError(f"not {kind}")
             mesh, recorded = str(record["mesh"]), str(record["bundle_digest"])
         except (OSError, ValueError, KeyError) as exc:
             problems.append(
@@ -91,7 +112,7 @@ def read_evidence(bundle_dir: Path) -> tuple[list[Evidence], list[Diagnostic]]:
                     Severity.ERROR,
                     f"evidence file {path.name} does not read: {exc}",
                     file=str(path),
-                    hint="record it again (ttbundle test --keep-evidence) or remove it",
+                    hint=f"record it again (ttbundle {again} --keep-evidence) or remove it",
                 )
             )
             continue
@@ -107,12 +128,27 @@ def read_evidence(bundle_dir: Path) -> tuple[list[Evidence], list[Diagnostic]]:
                 Diagnostic(
                     "TTB114",
                     Severity.WARNING,
-                    f"evidence for mesh {mesh} is stale: recorded on bundle content "
-                    f"{recorded[:19]}..., the bundle is now {digest[:19]}... (a file changed "
-                    "since it was proven)",
+                    f"{'performance ' if performance else ''}evidence for mesh {mesh} is "
+                    f"stale: recorded on bundle content {recorded[:19]}..., the bundle is now "
+                    f"{digest[:19]}... (a file changed since it was proven)",
                     file=str(path),
-                    hint=f"prove it again: ttbundle test BUNDLE --model CKPT --mesh {mesh} "
+                    hint=f"prove it again: ttbundle {again} BUNDLE --model CKPT --mesh {mesh} "
                     "--keep-evidence",
                 )
             )
     return found, problems
+
+
+def mesh_status(evidence: Evidence | None) -> str:
+    """One word for a mesh: tested (fresh, passed evidence), stale, failed, untested."""
+    if evidence is None:
+        return "untested"
+    if evidence.stale:
+        return "stale"
+    return "tested" if evidence.passed else "failed"
+
+
+def evidence_status(bundle_dir: Path) -> dict[str, str]:
+    """{mesh: status} for every mesh with evidence ({}: none), for `inspect` and `list`."""
+    found, _ = read_evidence(bundle_dir)
+    return {e.mesh: mesh_status(e) for e in found}

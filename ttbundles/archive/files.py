@@ -38,6 +38,9 @@ BYTECODE_SUFFIX = ".pyc"
 # Where install and pull record where an installed bundle came from (ttbundles.trust.
 # provenance): about the installed copy, not part of the bundle, so never packed.
 PROVENANCE_FILE = ".ttbundle-provenance.json"
+# The signature `ttbundle sign` writes into the bundle (model-signing's Sigstore bundle,
+# `trust.signature`): a file of the bundle, packed and listed like any other.
+SIGNATURE_FILE = "model.sig"
 
 
 @dataclass(frozen=True)

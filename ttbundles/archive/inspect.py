@@ -11,6 +11,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from ttbundles.archive.evidence import evidence_status
 from ttbundles.archive.manifest import build_manifest
 from ttbundles.archive.reader import extract_verified
 from ttbundles.errors import TTBundleError
@@ -40,4 +41,7 @@ def describe_folder(folder: Path) -> dict[str, Any]:
         "metadata": loaded.metadata.model_dump(by_alias=True, exclude_none=True),
         "root_digest": manifest.root_digest,
         "files": [f.model_dump() for f in manifest.files],
+        # {mesh: tested | stale | failed}: an archive's, read in its verified extracted
+        # copy, is what installing it would serve with.
+        "evidence": evidence_status(folder),
     }

@@ -5,6 +5,9 @@
 - **served**: the plan admits it (the bundle declares it), with no evidence for it;
 - **refused**: the plan refuses it or turns it off, with the code it gives.
 
+A mesh measured by `ttbundle bench --keep-evidence` also shows its figures (median TTFT,
+TPOT, output throughput per workload), with the same staleness.
+
 The plan's verdict is derived from the metadata as the plan derives it (the capabilities
 gate each feature), without importing vLLM: a card is printed where no vLLM need be.
 """
@@ -14,11 +17,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ttbundles.archive.evidence import Evidence, read_evidence
+from ttbundles.archive.evidence import Evidence, mesh_status, read_evidence
+from ttbundles.archive.evidence import evidence_status as evidence_status  # list, inspect
 from ttbundles.format.contract import SPEC_METHODS
 from ttbundles.format.metadata import BundleMetadata
 
 ANY_MESH = "any"
+TT_METAL_STATUS = "x-tt-metal-status"
 # Feature -> the `ttbundle test` paths whose passing proves it (all of them).
 _TEST_PATHS: dict[str, tuple[str, ...]] = {
     "text generation": ("prefill", "decode"),
@@ -74,13 +79,19 @@ def support_card(bundle_dir: Path, meta: BundleMetadata) -> dict[str, Any]:
     """The card as data: bundle, meshes ({mesh: {status, evidence, features}}), and
     diagnostics (what is wrong with the evidence, as `Diagnostic`s)."""
     found, problems = read_evidence(bundle_dir)
+    measured, more = read_evidence(bundle_dir, performance=True)
+    problems += more
     by_mesh = {e.mesh: e for e in found}
+    figures = {e.mesh: e for e in measured}
     meshes = list(meta.targets) or [ANY_MESH]
-    meshes += [m for m in by_mesh if m not in meshes]
+    meshes += [m for m in [*by_mesh, *figures] if m not in meshes]
     card: dict[str, Any] = {
         "bundle": {"name": meta.name, "version": meta.version, "arch": meta.arch},
         "meshes": {},
         "diagnostics": problems,  # Diagnostic objects: stale or unreadable evidence
+        # What TT-Metal's own catalog states for the bundle's models (status tier, meshes),
+        # as the bundle quotes it with its source (`x-tt-metal-status`); None: not quoted.
+        "tt_metal_status": meta.extensions.get(TT_METAL_STATUS),
     }
     for mesh in meshes:
         evidence = by_mesh.get(mesh)
@@ -106,23 +117,35 @@ def support_card(bundle_dir: Path, meta: BundleMetadata) -> dict[str, Any]:
                 "versions": evidence.record.get("versions"),
             },
             "features": features,
+            "performance": _performance(bundle_dir, figures.get(mesh)),
         }
     return card
 
 
-def mesh_status(evidence: Evidence | None) -> str:
-    """One word for a mesh: tested (fresh, passed evidence), stale, failed, untested."""
+# The figures a card shows per workload: the medians over the bench run's rounds.
+CARD_FIGURES = ("p50_ttft_ms", "p99_ttft_ms", "p50_tpot_ms", "p99_tpot_ms", "output_throughput")
+
+
+def _performance(bundle_dir: Path, evidence: Evidence | None) -> dict[str, Any] | None:
+    """A mesh's kept bench figures for the card; None when it was never measured."""
     if evidence is None:
-        return "untested"
-    if evidence.stale:
-        return "stale"
-    return "tested" if evidence.passed else "failed"
-
-
-def evidence_status(bundle_dir: Path) -> dict[str, str]:
-    """{mesh: status} for every mesh with evidence ({}: none), for `inspect` and `list`."""
-    found, _ = read_evidence(bundle_dir)
-    return {e.mesh: mesh_status(e) for e in found}
+        return None
+    record = evidence.record
+    workloads = {}
+    for name, entry in (record.get("workloads") or {}).items():
+        summary = entry.get("summary") or {}
+        workloads[name] = {
+            k: summary[k]["median"] for k in CARD_FIGURES if isinstance(summary.get(k), dict)
+        }
+    return {
+        "file": str(evidence.file.relative_to(bundle_dir)),
+        "passed": evidence.passed,
+        "stale": evidence.stale,
+        "recorded_at": record.get("recorded_at"),
+        "versions": record.get("versions"),
+        "workload": record.get("workload"),
+        "workloads": workloads,
+    }
 
 
 def to_markdown(card: dict[str, Any]) -> str:
@@ -161,4 +184,41 @@ def to_markdown(card: dict[str, Any]) -> str:
         for f in entry["features"]:
             status = f["status"] + (f" ({f['code']}: {f['note']})" if "code" in f else "")
             lines.append(f"| {f['feature']} | {status} |")
+        if entry.get("performance"):
+            lines += _performance_lines(entry["performance"])
+    stated = card.get("tt_metal_status")
+    if isinstance(stated, dict) and isinstance(stated.get("support"), list):
+        lines += ["", "## What TT-Metal states", "", f"Source: {stated.get('source')}", ""]
+        lines += ["| models | status | meshes | TT-Metal commit |", "|---|---|---|---|"]
+        for row in stated["support"]:
+            if isinstance(row, dict):
+                lines.append(
+                    f"| {', '.join(row.get('models') or [])} | {row.get('status')} | "
+                    f"{', '.join(row.get('meshes') or [])} | {row.get('tt_metal_commit')} |"
+                )
     return "\n".join(lines) + "\n"
+
+
+def _performance_lines(performance: dict[str, Any]) -> list[str]:
+    """The kept bench figures as a Markdown table under the mesh's features."""
+    versions = performance.get("versions") or {}
+    w = performance.get("workload") or {}
+    verdict = "targets met" if performance["passed"] else "a target missed"
+    lines = [
+        "",
+        f"### Performance (ttbundle bench, {performance.get('recorded_at')}, vLLM "
+        f"{versions.get('vllm')})",
+        "",
+        f"{w.get('num_prompts')} requests of {w.get('input_len')} tokens, "
+        f"{w.get('output_len')} out, {w.get('max_concurrency')} at a time; {verdict}"
+        + (" (stale: the bundle changed since)" if performance["stale"] else "")
+        + "; medians:",
+        "",
+        "| workload | TTFT p50 (ms) | TTFT p99 (ms) | TPOT p50 (ms) | TPOT p99 (ms) | "
+        "output tokens/s |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, values in performance["workloads"].items():
+        cells = [f"{values[k]:.2f}" if k in values else "-" for k in CARD_FIGURES]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return lines

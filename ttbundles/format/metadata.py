@@ -1,4 +1,4 @@
-"""The bundle format: `vllm_metadata.json`, schema versions 1 to 4, as a pydantic model.
+"""The bundle format: `vllm_metadata.json`, schema versions 1 to 5, as a pydantic model.
 
 This model is the single source of truth: `schemas/vllm_metadata.schema.json` is generated
 from it (`ttbundle schema`), and a test fails when the checked-in file drifts. It imports
@@ -40,7 +40,7 @@ METADATA_FILE = "vllm_metadata.json"
 # every ttbundles release reads it. A document needs a higher one only for what that
 # version added (see `needs_version`).
 SCHEMA_VERSION = 1
-LATEST_SCHEMA_VERSION = 4
+LATEST_SCHEMA_VERSION = 5
 # Every schema version this release reads, with what it changed.
 SUPPORTED_SCHEMA_VERSIONS: dict[int, str] = {
     1: "first versioned format: identity, capabilities, targets, when, requires",
@@ -51,6 +51,8 @@ SUPPORTED_SCHEMA_VERSIONS: dict[int, str] = {
     "keys; capabilities.prompt_logprobs",
     4: "serving: the bundle's serving defaults (tool-call parser, auto tool choice, "
     "reasoning parser, chat template), applied at vllm serve when the operator passes none",
+    5: "performance: per target mesh, the figures ttbundle bench checks (TTFT, TPOT, "
+    "output throughput) under a declared workload",
 }
 # What each version added, as (object, key) pairs: a document of a lower version using
 # one is refused with the version it needs (TTB020), and the schema says the same.
@@ -66,6 +68,7 @@ ADDED_IN: dict[int, tuple[tuple[str, str], ...]] = {
     ),
     # An owner "" is the document itself: the whole `serving` object is new in 4.
     4: (("", "serving"),),
+    5: (("", "performance"),),
 }
 # Input modalities vLLM's multimodal processors know; a bundle lists those it serves.
 Modality = Literal["image", "video", "audio"]
@@ -694,8 +697,69 @@ class ServingDefaults(_Strict):
         return self.tool_call_parser is not None
 
 
+class LatencyLimits(_Strict):
+    """Upper bounds of one latency in milliseconds, by statistic over the requests."""
+
+    mean: float | None = Field(None, gt=0, description="Mean at most this (ms).")
+    p50: float | None = Field(None, gt=0, description="Median at most this (ms).")
+    p90: float | None = Field(None, gt=0, description="90th percentile at most this (ms).")
+    p99: float | None = Field(None, gt=0, description="99th percentile at most this (ms).")
+
+
+class BenchWorkload(_Strict):
+    """The load `ttbundle bench` offers: vLLM's `random` and `prefix_repetition` datasets
+    (`vllm bench serve`) with these lengths; the figures mean nothing without it."""
+
+    input_len: int = Field(128, gt=0, description="Prompt tokens per request.")
+    output_len: int = Field(32, gt=0, description="Tokens generated per request (EOS ignored).")
+    num_prompts: int = Field(16, gt=0, description="Requests per workload and round.")
+    max_concurrency: int = Field(4, gt=0, description="Requests in flight at most.")
+    prefix_len: int | None = Field(
+        None,
+        gt=0,
+        description="The shared-prefix workload's prefix tokens (of input_len); unset: half "
+        "of input_len.",
+    )
+
+    @model_validator(mode="after")
+    def _prefix_inside(self) -> BenchWorkload:
+        if self.prefix_len is not None and self.prefix_len >= self.input_len:
+            raise PydanticCustomError(
+                "TTB033",
+                "workload.prefix_len ({prefix}) must be below input_len ({total})",
+                {
+                    "prefix": self.prefix_len,
+                    "total": self.input_len,
+                    "hint": "the prompt is the shared prefix plus a suffix of its own",
+                },
+            )
+        return self
+
+    @property
+    def shared_prefix_len(self) -> int:
+        """Tokens of the shared-prefix workload's prefix."""
+        return self.prefix_len if self.prefix_len is not None else self.input_len // 2
+
+
+class PerformanceTarget(_Strict):
+    """What the bundle promises on one mesh: each limit holds on every workload of
+    `ttbundle bench` (random prompts, and prompts sharing a prefix)."""
+
+    workload: BenchWorkload = Field(default_factory=BenchWorkload)
+    ttft_ms: LatencyLimits | None = Field(
+        None, description="Time to first token, per request (ms): upper bounds."
+    )
+    tpot_ms: LatencyLimits | None = Field(
+        None,
+        description="Time per output token after the first, per request (ms): upper bounds.",
+    )
+    output_throughput: float | None = Field(
+        None, gt=0, description="Generated tokens per second over the run: at least this."
+    )
+
+
 class BundleMetadata(_Strict):
-    """`vllm_metadata.json`, schema versions 1 to 4 (`SUPPORTED_SCHEMA_VERSIONS`)."""
+    """`vllm_metadata.json`, schema versions 1 to 5 (`SUPPORTED_SCHEMA_VERSIONS`)."""
 
     model_config = ConfigDict(
         title="ttbundles vllm_metadata.json",
@@ -710,7 +774,7 @@ class BundleMetadata(_Strict):
     schema_uri: str | None = Field(
         None, alias="$schema", description="Schema URI, so editors can validate the file."
     )
-    schema_version: Literal[1, 2, 3, 4] = Field(description="Version of this format.")
+    schema_version: Literal[1, 2, 3, 4, 5] = Field(description="Version of this format.")
     name: str = Field(
         pattern=NAME_PATTERN, max_length=64, description="Bundle name, unique in a folder."
     )
@@ -747,6 +811,11 @@ class BundleMetadata(_Strict):
         description="vllm serve's chat settings the bundle was made for (schema_version 4), "
         "applied when the operator passes none; absent: vLLM's defaults.",
     )
+    performance: dict[MeshName, PerformanceTarget] = Field(
+        default_factory=dict,
+        description="Schema 5: per target mesh, the figures `ttbundle bench` must reach "
+        "under the declared workload; absent: bench reports without checking.",
+    )
 
     # Set by the parser for metadata of the reference plugin's two-key form.
     legacy_: SkipJsonSchema[bool] = Field(False, alias=LEGACY_KEY, exclude=True, repr=False)
@@ -770,6 +839,10 @@ class BundleMetadata(_Strict):
                 data["models"] = [_aside(m) for m in data["models"]]
             if isinstance(data.get("targets"), dict):
                 data["targets"] = {k: _aside(v) for k, v in data["targets"].items()}
+            if isinstance(data.get("performance"), dict):
+                data["performance"] = {
+                    k: _aside_performance(v) for k, v in data["performance"].items()
+                }
             if isinstance(data.get("tests"), dict):
                 tests = data["tests"] = _aside(data["tests"], copy=True)
                 for key in ("sampling", "thresholds"):
@@ -790,7 +863,7 @@ class BundleMetadata(_Strict):
         if isinstance(value, bool):
             raise PydanticCustomError(
                 "TTB032",
-                "schema_version must be a number (1 to 4), not a boolean",
+                "schema_version must be a number (1 to 5), not a boolean",
                 {"hint": f'write "schema_version": {SCHEMA_VERSION}'},
             )
         return value
@@ -808,6 +881,21 @@ class BundleMetadata(_Strict):
                     "version": self.schema_version,
                     "hint": f'write "schema_version": {needed}; ttbundles releases before '
                     "it refuse the file by its version instead of misreading it",
+                },
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _performance_on_targets(self) -> BundleMetadata:
+        # A figure for a mesh the bundle does not serve could never be checked.
+        stray = [m for m in self.performance if self.targets and m not in self.targets]
+        if stray:
+            raise PydanticCustomError(
+                "TTB033",
+                "performance names mesh {mesh}, which is not among the targets",
+                {
+                    "mesh": stray[0],
+                    "hint": f"add {stray[0]} to targets or drop its performance entry",
                 },
             )
         return self
@@ -897,6 +985,16 @@ def added_keys(metadata: BundleMetadata) -> dict[int, list[str]]:
 def needs_version(metadata: BundleMetadata) -> int:
     """The lowest schema version that expresses `metadata` (what `init` would write)."""
     return max(added_keys(metadata), default=1)
+
+
+def _aside_performance(entry: Any) -> Any:
+    """A mesh's performance entry with its and its objects' `x-*` keys set aside."""
+    entry = _aside(entry, copy=True)
+    if isinstance(entry, dict):
+        for key in ("workload", "ttft_ms", "tpot_ms"):
+            if key in entry:
+                entry[key] = _aside(entry[key])
+    return entry
 
 
 def _aside_prompt(prompt: Any) -> Any:

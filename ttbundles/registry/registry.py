@@ -408,7 +408,7 @@ def _scan(
             if record is not None:
                 entry = _load(path, source, record, mesh, environ, resolved, where)
                 if trusted is not None and source is Source.EXTRA:
-                    _enforce(entry, trusted)
+                    _enforce(entry, trusted, mesh)
                 entries.append(entry)
         if kept is not None:
             kept.save_user()
@@ -492,8 +492,10 @@ def _trust(environ: Mapping[str, str]) -> Trusted | None:
         raise ConfigurationError(exc.diagnostics) from None
 
 
-def _enforce(entry: Entry, trusted: Trusted) -> None:
-    """Skip an extra bundle whose signature the policy does not accept (TTB140/TTB141)."""
+def _enforce(entry: Entry, trusted: Trusted, mesh: str | None = None) -> None:
+    """Skip an extra bundle whose signature the policy does not accept (TTB140/TTB141),
+    or, when the policy asks for evidence, that has none fresh and passed for the mesh
+    served (TTB145; no mesh set: nothing is served, nothing to prove)."""
     if entry.status is Status.SKIPPED or entry.facts is None:
         return
     from ttbundles.errors import TTBundleError
@@ -501,6 +503,12 @@ def _enforce(entry: Entry, trusted: Trusted) -> None:
 
     try:
         entry.verified_signer = verify_folder(entry.path, trusted, name=entry.facts.name)
+        if trusted.require_evidence and mesh is not None:
+            from ttbundles.trust.policy import evidence_refusal
+
+            refusal = evidence_refusal(entry.path, entry.facts.name, mesh)
+            if refusal is not None:
+                raise TTBundleError([refusal])
     except TTBundleError as exc:
         first = exc.diagnostics[0]
         entry.status = Status.SKIPPED

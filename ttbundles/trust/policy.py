@@ -4,7 +4,10 @@ Unset (the default): every bundle may be served; its claimed signer is shown. Se
 - a folder: every `*.pub`/`*.pem` in it is a trusted public key, and every `*.crt` in it
   is one certificate chain (sorted by name) a signing certificate may chain to;
 - a `.json` file: `{"keys": [PATHS], "certificate_chains": [[PATHS], ...]}`, paths
-  relative to the file;
+  relative to the file, and optionally `"require_evidence": true`: a bundle is served only
+  on a mesh it was proven on (fresh, passed evidence of `ttbundle test --keep-evidence`
+  for the mesh being served; TTB145 otherwise), checked at registration, where the mesh
+  is known;
 - another file: one trusted public key.
 Then install, pull and registration refuse a bundle that is unsigned (TTB140) or whose
 signature does not verify against the policy (TTB141), with one line naming the bundle,
@@ -23,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ttbundles import envs
-from ttbundles.errors import TTBundleError
+from ttbundles.errors import Diagnostic, Severity, TTBundleError
 
 if TYPE_CHECKING:
     from ttbundles.trust.verification import Trusted
@@ -72,9 +75,12 @@ def load(environ: Mapping[str, str] | None = None) -> Trusted | None:
                 tuple(path.parent / c for c in chain)
                 for chain in document.get("certificate_chains", [])
             )
+            evidence = document.get("require_evidence", False)
         except (OSError, ValueError, AttributeError, TypeError) as exc:
             raise _invalid(value, f"cannot read the policy file: {exc}") from None
-        trusted = Trusted(keys, chains)
+        if not isinstance(evidence, bool):
+            raise _invalid(value, f"require_evidence must be true or false, not {evidence!r}")
+        trusted = Trusted(keys, chains, require_evidence=evidence)
     elif path.is_file():
         trusted = Trusted((path,), ())
     else:
@@ -111,6 +117,33 @@ def enforce_archive(
     return verify_archive(archive, trusted, name=name)
 
 
+def evidence_refusal(folder: Path, name: str, mesh: str) -> Diagnostic | None:
+    """TTB145 when the bundle at `folder` has no fresh, passed evidence for `mesh` (a
+    policy with `require_evidence`); None when it has."""
+    from ttbundles.archive.evidence import read_evidence
+
+    found, _ = read_evidence(folder)
+    evidence = next((e for e in found if e.mesh == mesh), None)
+    if evidence is not None and not evidence.stale and evidence.passed:
+        return None
+    if evidence is None:
+        why = f"has no evidence for mesh {mesh}"
+    elif evidence.stale:
+        why = f"has stale evidence for mesh {mesh} (a file changed since it was proven)"
+    else:
+        why = f"failed its test on mesh {mesh} (evidence/{mesh}.json)"
+    return Diagnostic(
+        "TTB145",
+        Severity.ERROR,
+        f"bundle {name} {why}, and the trust policy ({VARIABLE}) requires evidence on the "
+        "mesh being served",
+        file=str(folder),
+        hint=f"prove it on that mesh and sign it again: ttbundle test BUNDLE --model CKPT "
+        f"--mesh {mesh} --keep-evidence, then ttbundle sign; or drop require_evidence from "
+        "the policy file",
+    )
+
+
 def describe(environ: Mapping[str, str] | None = None) -> str:
     """One line for `doctor`."""
     value = setting(environ)
@@ -118,6 +151,8 @@ def describe(environ: Mapping[str, str] | None = None) -> str:
         return f"permissive ({VARIABLE} unset): any bundle may be served; signers are shown"
     trusted = load(environ)
     assert trusted is not None
-    return (
-        f"{VARIABLE}={value}: only bundles signed by {trusted.describe()} are installed and served"
-    )
+    line = f"{VARIABLE}={value}: only bundles signed by {trusted.describe()} are installed "
+    line += "and served"
+    if trusted.require_evidence:
+        line += ", and served only on a mesh their evidence proves"
+    return line

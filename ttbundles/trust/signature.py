@@ -16,7 +16,9 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-SIGNATURE_FILE = "model.sig"
+# Named where the bundle's files are (the evidence's digest leaves it out); used from here.
+from ttbundles.archive.files import SIGNATURE_FILE as SIGNATURE_FILE
+
 MAX_SIGNATURE_SIZE = 4 << 20
 
 

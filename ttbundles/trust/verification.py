@@ -27,6 +27,9 @@ class Trusted:
 
     keys: tuple[Path, ...] = ()
     chains: tuple[tuple[Path, ...], ...] = ()
+    # The policy also asks for fresh, passed evidence on the mesh being served
+    # (`policy.evidence_refusal`), checked at registration where the mesh is known.
+    require_evidence: bool = False
 
     def describe(self) -> str:
         parts = [str(k) for k in self.keys] + [" + ".join(map(str, c)) for c in self.chains]
