@@ -1,4 +1,4 @@
-"""The bundle format: `vllm_metadata.json`, schema versions 1 to 4, as a pydantic model.
+"""The bundle format: `vllm_metadata.json`, schema versions 1 to 5, as a pydantic model.
 
 This model is the single source of truth: `schemas/vllm_metadata.schema.json` is generated
 from it (`ttbundle schema`), and a test fails when the checked-in file drifts. It imports
@@ -40,7 +40,7 @@ METADATA_FILE = "vllm_metadata.json"
 # every ttbundles release reads it. A document needs a higher one only for what that
 # version added (see `needs_version`).
 SCHEMA_VERSION = 1
-LATEST_SCHEMA_VERSION = 4
+LATEST_SCHEMA_VERSION = 5
 # Every schema version this release reads, with what it changed.
 SUPPORTED_SCHEMA_VERSIONS: dict[int, str] = {
     1: "first versioned format: identity, capabilities, targets, when, requires",
@@ -51,6 +51,7 @@ SUPPORTED_SCHEMA_VERSIONS: dict[int, str] = {
     "keys; capabilities.prompt_logprobs",
     4: "serving: the bundle's serving defaults (tool-call parser, auto tool choice, "
     "reasoning parser, chat template), applied at vllm serve when the operator passes none",
+    5: "capabilities.kv_cache_spec: the class answers get_kv_cache_spec (hybrid KV groups)",
 }
 # What each version added, as (object, key) pairs: a document of a lower version using
 # one is refused with the version it needs (TTB020), and the schema says the same.
@@ -66,6 +67,7 @@ ADDED_IN: dict[int, tuple[tuple[str, str], ...]] = {
     ),
     # An owner "" is the document itself: the whole `serving` object is new in 4.
     4: (("", "serving"),),
+    5: (("capabilities", "kv_cache_spec"),),
 }
 # Input modalities vLLM's multimodal processors know; a bundle lists those it serves.
 Modality = Literal["image", "video", "audio"]
@@ -293,6 +295,14 @@ class Capabilities(_Strict):
         description="Schema 3: prefill_forward returns logits for every prompt position "
         "when the worker passes return_prompt_logits=True, so requests may ask for prompt "
         "logprobs (completions' echo with logprobs); undeclared, they are refused (HTTP 400).",
+    )
+    kv_cache_spec: bool = Field(
+        False,
+        description="Schema 5: the class answers the classmethod get_kv_cache_spec(vllm_config) "
+        "with each layer's KV cache spec, keyed model.layers.<i>.self_attn (None: full "
+        "attention), and allocates through allocate_kv_cache_per_layer; served on vLLM's "
+        "hybrid KV-cache manager, sliding-window layers keep only their window's blocks and "
+        "each prefill and decode gets page_tables_per_layer (each layer its KV group's).",
     )
 
     @property
@@ -695,7 +705,7 @@ class ServingDefaults(_Strict):
 
 
 class BundleMetadata(_Strict):
-    """`vllm_metadata.json`, schema versions 1 to 4 (`SUPPORTED_SCHEMA_VERSIONS`)."""
+    """`vllm_metadata.json`, schema versions 1 to 5 (`SUPPORTED_SCHEMA_VERSIONS`)."""
 
     model_config = ConfigDict(
         title="ttbundles vllm_metadata.json",
@@ -710,7 +720,7 @@ class BundleMetadata(_Strict):
     schema_uri: str | None = Field(
         None, alias="$schema", description="Schema URI, so editors can validate the file."
     )
-    schema_version: Literal[1, 2, 3, 4] = Field(description="Version of this format.")
+    schema_version: Literal[1, 2, 3, 4, 5] = Field(description="Version of this format.")
     name: str = Field(
         pattern=NAME_PATTERN, max_length=64, description="Bundle name, unique in a folder."
     )
@@ -790,7 +800,7 @@ class BundleMetadata(_Strict):
         if isinstance(value, bool):
             raise PydanticCustomError(
                 "TTB032",
-                "schema_version must be a number (1 to 4), not a boolean",
+                "schema_version must be a number (1 to 5), not a boolean",
                 {"hint": f'write "schema_version": {SCHEMA_VERSION}'},
             )
         return value
