@@ -622,7 +622,7 @@ def test_init_reference_validates_strictly_and_packs(run_cli, tmp_path):
     bundle = tmp_path / "my-llama"
     source = (bundle / "adapter.py").read_text()
     assert "from ttbundles.reference.generator import ReferenceLlamaGenerator" in source
-    assert source.count('"""TT-NN: ') == 8 and "NotImplementedError" not in source
+    assert source.count('"""TT-NN: ') == 9 and "NotImplementedError" not in source
     meta = json.loads((bundle / META).read_text())
     assert meta["capabilities"]["sample_on_device"] == ["decode_only", "all"]
     assert list(meta["targets"]) == ["HOST"]

@@ -8,7 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-from ttbundles.serving.runner.block_table import BlockTables, per_layer, prefill_table
+from ttbundles.serving.runner.block_table import (
+    BlockTables,
+    null_before_window,
+    per_layer,
+    prefill_table,
+)
 from ttbundles.serving.runner.slots import SlotStates
 from ttbundles.serving.runner.step import Layout
 
@@ -170,9 +175,29 @@ def test_a_prefill_table_is_one_row_per_request(rows, expected):
 @pytest.mark.parametrize("layers, count", [(0, None), (3, 3)])
 def test_page_tables_per_layer_only_for_a_per_layer_cache(layers, count):
     table = torch.zeros((2, 1), dtype=torch.int32)
-    sent = per_layer(table, layers)
+    sent = per_layer([table], None, layers)
     if count is None:
         assert sent == {}
     else:
         assert len(sent["page_tables_per_layer"]) == count
         assert all(t is table for t in sent["page_tables_per_layer"])
+
+
+def test_each_layer_gets_its_groups_table():
+    """Several KV groups: layer i gets `tables[group[i]]`, the very tensor."""
+    full, sliding = torch.zeros((2, 3), dtype=torch.int32), torch.ones((2, 3), dtype=torch.int32)
+    sent = per_layer([sliding, full], [0, 0, 1, 0], 4)["page_tables_per_layer"]
+    assert [t is full for t in sent] == [False, False, True, False]
+    assert all(t is sliding for i, t in enumerate(sent) if i != 2)
+
+
+def test_entries_wholly_below_a_window_are_the_null_block():
+    """Row 0 starts at 40 with a reach of 31 (window 32): positions 9.. are read, so
+    block column 0 (positions 0..7, block size 8) is nulled and column 1 (8..15) kept;
+    an empty row (-1) and a row inside its window are untouched."""
+    table = torch.tensor([[5, 6, 7, 8, 9, 10], [1, 2, 3, 0, 0, 0], [4, 0, 0, 0, 0, 0]])
+    out = null_before_window(table, torch.tensor([40, 20, -1]), 31, 8)
+    assert out.tolist() == [[0, 6, 7, 8, 9, 10], [1, 2, 3, 0, 0, 0], [4, 0, 0, 0, 0, 0]]
+    assert table[0, 0] == 5  # a copy: the table cut for the batch stays as it was
+    inside = torch.tensor([[1, 2]])
+    assert null_before_window(inside, torch.tensor([10]), 31, 8) is inside

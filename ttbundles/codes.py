@@ -168,6 +168,11 @@ CODES: dict[str, str] = {
     "TTB246": "a setting asked for was lowered to what the bundle's target supports (a warning)",
     "TTB250": "the checkpoint's sliding window is shorter than max_model_len and the "
     "generator does not mask it",
+    "TTB260": "get_kv_cache_spec names a layer the model does not have",
+    "TTB261": "the class declares several KV groups but has no allocate_kv_cache_per_layer",
+    "TTB262": "a feature that does not follow several KV groups yet, with hybrid KV groups",
+    "TTB263": "the class answers get_kv_cache_spec but the bundle does not declare "
+    "capabilities.kv_cache_spec (a warning)",
 }
 
 
@@ -447,6 +452,19 @@ WHAT_TO_DO: dict[str, str] = {
     "window and declares model_capabilities['supports_sliding_window'] = True (the torch "
     "reference and bundles from `ttbundle init --reference` do). See "
     "docs/operators/serving.md, sliding windows.",
+    "TTB260": "Key the specs `model.layers.<i>.self_attn` for the model's layers 0 .. "
+    "num_hidden_layers - 1 (None for a full-attention layer). See "
+    "docs/authors/generator-contract.md, hybrid KV caches.",
+    "TTB261": "Give the class `allocate_kv_cache_per_layer(per_layer_specs)` (one `(shape, "
+    "dtype, tensor_idx)` per layer; layers with one tensor_idx share an allocation), or "
+    "serve with --disable-hybrid-kv-cache-manager (one group, every layer its own cache).",
+    "TTB262": "Serve with --disable-hybrid-kv-cache-manager (every layer keeps the whole "
+    "context; the generator still masks its window), or without the feature the message "
+    "names (speculative decoding, in-process data-parallel lanes). See "
+    "docs/operators/kv-capacity.md.",
+    "TTB263": "Declare `capabilities.kv_cache_spec: true` (schema_version 5) so the platform "
+    "serves the class's KV groups on vLLM's hybrid KV-cache manager, or drop "
+    "get_kv_cache_spec from the class. Until then every layer keeps the whole context.",
 }
 
 

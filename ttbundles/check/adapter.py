@@ -15,6 +15,7 @@ import ast
 import functools
 from pathlib import Path
 
+from ttbundles.check import kv_layout
 from ttbundles.check.capabilities import ClassCapabilities, agreement, key_notes
 from ttbundles.check.reference_archs import covers, reference_of
 from ttbundles.check.speculative import spec_agreement, static_method_diagnostics
@@ -246,6 +247,11 @@ def _contract_diagnostics(
             )
         )
     caps = metadata.capabilities
+    out.extend(
+        kv_layout.static_diagnostics(
+            info.methods, caps, name, partial=partial, outside=outside, where=where
+        )
+    )
     if caps.async_decode:
         lacking = [m for m in ASYNC_METHODS if m not in info.methods]
         if lacking and not partial:

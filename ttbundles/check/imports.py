@@ -21,6 +21,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+from ttbundles.check import kv_layout
 from ttbundles.check.capabilities import agreement, from_mapping
 from ttbundles.check.speculative import (
     imported_method_problems,
@@ -173,6 +174,7 @@ def check_class(cls: type, metadata: BundleMetadata) -> list[dict]:
             {"code": "TTB053", "message": f"{name} lacks {' or '.join(KV_CACHE_METHODS)}"}
         )
     problems.extend(imported_method_problems(cls, declared))
+    problems.extend(kv_layout.imported_problems(cls, declared))
     return problems
 
 

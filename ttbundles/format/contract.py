@@ -245,9 +245,23 @@ ALLOCATE_KV_CACHE_PER_LAYER = Method(
     "allocate_kv_cache_per_layer",
     "method",
     ("per_layer_specs",),
-    "the KV cache; per_layer_specs = [(kv_cache_shape, dtype, layer_index), ...]",
+    "the KV cache; per_layer_specs = [(kv_cache_shape, dtype, tensor_idx), ...], one per "
+    "layer; layers with the same tensor_idx share one allocation (vLLM's KV groups overlay "
+    "one block pool)",
     group="kv_cache",
 )
+KV_CACHE_SPEC = Method(
+    "get_kv_cache_spec",
+    "classmethod",
+    ("vllm_config",),
+    "{'model.layers.<i>.self_attn': vLLM KVCacheSpec or None (full attention)}, or None "
+    "(every layer full attention)",
+    required=False,
+    needs="kv_cache_spec",
+)
+"""`get_kv_cache_spec(vllm_config)`, asked by the worker before the KV cache is sized
+(`serving.kv_layout`): sliding-window layers answer vLLM's `SlidingWindowSpec`, and on
+vLLM's hybrid KV-cache manager keep only their window's blocks."""
 PREFILL = Method(
     "prefill_forward",
     "method",
@@ -337,6 +351,7 @@ METHODS: tuple[Method, ...] = (
     MAX_TOKENS,
     ALLOCATE_KV_CACHE,
     ALLOCATE_KV_CACHE_PER_LAYER,
+    KV_CACHE_SPEC,
     PREFILL,
     DECODE,
     READ_DECODE_OUTPUT,

@@ -52,7 +52,8 @@ SUPPORTED_SCHEMA_VERSIONS: dict[int, str] = {
     4: "serving: the bundle's serving defaults (tool-call parser, auto tool choice, "
     "reasoning parser, chat template), applied at vllm serve when the operator passes none",
     5: "performance: per target mesh, the figures ttbundle bench checks (TTFT, TPOT, "
-    "output throughput) under a declared workload",
+    "output throughput) under a declared workload; capabilities.kv_cache_spec: the class "
+    "answers get_kv_cache_spec (hybrid KV groups)",
 }
 # What each version added, as (object, key) pairs: a document of a lower version using
 # one is refused with the version it needs (TTB020), and the schema says the same.
@@ -68,7 +69,7 @@ ADDED_IN: dict[int, tuple[tuple[str, str], ...]] = {
     ),
     # An owner "" is the document itself: the whole `serving` object is new in 4.
     4: (("", "serving"),),
-    5: (("", "performance"),),
+    5: (("", "performance"), ("capabilities", "kv_cache_spec")),
 }
 # Input modalities vLLM's multimodal processors know; a bundle lists those it serves.
 Modality = Literal["image", "video", "audio"]
@@ -296,6 +297,14 @@ class Capabilities(_Strict):
         description="Schema 3: prefill_forward returns logits for every prompt position "
         "when the worker passes return_prompt_logits=True, so requests may ask for prompt "
         "logprobs (completions' echo with logprobs); undeclared, they are refused (HTTP 400).",
+    )
+    kv_cache_spec: bool = Field(
+        False,
+        description="Schema 5: the class answers the classmethod get_kv_cache_spec(vllm_config) "
+        "with each layer's KV cache spec, keyed model.layers.<i>.self_attn (None: full "
+        "attention), and allocates through allocate_kv_cache_per_layer; served on vLLM's "
+        "hybrid KV-cache manager, sliding-window layers keep only their window's blocks and "
+        "each prefill and decode gets page_tables_per_layer (each layer its KV group's).",
     )
 
     @property

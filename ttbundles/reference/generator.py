@@ -89,14 +89,44 @@ class ResidentInputs:
 
     tokens: torch.Tensor
     positions: list[int]
-    page_table: torch.Tensor | None
+    page_table: PageTables | None
 
     def remapped(self, remap: list[int]) -> ResidentInputs:
         """Slot i takes slot remap[i]'s inputs (slots past the remap stay)."""
         order = list(remap) + list(range(len(remap), len(self.positions)))
         index = torch.tensor(order)
-        table = None if self.page_table is None else self.page_table[index]
+        table = None if self.page_table is None else _rows_of(self.page_table, index)
         return ResidentInputs(self.tokens[index], [self.positions[j] for j in order], table)
+
+
+PageTables = torch.Tensor | list[torch.Tensor]
+"""One page table for every layer, or one per layer (`page_tables_per_layer`: each layer
+its KV group's, the groups of a hybrid cache)."""
+
+
+def _rows_of(tables: PageTables, index: torch.Tensor) -> PageTables:
+    """The rows `index` of a page table or of each layer's (a layer's table shared with
+    others stays shared)."""
+    if isinstance(tables, torch.Tensor):
+        return tables[index]
+    picked: dict[int, torch.Tensor] = {}
+    return [picked.setdefault(id(t), t[index]) for t in tables]
+
+
+def _as_tables(page_table: Any) -> PageTables:
+    """A page table as int64, or each layer's as given (`_host_tables` made them)."""
+    if isinstance(page_table, list):
+        return page_table
+    return torch.as_tensor(page_table).long()
+
+
+def _host_tables(page_table: Any, per_layer: Any) -> PageTables | None:
+    """The step's tables as int64 host tensors: each layer's when `per_layer` is given
+    (tables shared between layers stay one tensor), else the one `page_table`."""
+    if per_layer is None:
+        return None if page_table is None else torch.as_tensor(page_table).long().clone()
+    converted: dict[int, torch.Tensor] = {}
+    return [converted.setdefault(id(t), torch.as_tensor(t).long().clone()) for t in per_layer]
 
 
 class ReferenceLlamaGenerator:
@@ -282,6 +312,69 @@ class ReferenceLlamaGenerator:
             return one_cache()
         return [one_cache() for _ in range(self.lanes)]  # type: ignore[return-value]
 
+    @classmethod
+    def get_kv_cache_spec(cls, vllm_config: Any) -> dict[str, Any] | None:
+        """Each layer's KV cache for vLLM (`serving.kv_layout`): a `SlidingWindowSpec`
+        for the checkpoint's sliding layers (`format.attention_window`), None (full
+        attention) for the others; None for a model without a window. On vLLM's hybrid
+        manager a sliding layer then holds only the blocks of its window (the blocks
+        before it are vLLM's null block, which the window never reads)."""
+        from vllm.v1.kv_cache_interface import SlidingWindowSpec
+
+        model_config = vllm_config.model_config
+        hf_config = model_config.hf_config
+        window = attention_window(hf_config)
+        if window is None:
+            return None
+        dims = ModelDims.from_hf_config(hf_config)
+        spec = SlidingWindowSpec(
+            block_size=vllm_config.cache_config.block_size,
+            num_kv_heads=dims.num_kv_heads,
+            head_size=dims.head_dim,
+            dtype=model_config.dtype,
+            sliding_window=window.size,
+        )
+        return {
+            f"model.layers.{i}.self_attn": spec if i in window.layers else None
+            for i in range(dims.num_layers)
+        }
+
+    def allocate_kv_cache_per_layer(self, per_layer_specs: list[tuple[Any, Any, int]]) -> KVCache:
+        """Zeroed paged cache from one `(kv_cache_shape, dtype, tensor_idx)` per layer:
+        layers with the same `tensor_idx` share one `[k_cache, v_cache]` (vLLM's KV
+        groups overlay one block pool: a block id belongs to one group at a time), so a
+        hybrid model's cache is the size of its groups' pool, not of every layer's
+        context. With lanes, one such cache per lane. Float32, as `allocate_kv_cache`."""
+        if len(per_layer_specs) != self.dims.num_layers:
+            raise ValueError(
+                f"per_layer_specs has {len(per_layer_specs)} layers; the model has "
+                f"{self.dims.num_layers}"
+            )
+        for shape, _, _ in per_layer_specs:
+            _, kv_heads, _, head_size = shape
+            if (kv_heads, head_size) != (self.dims.num_kv_heads, self.dims.head_dim):
+                raise ValueError(
+                    f"kv_cache_shape {tuple(shape)} does not fit the model "
+                    f"({self.dims.num_kv_heads} KV heads of size {self.dims.head_dim})"
+                )
+
+        def one_cache() -> KVCache:
+            shared: dict[int, list[torch.Tensor]] = {}
+            return [
+                shared.setdefault(
+                    int(index),
+                    [
+                        torch.zeros(tuple(shape), dtype=torch.float32),
+                        torch.zeros(tuple(shape), dtype=torch.float32),
+                    ],
+                )
+                for shape, _, index in per_layer_specs
+            ]
+
+        if self.lanes == 1:
+            return one_cache()
+        return [one_cache() for _ in range(self.lanes)]  # type: ignore[return-value]
+
     # ---- the forward pass ------------------------------------------------------------
 
     def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -379,7 +472,7 @@ class ReferenceLlamaGenerator:
     def forward_segments(
         self,
         segments: list[Segment],
-        page_table: torch.Tensor,
+        page_table: PageTables,
         kv_cache: KVCache,
         *,
         all_positions: bool = False,
@@ -392,22 +485,32 @@ class ReferenceLlamaGenerator:
         into the paged cache (one indexed write), then attends over each row's context
         read back from it, so earlier chunks and prefix-cached blocks are seen exactly like
         new ones. Attention is batched per `AttentionGroup` (see `attention_groups`).
+
+        `page_table` is every layer's, or a list of each layer's (a hybrid cache's KV
+        groups: the groups and write addresses are then built once per distinct table).
         """
         lengths = torch.tensor([len(s.tokens) for s in segments])  # [n]
         token_ids = torch.cat([s.tokens for s in segments])  # [T]
         positions = torch.cat([torch.arange(s.start, s.end) for s in segments])  # [T]
         rows = torch.tensor([s.row for s in segments]).repeat_interleave(lengths)  # [T]
         block_size = kv_cache[0][0].shape[2]
-        block_of_token = page_table[rows, positions // block_size]  # [T]
         slot_of_token = positions % block_size  # [T]
         window = self.window
-        groups = attention_groups(
-            segments,
-            positions,
-            page_table,
-            kv_cache[0][0].shape,
-            None if window is None else window.size,
-        )
+        tables = page_table if isinstance(page_table, list) else [page_table] * self.dims.num_layers
+        # Per distinct table: where each token's K/V goes, and the attention groups.
+        built: dict[int, tuple[torch.Tensor, list[Any]]] = {}
+        for table in tables:
+            if id(table) not in built:
+                built[id(table)] = (
+                    table[rows, positions // block_size],  # [T]
+                    attention_groups(
+                        segments,
+                        positions,
+                        table,
+                        kv_cache[0][0].shape,
+                        None if window is None else window.size,
+                    ),
+                )
 
         x, cos, sin = self.segment_inputs(segments, token_ids, positions)
         rotations = self.layer_rope(positions, cos, sin)
@@ -416,6 +519,7 @@ class ReferenceLlamaGenerator:
             zip(self.weights.layers, kv_cache, strict=True)
         ):
             q, k, v = self.attention_inputs(layer, x, *rotations[index])
+            block_of_token, groups = built[id(tables[index])]
 
             # cache[block, :, slot, :] for each token t gets k[t] ([KV, D]).
             k_cache[block_of_token, :, slot_of_token, :] = k
@@ -452,7 +556,7 @@ class ReferenceLlamaGenerator:
         logits = torch.zeros(batch, self.dims.vocab_size, dtype=torch.float32)
         if not segments:
             return logits
-        table = torch.as_tensor(page_table).long()
+        table = _as_tables(page_table)
         for group, cache in self._lane_groups(segments, kv_cache, slots):
             rows = torch.tensor([s.row for s in group])
             logits[rows] = self.forward_segments(group, table, cache)
@@ -472,7 +576,7 @@ class ReferenceLlamaGenerator:
         logits = torch.zeros(batch, width, self.dims.vocab_size, dtype=torch.float32)
         if not segments:
             return logits
-        table = torch.as_tensor(page_table).long()
+        table = _as_tables(page_table)
         for group, cache in self._lane_groups(segments, kv_cache, slots):
             every = self.forward_segments(group, table, cache, all_positions=True)
             for segment, rows in zip(group, every.split([len(s.tokens) for s in group])):
@@ -522,7 +626,7 @@ class ReferenceLlamaGenerator:
             if int(positions[row, 0]) >= 0
         ]
         logits = torch.zeros(batch, width, self.dims.vocab_size, dtype=torch.float32)
-        table = torch.as_tensor(page_table).long()
+        table = _as_tables(page_table)
         for group, cache in self._lane_groups(segments, kv_cache):
             flat = self.forward_segments(group, table, cache, all_positions=True)
             offset = 0
@@ -546,6 +650,13 @@ class ReferenceLlamaGenerator:
         (device queue only): the drafter reads the context a forward just extended."""
         if page_table is None or not slots:
             return
+        if isinstance(page_table, list):
+            if any(t is not page_table[0] for t in page_table):
+                # Layers on several KV groups: the early-exit drafter reads one table,
+                # so it offers no drafts rather than read another group's blocks.
+                self._slot_pages.clear()
+                return
+            page_table = page_table[0]
         table = torch.as_tensor(page_table).long()
         for slot, row in zip(slots, rows):
             self._slot_pages[slot] = table[row].clone()
@@ -626,6 +737,7 @@ class ReferenceLlamaGenerator:
         sampling_params: SamplingParams | None = None,
         start_pos: Any = None,
         return_prompt_logits: bool = False,
+        page_tables_per_layer: Any = None,
         **kwargs: Any,
     ) -> torch.Tensor | tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
         """Prefill one chunk per row; logits `[B, 1, V]`, or `(tokens [B, 1], log_probs)`
@@ -642,7 +754,8 @@ class ReferenceLlamaGenerator:
         (prompt_lens <= start_pos) are padding. `empty_slots[i]` is the batch slot row i
         is being placed in (default: row i): with `sampling_params`, the row's sampling
         state (parameters, seed, prompt history) is registered there, and the token drawn
-        is the one at position prompt_lens[i]. `page_table` rows follow the request rows.
+        is the one at position prompt_lens[i]. `page_table` rows follow the request rows;
+        `page_tables_per_layer` (one per layer, each its KV group's) supersedes it.
         """
         if kwargs:
             raise TypeError(f"prefill_forward got unexpected keywords: {', '.join(sorted(kwargs))}")
@@ -670,14 +783,15 @@ class ReferenceLlamaGenerator:
         history = tokens.long().clone()
         for row, end in enumerate(ends):
             history[row, end:] = -1
+        tables = _host_tables(page_table, page_tables_per_layer)
 
         def compute() -> Any:
             self._remember_pages(
-                [slots[s.row] for s in segments], page_table, [s.row for s in segments], kv_cache
+                [slots[s.row] for s in segments], tables, [s.row for s in segments], kv_cache
             )
             if return_prompt_logits:
-                return self._run_every_position(segments, batch, page_table, kv_cache, slots)
-            logits = self._run(segments, batch, page_table, kv_cache, slots)
+                return self._run_every_position(segments, batch, tables, kv_cache, slots)
+            logits = self._run(segments, batch, tables, kv_cache, slots)
             if sampling_params is None:
                 return logits.unsqueeze(1)
             self.sampler.ensure_capacity(max(slots) + 1)
@@ -708,6 +822,7 @@ class ReferenceLlamaGenerator:
         num_valid_drafts: Any = None,
         accepted_counts: Any = None,
         spec_mode: str | None = None,
+        page_tables_per_layer: Any = None,
         **kwargs: Any,
     ) -> Any:
         """One token per slot: row i is batch slot i, its token at position `start_pos[i]`
@@ -721,7 +836,8 @@ class ReferenceLlamaGenerator:
         deliberately stale and not read. `reload_sampling_params` uploads the parameters
         and registers changed seeds; `reset_sampling_state` rebuilds seeds, counters and
         the penalty history (`prompt_tokens`, `output_tokens`: `[B, L]`, -1 padded).
-        `slot_remap[i] = j` moves slot j's state to slot i first.
+        `slot_remap[i] = j` moves slot j's state to slot i first. `page_tables_per_layer`
+        (one per layer, each its KV group's) supersedes `page_table`, resident alike.
 
         With `spec_mode` (and `num_valid_drafts`, `accepted_counts`) it is a speculative
         verify over `[B, 1+K]` tokens and positions instead (`verify`): the host's
@@ -760,13 +876,14 @@ class ReferenceLlamaGenerator:
                 raise ValueError("a verify reads the host's inputs: send reload_inputs=True")
             if page_table is None:
                 raise ValueError("the reference generator needs a page_table (paged KV cache only)")
+            verify_tables = _host_tables(page_table, page_tables_per_layer)
 
             def run_verify() -> spec.VerifyOutput:
                 self._resident = None  # the host knows the committed tokens
                 live = [r for r in range(len(start_pos)) if int(start_pos[r][0]) >= 0]
-                self._remember_pages(live, page_table, live, kv_cache)
+                self._remember_pages(live, verify_tables, live, kv_cache)
                 return self.verify(
-                    tokens, start_pos, page_table, kv_cache, num_valid_drafts, spec_mode
+                    tokens, start_pos, verify_tables, kv_cache, num_valid_drafts, spec_mode
                 )
 
             if read_from_device:
@@ -791,7 +908,7 @@ class ReferenceLlamaGenerator:
         batch = tokens.shape[0]
         host_tokens = tokens.reshape(batch, -1)[:, 0].long().clone()
         host_positions = _int_list(start_pos, batch, "start_pos")
-        host_table = None if page_table is None else torch.as_tensor(page_table).long().clone()
+        host_table = _host_tables(page_table, page_tables_per_layer)
         remap = None if slot_remap is None else _int_list(slot_remap, len(slot_remap), "slot_remap")
         if reload_inputs and bool((host_tokens[torch.tensor(host_positions) >= 0] < 0).any()):
             raise ValueError(

@@ -12,7 +12,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ttbundles.errors import Diagnostic, Severity, TTBundleError
-from ttbundles.format.metadata import SCHEMA_VERSION, BundleMetadata, needs_version
+from ttbundles.format.metadata import (
+    LATEST_SCHEMA_VERSION,
+    SCHEMA_VERSION,
+    BundleMetadata,
+    needs_version,
+)
 from ttbundles.fsutil import write_text_atomic
 
 
@@ -123,7 +128,11 @@ def migrate_bundle(folder: Path, *, dry_run: bool = False) -> Migration:
         **meta.extensions,
         **{new: raw[old] for old, new in kept.items()},
     }
-    version = needs_version(BundleMetadata.model_validate({**document, "schema_version": 3}))
+    # Validated at the newest version, so any key the document carries (kv_cache_spec,
+    # schema 5) is read; then written at the lowest version that expresses it.
+    version = needs_version(
+        BundleMetadata.model_validate({**document, "schema_version": LATEST_SCHEMA_VERSION})
+    )
     document["schema_version"] = version
     after = json.dumps(document, indent=2) + "\n"
     if not dry_run:

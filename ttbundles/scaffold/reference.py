@@ -130,6 +130,12 @@ class {class_name}({base}):
             kv_cache_shape=kv_cache_shape, dtype=dtype, num_layers=num_layers
         )
 
+    def allocate_kv_cache_per_layer(self, per_layer_specs: Any) -> Any:
+        """TT-NN: the same, from one (kv_cache_shape, dtype, tensor_idx) per layer; layers
+        with one tensor_idx share one allocation. The worker calls this one, not
+        allocate_kv_cache, when the class has it."""
+        return super().allocate_kv_cache_per_layer(per_layer_specs=per_layer_specs)
+
     def prefill_forward(
         self,
         tokens: Any,

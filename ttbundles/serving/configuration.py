@@ -103,6 +103,9 @@ class Plan:
     server: dict[str, Any] = field(default_factory=dict)
     # The bundle declares prompt logprobs (schema 3): requests may ask for them.
     prompt_logprobs: bool = False
+    # The bundle's KV groups are served on vLLM's hybrid KV-cache manager (schema 5,
+    # `serving.kv_admission`): what the platform answers `support_hybrid_kv_cache`.
+    kv_groups: bool = False
     # The chat settings the bundle's serving defaults supply (schema 4), those the
     # operator left unset only: tool_call_parser, enable_auto_tool_choice, chat_template
     # (an absolute path), reasoning_parser (`serving.chat_defaults`).
@@ -356,6 +359,9 @@ def plan_config(vllm_config: VllmConfig, registry: Registry) -> Plan | None:
     from ttbundles.serving.spec_admission import plan_speculative
 
     plan_speculative(vllm_config, plan, meta)
+    from ttbundles.serving.kv_admission import plan_kv_groups
+
+    plan_kv_groups(vllm_config, plan, caps.kv_cache_spec)
     from ttbundles.serving.chat_defaults import plan_chat_defaults
 
     plan_chat_defaults(vllm_config, plan, meta, entry.path, COMMAND_LINE)

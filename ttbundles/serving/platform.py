@@ -142,6 +142,8 @@ class TTPlatform(Platform):
         _state["speculative"] = served.speculative if served is not None else {}
         if served is not None:
             _state["prompt_logprobs"] = served.prompt_logprobs
+            # For support_hybrid_kv_cache, which vLLM asks right after this hook.
+            _state["kv_groups"] = served.kv_groups
         if served is not None and served.inputs and vllm_config.model_config is not None:
             # For validate_request, in this process (the API server's requests).
             _state["placeholders"] = image_requests.placeholder_tokens(
@@ -218,7 +220,10 @@ class TTPlatform(Platform):
 
     @classmethod
     def support_hybrid_kv_cache(cls) -> bool:
-        return False
+        """vLLM's hybrid KV-cache manager, when the plan serves the bundle's KV groups
+        (`serving.kv_admission`): its class declares them (`get_kv_cache_spec`). False
+        otherwise: vLLM then gives every layer the whole context."""
+        return bool(_state.get("kv_groups"))
 
 
 def _watch_hosts(plan: Any) -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig
+from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheSpec
 from vllm.v1.worker.worker_base import CompilationTimes, WorkerBase
 
 from ttbundles import envs
@@ -31,6 +31,7 @@ from ttbundles.serving import faults, host_watch, shutdown
 from ttbundles.serving.configuration import served_plan
 from ttbundles.serving.device_groups import bind_rank
 from ttbundles.serving.generator_class import load_generator_class
+from ttbundles.serving.kv_layout import LayerGroups, layer_specs
 from ttbundles.serving.runner import TTModelRunner
 from ttbundles.serving.stats import STATS
 
@@ -165,15 +166,27 @@ class TTWorker(WorkerBase):
         num_layers = config.get_num_layers(self.parallel_config)
         return num_layers, config.get_num_kv_heads(self.parallel_config), config.get_head_size()
 
-    def get_kv_cache_spec(self) -> dict[str, FullAttentionSpec]:
+    def get_kv_cache_spec(self) -> dict[str, KVCacheSpec]:
+        """Each layer's cache: what the generator class declares (`get_kv_cache_spec`,
+        `serving.kv_layout`) when the plan serves its KV groups, full attention with the
+        model's shape otherwise."""
         num_layers, kv_heads, head_size = self._layer_shape()
-        spec = FullAttentionSpec(
+        default = FullAttentionSpec(
             block_size=self.cache_config.block_size,
             num_kv_heads=kv_heads,
             head_size=head_size,
             dtype=self.model_config.dtype,
         )
-        return {f"model.layers.{i}.self_attn": spec for i in range(num_layers)}
+        assert self.model_runner is not None
+        # Asked only where the plan serves the class's groups (it declares them, and
+        # the hybrid manager is on): otherwise every layer keeps the whole context.
+        return layer_specs(
+            self.model_runner.generator_cls,
+            self.vllm_config,
+            num_layers,
+            default,
+            ask=self.plan.kv_groups,
+        )
 
     def get_supported_kv_cache_layouts(self) -> list[str]:
         # The generator owns its cache layout; vLLM only needs a name to record.
@@ -181,8 +194,15 @@ class TTWorker(WorkerBase):
 
     @_starting
     def determine_available_memory(self) -> int:
-        """Bytes for the KV cache: the generator's own capacity when it declares one
-        (get_max_tokens_all_users), else room for every sequence at full length.
+        """Bytes for the KV cache: `--kv-cache-memory-bytes` when given, else the
+        generator's own capacity when it declares one (get_max_tokens_all_users), else
+        room for every sequence at full length.
+
+        The tokens become blocks as the reference plugin turns them (a block per user of
+        headroom, and with KV groups the blocks each sliding group holds per request at
+        most, `SlidingWindowSpec.max_admission_blocks_per_request`: every group draws its
+        block ids from one pool), and the blocks bytes as vLLM will divide them back:
+        one page of every tensor the groups share (`serving.kv_layout`).
 
         With in-process lanes the generator's capacity is per lane (TT-Metal sizes each
         DP submesh's cache), and the engine's blocks are every lane's: the coordinator
@@ -195,23 +215,26 @@ class TTWorker(WorkerBase):
         tokens = runner.max_tokens_all_users()
         if tokens is None:
             tokens = runner.slots.per_lane * self.model_config.max_model_len
-        block = self.cache_config.block_size
-        num_blocks = (-(-tokens // block) + 1) * runner.lanes
-        spec = next(iter(self.get_kv_cache_spec().values()))
-        return num_blocks * spec.page_size_bytes * len(self.get_kv_cache_spec())
+        return (
+            pool_bytes(self.vllm_config, self.get_kv_cache_spec(), tokens, runner.slots.per_lane)
+            * runner.lanes
+        )
 
     @_starting
     def initialize_from_config(self, kv_cache_config: KVCacheConfig) -> None:
         assert self.model_runner is not None
         num_layers, kv_heads, head_size = self._layer_shape()
+        groups = LayerGroups.from_config(kv_cache_config, num_layers)
+        self.model_runner.use_kv_groups(groups)
         self.model_runner.allocate_kv_cache(
             kv_cache_config.num_blocks, kv_heads, head_size, num_layers, self.model_config.dtype
         )
         lanes = self.model_runner.lanes
         logger.info(
-            "ttbundles: KV cache of %d blocks x %d tokens%s",
+            "ttbundles: KV cache of %d blocks x %d tokens, %s%s",
             kv_cache_config.num_blocks,
             self.cache_config.block_size,
+            groups.describe(),
             f" ({kv_cache_config.num_blocks // lanes} per lane, {lanes} lanes)"
             if lanes > 1
             else "",
@@ -283,6 +306,31 @@ class TTWorker(WorkerBase):
 
     def list_loras(self) -> set[int]:
         return set()
+
+
+def pool_bytes(vllm_config: Any, specs: dict[str, KVCacheSpec], tokens: int, per_lane: int) -> int:
+    """The bytes of a pool holding `tokens` tokens of context for `per_lane` users, for
+    one lane: each full-attention group's blocks of that context (and one spare), each
+    sliding group's blocks per user, times the bytes vLLM counts per block (a page of
+    every shared tensor). One group of every layer: the blocks of `tokens` times every
+    layer's page, as before there were groups."""
+    from vllm.v1.core.kv_cache_planning import get_kv_cache_groups, get_uniform_page_size
+    from vllm.v1.kv_cache_interface import SlidingWindowSpec
+
+    block = vllm_config.cache_config.block_size
+    groups = get_kv_cache_groups(vllm_config, dict(specs))
+    sliding = [g.kv_cache_spec for g in groups if isinstance(g.kv_cache_spec, SlidingWindowSpec)]
+    held = sum(
+        spec.max_admission_blocks_per_request(
+            vllm_config.max_in_flight_tokens, vllm_config.model_config.max_model_len
+        )
+        for spec in sliding
+    )
+    full = len(groups) - len(sliding)
+    num_blocks = full * (-(-tokens // block) + 1) + held * per_lane
+    tensors = max(len(g.layer_names) for g in groups)
+    page = get_uniform_page_size([g.kv_cache_spec for g in groups])
+    return num_blocks * page * tensors
 
 
 def open_mesh(

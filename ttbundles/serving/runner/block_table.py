@@ -2,10 +2,12 @@
 per slot, as vLLM's own runner keeps them (`vllm/v1/worker/gpu/block_table.py`,
 `BlockTables`: one table per KV-cache group).
 
-Every model served today has one KV-cache group (group 0: every layer's cache is paged
-alike). A hybrid model (sliding-window layers beside full-attention ones) has one group
-per kind of layer, each with its own block ids per request (vLLM's `block_ids[group]`)
-and so its own table here: the group index is already every method's argument.
+A model whose layers are all paged alike has one KV-cache group. A hybrid model
+(sliding-window layers beside full-attention ones, `serving.kv_layout`) served on vLLM's
+hybrid manager has several, each with its own block ids per request (vLLM's
+`block_ids[group]`) and so its own table here. A sliding group's row is indexed by
+absolute position like every other (column `p // block_size` holds position p's block);
+the blocks before the window are vLLM's null block (id 0), which the window never reads.
 
 A row is written when its request's blocks change and cleared when its slot changes
 hands; `version` is bumped on every write, so a table cut for a batch layout is sent
@@ -100,11 +102,33 @@ def prefill_table(rows: Sequence[Sequence[int]]) -> torch.Tensor:
     return table
 
 
-def per_layer(page_table: torch.Tensor, layers: int) -> dict[str, list[torch.Tensor]]:
+def null_before_window(
+    table: torch.Tensor, starts: torch.Tensor, reach: int, block_size: int
+) -> torch.Tensor:
+    """A sliding group's table with the entries wholly below each row's window made
+    vLLM's null block (0), as vLLM's own runner masks them (`gather_block_tables`): the
+    scheduler frees those blocks without telling the worker, and may already have given
+    them to another request. `starts[r]`: row r's first position this step (< 0: an
+    empty row); `reach`: the group's `num_retained_tokens`. The table itself when
+    nothing is below a window (no copy)."""
+    limit = torch.div(starts - reach, block_size, rounding_mode="floor")  # [rows]
+    columns = torch.arange(table.shape[1])[None, :]
+    below = columns < limit[:, None]
+    if not bool(below.any()):
+        return table
+    return table.masked_fill(below, 0)
+
+
+def per_layer(
+    tables: Sequence[torch.Tensor], layer_group: Sequence[int] | None, layers: int
+) -> dict[str, list[torch.Tensor]]:
     """`page_tables_per_layer` for a generator whose cache was allocated per layer
-    (`layers` > 0): one KV-cache group, so every layer's table is the step's one (the
-    reference plugin sends one per layer too; Gemma-4 26B-A4B's autoport raises without
-    it). With several groups each layer would get its group's table."""
+    (`layers` > 0): each layer gets its KV group's table (`tables[g]`, `layer_group[i]`
+    layer i's group; None: one group), as the reference plugin expands them through its
+    layer-to-group map. With one group every layer's table is the step's one (Gemma-4
+    26B-A4B's autoport raises without the keyword)."""
     if not layers:
         return {}
-    return {"page_tables_per_layer": [page_table] * layers}
+    if layer_group is None or len(tables) == 1:
+        return {"page_tables_per_layer": [tables[0]] * layers}
+    return {"page_tables_per_layer": [tables[layer_group[i]] for i in range(layers)]}

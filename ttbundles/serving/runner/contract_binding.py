@@ -10,6 +10,7 @@ calls.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -101,14 +102,21 @@ class GeneratorMethods:
     propose: BoundMethod | None  # the generator's own drafter (`custom_class`)
 
     def allocate_cache(
-        self, shape: tuple[int, ...], dtype: Any, num_layers: int
+        self,
+        shape: tuple[int, ...],
+        dtype: Any,
+        num_layers: int,
+        tensors: Sequence[int] | None = None,
     ) -> tuple[Any, int]:
         """The KV cache, and its layers when it was allocated per layer (then every
         step passes `page_tables_per_layer`; 0 otherwise). Newer generators (hybrid
-        attention) take one (shape, dtype, index) per layer, and are preferred through
-        it where they offer it."""
+        attention) take one (shape, dtype, tensor_idx) per layer, and are preferred
+        through it where they offer it; `tensors[i]` is layer i's `tensor_idx` (layers
+        with the same one share one allocation: vLLM's KV groups overlay one block
+        pool), each layer its own without it."""
         if self.allocate_per_layer is not None:
-            specs = [(shape, dtype, layer) for layer in range(num_layers)]
+            indices = list(tensors) if tensors is not None else list(range(num_layers))
+            specs = [(shape, dtype, indices[layer]) for layer in range(num_layers)]
             return self.allocate_per_layer(per_layer_specs=specs), num_layers
         assert self.allocate is not None
         return self.allocate(kv_cache_shape=shape, dtype=dtype, num_layers=num_layers), 0

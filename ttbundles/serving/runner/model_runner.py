@@ -24,10 +24,16 @@ from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, DraftTokenIds, ModelRunne
 from ttbundles.format import contract
 from ttbundles.format import speculative as spec
 from ttbundles.serving import compat
-from ttbundles.serving.binding import split_output
+from ttbundles.serving.binding import GeneratorContractError, split_output
 from ttbundles.serving.configuration import effective_options, served_plan
+from ttbundles.serving.kv_layout import LayerGroups
 from ttbundles.serving.pixel_store import PixelStore
-from ttbundles.serving.runner.block_table import BlockTables, per_layer, prefill_table
+from ttbundles.serving.runner.block_table import (
+    BlockTables,
+    null_before_window,
+    per_layer,
+    prefill_table,
+)
 from ttbundles.serving.runner.commands import DecodeCommands
 from ttbundles.serving.runner.contract_binding import (
     GeneratorMethods,
@@ -102,6 +108,9 @@ class TTModelRunner:
         self.generator: Any = None
         self.kv_cache: Any = None
         self.cache_layers = 0  # layers of a per-layer cache: page_tables_per_layer is sent
+        # vLLM's KV groups by layer (one group, every layer its own tensor, until the
+        # worker learns the engine's `KVCacheConfig`).
+        self.kv_groups: LayerGroups | None = None
         # The request rows and the host sampler: vLLM's V1 parts where the release ships
         # them, ours on the release's parts otherwise (see `serving.compat`).
         self.input_batch = compat.host_batch(vllm_config, self.device)
@@ -189,6 +198,32 @@ class TTModelRunner:
             max_num_seqs=self.max_num_reqs,
         )
 
+    def use_kv_groups(self, groups: LayerGroups) -> None:
+        """The engine's KV groups (`serving.kv_layout`): a block table per group, each
+        layer's `page_tables_per_layer` entry its group's. Before any request.
+
+        What does not yet follow several groups is refused here (TTB262), before a
+        request could be served wrong: the early-exit drafter and verify read one table,
+        and lanes split one block pool by lane."""
+        unserved = []
+        if groups.num_groups > 1 and self.speculation is not None:
+            unserved.append("speculative decoding")
+        if groups.num_groups > 1 and self.lanes > 1:
+            unserved.append("in-process data-parallel lanes")
+        if unserved:
+            raise GeneratorContractError.single(
+                "TTB262",
+                f"{' and '.join(unserved)} with {groups.describe()} (hybrid KV cache) is "
+                "not supported yet",
+                hint="serve with --disable-hybrid-kv-cache-manager (every layer keeps the "
+                "whole context), or without the feature",
+            )
+        self.kv_groups = groups
+        self.tables = BlockTables(
+            self.max_num_reqs, self.max_model_len, self.block_size, groups.num_groups
+        )
+        self.states.tables = self.tables
+
     def allocate_kv_cache(
         self,
         num_blocks: int,
@@ -202,7 +237,20 @@ class TTModelRunner:
         # size per lane (TT-Metal's `kv_cache[lane][layer]`).
         assert self.methods is not None
         shape = (num_blocks // self.lanes, num_kv_heads, self.block_size, head_size)
-        self.kv_cache, self.cache_layers = self.methods.allocate_cache(shape, dtype, num_layers)
+        groups = self.kv_groups
+        if groups is not None and groups.num_groups > 1 and self.methods.allocate_per_layer is None:
+            raise GeneratorContractError.single(
+                "TTB261",
+                f"{self.class_name} declares {groups.num_groups} KV groups "
+                "(get_kv_cache_spec) but has no allocate_kv_cache_per_layer: layers that "
+                "share one tensor cannot be allocated through allocate_kv_cache",
+                hint="implement allocate_kv_cache_per_layer(per_layer_specs), or serve with "
+                "--disable-hybrid-kv-cache-manager",
+            )
+        tensors = groups.tensor if groups is not None else None
+        self.kv_cache, self.cache_layers = self.methods.allocate_cache(
+            shape, dtype, num_layers, tensors
+        )
 
     # --- device helpers -----------------------------------------------------------------
 
@@ -267,18 +315,48 @@ class TTModelRunner:
         self._step = step
         return None
 
+    def _group_tables(
+        self, layout: Layout, starts: np.ndarray
+    ) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """A decode's table of every KV group (`starts`: each slot's position), and what
+        tells a change of any of them (the main group's table alone with one group)."""
+        tables = [self.tables.decode_table(layout, g) for g in range(self.tables.num_groups)]
+        if len(tables) == 1:
+            return tables, tables[0]
+        tables = self._windowed(tables, torch.from_numpy(starts))
+        return tables, torch.cat(tables, dim=1)
+
+    def _windowed(self, tables: list[torch.Tensor], starts: torch.Tensor) -> list[torch.Tensor]:
+        """Each sliding group's table with what lies wholly below its window nulled
+        (`block_table.null_before_window`); `starts[r]` row r's first position."""
+        groups = self.kv_groups
+        if groups is None:
+            return tables
+        return [
+            null_before_window(table, starts, reach, self.block_size) if reach else table
+            for table, reach in zip(tables, groups.reach)
+        ]
+
+    def _main_table(self, tables: list[torch.Tensor]) -> torch.Tensor:
+        """The table sent as `page_table`: the first full-attention group's."""
+        return tables[self.kv_groups.main if self.kv_groups is not None else 0]
+
+    def _layer_tables(self, tables: list[torch.Tensor]) -> dict[str, list[torch.Tensor]]:
+        groups = self.kv_groups
+        return per_layer(tables, groups.group if groups is not None else None, self.cache_layers)
+
     def _decode_values(
-        self, layout: Layout, page_table: torch.Tensor, commands: DecodeCommands
+        self, layout: Layout, tables: list[torch.Tensor], commands: DecodeCommands
     ) -> dict[str, Any]:
         """What every decode and verify call passes besides its tokens and positions."""
         capacity = self.max_num_reqs
         values: dict[str, Any] = dict(
-            page_table=page_table,
+            page_table=self._main_table(tables),
             kv_cache=self.kv_cache,
             enable_trace=self.decode_trace,
             sampling_params=None,
             slot_remap=list(range(capacity)),
-            **per_layer(page_table, self.cache_layers),
+            **self._layer_tables(tables),
         )
         assert self.methods is not None
         rope_deltas = self.states.rope_deltas
@@ -324,11 +402,11 @@ class TTModelRunner:
         tokens_np[slots] = np.where(computed < totals, known, -1)
         positions_np = np.full(capacity, EMPTY_POSITION, dtype=np.int64)
         positions_np[slots] = computed
-        page_table = self.tables.decode_table(layout)
+        tables, page_table = self._group_tables(layout, positions_np)
         commands = self._decode_commands(layout.owners, page_table, device)
         read = self.methods.read
         use_async = self.async_decode and device and self.resident_inputs and read is not None
-        values = self._decode_values(layout, page_table, commands)
+        values = self._decode_values(layout, tables, commands)
         values.update(
             tokens=torch.from_numpy(tokens_np).view(capacity, 1),
             start_pos=torch.from_numpy(positions_np),
@@ -381,14 +459,16 @@ class TTModelRunner:
             step.req_ids, layout.slots, last, computed, drafts, layout.params
         )
         STATS.count("speculative.draft_tokens", sum(len(d) for d in verify.drafts))
-        page_table = self.tables.decode_table(layout)
+        starts = np.full(self.max_num_reqs, EMPTY_POSITION, dtype=np.int64)
+        starts[layout.slots] = computed
+        tables, page_table = self._group_tables(layout, starts)
         commands = self._decode_commands(layout.owners, page_table, False)
         # Asynchronous scheduling (the bundle declares async_spec_decode): submitted
         # without reading back; read_decode_output copies the verify block, accepted when
         # vLLM (or the next step, which drains it first) asks for the output.
         read = self.methods.read
         deferred = self.async_decode and read is not None
-        values = self._decode_values(layout, page_table, commands)
+        values = self._decode_values(layout, tables, commands)
         values.update(
             tokens=verify.tokens,
             start_pos=verify.positions,
@@ -454,7 +534,12 @@ class TTModelRunner:
         inputs: dict[str, Any] = {}
         if self.image_inputs:
             inputs = prefill_image_inputs(step.req_ids, computed, requests, self.pixels)
-        page_table = prefill_table([s.block_ids[0] for s in states])
+        tables = [
+            prefill_table([s.block_ids[g] for s in states]) for g in range(self.tables.num_groups)
+        ]
+        if len(tables) > 1:
+            tables = self._windowed(tables, torch.tensor(computed))
+        page_table = self._main_table(tables)
         scored = (
             self.prompt_logprobs.rows(step.req_ids, requests, computed)
             if self.prompt_logprobs is not None and step.layout.any_prompt_logprobs
@@ -464,7 +549,7 @@ class TTModelRunner:
             inputs[contract.PROMPT_LOGITS_KEYWORD] = True
         out = self.methods.prefill(
             **inputs,
-            **per_layer(page_table, self.cache_layers),
+            **self._layer_tables(tables),
             tokens=tokens.long(),
             page_table=page_table,
             kv_cache=self.kv_cache,
