@@ -163,6 +163,8 @@ CODES: dict[str, str] = {
     "TTB246": "a setting asked for was lowered to what the bundle's target supports (a warning)",
     "TTB250": "the checkpoint's sliding window is shorter than max_model_len and the "
     "generator does not mask it",
+    "TTB260": "a pooling server (--runner pooling, --convert embed|classify, or a checkpoint "
+    "vLLM pools by default) asked of a bundle that declares no pooling task",
 }
 
 
@@ -433,6 +435,9 @@ WHAT_TO_DO: dict[str, str] = {
     "window and declares model_capabilities['supports_sliding_window'] = True (the torch "
     "reference and bundles from `ttbundle init --reference` do). See "
     "docs/operators/serving.md, sliding windows.",
+    "TTB260": "Serve the checkpoint as a generation model (drop --runner pooling and "
+    "--convert, or pass --runner generate where the checkpoint itself asks vLLM to pool), or "
+    "serve it with a bundle whose generator pools and declares the tasks asked for.",
 }
 
 

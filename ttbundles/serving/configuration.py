@@ -335,6 +335,7 @@ def plan_config(vllm_config: VllmConfig, registry: Registry) -> Plan | None:
     )
 
     _refuse_unsupported(vllm_config, mesh)
+    _plan_runner(vllm_config, plan)
     _plan_evidence(plan, entry.path)
 
     options = _plan_options(vllm_config, plan, meta, target)
@@ -409,6 +410,48 @@ def _refuse_unsupported(vllm_config: VllmConfig, mesh: str | None) -> None:
         )
     if vllm_config.lora_config is not None:
         raise _error("TTB202", "LoRA is not supported yet on Tenstorrent", "drop --enable-lora")
+
+
+def _pooling_asked_by(model_config: Any) -> str:
+    """Who made vLLM choose its pooling runner, in the words the user would recognise:
+    the flag they passed, or the checkpoint itself (vLLM pools a checkpoint with a
+    sentence-transformers `modules.json` or a `*ForSequenceClassification` architecture
+    by default, with no flag at all)."""
+    asked = []
+    if model_config.runner == "pooling":
+        asked.append("--runner pooling")
+    if model_config.convert not in ("auto", "none"):
+        asked.append(f"--convert {model_config.convert}")
+    if asked:
+        return " ".join(asked)
+    return (
+        "the checkpoint (vLLM pools it by default: a sentence-transformers modules.json or "
+        "a pooling architecture)"
+    )
+
+
+def _plan_runner(vllm_config: VllmConfig, plan: Plan) -> None:
+    """vLLM's runner, decided aloud: a pooling server asked of a bundle without pooling
+    is refused (TTB260). Without this check vLLM's pooling configuration reached a
+    generation worker, which served completions and answered 404 on /v1/embeddings."""
+    model_config = vllm_config.model_config
+    runner = model_config.runner_type
+    bundle = f"{plan.bundle['name']}@{plan.bundle['version']}"
+    if runner == "pooling":
+        raise _error(
+            "TTB260",
+            f"{_pooling_asked_by(model_config)} asks for a pooling server (embeddings, "
+            f"classification, scores), but {bundle} declares no pooling task: its "
+            f"generator {plan.bundle['declared_class']} only generates text",
+            "serve it as a generation model (drop --runner pooling and --convert, or pass "
+            "--runner generate), or use a bundle that declares the pooling tasks",
+        )
+    plan.decide(
+        "runner",
+        None if model_config.runner == "auto" else model_config.runner,
+        runner,
+        f"{bundle} generates text" + ("" if model_config.runner != "auto" else " (vLLM's default)"),
+    )
 
 
 def refuse_vllm_parallelism(settings: Any, mesh: str | None) -> None:
