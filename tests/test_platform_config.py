@@ -301,6 +301,43 @@ def test_plan_command_refuses_a_pooling_server_as_the_server_would(
     assert "--convert embed asks for a pooling server" in run.stdout + run.stderr
 
 
+POOLING_BUNDLE = {"schema_version": 5, "capabilities": {"pooling": {"tasks": ["embed"]}}}
+
+
+def test_a_bundle_that_only_pools_is_refused_a_generation_server(models_dir, demo_checkpoint):
+    """A bundle of the forward form has no prefill or decode: a generation server of it
+    is refused (TTB262) with the flags that serve it."""
+    bundle(models_dir, "embedder", **POOLING_BUNDLE)
+    with pytest.raises(ConfigurationError) as excinfo:
+        configure(demo_checkpoint)
+    assert error_of(excinfo) == "TTB262"
+    assert "embedder@1.0.0 only pools (embed" in str(excinfo.value)
+    assert "--runner pooling" in excinfo.value.diagnostics[0].hint
+
+
+def test_a_task_the_bundle_does_not_declare_is_refused(models_dir, demo_checkpoint):
+    bundle(models_dir, "embedder", **POOLING_BUNDLE)
+    with pytest.raises(ConfigurationError) as excinfo:
+        configure(demo_checkpoint, runner="pooling", convert="classify")
+    assert error_of(excinfo) == "TTB260"
+    assert "asks for classify pooling (classify), but embedder@1.0.0 declares the pooling " in (
+        str(excinfo.value)
+    )
+    assert excinfo.value.diagnostics[0].hint == "serve it with --convert embed"
+
+
+def test_a_declared_pooling_server_is_planned_then_refused_until_served(
+    models_dir, demo_checkpoint
+):
+    """This release validates and plans pooling bundles but has no pooling runner: a
+    clear TTB202, never a generation server."""
+    bundle(models_dir, "embedder", **POOLING_BUNDLE)
+    with pytest.raises(ConfigurationError) as excinfo:
+        configure(demo_checkpoint, runner="pooling", convert="embed")
+    assert error_of(excinfo) == "TTB202"
+    assert "does not serve yet" in str(excinfo.value)
+
+
 def test_the_plan_says_the_runner(models_dir, demo_checkpoint):
     bundle(models_dir, "plain")
     _config, decisions, _plan = configure(demo_checkpoint)

@@ -1,4 +1,4 @@
-"""The bundle format: `vllm_metadata.json`, schema versions 1 to 4, as a pydantic model.
+"""The bundle format: `vllm_metadata.json`, schema versions 1 to 5, as a pydantic model.
 
 This model is the single source of truth: `schemas/vllm_metadata.schema.json` is generated
 from it (`ttbundle schema`), and a test fails when the checked-in file drifts. It imports
@@ -26,6 +26,8 @@ from pydantic.json_schema import SkipJsonSchema
 from pydantic_core import PydanticCustomError
 
 from ttbundles.format.contract import (
+    POOLING_FORMS,
+    POOLING_TASKS,
     SPEC_HANDOFFS,
     SPEC_METHOD_REQUIREMENTS,
     SPEC_METHODS,
@@ -40,7 +42,7 @@ METADATA_FILE = "vllm_metadata.json"
 # every ttbundles release reads it. A document needs a higher one only for what that
 # version added (see `needs_version`).
 SCHEMA_VERSION = 1
-LATEST_SCHEMA_VERSION = 4
+LATEST_SCHEMA_VERSION = 5
 # Every schema version this release reads, with what it changed.
 SUPPORTED_SCHEMA_VERSIONS: dict[int, str] = {
     1: "first versioned format: identity, capabilities, targets, when, requires",
@@ -51,6 +53,8 @@ SUPPORTED_SCHEMA_VERSIONS: dict[int, str] = {
     "keys; capabilities.prompt_logprobs",
     4: "serving: the bundle's serving defaults (tool-call parser, auto tool choice, "
     "reasoning parser, chat template), applied at vllm serve when the operator passes none",
+    5: "capabilities.pooling: the pooling tasks (embed, classify, token_embed) and the "
+    "contract form that serves them (vLLM's --runner pooling)",
 }
 # What each version added, as (object, key) pairs: a document of a lower version using
 # one is refused with the version it needs (TTB020), and the schema says the same.
@@ -66,6 +70,7 @@ ADDED_IN: dict[int, tuple[tuple[str, str], ...]] = {
     ),
     # An owner "" is the document itself: the whole `serving` object is new in 4.
     4: (("", "serving"),),
+    5: (("capabilities", "pooling"),),
 }
 # Input modalities vLLM's multimodal processors know; a bundle lists those it serves.
 Modality = Literal["image", "video", "audio"]
@@ -87,6 +92,8 @@ MeshName = Literal[MESH_NAMES]  # type: ignore[valid-type]
 SpecMethod = Literal[SPEC_METHODS]  # type: ignore[valid-type]
 SpecRequirement = Literal[SPEC_REQUIREMENTS]  # type: ignore[valid-type]
 SpecHandoff = Literal[SPEC_HANDOFFS]  # type: ignore[valid-type]
+PoolingTask = Literal[POOLING_TASKS]  # type: ignore[valid-type]
+PoolingForm = Literal[POOLING_FORMS]  # type: ignore[valid-type]
 EnvName = Annotated[str, Field(pattern=ENV_NAME_PATTERN)]
 # pydantic renders a key pattern as patternProperties, which lets other keys through; the
 # schema must reject them as the model does.
@@ -218,6 +225,48 @@ class ModelRef(_Strict):
     )
 
 
+class Pooling(_Strict):
+    """The pooling a generator serves (schema 5): what vLLM's pooling runner
+    (`--runner pooling`, `--convert embed|classify`) may ask of it, and in which form of
+    the contract (`format.contract`, pooling)."""
+
+    tasks: list[PoolingTask] = Field(
+        min_length=1,
+        description="vLLM's pooling tasks served: 'embed' (/v1/embeddings, /pooling), "
+        "'classify' (/classify, /score, /rerank), 'token_embed' (per-token vectors, "
+        "/pooling; the prefill_hidden form only).",
+        json_schema_extra={"uniqueItems": True},
+    )
+    form: PoolingForm = Field(
+        "forward",
+        description="'forward': forward(input_ids, attention_mask) returns one pooled row "
+        "per prompt (the reference plugin's form: no KV cache); 'prefill_hidden': "
+        "prefill_forward(..., return_hidden_states=True) returns every position's hidden "
+        "state and vLLM's pooler finishes on the host (the checkpoint's pooling config and "
+        "--convert mean what they mean in vLLM).",
+    )
+
+    @field_validator("tasks")
+    @classmethod
+    def _unique_tasks(cls, value: list[str]) -> list[str]:
+        if len(set(value)) != len(value):
+            raise PydanticCustomError(
+                "TTB033", "pooling.tasks lists a task twice", {"hint": "list each once"}
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _token_tasks_need_hidden_states(self) -> Pooling:
+        if "token_embed" in self.tasks and self.form != "prefill_hidden":
+            raise PydanticCustomError(
+                "TTB033",
+                "pooling.tasks has token_embed, which needs every position's hidden state, "
+                "but the form is {form!r}: forward returns one pooled row per prompt",
+                {"form": self.form, "hint": 'use "form": "prefill_hidden", or drop token_embed'},
+            )
+        return self
+
+
 class Capabilities(_Strict):
     """What the generator can do; every flag defaults to off.
 
@@ -293,6 +342,12 @@ class Capabilities(_Strict):
         description="Schema 3: prefill_forward returns logits for every prompt position "
         "when the worker passes return_prompt_logits=True, so requests may ask for prompt "
         "logprobs (completions' echo with logprobs); undeclared, they are refused (HTTP 400).",
+    )
+    pooling: Pooling | None = Field(
+        None,
+        description="Schema 5: the pooling tasks the generator serves under vLLM's pooling "
+        "runner, and the contract form; absent: it only generates (--runner pooling is "
+        "refused, TTB260).",
     )
 
     @property
@@ -695,7 +750,7 @@ class ServingDefaults(_Strict):
 
 
 class BundleMetadata(_Strict):
-    """`vllm_metadata.json`, schema versions 1 to 4 (`SUPPORTED_SCHEMA_VERSIONS`)."""
+    """`vllm_metadata.json`, schema versions 1 to 5 (`SUPPORTED_SCHEMA_VERSIONS`)."""
 
     model_config = ConfigDict(
         title="ttbundles vllm_metadata.json",
@@ -710,7 +765,7 @@ class BundleMetadata(_Strict):
     schema_uri: str | None = Field(
         None, alias="$schema", description="Schema URI, so editors can validate the file."
     )
-    schema_version: Literal[1, 2, 3, 4] = Field(description="Version of this format.")
+    schema_version: Literal[1, 2, 3, 4, 5] = Field(description="Version of this format.")
     name: str = Field(
         pattern=NAME_PATTERN, max_length=64, description="Bundle name, unique in a folder."
     )
@@ -790,7 +845,7 @@ class BundleMetadata(_Strict):
         if isinstance(value, bool):
             raise PydanticCustomError(
                 "TTB032",
-                "schema_version must be a number (1 to 4), not a boolean",
+                "schema_version must be a number (1 to 5), not a boolean",
                 {"hint": f'write "schema_version": {SCHEMA_VERSION}'},
             )
         return value
@@ -877,6 +932,9 @@ def capability_flags(capabilities: dict[str, Any] | None) -> list[str]:
         flags.append("spec_decode=" + "+".join(capabilities["spec_decode"]))
     if capabilities.get("prompt_logprobs"):
         flags.append("prompt_logprobs")
+    pooling = capabilities.get("pooling")
+    if pooling:
+        flags.append("pooling=" + "+".join(pooling["tasks"]))
     limits = input_limits(capabilities)
     if limits:
         flags.append("inputs=text+" + "+".join(f"{m}:{n}" for m, n in limits.items()))

@@ -61,6 +61,7 @@ SKIPPING = frozenset({"TTB003", "TTB050", "TTB051", "TTB052"})
 _CHECKER_FILES = (
     "check/adapter.py",
     "check/capabilities.py",
+    "check/pooling.py",
     "check/reference_archs.py",
     "check/speculative.py",
     "check/static_reader.py",

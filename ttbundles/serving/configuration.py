@@ -112,6 +112,9 @@ class Plan:
     # is not "tested" ("": nothing to say).
     evidence: str = "untested"
     evidence_note: str = ""
+    # What vLLM's pooling runner serves of the bundle's pooling (schema 5): the tasks
+    # asked for and declared, and the contract form; {}: a generation server.
+    pooling: dict[str, Any] = field(default_factory=dict)
 
     def decide(self, setting: str, requested: Any, effective: Any, reason: str) -> Any:
         self.decisions.append(Decision(setting, requested, effective, reason))
@@ -335,7 +338,7 @@ def plan_config(vllm_config: VllmConfig, registry: Registry) -> Plan | None:
     )
 
     _refuse_unsupported(vllm_config, mesh)
-    _plan_runner(vllm_config, plan)
+    _plan_runner(vllm_config, plan, meta)
     _plan_evidence(plan, entry.path)
 
     options = _plan_options(vllm_config, plan, meta, target)
@@ -430,27 +433,78 @@ def _pooling_asked_by(model_config: Any) -> str:
     )
 
 
-def _plan_runner(vllm_config: VllmConfig, plan: Plan) -> None:
-    """vLLM's runner, decided aloud: a pooling server asked of a bundle without pooling
-    is refused (TTB260). Without this check vLLM's pooling configuration reached a
-    generation worker, which served completions and answered 404 on /v1/embeddings."""
+# The tasks vLLM's `--convert` asks for (`vllm.config.model`: `embed` makes an embedding
+# model, which also answers per-token embeddings; `classify` a classifier, whose /score
+# and /rerank are classification of a pair). "none" (a checkpoint vLLM pools natively)
+# asks for no task in particular: every task the bundle declares.
+CONVERT_TASKS: dict[str, tuple[str, ...]] = {
+    "embed": ("embed", "token_embed"),
+    "classify": ("classify",),
+}
+
+
+def _plan_runner(vllm_config: VllmConfig, plan: Plan, meta: BundleMetadata) -> None:
+    """vLLM's runner, decided aloud with the pooling tasks served. Pooling asked of a
+    bundle without the task is refused (TTB260): vLLM's pooling configuration used to
+    reach a generation worker, which served completions and answered 404 on
+    /v1/embeddings. Generation asked of a bundle that only pools is refused too
+    (TTB262)."""
     model_config = vllm_config.model_config
     runner = model_config.runner_type
     bundle = f"{plan.bundle['name']}@{plan.bundle['version']}"
+    pooling = meta.capabilities.pooling
+    asked = None if model_config.runner == "auto" else model_config.runner
     if runner == "pooling":
+        by = _pooling_asked_by(model_config)
+        if pooling is None:
+            raise _error(
+                "TTB260",
+                f"{by} asks for a pooling server (embeddings, classification, scores), but "
+                f"{bundle} declares no pooling task: its generator "
+                f"{plan.bundle['declared_class']} only generates text",
+                "serve it as a generation model (drop --runner pooling and --convert, or "
+                "pass --runner generate), or use a bundle that declares the pooling tasks",
+            )
+        convert = model_config.convert_type
+        wanted = CONVERT_TASKS.get(convert)
+        served = [t for t in pooling.tasks if wanted is None or t in wanted]
+        if not served:
+            other = "classify" if convert == "embed" else "embed"
+            raise _error(
+                "TTB260",
+                f"{by} asks for {convert} pooling ({', '.join(wanted or ())}), but {bundle} "
+                f"declares the pooling tasks {', '.join(pooling.tasks)} only",
+                f"serve it with --convert {other}"
+                if other in pooling.tasks
+                else "use a bundle that declares the task",
+            )
+        plan.pooling = {"tasks": served, "form": pooling.form}
+        plan.decide(
+            "runner",
+            asked,
+            "pooling",
+            f"{bundle} pools ({by}): tasks {', '.join(served)}, form {pooling.form!r}",
+        )
         raise _error(
-            "TTB260",
-            f"{_pooling_asked_by(model_config)} asks for a pooling server (embeddings, "
-            f"classification, scores), but {bundle} declares no pooling task: its "
-            f"generator {plan.bundle['declared_class']} only generates text",
-            "serve it as a generation model (drop --runner pooling and --convert, or pass "
-            "--runner generate), or use a bundle that declares the pooling tasks",
+            "TTB202",
+            f"{bundle} declares pooling ({', '.join(pooling.tasks)}), which this release "
+            "validates and plans but does not serve yet",
+            "serve a generation bundle, or wait for a release that serves pooling bundles",
+        )
+    if pooling is not None and pooling.form == "forward":
+        raise _error(
+            "TTB262",
+            f"vLLM's runner is {runner!r} (text generation), but {bundle} only pools "
+            f"({', '.join(pooling.tasks)}: its generator has forward(input_ids, "
+            "attention_mask), no prefill or decode)",
+            "serve it with --runner pooling (and --convert embed or --convert classify for "
+            "a *ForCausalLM checkpoint)",
         )
     plan.decide(
         "runner",
-        None if model_config.runner == "auto" else model_config.runner,
+        asked,
         runner,
-        f"{bundle} generates text" + ("" if model_config.runner != "auto" else " (vLLM's default)"),
+        f"{bundle} generates text" + ("" if asked else " (vLLM's default)"),
     )
 
 
