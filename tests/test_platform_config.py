@@ -326,16 +326,45 @@ def test_a_task_the_bundle_does_not_declare_is_refused(models_dir, demo_checkpoi
     assert excinfo.value.diagnostics[0].hint == "serve it with --convert embed"
 
 
-def test_a_declared_pooling_server_is_planned_then_refused_until_served(
-    models_dir, demo_checkpoint
-):
-    """This release validates and plans pooling bundles but has no pooling runner: a
-    clear TTB202, never a generation server."""
-    bundle(models_dir, "embedder", **POOLING_BUNDLE)
+def test_a_pooling_server_is_planned_with_its_tasks(models_dir, demo_checkpoint):
+    """--convert embed of a bundle declaring embed and classify: the embed tasks only (vLLM's
+    API server opens one pooling task's endpoints), no KV-cache features, whole prompts."""
+    bundle(
+        models_dir,
+        "pooler",
+        schema_version=5,
+        capabilities={"pooling": {"tasks": ["embed", "classify"]}},
+    )
+    config, decisions, plan = configure(demo_checkpoint, runner="pooling", convert="embed")
+    assert plan["pooling"] == {"tasks": ["embed"], "form": "forward"}
+    assert decisions["runner"]["effective"] == "pooling"
+    assert decisions["runner"]["requested"] == "pooling"
+    assert "tasks embed, form 'forward'" in decisions["runner"]["reason"]
+    assert config.scheduler_config.enable_chunked_prefill is False
+    assert config.scheduler_config.max_num_batched_tokens >= config.model_config.max_model_len
+    _config, _decisions, plan = configure(demo_checkpoint, runner="pooling", convert="classify")
+    assert plan["pooling"]["tasks"] == ["classify"]
+
+
+def test_the_hidden_states_form_is_refused_for_now(models_dir, demo_checkpoint):
+    bundle(
+        models_dir,
+        "hidden",
+        schema_version=5,
+        capabilities={"pooling": {"tasks": ["embed"], "form": "prefill_hidden"}},
+    )
     with pytest.raises(ConfigurationError) as excinfo:
         configure(demo_checkpoint, runner="pooling", convert="embed")
     assert error_of(excinfo) == "TTB202"
-    assert "does not serve yet" in str(excinfo.value)
+    assert "form 'prefill_hidden'" in str(excinfo.value)
+
+
+def test_data_parallel_pooling_is_refused_for_now(models_dir, demo_checkpoint):
+    bundle(models_dir, "forward", **POOLING_BUNDLE)
+    with pytest.raises(ConfigurationError) as excinfo:
+        configure(demo_checkpoint, runner="pooling", convert="embed", data_parallel_size=2)
+    assert error_of(excinfo) == "TTB202"
+    assert "pooling runs as one engine" in str(excinfo.value)
 
 
 def test_the_plan_says_the_runner(models_dir, demo_checkpoint):

@@ -485,12 +485,22 @@ def _plan_runner(vllm_config: VllmConfig, plan: Plan, meta: BundleMetadata) -> N
             "pooling",
             f"{bundle} pools ({by}): tasks {', '.join(served)}, form {pooling.form!r}",
         )
-        raise _error(
-            "TTB202",
-            f"{bundle} declares pooling ({', '.join(pooling.tasks)}), which this release "
-            "validates and plans but does not serve yet",
-            "serve a generation bundle, or wait for a release that serves pooling bundles",
-        )
+        if pooling.form != "forward":
+            raise _error(
+                "TTB202",
+                f"{bundle} declares pooling of the form {pooling.form!r}, which this "
+                "release validates and plans but does not serve yet (the form 'forward' "
+                "is served)",
+                "serve a bundle of the pooling form 'forward' (forward(input_ids, attention_mask))",
+            )
+        if vllm_config.parallel_config.data_parallel_size > 1:
+            raise _error(
+                "TTB202",
+                f"--data-parallel-size={vllm_config.parallel_config.data_parallel_size} "
+                "with a pooling bundle: pooling runs as one engine on Tenstorrent for now",
+                "drop --data-parallel-size",
+            )
+        return
     if pooling is not None and pooling.form == "forward":
         raise _error(
             "TTB262",

@@ -32,6 +32,7 @@ from ttbundles.serving.configuration import served_plan
 from ttbundles.serving.device_groups import bind_rank
 from ttbundles.serving.generator_class import load_generator_class
 from ttbundles.serving.runner import TTModelRunner
+from ttbundles.serving.runner.pooling import TTPoolingRunner
 from ttbundles.serving.stats import STATS
 
 if TYPE_CHECKING:  # only for annotations
@@ -137,10 +138,20 @@ class TTWorker(WorkerBase):
             return []
         return list(self.plan.device_groups[self.dp_rank])
 
+    @property
+    def pools(self) -> bool:
+        """vLLM's pooling runner over a generator of the `forward` form: no KV cache."""
+        return bool(self.plan.pooling)
+
     @_starting
     def load_model(self, *, load_dummy_weights: bool = False) -> None:
         generator_cls = load_generator_class(self.plan.bundle)
-        self.model_runner = TTModelRunner(self.vllm_config, generator_cls, self.mesh_device)
+        if self.pools:
+            self.model_runner = TTPoolingRunner(  # type: ignore[assignment]
+                self.vllm_config, generator_cls, self.mesh_device, self.plan.pooling["tasks"]
+            )
+        else:
+            self.model_runner = TTModelRunner(self.vllm_config, generator_cls, self.mesh_device)
         try:
             self.model_runner.load_model()
         except TTBundleError:
@@ -148,10 +159,13 @@ class TTWorker(WorkerBase):
         except Exception as exc:  # noqa: BLE001 - the generator's own code: one line
             raise faults.load_failed(generator_cls.__name__, exc) from exc
         logger.info(
-            "ttbundles: loaded %s (%s, decode contract %s) on %s",
+            "ttbundles: loaded %s (%s, %s) on %s",
             self.plan.tt_arch,
             self.plan.bundle.get("declared_class", self.plan.bundle["main_class"]),
-            "v1" if self.model_runner.version else "legacy (reset_batch)",
+            f"pooling {'+'.join(self.plan.pooling['tasks'])}, form 'forward', no KV cache"
+            if self.pools
+            else "decode contract "
+            + ("v1" if self.model_runner.version else "legacy (reset_batch)"),
             self.mesh_device,
         )
 
@@ -166,6 +180,8 @@ class TTWorker(WorkerBase):
         return num_layers, config.get_num_kv_heads(self.parallel_config), config.get_head_size()
 
     def get_kv_cache_spec(self) -> dict[str, FullAttentionSpec]:
+        if self.pools:
+            return {}  # vLLM's engine runs a model with no KV cache as attention-free
         num_layers, kv_heads, head_size = self._layer_shape()
         spec = FullAttentionSpec(
             block_size=self.cache_config.block_size,
@@ -188,6 +204,8 @@ class TTWorker(WorkerBase):
         DP submesh's cache), and the engine's blocks are every lane's: the coordinator
         and the runner give each lane an equal share."""
         assert self.model_runner is not None
+        if self.pools:
+            return 0
         explicit = self.cache_config.kv_cache_memory_bytes
         if explicit is not None:
             return int(explicit)
@@ -203,6 +221,8 @@ class TTWorker(WorkerBase):
     @_starting
     def initialize_from_config(self, kv_cache_config: KVCacheConfig) -> None:
         assert self.model_runner is not None
+        if self.pools:
+            return
         num_layers, kv_heads, head_size = self._layer_shape()
         self.model_runner.allocate_kv_cache(
             kv_cache_config.num_blocks, kv_heads, head_size, num_layers, self.model_config.dtype
@@ -225,9 +245,13 @@ class TTWorker(WorkerBase):
         return CompilationTimes(language_model=0.0, encoder=0.0)
 
     def get_supported_tasks(self) -> tuple[str, ...]:
-        return ("generate",)
+        # vLLM's API server opens the pooling endpoints of these tasks (the plan's: those
+        # the bundle declares and --convert asks for).
+        return tuple(self.plan.pooling["tasks"]) if self.pools else ("generate",)
 
     def get_cache_block_size_bytes(self) -> int:
+        if self.pools:
+            return 0
         spec = next(iter(self.get_kv_cache_spec().values()))
         return spec.page_size_bytes
 
