@@ -9,48 +9,17 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.conftest import READY_TIMEOUT, STOP_TIMEOUT, _environment, write_test_bundle
+from tests.e2e.conftest import READY_TIMEOUT, STOP_TIMEOUT, _environment
+from ttbundles.demo.embedding_bundle import write_embedding_bundle
 from ttbundles.demo.server import start_server
 
-EMBEDDER = '''"""The reference plugin's pooling form over transformers' Llama: last token."""
-
-import torch
-from transformers import LlamaModel
-
-
-class Embedder:
-    model_capabilities = {}
-
-    def __init__(self, model):
-        self.model = model
-
-    @classmethod
-    def initialize_vllm_model(cls, hf_config, mesh_device, max_batch_size, max_seq_len,
-                              **kwargs):
-        path = hf_config._name_or_path
-        return cls(LlamaModel.from_pretrained(path, dtype=torch.float32).eval())
-
-    def forward(self, input_ids, attention_mask):
-        hidden = self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        last = attention_mask.sum(dim=1).long() - 1
-        return hidden[torch.arange(hidden.shape[0]), last]
-'''
-METADATA = {
-    "schema_version": 5,
-    "name": "tiny-embedder",
-    "version": "1.0.0",
-    "arch": "LlamaForCausalLM",
-    "main_class": "adapter:Embedder",
-    "capabilities": {"pooling": {"tasks": ["embed"], "form": "forward"}},
-    "targets": {"HOST": {}},
-}
 TEXTS = ["The quick brown fox", "jumps over the lazy dog again and again", "hi"]
 
 
 @pytest.fixture(scope="module")
 def embed_server(demo_checkpoint, tmp_path_factory):
     root = tmp_path_factory.mktemp("pooling")
-    write_test_bundle(root / "models", METADATA, EMBEDDER)
+    write_embedding_bundle(root / "models")
     env = _environment({"EXTRA_MODELS_DIR": str(root / "models")})
     args = ["--runner", "pooling", "--convert", "embed", "--max-model-len", "256"]
     process = start_server(demo_checkpoint, vllm_args=args, env=env, log_path=root / "server.log")
