@@ -18,6 +18,8 @@ from tests.e2e.conftest import READY_TIMEOUT, STOP_TIMEOUT, _environment, write_
 from tests.e2e.test_pooling_serving import http_post_json
 from ttbundles.demo.server import start_server
 
+pytestmark = pytest.mark.server
+
 CLASSIFIER = '''"""The pooling form over transformers' Llama classifier: the score head at the last
 real token of each right-padded row."""
 

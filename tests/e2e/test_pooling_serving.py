@@ -13,6 +13,8 @@ from tests.e2e.conftest import READY_TIMEOUT, STOP_TIMEOUT, _environment
 from ttbundles.demo.embedding_bundle import write_embedding_bundle
 from ttbundles.demo.server import start_server
 
+pytestmark = pytest.mark.server
+
 TEXTS = ["The quick brown fox", "jumps over the lazy dog again and again", "hi"]
 
 
