@@ -239,12 +239,12 @@ def test_a_pooling_server_of_a_bundle_without_pooling_is_refused(
     models_dir, demo_checkpoint, option, asked
 ):
     """vLLM's pooling runner asked of a text-generation bundle: refused at configuration
-    with TTB260 naming the flag, the bundle and the fix (it used to start a generation
+    with TTB270 naming the flag, the bundle and the fix (it used to start a generation
     server that answered 404 on /v1/embeddings)."""
     bundle(models_dir, "plain")
     with pytest.raises(ConfigurationError) as excinfo:
         configure(demo_checkpoint, **option)
-    assert error_of(excinfo) == "TTB260"
+    assert error_of(excinfo) == "TTB270"
     diagnostic = excinfo.value.diagnostics[0]
     assert diagnostic.message.startswith(asked + " asks for a pooling server")
     assert "plain@" in diagnostic.message and "declares no pooling task" in diagnostic.message
@@ -282,7 +282,7 @@ def test_a_checkpoint_vllm_pools_by_default_is_refused_too(models_dir, demo_chec
     bundle(models_dir, "plain")
     with pytest.raises(ConfigurationError) as excinfo:
         configure(checkpoint)
-    assert error_of(excinfo) == "TTB260"
+    assert error_of(excinfo) == "TTB270"
     assert excinfo.value.diagnostics[0].message.startswith("the checkpoint (vLLM pools it")
     _config, decisions, _plan = configure(checkpoint, runner="generate")
     assert decisions["runner"]["effective"] == "generate"
@@ -297,7 +297,7 @@ def test_plan_command_refuses_a_pooling_server_as_the_server_would(
     args = ["--model", demo_checkpoint, "--max-model-len", "256", "--convert", "embed"]
     run = run_cli("plan", *args, env=env, timeout=300)
     assert run.returncode == 1, run.stdout + run.stderr
-    assert "TTB260" in run.stdout + run.stderr
+    assert "TTB270" in run.stdout + run.stderr
     assert "--convert embed asks for a pooling server" in run.stdout + run.stderr
 
 
@@ -306,11 +306,11 @@ POOLING_BUNDLE = {"schema_version": 5, "capabilities": {"pooling": {"tasks": ["e
 
 def test_a_bundle_that_only_pools_is_refused_a_generation_server(models_dir, demo_checkpoint):
     """A bundle of the forward form has no prefill or decode: a generation server of it
-    is refused (TTB262) with the flags that serve it."""
+    is refused (TTB272) with the flags that serve it."""
     bundle(models_dir, "embedder", **POOLING_BUNDLE)
     with pytest.raises(ConfigurationError) as excinfo:
         configure(demo_checkpoint)
-    assert error_of(excinfo) == "TTB262"
+    assert error_of(excinfo) == "TTB272"
     assert "embedder@1.0.0 only pools (embed" in str(excinfo.value)
     assert "--runner pooling" in excinfo.value.diagnostics[0].hint
 
@@ -319,7 +319,7 @@ def test_a_task_the_bundle_does_not_declare_is_refused(models_dir, demo_checkpoi
     bundle(models_dir, "embedder", **POOLING_BUNDLE)
     with pytest.raises(ConfigurationError) as excinfo:
         configure(demo_checkpoint, runner="pooling", convert="classify")
-    assert error_of(excinfo) == "TTB260"
+    assert error_of(excinfo) == "TTB270"
     assert "asks for classify pooling (classify), but embedder@1.0.0 declares the pooling " in (
         str(excinfo.value)
     )

@@ -109,7 +109,7 @@ def test_a_forward_the_worker_cannot_call_is_ttb261(make_bundle, import_check):
     )
     folder = make_bundle("pool", metadata=_document(FORWARD), adapter=adapter)
     _codes_found, found = _codes(folder, import_check=import_check)
-    [d] = [d for d in found if d.code == "TTB261"]
+    [d] = [d for d in found if d.code == "TTB271"]
     assert "DemoGenerator.forward" in d.message and "'forward'" in d.message
     assert "input_ids" in d.message
 
@@ -122,12 +122,12 @@ def test_the_hidden_form_needs_prefill_to_take_return_hidden_states(make_bundle,
     )
     folder = make_bundle("pool", metadata=_document(HIDDEN), adapter=strict)
     _codes_found, found = _codes(folder, import_check=import_check)
-    [d] = [d for d in found if d.code == "TTB261"]
+    [d] = [d for d in found if d.code == "TTB271"]
     assert "return_hidden_states" in d.message
     # The whole generation contract stays required in this form.
     ok = make_bundle("ok", metadata=_document(HIDDEN), adapter=contract_adapter("DemoGenerator"))
     codes, found = _codes(ok, import_check=import_check)
-    assert "TTB261" not in codes and "TTB053" not in codes, found
+    assert "TTB271" not in codes and "TTB053" not in codes, found
 
 
 def test_migrate_declares_a_legacy_pooling_class_as_the_reference_plugin_serves_it(make_bundle):

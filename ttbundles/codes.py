@@ -163,12 +163,12 @@ CODES: dict[str, str] = {
     "TTB246": "a setting asked for was lowered to what the bundle's target supports (a warning)",
     "TTB250": "the checkpoint's sliding window is shorter than max_model_len and the "
     "generator does not mask it",
-    "TTB260": "a pooling server (--runner pooling, --convert embed|classify, or a checkpoint "
+    "TTB270": "a pooling server (--runner pooling, --convert embed|classify, or a checkpoint "
     "vLLM pools by default) asked of a bundle that does not declare the pooling task asked "
     "for (no pooling at all, or not the task --convert names)",
-    "TTB261": "pooling declared but the class cannot be called in the declared form "
+    "TTB271": "pooling declared but the class cannot be called in the declared form "
     "(forward(input_ids, attention_mask), or prefill_forward's return_hidden_states)",
-    "TTB262": "a generation server asked of a bundle that only pools (its pooling form is "
+    "TTB272": "a generation server asked of a bundle that only pools (its pooling form is "
     "'forward': no prefill or decode)",
 }
 
@@ -440,17 +440,17 @@ WHAT_TO_DO: dict[str, str] = {
     "window and declares model_capabilities['supports_sliding_window'] = True (the torch "
     "reference and bundles from `ttbundle init --reference` do). See "
     "docs/operators/serving.md, sliding windows.",
-    "TTB260": "Serve the checkpoint as a generation model (drop --runner pooling and "
+    "TTB270": "Serve the checkpoint as a generation model (drop --runner pooling and "
     "--convert, or pass --runner generate where the checkpoint itself asks vLLM to pool), or "
     "serve it with a bundle whose generator pools and declares the tasks asked for. A "
     "bundle declaring embed only cannot answer --convert classify (and the reverse): ask "
     "for a task it declares (capabilities.pooling.tasks in its vllm_metadata.json).",
-    "TTB261": "Give the class the method its pooling form calls, with the keywords the "
+    "TTB271": "Give the class the method its pooling form calls, with the keywords the "
     "worker passes: forward(self, input_ids, attention_mask) for the form 'forward'; "
     "prefill_forward taking return_hidden_states (or **kwargs) and returning [B, L, hidden] "
     "when it is True for 'prefill_hidden'. Or declare the other form "
     "(docs/authors/generator-contract.md, pooling).",
-    "TTB262": "Serve the bundle as a pooling model: vllm serve CKPT --runner pooling (with "
+    "TTB272": "Serve the bundle as a pooling model: vllm serve CKPT --runner pooling (with "
     "--convert embed or --convert classify for a *ForCausalLM checkpoint). To generate "
     "text, use a bundle whose generator has prefill_forward and decode_forward.",
 }

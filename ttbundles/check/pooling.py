@@ -5,7 +5,7 @@ the class in one of two forms (`format.contract`, pooling): `forward(input_ids,
 attention_mask)` (the reference plugin's), or `prefill_forward(...,
 return_hidden_states=True)`. Whether the method exists at all is the contract check's
 (TTB053, with the methods the form requires: `contract.pooling_required_methods`); here,
-whether the worker can call it as the form says (TTB261), from the source (`ast`) and
+whether the worker can call it as the form says (TTB271), from the source (`ast`) and
 from the imported class (`inspect`), one list of keywords for both.
 """
 
@@ -46,7 +46,7 @@ def _hint(pooling: Pooling) -> str:
 def static_pooling_diagnostics(
     methods: Mapping[str, object], pooling: Pooling | None, class_name: str
 ) -> list[Diagnostic]:
-    """TTB261 where the source shows the form's method cannot be called as the worker
+    """TTB271 where the source shows the form's method cannot be called as the worker
     calls it; a missing method is TTB053's, an alias with no visible signature
     `--import`'s."""
     if pooling is None:
@@ -72,7 +72,7 @@ def static_pooling_diagnostics(
         return []
     return [
         Diagnostic(
-            "TTB261",
+            "TTB271",
             Severity.ERROR,
             f"{class_name}.{name} {'; '.join(problems)}; pooling (form {pooling.form!r}, "
             f"tasks {', '.join(pooling.tasks)}) is declared",
@@ -84,7 +84,7 @@ def static_pooling_diagnostics(
 
 
 def imported_pooling_problems(cls: type, pooling: Pooling | None) -> list[dict]:
-    """TTB261 of an imported class, as JSON-ready dicts (the import subprocess's)."""
+    """TTB271 of an imported class, as JSON-ready dicts (the import subprocess's)."""
     if pooling is None:
         return []
     name, keywords = _call(pooling)
@@ -107,7 +107,7 @@ def imported_pooling_problems(cls: type, pooling: Pooling | None) -> list[dict]:
         call = f"{name}({', '.join(f'{k}=...' for k in keywords)})"
         return [
             {
-                "code": "TTB261",
+                "code": "TTB271",
                 "message": f"{cls.__name__}.{name} cannot be called as {call} ({exc}); "
                 f"pooling (form {pooling.form!r}) is declared",
                 "hint": _hint(pooling),

@@ -347,7 +347,7 @@ class Capabilities(_Strict):
         None,
         description="Schema 5: the pooling tasks the generator serves under vLLM's pooling "
         "runner, and the contract form; absent: it only generates (--runner pooling is "
-        "refused, TTB260).",
+        "refused, TTB270).",
     )
 
     @property

@@ -445,10 +445,10 @@ CONVERT_TASKS: dict[str, tuple[str, ...]] = {
 
 def _plan_runner(vllm_config: VllmConfig, plan: Plan, meta: BundleMetadata) -> None:
     """vLLM's runner, decided aloud with the pooling tasks served. Pooling asked of a
-    bundle without the task is refused (TTB260): vLLM's pooling configuration used to
+    bundle without the task is refused (TTB270): vLLM's pooling configuration used to
     reach a generation worker, which served completions and answered 404 on
     /v1/embeddings. Generation asked of a bundle that only pools is refused too
-    (TTB262)."""
+    (TTB272)."""
     model_config = vllm_config.model_config
     runner = model_config.runner_type
     bundle = f"{plan.bundle['name']}@{plan.bundle['version']}"
@@ -458,7 +458,7 @@ def _plan_runner(vllm_config: VllmConfig, plan: Plan, meta: BundleMetadata) -> N
         by = _pooling_asked_by(model_config)
         if pooling is None:
             raise _error(
-                "TTB260",
+                "TTB270",
                 f"{by} asks for a pooling server (embeddings, classification, scores), but "
                 f"{bundle} declares no pooling task: its generator "
                 f"{plan.bundle['declared_class']} only generates text",
@@ -471,7 +471,7 @@ def _plan_runner(vllm_config: VllmConfig, plan: Plan, meta: BundleMetadata) -> N
         if not served:
             other = "classify" if convert == "embed" else "embed"
             raise _error(
-                "TTB260",
+                "TTB270",
                 f"{by} asks for {convert} pooling ({', '.join(wanted or ())}), but {bundle} "
                 f"declares the pooling tasks {', '.join(pooling.tasks)} only",
                 f"serve it with --convert {other}"
@@ -503,7 +503,7 @@ def _plan_runner(vllm_config: VllmConfig, plan: Plan, meta: BundleMetadata) -> N
         return
     if pooling is not None and pooling.form == "forward":
         raise _error(
-            "TTB262",
+            "TTB272",
             f"vLLM's runner is {runner!r} (text generation), but {bundle} only pools "
             f"({', '.join(pooling.tasks)}: its generator has forward(input_ids, "
             "attention_mask), no prefill or decode)",

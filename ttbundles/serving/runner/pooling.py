@@ -129,7 +129,7 @@ class TTPoolingRunner:
         pooled = torch.as_tensor(pooled).detach().to("cpu", torch.float32)
         if pooled.dim() != 2 or pooled.shape[0] != len(rows):
             raise GeneratorContractError.single(
-                "TTB261",
+                "TTB271",
                 f"{self.class_name}.forward returned shape {tuple(pooled.shape)} for "
                 f"{len(rows)} prompts; the form 'forward' returns one row per prompt "
                 "([B, hidden] or [B, num_labels])",
