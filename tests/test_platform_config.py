@@ -227,6 +227,157 @@ def test_unsupported_parallelism_and_features(models_dir, demo_checkpoint, optio
     assert error_of(excinfo) == code
 
 
+@pytest.mark.parametrize(
+    "option,asked",
+    [
+        ({"runner": "pooling"}, "--runner pooling"),
+        ({"convert": "embed"}, "--convert embed"),
+        ({"runner": "pooling", "convert": "classify"}, "--runner pooling --convert classify"),
+    ],
+)
+def test_a_pooling_server_of_a_bundle_without_pooling_is_refused(
+    models_dir, demo_checkpoint, option, asked
+):
+    """vLLM's pooling runner asked of a text-generation bundle: refused at configuration
+    with TTB270 naming the flag, the bundle and the fix (it used to start a generation
+    server that answered 404 on /v1/embeddings)."""
+    bundle(models_dir, "plain")
+    with pytest.raises(ConfigurationError) as excinfo:
+        configure(demo_checkpoint, **option)
+    assert error_of(excinfo) == "TTB270"
+    diagnostic = excinfo.value.diagnostics[0]
+    assert diagnostic.message.startswith(asked + " asks for a pooling server")
+    assert "plain@" in diagnostic.message and "declares no pooling task" in diagnostic.message
+    assert "--runner generate" in diagnostic.hint
+
+
+def test_a_checkpoint_vllm_pools_by_default_is_refused_too(models_dir, demo_checkpoint, tmp_path):
+    """No flag at all: a sentence-transformers checkpoint (modules.json) makes vLLM pick
+    its pooling runner by itself; still refused, and the message says the checkpoint
+    asked. `--runner generate` serves it as text generation."""
+    checkpoint = tmp_path / "st-llama"
+    shutil.copytree(demo_checkpoint, checkpoint)
+    (checkpoint / "modules.json").write_text(
+        json.dumps(
+            [
+                {
+                    "idx": 0,
+                    "name": "0",
+                    "path": "",
+                    "type": "sentence_transformers.models.Transformer",
+                },
+                {
+                    "idx": 1,
+                    "name": "1",
+                    "path": "1_Pooling",
+                    "type": "sentence_transformers.models.Pooling",
+                },
+            ]
+        )
+    )
+    (checkpoint / "1_Pooling").mkdir()
+    (checkpoint / "1_Pooling" / "config.json").write_text(
+        json.dumps({"pooling_mode_lasttoken": True})
+    )
+    bundle(models_dir, "plain")
+    with pytest.raises(ConfigurationError) as excinfo:
+        configure(checkpoint)
+    assert error_of(excinfo) == "TTB270"
+    assert excinfo.value.diagnostics[0].message.startswith("the checkpoint (vLLM pools it")
+    _config, decisions, _plan = configure(checkpoint, runner="generate")
+    assert decisions["runner"]["effective"] == "generate"
+    assert decisions["runner"]["requested"] == "generate"
+
+
+def test_plan_command_refuses_a_pooling_server_as_the_server_would(
+    run_cli, models_dir, demo_checkpoint
+):
+    bundle(models_dir, "plain")
+    env = {"EXTRA_MODELS_DIR": str(models_dir), "MESH_DEVICE": "HOST"}
+    args = ["--model", demo_checkpoint, "--max-model-len", "256", "--convert", "embed"]
+    run = run_cli("plan", *args, env=env, timeout=300)
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "TTB270" in run.stdout + run.stderr
+    assert "--convert embed asks for a pooling server" in run.stdout + run.stderr
+
+
+POOLING_BUNDLE = {"schema_version": 5, "capabilities": {"pooling": {"tasks": ["embed"]}}}
+
+
+def test_a_bundle_that_only_pools_is_refused_a_generation_server(models_dir, demo_checkpoint):
+    """A bundle of the forward form has no prefill or decode: a generation server of it
+    is refused (TTB272) with the flags that serve it."""
+    bundle(models_dir, "embedder", **POOLING_BUNDLE)
+    with pytest.raises(ConfigurationError) as excinfo:
+        configure(demo_checkpoint)
+    assert error_of(excinfo) == "TTB272"
+    assert "embedder@1.0.0 only pools (embed" in str(excinfo.value)
+    assert "--runner pooling" in excinfo.value.diagnostics[0].hint
+
+
+def test_a_task_the_bundle_does_not_declare_is_refused(models_dir, demo_checkpoint):
+    bundle(models_dir, "embedder", **POOLING_BUNDLE)
+    with pytest.raises(ConfigurationError) as excinfo:
+        configure(demo_checkpoint, runner="pooling", convert="classify")
+    assert error_of(excinfo) == "TTB270"
+    assert "asks for classify pooling (classify), but embedder@1.0.0 declares the pooling " in (
+        str(excinfo.value)
+    )
+    assert excinfo.value.diagnostics[0].hint == "serve it with --convert embed"
+
+
+def test_a_pooling_server_is_planned_with_its_tasks(models_dir, demo_checkpoint):
+    """--convert embed of a bundle declaring embed and classify: the embed tasks only (vLLM's
+    API server opens one pooling task's endpoints), no KV-cache features, whole prompts."""
+    bundle(
+        models_dir,
+        "pooler",
+        schema_version=5,
+        capabilities={"pooling": {"tasks": ["embed", "classify"]}},
+    )
+    config, decisions, plan = configure(demo_checkpoint, runner="pooling", convert="embed")
+    assert plan["pooling"] == {"tasks": ["embed"], "form": "forward"}
+    assert decisions["runner"]["effective"] == "pooling"
+    assert decisions["runner"]["requested"] == "pooling"
+    assert "tasks embed, form 'forward'" in decisions["runner"]["reason"]
+    assert config.scheduler_config.enable_chunked_prefill is False
+    assert config.scheduler_config.max_num_batched_tokens >= config.model_config.max_model_len
+    _config, _decisions, plan = configure(demo_checkpoint, runner="pooling", convert="classify")
+    assert plan["pooling"]["tasks"] == ["classify"]
+
+
+def test_the_hidden_states_form_is_refused_for_now(models_dir, demo_checkpoint):
+    bundle(
+        models_dir,
+        "hidden",
+        schema_version=5,
+        capabilities={"pooling": {"tasks": ["embed"], "form": "prefill_hidden"}},
+    )
+    with pytest.raises(ConfigurationError) as excinfo:
+        configure(demo_checkpoint, runner="pooling", convert="embed")
+    assert error_of(excinfo) == "TTB202"
+    assert "form 'prefill_hidden'" in str(excinfo.value)
+
+
+def test_data_parallel_pooling_is_refused_for_now(models_dir, demo_checkpoint):
+    bundle(models_dir, "forward", **POOLING_BUNDLE)
+    with pytest.raises(ConfigurationError) as excinfo:
+        configure(demo_checkpoint, runner="pooling", convert="embed", data_parallel_size=2)
+    assert error_of(excinfo) == "TTB202"
+    assert "pooling runs as one engine" in str(excinfo.value)
+
+
+def test_the_plan_says_the_runner(models_dir, demo_checkpoint):
+    bundle(models_dir, "plain")
+    _config, decisions, _plan = configure(demo_checkpoint)
+    assert decisions["runner"] == {
+        "setting": "runner",
+        "requested": None,
+        "effective": "generate",
+        "reason": "plain@1.0.0 generates text (vLLM's default)",
+    }
+
+
 def test_no_bundle_for_the_architecture_lists_what_is_registered(models_dir, demo_checkpoint):
     bundle(models_dir, "qwen", arch="Qwen2ForCausalLM")
     # registered, but its module is not importable here: counted, not listed as servable

@@ -173,6 +173,13 @@ CODES: dict[str, str] = {
     "TTB262": "a feature that does not follow several KV groups yet, with hybrid KV groups",
     "TTB263": "the class answers get_kv_cache_spec but the bundle does not declare "
     "capabilities.kv_cache_spec (a warning)",
+    "TTB270": "a pooling server (--runner pooling, --convert embed|classify, or a checkpoint "
+    "vLLM pools by default) asked of a bundle that does not declare the pooling task asked "
+    "for (no pooling at all, or not the task --convert names)",
+    "TTB271": "pooling declared but the class cannot be called in the declared form "
+    "(forward(input_ids, attention_mask), or prefill_forward's return_hidden_states)",
+    "TTB272": "a generation server asked of a bundle that only pools (its pooling form is "
+    "'forward': no prefill or decode)",
 }
 
 
@@ -465,6 +472,19 @@ WHAT_TO_DO: dict[str, str] = {
     "TTB263": "Declare `capabilities.kv_cache_spec: true` (schema_version 5) so the platform "
     "serves the class's KV groups on vLLM's hybrid KV-cache manager, or drop "
     "get_kv_cache_spec from the class. Until then every layer keeps the whole context.",
+    "TTB270": "Serve the checkpoint as a generation model (drop --runner pooling and "
+    "--convert, or pass --runner generate where the checkpoint itself asks vLLM to pool), or "
+    "serve it with a bundle whose generator pools and declares the tasks asked for. A "
+    "bundle declaring embed only cannot answer --convert classify (and the reverse): ask "
+    "for a task it declares (capabilities.pooling.tasks in its vllm_metadata.json).",
+    "TTB271": "Give the class the method its pooling form calls, with the keywords the "
+    "worker passes: forward(self, input_ids, attention_mask) for the form 'forward'; "
+    "prefill_forward taking return_hidden_states (or **kwargs) and returning [B, L, hidden] "
+    "when it is True for 'prefill_hidden'. Or declare the other form "
+    "(docs/authors/generator-contract.md, pooling).",
+    "TTB272": "Serve the bundle as a pooling model: vllm serve CKPT --runner pooling (with "
+    "--convert embed or --convert classify for a *ForCausalLM checkpoint). To generate "
+    "text, use a bundle whose generator has prefill_forward and decode_forward.",
 }
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from ttbundles.check import kv_layout
 from ttbundles.check.capabilities import ClassCapabilities, agreement, key_notes
+from ttbundles.check.pooling import static_pooling_diagnostics
 from ttbundles.check.reference_archs import covers, reference_of
 from ttbundles.check.speculative import spec_agreement, static_method_diagnostics
 from ttbundles.check.static_reader import (
@@ -46,6 +47,7 @@ from ttbundles.format.contract import (
     MULTIMODAL_REFUSAL,
     REQUIRED_METHODS,
     decode_keywords,
+    pooling_required_methods,
 )
 from ttbundles.format.metadata import METADATA_FILE, BundleMetadata
 from ttbundles.format.modules import SKIP_DIRS, bundle_modules
@@ -233,8 +235,10 @@ def _contract_diagnostics(
                 line=info.methods[template[0]].line,
             )
         )
-    missing = [m for m in REQUIRED_METHODS if m not in info.methods]
-    if not any(m in info.methods for m in KV_CACHE_METHODS):
+    pooling = metadata.capabilities.pooling
+    required, needs_kv_cache = pooling_required_methods(pooling.form if pooling else None)
+    missing = [m for m in required if m not in info.methods]
+    if needs_kv_cache and not any(m in info.methods for m in KV_CACHE_METHODS):
         missing.append(" or ".join(KV_CACHE_METHODS))
     if missing and not partial:
         out.append(
@@ -242,7 +246,10 @@ def _contract_diagnostics(
                 "TTB053",
                 Severity.ERROR,
                 f"{name} lacks {', '.join(missing)}",
-                hint="implement the generator contract (see ttbundle init's template)",
+                hint="implement the generator contract (see ttbundle init's template)"
+                if pooling is None or pooling.form != "forward"
+                else "a pooling class of the form 'forward' needs initialize_vllm_model and "
+                "forward(input_ids, attention_mask) (docs/authors/generator-contract.md)",
                 **where,
             )
         )
@@ -319,6 +326,7 @@ def _contract_diagnostics(
             )
         )
     out.extend(_unfillable(info, name))
+    out.extend(static_pooling_diagnostics(info.methods, pooling, name))
     out.extend(
         static_method_diagnostics(
             info.methods,

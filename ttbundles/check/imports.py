@@ -23,6 +23,7 @@ from pathlib import Path
 
 from ttbundles.check import kv_layout
 from ttbundles.check.capabilities import agreement, from_mapping
+from ttbundles.check.pooling import imported_pooling_problems
 from ttbundles.check.speculative import (
     imported_method_problems,
     json_ready,
@@ -38,17 +39,19 @@ from ttbundles.format.contract import (
     DECODE,
     DECODE_COMMANDS,
     ESSENTIAL_KEYWORDS,
+    INITIALIZE,
     KV_CACHE_METHODS,
     LEGACY_RESET_KEYWORD,
     METHODS,
     MULTIMODAL_PARAMETERS,
+    POOLING_FORWARD,
     PREFILL,
     PREFILL_IMAGE_INPUTS,
-    REQUIRED_METHODS,
     SAFE_COMMAND_DEFAULTS,
     Method,
     contract_version,
     decode_keywords,
+    pooling_required_methods,
 )
 from ttbundles.format.metadata import METADATA_FILE, BundleMetadata
 
@@ -150,9 +153,20 @@ def check_class(cls: type, metadata: BundleMetadata) -> list[dict]:
     name = metadata.class_name
     declared = metadata.capabilities
     problems: list[dict] = []
+    pooling = declared.pooling
+    required, needs_kv_cache = pooling_required_methods(pooling.form if pooling else None)
+    if pooling is not None and pooling.form == "forward":
+        # The forward form has no KV cache, prefill or decode: only its two methods.
+        for method in (INITIALIZE, POOLING_FORWARD):
+            if not hasattr(cls, method.name):
+                problems.append({"code": "TTB053", "message": f"{name} lacks {method.name}"})
+            elif method is INITIALIZE:
+                problems.extend(_check_method(cls, name, method, False))
+        problems.extend(imported_pooling_problems(cls, pooling))
+        return problems
     for method in METHODS:
         if not hasattr(cls, method.name):
-            if method.name in REQUIRED_METHODS:
+            if method.name in required:
                 problems.append({"code": "TTB053", "message": f"{name} lacks {method.name}"})
             elif method.needs and getattr(declared, method.needs):
                 problems.append(
@@ -169,12 +183,13 @@ def check_class(cls: type, metadata: BundleMetadata) -> list[dict]:
         problems.extend(
             _check_method(cls, name, method, bool(declared.sample_on_device), images=images)
         )
-    if not any(hasattr(cls, m) for m in KV_CACHE_METHODS):
+    if needs_kv_cache and not any(hasattr(cls, m) for m in KV_CACHE_METHODS):
         problems.append(
             {"code": "TTB053", "message": f"{name} lacks {' or '.join(KV_CACHE_METHODS)}"}
         )
     problems.extend(imported_method_problems(cls, declared))
     problems.extend(kv_layout.imported_problems(cls, declared))
+    problems.extend(imported_pooling_problems(cls, pooling))
     return problems
 
 

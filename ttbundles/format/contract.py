@@ -143,6 +143,19 @@ on the host). The call then returns logits of every position of each row's chunk
 token `start_pos[b] + j` (the last real column predicts the next token, as `[B, 1, V]`
 would); vLLM's prompt-logprobs processing does the rest on the host."""
 
+# --- pooling (schema 5: vLLM's --runner pooling) -----------------------------------------
+
+POOLING_TASKS = ("embed", "classify", "token_embed")
+"""vLLM 0.34's pooling tasks a bundle may serve (`vllm.tasks.PoolingTask`, less
+token_classify): `score` was folded into `classify` (/score and /rerank are classification
+of a pair), `embed` also answers /pooling."""
+POOLING_FORMS = ("forward", "prefill_hidden")
+"""The two pooling forms of the contract. `forward`: the reference plugin's
+(`TTPoolingModelRunner`): `forward(input_ids, attention_mask)` on a right-padded batch,
+one pooled row per prompt, no KV cache, no prefill or decode. `prefill_hidden`: the
+generation contract whose `prefill_forward` returns hidden states when asked
+(`HIDDEN_STATES_KEYWORD`), so vLLM's own pooler (last token, mean, CLS, normalisation,
+the classifier head) finishes on the host."""
 KNOWN_CAPABILITY_KEYS: dict[str, str] = {
     **{
         key: f"mirrored by the bundle's capabilities.{name}"
@@ -363,6 +376,31 @@ KV_CACHE_METHODS = tuple(m.name for m in METHODS if m.group == "kv_cache")
 ASYNC_METHODS = tuple(m.name for m in METHODS if m.needs == "async_decode")
 
 
+POOLING_FORWARD = Method(
+    "forward",
+    "method",
+    ("input_ids", "attention_mask"),
+    "the pooled output, one row per prompt: [B, hidden] for embed, [B, num_labels] for "
+    "classify (before vLLM's normalisation and activation, which the host applies)",
+    required=False,
+    needs="pooling",
+)
+"""`forward(input_ids [B, L] int64, attention_mask [B, L] float 0/1)`, right-padded."""
+HIDDEN_STATES_KEYWORD = "return_hidden_states"
+"""Passed as True to `prefill_forward` of a `prefill_hidden` pooling bundle: the call
+returns the final hidden states (after the last norm) of every position of each row's
+prompt, `[B, L, hidden]`, L the longest prompt, instead of logits."""
+
+
+def pooling_required_methods(form: str | None) -> tuple[tuple[str, ...], bool]:
+    """The methods a class must have for its pooling form (None: a generation bundle), and
+    whether it needs a KV-cache method: the `forward` form is only `initialize_vllm_model`
+    and `forward` (no KV cache, no prefill or decode)."""
+    if form == "forward":
+        return (INITIALIZE.name, POOLING_FORWARD.name), False
+    return REQUIRED_METHODS, True
+
+
 def decode_keywords(version: int) -> frozenset[str]:
     """The keywords the worker may pass to `decode_forward` of a class of that version:
     v1 gets the four commands and never `reset_batch`; legacy the reverse."""
@@ -506,6 +544,7 @@ ESSENTIAL_KEYWORDS: dict[str, tuple[str, ...]] = {
     ALLOCATE_KV_CACHE_PER_LAYER.name: ALLOCATE_KV_CACHE_PER_LAYER.passes,
     PREFILL.name: PREFILL.passes[:4],  # tokens, page_table, kv_cache, prompt_lens
     DECODE.name: DECODE.passes[:4],  # tokens, start_pos, page_table, kv_cache
+    POOLING_FORWARD.name: POOLING_FORWARD.passes,
 }
 """Keywords a method must accept (by name, by an alias, or through `**kwargs`): the inputs
 it cannot work without. The worker passes the rest of `Method.passes` only where the

@@ -26,6 +26,8 @@ from pydantic.json_schema import SkipJsonSchema
 from pydantic_core import PydanticCustomError
 
 from ttbundles.format.contract import (
+    POOLING_FORMS,
+    POOLING_TASKS,
     SPEC_HANDOFFS,
     SPEC_METHOD_REQUIREMENTS,
     SPEC_METHODS,
@@ -53,7 +55,8 @@ SUPPORTED_SCHEMA_VERSIONS: dict[int, str] = {
     "reasoning parser, chat template), applied at vllm serve when the operator passes none",
     5: "performance: per target mesh, the figures ttbundle bench checks (TTFT, TPOT, "
     "output throughput) under a declared workload; capabilities.kv_cache_spec: the class "
-    "answers get_kv_cache_spec (hybrid KV groups)",
+    "answers get_kv_cache_spec (hybrid KV groups); capabilities.pooling: the pooling "
+    "tasks (embed, classify, token_embed) and the contract form that serves them",
 }
 # What each version added, as (object, key) pairs: a document of a lower version using
 # one is refused with the version it needs (TTB020), and the schema says the same.
@@ -69,7 +72,7 @@ ADDED_IN: dict[int, tuple[tuple[str, str], ...]] = {
     ),
     # An owner "" is the document itself: the whole `serving` object is new in 4.
     4: (("", "serving"),),
-    5: (("", "performance"), ("capabilities", "kv_cache_spec")),
+    5: (("", "performance"), ("capabilities", "kv_cache_spec"), ("capabilities", "pooling")),
 }
 # Input modalities vLLM's multimodal processors know; a bundle lists those it serves.
 Modality = Literal["image", "video", "audio"]
@@ -91,6 +94,8 @@ MeshName = Literal[MESH_NAMES]  # type: ignore[valid-type]
 SpecMethod = Literal[SPEC_METHODS]  # type: ignore[valid-type]
 SpecRequirement = Literal[SPEC_REQUIREMENTS]  # type: ignore[valid-type]
 SpecHandoff = Literal[SPEC_HANDOFFS]  # type: ignore[valid-type]
+PoolingTask = Literal[POOLING_TASKS]  # type: ignore[valid-type]
+PoolingForm = Literal[POOLING_FORMS]  # type: ignore[valid-type]
 EnvName = Annotated[str, Field(pattern=ENV_NAME_PATTERN)]
 # pydantic renders a key pattern as patternProperties, which lets other keys through; the
 # schema must reject them as the model does.
@@ -222,6 +227,48 @@ class ModelRef(_Strict):
     )
 
 
+class Pooling(_Strict):
+    """The pooling a generator serves (schema 5): what vLLM's pooling runner
+    (`--runner pooling`, `--convert embed|classify`) may ask of it, and in which form of
+    the contract (`format.contract`, pooling)."""
+
+    tasks: list[PoolingTask] = Field(
+        min_length=1,
+        description="vLLM's pooling tasks served: 'embed' (/v1/embeddings, /pooling), "
+        "'classify' (/classify, /score, /rerank), 'token_embed' (per-token vectors, "
+        "/pooling; the prefill_hidden form only).",
+        json_schema_extra={"uniqueItems": True},
+    )
+    form: PoolingForm = Field(
+        "forward",
+        description="'forward': forward(input_ids, attention_mask) returns one pooled row "
+        "per prompt (the reference plugin's form: no KV cache); 'prefill_hidden': "
+        "prefill_forward(..., return_hidden_states=True) returns every position's hidden "
+        "state and vLLM's pooler finishes on the host (the checkpoint's pooling config and "
+        "--convert mean what they mean in vLLM).",
+    )
+
+    @field_validator("tasks")
+    @classmethod
+    def _unique_tasks(cls, value: list[str]) -> list[str]:
+        if len(set(value)) != len(value):
+            raise PydanticCustomError(
+                "TTB033", "pooling.tasks lists a task twice", {"hint": "list each once"}
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _token_tasks_need_hidden_states(self) -> Pooling:
+        if "token_embed" in self.tasks and self.form != "prefill_hidden":
+            raise PydanticCustomError(
+                "TTB033",
+                "pooling.tasks has token_embed, which needs every position's hidden state, "
+                "but the form is {form!r}: forward returns one pooled row per prompt",
+                {"form": self.form, "hint": 'use "form": "prefill_hidden", or drop token_embed'},
+            )
+        return self
+
+
 class Capabilities(_Strict):
     """What the generator can do; every flag defaults to off.
 
@@ -305,6 +352,12 @@ class Capabilities(_Strict):
         "attention), and allocates through allocate_kv_cache_per_layer; served on vLLM's "
         "hybrid KV-cache manager, sliding-window layers keep only their window's blocks and "
         "each prefill and decode gets page_tables_per_layer (each layer its KV group's).",
+    )
+    pooling: Pooling | None = Field(
+        None,
+        description="Schema 5: the pooling tasks the generator serves under vLLM's pooling "
+        "runner, and the contract form; absent: it only generates (--runner pooling is "
+        "refused, TTB270).",
     )
 
     @property
@@ -974,6 +1027,9 @@ def capability_flags(capabilities: dict[str, Any] | None) -> list[str]:
         flags.append("spec_decode=" + "+".join(capabilities["spec_decode"]))
     if capabilities.get("prompt_logprobs"):
         flags.append("prompt_logprobs")
+    pooling = capabilities.get("pooling")
+    if pooling:
+        flags.append("pooling=" + "+".join(pooling["tasks"]))
     limits = input_limits(capabilities)
     if limits:
         flags.append("inputs=text+" + "+".join(f"{m}:{n}" for m, n in limits.items()))

@@ -62,6 +62,7 @@ _CHECKER_FILES = (
     "check/adapter.py",
     "check/capabilities.py",
     "check/kv_layout.py",
+    "check/pooling.py",
     "check/reference_archs.py",
     "check/speculative.py",
     "check/static_reader.py",

@@ -2,7 +2,9 @@
 
 The migrated file has the lowest schema version that expresses it (`needs_version`): 1,
 or 3 when the class's `model_capabilities` declares speculative decoding, which the
-registry serves a legacy bundle with as the reference plugin does."""
+registry serves a legacy bundle with as the reference plugin does; 5 when the class only
+pools (`forward(input_ids, attention_mask)`, no `prefill_forward`: the reference plugin's
+pooling runner serves it as an embedding model)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ttbundles.errors import Diagnostic, Severity, TTBundleError
+from ttbundles.format.contract import POOLING_FORWARD, PREFILL
 from ttbundles.format.metadata import (
     LATEST_SCHEMA_VERSION,
     SCHEMA_VERSION,
@@ -110,6 +113,10 @@ def migrate_bundle(folder: Path, *, dry_run: bool = False) -> Migration:
 
     found = read_bundle_class(folder, meta)
     capabilities = found.capabilities.model_dump(exclude_defaults=True) if found else {}
+    if found is not None and found.complete and _pools_only(found.methods):
+        # The reference plugin serves such a class with its pooling runner, task embed
+        # only (a reranker as a one-wide "embedding"): said the same way in schema 5.
+        capabilities["pooling"] = {"tasks": ["embed"], "form": "forward"}
     note = None
     if found is None:
         where = "the bundle" if meta.main_class_source == "bundle" else "this environment"
@@ -148,3 +155,8 @@ def migrate_bundle(folder: Path, *, dry_run: bool = False) -> Migration:
         class_note=note,
         version=version,
     )
+
+
+def _pools_only(methods: frozenset[str]) -> bool:
+    """A class of the reference plugin's pooling form: `forward`, and no prefill."""
+    return POOLING_FORWARD.name in methods and PREFILL.name not in methods

@@ -115,6 +115,9 @@ class Plan:
     # is not "tested" ("": nothing to say).
     evidence: str = "untested"
     evidence_note: str = ""
+    # What vLLM's pooling runner serves of the bundle's pooling (schema 5): the tasks
+    # asked for and declared, and the contract form; {}: a generation server.
+    pooling: dict[str, Any] = field(default_factory=dict)
 
     def decide(self, setting: str, requested: Any, effective: Any, reason: str) -> Any:
         self.decisions.append(Decision(setting, requested, effective, reason))
@@ -338,6 +341,7 @@ def plan_config(vllm_config: VllmConfig, registry: Registry) -> Plan | None:
     )
 
     _refuse_unsupported(vllm_config, mesh)
+    _plan_runner(vllm_config, plan, meta)
     _plan_evidence(plan, entry.path)
 
     options = _plan_options(vllm_config, plan, meta, target)
@@ -415,6 +419,109 @@ def _refuse_unsupported(vllm_config: VllmConfig, mesh: str | None) -> None:
         )
     if vllm_config.lora_config is not None:
         raise _error("TTB202", "LoRA is not supported yet on Tenstorrent", "drop --enable-lora")
+
+
+def _pooling_asked_by(model_config: Any) -> str:
+    """Who made vLLM choose its pooling runner, in the words the user would recognise:
+    the flag they passed, or the checkpoint itself (vLLM pools a checkpoint with a
+    sentence-transformers `modules.json` or a `*ForSequenceClassification` architecture
+    by default, with no flag at all)."""
+    asked = []
+    if model_config.runner == "pooling":
+        asked.append("--runner pooling")
+    if model_config.convert not in ("auto", "none"):
+        asked.append(f"--convert {model_config.convert}")
+    if asked:
+        return " ".join(asked)
+    return (
+        "the checkpoint (vLLM pools it by default: a sentence-transformers modules.json or "
+        "a pooling architecture)"
+    )
+
+
+# The tasks vLLM's `--convert` asks for (`vllm.config.model`: `embed` makes an embedding
+# model, which also answers per-token embeddings; `classify` a classifier, whose /score
+# and /rerank are classification of a pair). "none" (a checkpoint vLLM pools natively)
+# asks for no task in particular: every task the bundle declares.
+CONVERT_TASKS: dict[str, tuple[str, ...]] = {
+    "embed": ("embed", "token_embed"),
+    "classify": ("classify",),
+}
+
+
+def _plan_runner(vllm_config: VllmConfig, plan: Plan, meta: BundleMetadata) -> None:
+    """vLLM's runner, decided aloud with the pooling tasks served. Pooling asked of a
+    bundle without the task is refused (TTB270): vLLM's pooling configuration used to
+    reach a generation worker, which served completions and answered 404 on
+    /v1/embeddings. Generation asked of a bundle that only pools is refused too
+    (TTB272)."""
+    model_config = vllm_config.model_config
+    runner = model_config.runner_type
+    bundle = f"{plan.bundle['name']}@{plan.bundle['version']}"
+    pooling = meta.capabilities.pooling
+    asked = None if model_config.runner == "auto" else model_config.runner
+    if runner == "pooling":
+        by = _pooling_asked_by(model_config)
+        if pooling is None:
+            raise _error(
+                "TTB270",
+                f"{by} asks for a pooling server (embeddings, classification, scores), but "
+                f"{bundle} declares no pooling task: its generator "
+                f"{plan.bundle['declared_class']} only generates text",
+                "serve it as a generation model (drop --runner pooling and --convert, or "
+                "pass --runner generate), or use a bundle that declares the pooling tasks",
+            )
+        convert = model_config.convert_type
+        wanted = CONVERT_TASKS.get(convert)
+        served = [t for t in pooling.tasks if wanted is None or t in wanted]
+        if not served:
+            other = "classify" if convert == "embed" else "embed"
+            raise _error(
+                "TTB270",
+                f"{by} asks for {convert} pooling ({', '.join(wanted or ())}), but {bundle} "
+                f"declares the pooling tasks {', '.join(pooling.tasks)} only",
+                f"serve it with --convert {other}"
+                if other in pooling.tasks
+                else "use a bundle that declares the task",
+            )
+        plan.pooling = {"tasks": served, "form": pooling.form}
+        plan.decide(
+            "runner",
+            asked,
+            "pooling",
+            f"{bundle} pools ({by}): tasks {', '.join(served)}, form {pooling.form!r}",
+        )
+        if pooling.form != "forward":
+            raise _error(
+                "TTB202",
+                f"{bundle} declares pooling of the form {pooling.form!r}, which this "
+                "release validates and plans but does not serve yet (the form 'forward' "
+                "is served)",
+                "serve a bundle of the pooling form 'forward' (forward(input_ids, attention_mask))",
+            )
+        if vllm_config.parallel_config.data_parallel_size > 1:
+            raise _error(
+                "TTB202",
+                f"--data-parallel-size={vllm_config.parallel_config.data_parallel_size} "
+                "with a pooling bundle: pooling runs as one engine on Tenstorrent for now",
+                "drop --data-parallel-size",
+            )
+        return
+    if pooling is not None and pooling.form == "forward":
+        raise _error(
+            "TTB272",
+            f"vLLM's runner is {runner!r} (text generation), but {bundle} only pools "
+            f"({', '.join(pooling.tasks)}: its generator has forward(input_ids, "
+            "attention_mask), no prefill or decode)",
+            "serve it with --runner pooling (and --convert embed or --convert classify for "
+            "a *ForCausalLM checkpoint)",
+        )
+    plan.decide(
+        "runner",
+        asked,
+        runner,
+        f"{bundle} generates text" + ("" if asked else " (vLLM's default)"),
+    )
 
 
 def refuse_vllm_parallelism(settings: Any, mesh: str | None) -> None:

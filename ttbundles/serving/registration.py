@@ -27,6 +27,7 @@ from ttbundles.registry.registry import Entry, Registry, Source, Status, compute
 logger = logging.getLogger("vllm.ttbundles")
 
 PLACEHOLDER = "ttbundles.serving.placeholder:TTPlaceholderForCausalLM"
+PLACEHOLDER_POOLING = "ttbundles.serving.placeholder:TTPlaceholderForPooling"
 
 # What this process registered last, keyed by the environment it was computed from.
 _state: dict[str, object] = {}
@@ -86,9 +87,16 @@ def register_all() -> Registry:
         if entry.override is not None and stands_for_vllm(entry):
             ModelRegistry.register_model(bare, entry.class_ref())
         elif bare not in known:
-            ModelRegistry.register_model(bare, PLACEHOLDER)
+            ModelRegistry.register_model(bare, placeholder_for(entry))
     _state["registered_key"] = _state["key"]
     return registry
+
+
+def placeholder_for(entry: Entry) -> str:
+    """The placeholder a bare architecture gets: the pooling one for a bundle that only
+    pools (schema 5's form 'forward'), else the text-generation one."""
+    pooling = entry.metadata.capabilities.pooling if entry.metadata is not None else None
+    return PLACEHOLDER_POOLING if pooling is not None and pooling.form == "forward" else PLACEHOLDER
 
 
 def stands_for_vllm(entry: Entry) -> bool:

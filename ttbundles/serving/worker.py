@@ -33,6 +33,7 @@ from ttbundles.serving.device_groups import bind_rank
 from ttbundles.serving.generator_class import load_generator_class
 from ttbundles.serving.kv_layout import LayerGroups, layer_specs
 from ttbundles.serving.runner import TTModelRunner
+from ttbundles.serving.runner.pooling import TTPoolingRunner
 from ttbundles.serving.stats import STATS
 
 if TYPE_CHECKING:  # only for annotations
@@ -138,10 +139,20 @@ class TTWorker(WorkerBase):
             return []
         return list(self.plan.device_groups[self.dp_rank])
 
+    @property
+    def pools(self) -> bool:
+        """vLLM's pooling runner over a generator of the `forward` form: no KV cache."""
+        return bool(self.plan.pooling)
+
     @_starting
     def load_model(self, *, load_dummy_weights: bool = False) -> None:
         generator_cls = load_generator_class(self.plan.bundle)
-        self.model_runner = TTModelRunner(self.vllm_config, generator_cls, self.mesh_device)
+        if self.pools:
+            self.model_runner = TTPoolingRunner(  # type: ignore[assignment]
+                self.vllm_config, generator_cls, self.mesh_device, self.plan.pooling["tasks"]
+            )
+        else:
+            self.model_runner = TTModelRunner(self.vllm_config, generator_cls, self.mesh_device)
         try:
             self.model_runner.load_model()
         except TTBundleError:
@@ -149,10 +160,13 @@ class TTWorker(WorkerBase):
         except Exception as exc:  # noqa: BLE001 - the generator's own code: one line
             raise faults.load_failed(generator_cls.__name__, exc) from exc
         logger.info(
-            "ttbundles: loaded %s (%s, decode contract %s) on %s",
+            "ttbundles: loaded %s (%s, %s) on %s",
             self.plan.tt_arch,
             self.plan.bundle.get("declared_class", self.plan.bundle["main_class"]),
-            "v1" if self.model_runner.version else "legacy (reset_batch)",
+            f"pooling {'+'.join(self.plan.pooling['tasks'])}, form 'forward', no KV cache"
+            if self.pools
+            else "decode contract "
+            + ("v1" if self.model_runner.version else "legacy (reset_batch)"),
             self.mesh_device,
         )
 
@@ -170,6 +184,8 @@ class TTWorker(WorkerBase):
         """Each layer's cache: what the generator class declares (`get_kv_cache_spec`,
         `serving.kv_layout`) when the plan serves its KV groups, full attention with the
         model's shape otherwise."""
+        if self.pools:
+            return {}  # vLLM's engine runs a model with no KV cache as attention-free
         num_layers, kv_heads, head_size = self._layer_shape()
         default = FullAttentionSpec(
             block_size=self.cache_config.block_size,
@@ -208,6 +224,8 @@ class TTWorker(WorkerBase):
         DP submesh's cache), and the engine's blocks are every lane's: the coordinator
         and the runner give each lane an equal share."""
         assert self.model_runner is not None
+        if self.pools:
+            return 0
         explicit = self.cache_config.kv_cache_memory_bytes
         if explicit is not None:
             return int(explicit)
@@ -223,6 +241,8 @@ class TTWorker(WorkerBase):
     @_starting
     def initialize_from_config(self, kv_cache_config: KVCacheConfig) -> None:
         assert self.model_runner is not None
+        if self.pools:
+            return
         num_layers, kv_heads, head_size = self._layer_shape()
         groups = LayerGroups.from_config(kv_cache_config, num_layers)
         self.model_runner.use_kv_groups(groups)
@@ -248,9 +268,13 @@ class TTWorker(WorkerBase):
         return CompilationTimes(language_model=0.0, encoder=0.0)
 
     def get_supported_tasks(self) -> tuple[str, ...]:
-        return ("generate",)
+        # vLLM's API server opens the pooling endpoints of these tasks (the plan's: those
+        # the bundle declares and --convert asks for).
+        return tuple(self.plan.pooling["tasks"]) if self.pools else ("generate",)
 
     def get_cache_block_size_bytes(self) -> int:
+        if self.pools:
+            return 0
         spec = next(iter(self.get_kv_cache_spec().values()))
         return spec.page_size_bytes
 

@@ -265,10 +265,12 @@ def model_runner_output(
     sampled: list[list[int]],
     logprobs: Any,
     prompt_logprobs: dict[str, Any] | None = None,
+    pooler_output: list[Any] | None = None,
 ) -> Any:
     """vLLM's `ModelRunnerOutput`; `index` (request id -> row) only where it has the
     field. `prompt_logprobs`: each finished prompt's `LogprobsTensors` (both releases take
-    the whole prompt at once, as their own runners send it)."""
+    the whole prompt at once, as their own runners send it). `pooler_output`: one tensor
+    per request of a pooling step (the same field in both releases)."""
     from vllm.v1.outputs import ModelRunnerOutput
 
     extra = {"req_id_to_index": index} if _difference("OUTPUT_INDEX") else {}
@@ -277,6 +279,7 @@ def model_runner_output(
         sampled_token_ids=sampled,
         logprobs=logprobs,
         prompt_logprobs_dict=prompt_logprobs or {},
+        pooler_output=pooler_output,
         **extra,
     )
 
