@@ -41,3 +41,25 @@ def test_the_commands_are_read_from_the_app():
     assert commands["list"] == "ttbundles.cli.info"
     assert commands["test"] == "ttbundles.cli.conformance"
     assert _reaches(commands["plan"]) and not _reaches(commands["init"])
+
+
+def test_every_end_to_end_test_is_in_the_server_tier():
+    """A test under tests/e2e without the mark (its module's or its own) would start its
+    servers in the fast tier, on every worker that collects it (one did: 20 s of the fast
+    tier)."""
+    import ast
+    from pathlib import Path
+
+    def marked(decorators: list[ast.expr]) -> bool:
+        return any("mark.server" in ast.unparse(d) for d in decorators)
+
+    unmarked = []
+    for path in sorted((Path(__file__).parent / "e2e").glob("test_*.py")):
+        source = path.read_text(encoding="utf-8")
+        if "pytestmark = pytest.mark.server" in source:
+            continue
+        for node in ast.parse(source).body:
+            test = isinstance(node, ast.FunctionDef) and node.name.startswith("test_")
+            if test and not marked(node.decorator_list):
+                unmarked.append(f"{path.name}::{node.name}")
+    assert unmarked == []

@@ -12,6 +12,8 @@ from tests.chat_bundle import write_chat_bundle
 from tests.e2e.conftest import READY_TIMEOUT, STOP_TIMEOUT, _environment
 from ttbundles.demo.server import start_server
 
+pytestmark = pytest.mark.server
+
 TOOLS = [
     {
         "type": "function",
