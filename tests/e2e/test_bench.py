@@ -78,3 +78,36 @@ def test_bench_measures_checks_targets_and_keeps_evidence(run_cli, demo_server, 
     text = run_cli("card", bundle).stdout
     assert "### Performance (ttbundle bench" in text
     assert "| random |" in text and "| shared_prefix |" in text
+
+
+def test_bench_serves_the_bundle_itself(run_cli, demo_checkpoint):
+    """Without --url, the user's first call: the bundle served on the host mesh (its own
+    `vllm serve`, the one server this module starts) and one workload measured; no
+    targets declared, so exit 0. The --url test above checks figures, targets and
+    evidence in depth."""
+    done = run_cli(
+        "bench",
+        builtin_bundles_dir() / "demo",
+        "--model",
+        demo_checkpoint,
+        "--workload",
+        "random",
+        "--input-len",
+        "16",
+        "--output-len",
+        "4",
+        "--num-prompts",
+        "2",
+        "--max-concurrency",
+        "2",
+        "-f",
+        "json",
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    answer = json.loads(done.stdout)
+    assert answer["ok"] is True and answer["checks"] == []
+    assert answer["url"] is None  # served here, not measured at an address
+    (figures,) = answer["workloads"]["random"]["rounds"]
+    assert figures["completed"] == 2 and figures["failed"] == 0
+    assert figures["output_throughput"] > 0
