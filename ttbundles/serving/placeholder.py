@@ -16,8 +16,9 @@ import torch
 from torch import nn
 
 
-class TTPlaceholderForCausalLM(nn.Module):
-    """Satisfies vLLM's text-generation model interface; never executed."""
+class _NeverExecuted(nn.Module):
+    """What both placeholders share: built by vLLM's loader, never run (the TT worker
+    runs the generator)."""
 
     def __init__(self, *, vllm_config: object = None, prefix: str = "") -> None:
         super().__init__()
@@ -27,23 +28,18 @@ class TTPlaceholderForCausalLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, **kwargs) -> torch.Tensor:
         raise RuntimeError("the TT worker serves this architecture's TT generator")
+
+
+class TTPlaceholderForCausalLM(_NeverExecuted):
+    """Satisfies vLLM's text-generation model interface; never executed."""
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         raise RuntimeError("the TT worker serves this architecture's TT generator")
 
 
-class TTPlaceholderForPooling(nn.Module):
+class TTPlaceholderForPooling(_NeverExecuted):
     """Satisfies vLLM's pooling model interface (no `compute_logits`); never executed."""
 
     is_pooling_model = True
     default_seq_pooling_type = "LAST"
     default_tok_pooling_type = "ALL"
-
-    def __init__(self, *, vllm_config: object = None, prefix: str = "") -> None:
-        super().__init__()
-
-    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
-        raise RuntimeError("the TT worker serves this architecture's TT generator")
-
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, **kwargs) -> torch.Tensor:
-        raise RuntimeError("the TT worker serves this architecture's TT generator")
