@@ -401,7 +401,9 @@ def test_sigterm_under_traffic_finishes_or_closes_responses_promptly(tmp_path, d
         assert not any(r.get("finish_reason") == "length" for r in streams), streams
         _wait_gone(server.process.process.pid, max(0.0, sent + bound - time.monotonic()))
         # A requested stop, with requests in flight: status 0, no traceback, one line.
-        assert server.process.process.wait(5) == 0
+        code = server.process.process.wait(5)
+        log = server.log_since(0)
+        assert code == 0, f"exit status {code}; the server's log ends:\n{log[-4000:]}"
         assert_stopped_quietly(server.log_since(0), "vllm serve", "by SIGTERM")
     finally:
         server.process.stop()

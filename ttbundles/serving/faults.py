@@ -72,6 +72,12 @@ def report_path() -> str | None:
         return None
     if not path:
         path = os.path.join(tempfile.gettempdir(), f"ttbundles-engine-{os.getpid()}.report")
+        # Named by our pid, so a file already there was left by a dead process that had
+        # it before (pids wrap at pid_max, 32768 by default): read at our exit, it would
+        # turn a clean stop into "the engine failed", status 1.
+        for stale in (path, f"{path}.stop"):
+            with contextlib.suppress(OSError):
+                os.unlink(stale)
         os.environ[REPORT_VARIABLE] = path
         # Runs after the exit handlers vLLM registers from here on (while serving).
         atexit.register(_at_exit)
