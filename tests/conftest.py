@@ -33,6 +33,28 @@ os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "fork")
 # at exec).
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+# What the runs keep between sessions and share between their processes: the real model
+# (tests/e2e/conftest.py) and vLLM's cache. vLLM learns what a model class is (its
+# `_ModelInfo`) in a new interpreter that imports vLLM again, about 10 s of CPU, unless
+# its cache under VLLM_CACHE_ROOT holds the answer (keyed by the class's source): kept
+# per release (the record differs between them), every configuration and server of the
+# run, on any worker, asks once per class, and a later run not at all.
+TEST_STORE = Path(
+    os.environ.get("TTBUNDLES_TEST_MODELS") or Path(__file__).parents[1] / ".test-models"
+)
+
+
+def _vllm_cache_root() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        release = version("vllm").split("+")[0]
+    except PackageNotFoundError:
+        release = "none"
+    return str(TEST_STORE / f"vllm-cache-{release}")
+
+
+os.environ.setdefault("VLLM_CACHE_ROOT", _vllm_cache_root())
 # Registration keeps its index of checked bundles in the user cache: a session's own.
 # Removed when the session's process ends (the real model lives elsewhere: e2e/conftest).
 if "TTBUNDLES_TEST_KEEP_CACHE" not in os.environ:

@@ -37,6 +37,7 @@ from pathlib import Path
 import pytest
 
 from tests.bundle_factory import write_bundle
+from tests.conftest import TEST_STORE
 from ttbundles.demo.server import ServerProcess, http_get, serve_environment, start_server
 from ttbundles.demo.variants import write_lanes_bundle
 from ttbundles.errors import TTBundleError
@@ -623,8 +624,7 @@ def real_model() -> Path:
     against its record and prepares it again when it is not complete)."""
     from ttbundles.demo import model
 
-    root = os.environ.get("TTBUNDLES_TEST_MODELS") or Path(__file__).parents[2] / ".test-models"
-    folder, _ = model.prepare(Path(root) / "ttbundles" / model.model_dir().name)
+    folder, _ = model.prepare(TEST_STORE / "ttbundles" / model.model_dir().name)
     return folder
 
 
