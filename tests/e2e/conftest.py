@@ -704,11 +704,12 @@ SPEC_SERVER_PLANS: dict[str, list[str]] = {
 SPEC_BASELINE = "demo-sync"
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def spec_servers(demo_checkpoint, tmp_path_factory, servers) -> Iterator[dict[str, Server]]:
     """The speculative-decoding servers of SPEC_SERVER_PLANS, started together
     (TTBUNDLES_TEST_SERVERS, as for `servers`, starts only those it names), and their
-    baseline "spec-off" (`servers`' "demo-sync")."""
+    baseline "spec-off" (`servers`' "demo-sync"). Module-scoped: one module uses them, and
+    they are stopped after it (memory, while the server tier runs on two workers)."""
     root = tmp_path_factory.mktemp("e2e-spec")
     logging_config = root / "logging.json"
     logging_config.write_text(json.dumps(LOGGING_CONFIG))
