@@ -610,6 +610,7 @@ def test_a_lowered_max_num_seqs_warns_only_when_the_command_line_asked(
     assert warning["message"].startswith(
         "max_num_seqs 8 lowered to 4: bundle targeted@1.0.0's target HOST supports at most 4"
     )
+    assert plan["lowered_settings"] == ["max_num_seqs"]
 
 
 def test_a_prompt_over_a_lowered_limit_is_refused_with_the_reason(

@@ -96,6 +96,9 @@ class Plan:
     # What the server does differently from what the user asked (Diagnostic dicts, each
     # a WARNING): logged at start-up and shown by `ttbundle plan`.
     warnings: list[dict[str, Any]] = field(default_factory=list)
+    # The settings lowered below what the user asked for (`lowered`, each with its TTB246
+    # warning): what `lowered_length` and the length refusals read.
+    lowered_settings: list[str] = field(default_factory=list)
     # Speculative decoding as admitted (`serving.spec_admission`; {}: not speculating):
     # method, k, accept_modes, narrow, the n-gram window, the generator's plan.
     speculative: dict[str, Any] = field(default_factory=dict)
@@ -141,6 +144,7 @@ class Plan:
         bundle = f"{self.bundle['name']}@{self.bundle['version']}"
         reason = f"bundle {bundle}'s target {self.mesh} supports at most {effective}"
         self.decide(setting, asked, effective, reason)
+        self.lowered_settings.append(setting)
         option = "--" + setting.replace("_", "-")
         self.warnings.append(
             Diagnostic(
@@ -156,7 +160,7 @@ class Plan:
 
     def lowered_length(self) -> tuple[int, int] | None:
         """(asked, effective) when max_model_len was lowered from what the user asked."""
-        if not any(w["message"].startswith("max_model_len ") for w in self.warnings):
+        if "max_model_len" not in self.lowered_settings:
             return None
         d = next(d for d in self.decisions if d.setting == "max_model_len")
         return d.requested, d.effective
@@ -1068,6 +1072,7 @@ def _lane_seqs(
         bundle = f"{plan.bundle['name']}@{plan.bundle['version']}"
         reason = f"bundle {bundle}'s target {plan.mesh} serves at most {cap} in all"
         plan.decide("max_num_seqs", requested, total, f"{why} ({reason})")
+        plan.lowered_settings.append("max_num_seqs")
         plan.warnings.append(
             Diagnostic(
                 "TTB246",
