@@ -27,7 +27,7 @@ from tests.vllm_config import kv_cache_config, vllm_config
 from ttbundles.demo.checkpoint import write_checkpoint
 from ttbundles.errors import ConfigurationError
 from ttbundles.serving import compat
-from ttbundles.serving.configuration import PLAN_KEY, TT_DEFAULTS, Plan
+from ttbundles.serving.configuration import PLAN_KEY, TT_DEFAULTS
 from ttbundles.serving.lane_metrics import take_lane_stats
 from ttbundles.serving.lanes import (
     TTLaneCoordinator,
@@ -36,6 +36,7 @@ from ttbundles.serving.lanes import (
     merge_outputs,
     pick_lane,
 )
+from ttbundles.serving.plan import Plan
 from ttbundles.serving.scheduler import TTAsyncScheduler, TTScheduler
 
 BLOCK = 16

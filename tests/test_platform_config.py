@@ -621,7 +621,7 @@ def test_a_prompt_over_a_lowered_limit_is_refused_with_the_reason(
     import inspect
 
     from ttbundles.serving import compat, length_limits
-    from ttbundles.serving.configuration import Plan
+    from ttbundles.serving.plan import Plan
 
     for owner, name in compat.prompt_length_checks():  # restored after the test
         monkeypatch.setattr(owner, name, inspect.unwrap(getattr(owner, name)))

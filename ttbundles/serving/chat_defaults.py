@@ -22,19 +22,20 @@ from ttbundles.format.metadata import BundleMetadata
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
 
+    from ttbundles.serving.plan import Plan
+
 _state: dict[str, Any] = {}
 
 
 def plan_chat_defaults(
     vllm_config: VllmConfig,
-    plan: Any,
+    plan: Plan,
     meta: BundleMetadata,
     bundle_dir: Path,
     asked: Mapping[str, Any],
 ) -> None:
     """Decide each chat setting the bundle declares; keep in `plan.chat` those the bundle
-    supplies. `plan` is `configuration.Plan` (untyped here: configuration imports this
-    module), `asked` the chat settings the operator's command line set. A parser the
+    supplies. `asked` holds the chat settings the operator's command line set. A parser the
     installed vLLM lacks is refused now (TTB112), not when the server builds its
     handlers."""
     serving = meta.serving

@@ -10,7 +10,6 @@ never imported: capabilities come from the bundle's metadata.
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
@@ -26,6 +25,7 @@ from ttbundles.format.tt_options import (
     TTOptions,
 )
 from ttbundles.registry.registry import Registry, Status
+from ttbundles.serving.plan import Plan
 from ttbundles.suggest import hint_for
 
 if TYPE_CHECKING:  # vLLM's config imports the platform: import it only for type hints
@@ -50,152 +50,6 @@ TT_DEFAULTS = TTOptions(
     decode_interleave_prefill_steps=2,
     decode_interleave_decode_steps=1,
 )
-
-
-@dataclass(frozen=True)
-class Decision:
-    setting: str
-    requested: Any
-    effective: Any
-    reason: str
-
-    def __str__(self) -> str:
-        change = (
-            f"{self.requested!r} -> {self.effective!r}"
-            if self.requested != self.effective
-            else f"{self.effective!r}"
-        )
-        return f"{self.setting}: {change} ({self.reason})"
-
-
-@dataclass
-class Plan:
-    tt_arch: str
-    bundle: dict[str, Any]
-    mesh: str | None
-    options: dict[str, Any]
-    lanes: int = 1
-    decisions: list[Decision] = field(default_factory=list)
-    # Multi-process data parallelism: each local rank's chip ids (its TT_VISIBLE_DEVICES)
-    # and the shape of the submesh it opens; empty with one engine.
-    device_groups: list[list[int]] = field(default_factory=list)
-    submesh_shape: list[int] = field(default_factory=list)
-    # Several hosts (vLLM's multi-node data parallelism): the ranks on every host together,
-    # this host's first global rank and its name; `device_groups` are this host's ranks
-    # only, by local rank (each host plans, and splits its own mesh, for itself).
-    dp_size: int = 1
-    dp_start_rank: int = 0
-    dp_local: int = 0
-    host: str = ""
-    # The head's data-parallel address and RPC port when the ranks span hosts ("": one
-    # host); every engine and the head keep in touch there (`serving.host_watch`).
-    dp_address: str = ""
-    dp_rpc_port: int = 0
-    # Items per prompt for each modality served besides text ({}: text only).
-    inputs: dict[str, int] = field(default_factory=dict)
-    # What the server does differently from what the user asked (Diagnostic dicts, each
-    # a WARNING): logged at start-up and shown by `ttbundle plan`.
-    warnings: list[dict[str, Any]] = field(default_factory=list)
-    # The settings lowered below what the user asked for (`lowered`, each with its TTB246
-    # warning): what `lowered_length` and the length refusals read.
-    lowered_settings: list[str] = field(default_factory=list)
-    # Speculative decoding as admitted (`serving.spec_admission`; {}: not speculating):
-    # method, k, accept_modes, narrow, the n-gram window, the generator's plan.
-    speculative: dict[str, Any] = field(default_factory=dict)
-    # The API server's options (`ServerOptions`: the user's only, never a target's).
-    server: dict[str, Any] = field(default_factory=dict)
-    # The bundle declares prompt logprobs (schema 3): requests may ask for them.
-    prompt_logprobs: bool = False
-    # The bundle's KV groups are served on vLLM's hybrid KV-cache manager (schema 5,
-    # `serving.kv_admission`): what the platform answers `support_hybrid_kv_cache`.
-    kv_groups: bool = False
-    # The chat settings the bundle's serving defaults supply (schema 4), those the
-    # operator left unset only: tool_call_parser, enable_auto_tool_choice, chat_template
-    # (an absolute path), reasoning_parser (`serving.chat_defaults`).
-    chat: dict[str, Any] = field(default_factory=dict)
-    # What the bundle's evidence says of this mesh: tested, stale, failed or untested
-    # (`check.support`), and the one line the plan and the start-up report give when it
-    # is not "tested" ("": nothing to say).
-    evidence: str = "untested"
-    evidence_note: str = ""
-    # What vLLM's pooling runner serves of the bundle's pooling (schema 5): the tasks
-    # asked for and declared, and the contract form; {}: a generation server.
-    pooling: dict[str, Any] = field(default_factory=dict)
-
-    def decide(self, setting: str, requested: Any, effective: Any, reason: str) -> Any:
-        self.decisions.append(Decision(setting, requested, effective, reason))
-        return effective
-
-    def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["decisions"] = [asdict(d) for d in self.decisions]
-        return data
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Plan:
-        values = dict(data)
-        values["decisions"] = [Decision(**d) for d in values.get("decisions", ())]
-        return cls(**values)
-
-    def lowered(self, setting: str, asked: Any, effective: Any, limit: str) -> Any:
-        """A setting the user asked for and the bundle's target cannot give: decided,
-        and a TTB246 warning naming the bundle, the target, the asked value and where the
-        limit is written. `limit` is the target's key (`max_model_len`)."""
-        bundle = f"{self.bundle['name']}@{self.bundle['version']}"
-        reason = f"bundle {bundle}'s target {self.mesh} supports at most {effective}"
-        self.decide(setting, asked, effective, reason)
-        self.lowered_settings.append(setting)
-        option = "--" + setting.replace("_", "-")
-        self.warnings.append(
-            Diagnostic(
-                "TTB246",
-                Severity.WARNING,
-                f"{setting} {asked} lowered to {effective}: {reason} "
-                f"(targets.{self.mesh}.{limit} in its vllm_metadata.json)",
-                hint=f"ask for at most {effective} ({option} {effective}), or serve on a "
-                "mesh whose target allows more",
-            ).to_dict()
-        )
-        return effective
-
-    def lowered_length(self) -> tuple[int, int] | None:
-        """(asked, effective) when max_model_len was lowered from what the user asked."""
-        if "max_model_len" not in self.lowered_settings:
-            return None
-        d = next(d for d in self.decisions if d.setting == "max_model_len")
-        return d.requested, d.effective
-
-    @property
-    def server_options(self) -> ServerOptions:
-        """The API server's options in force (image URL fetching), typed."""
-        return ServerOptions.model_validate(self.server)
-
-    @property
-    def tt_options(self) -> TTOptions:
-        """The effective device options (user over target defaults over ours), typed."""
-        return TTOptions.model_validate(self.options)
-
-    def log(self) -> None:
-        from ttbundles.serving.registration import short_where
-
-        source = self.bundle["source"]
-        where = short_where(self.bundle["path"], source)
-        lines = [
-            f"ttbundles: serving {self.tt_arch} with {self.bundle['name']}@"
-            f"{self.bundle['version']} ({source}{'' if source == 'built-in' else ', ' + where}) "
-            f"on mesh {self.mesh or 'unset'}:"
-        ]
-        lines += [f"  {d}" for d in self.decisions]
-        if self.evidence_note:
-            lines.append(f"  {self.evidence_note}")
-        logger.info("\n".join(lines))
-        for warning in self.warnings:
-            logger.warning(
-                "%s ttbundles: %s (fix: %s)",
-                warning["code"],
-                warning["message"],
-                warning["hint"],
-            )
 
 
 def _error(code: str, message: str, hint: str | None = None) -> ConfigurationError:

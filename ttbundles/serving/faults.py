@@ -29,10 +29,13 @@ import tempfile
 import threading
 import time
 from types import TracebackType
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from ttbundles import envs
 from ttbundles.errors import TTBundleError
+
+if TYPE_CHECKING:
+    from ttbundles.serving.plan import Plan
 
 logger = logging.getLogger("vllm.ttbundles")
 
@@ -404,6 +407,6 @@ def _poll_parent(parent: int, poll: float) -> None:
     os.kill(os.getpid(), signal.SIGTERM)
 
 
-def bundle_label(plan: Any) -> str:
+def bundle_label(plan: Plan) -> str:
     bundle = plan.bundle
     return f"{bundle['name']}@{bundle['version']}"

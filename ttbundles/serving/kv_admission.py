@@ -19,6 +19,8 @@ from ttbundles.format.attention_window import attention_window
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
 
+    from ttbundles.serving.plan import Plan
+
 
 def layer_kinds(hf_config: Any) -> str:
     """`10 sliding-window layers (window 32), 2 full-attention`, or `12 full-attention`:
@@ -35,9 +37,8 @@ def layer_kinds(hf_config: Any) -> str:
     return ", ".join(parts)
 
 
-def plan_kv_groups(vllm_config: VllmConfig, plan: Any, declared: bool) -> None:
-    """Decide `plan.kv_groups` (`configuration.Plan`, after speculation and lanes were
-    planned)."""
+def plan_kv_groups(vllm_config: VllmConfig, plan: Plan, declared: bool) -> None:
+    """Decide `plan.kv_groups` (after speculation and lanes were planned)."""
     plan.kv_groups = False
     sched = vllm_config.scheduler_config
     asked = sched.disable_hybrid_kv_cache_manager  # None: vLLM decides

@@ -11,7 +11,10 @@ prompts and max_tokens before anything reaches the engine.
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ttbundles.serving.plan import Plan
 
 # What vLLM's context-length refusals say (0.33.0 and 0.34.0): any of these in the message.
 _LENGTH_WORDS = ("maximum context length", "maximum model length", "max_model_len")
@@ -19,7 +22,7 @@ _LENGTH_WORDS = ("maximum context length", "maximum model length", "max_model_le
 _installed: dict[str, str] = {}
 
 
-def note(plan: Any, asked: int, effective: int) -> str:
+def note(plan: Plan, asked: int, effective: int) -> str:
     """The sentence a length refusal ends with."""
     bundle = f"{plan.bundle['name']}@{plan.bundle['version']}"
     return (
@@ -37,7 +40,7 @@ def explain(exc: BaseException, text: str) -> None:
     exc.args = (message + text, *exc.args[1:])
 
 
-def explain_lowered_length(plan: Any, asked: int, effective: int) -> None:
+def explain_lowered_length(plan: Plan, asked: int, effective: int) -> None:
     """Wrap vLLM's length checks (`compat.prompt_length_checks`) so their refusals end
     with `note`; once per process."""
     from ttbundles.serving import compat

@@ -17,6 +17,8 @@ from ttbundles.serving.plugin import report_errors_cleanly
 if TYPE_CHECKING:  # importing vLLM's config here would be circular at platform load
     from vllm.config import VllmConfig
 
+    from ttbundles.serving.plan import Plan
+
 
 _state: dict[str, Any] = {}
 
@@ -226,7 +228,7 @@ class TTPlatform(Platform):
         return bool(_state.get("kv_groups"))
 
 
-def _watch_hosts(plan: Any) -> None:
+def _watch_hosts(plan: Plan) -> None:
     """On the head of a multi-host server (`vllm serve` with rank 0, not --headless):
     listen for every engine's connection, and stop the server when another host's
     rank is gone (`serving.host_watch`)."""

@@ -34,15 +34,16 @@ if TYPE_CHECKING:
     from vllm.config import VllmConfig
 
     from ttbundles.format.metadata import BundleMetadata
+    from ttbundles.serving.plan import Plan
 
 
 def _refuse(code: str, message: str, hint: str) -> ConfigurationError:
     return ConfigurationError.single(code, message, hint=hint)
 
 
-def plan_speculative(vllm_config: VllmConfig, plan: Any, meta: BundleMetadata) -> None:
-    """Admit the speculative configuration into `plan` (`configuration.Plan`, which
-    imports this module: not imported back), or refuse it (TTB235, TTB236)."""
+def plan_speculative(vllm_config: VllmConfig, plan: Plan, meta: BundleMetadata) -> None:
+    """Admit the speculative configuration into `plan`, or refuse it (TTB235,
+    TTB236)."""
     config = vllm_config.speculative_config
     if config is None:
         return
@@ -219,7 +220,7 @@ def _check_plan(plan: spec.SpecPlan, requested: int, who: str) -> None:
         )
 
 
-def _generator_class(plan: Any) -> type:
+def _generator_class(plan: Plan) -> type:
     """The bundle's class, imported as the worker imports it."""
     from ttbundles.serving.generator_class import load_generator_class
 

@@ -35,6 +35,8 @@ from ttbundles.format.attention_window import (
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
 
+    from ttbundles.serving.plan import Plan
+
 TT_METAL_PACKAGE = "models"
 """The top-level package of TT-Metal's model code (`models.tt_transformers...`)."""
 
@@ -55,7 +57,7 @@ def window_handler(entry: Any) -> str | None:
     return None
 
 
-def plan_window(vllm_config: VllmConfig, plan: Any, entry: Any) -> AttentionWindow | None:
+def plan_window(vllm_config: VllmConfig, plan: Plan, entry: Any) -> AttentionWindow | None:
     """Decide (or refuse) the checkpoint's sliding window against `max_model_len`, after
     the lengths are planned. Returns the window, None when the checkpoint has none."""
     model_config = vllm_config.model_config
