@@ -772,15 +772,7 @@ def _plan_lanes(vllm_config: VllmConfig, plan: Plan, execution: str, target: Any
         # Request-specific RoPE (M-RoPE, vision models) needs nothing of the lanes: the
         # runner keeps a delta per slot and sends rope_deltas_all_users over every row.
         requested = sched.max_num_seqs
-        total = requested * dp
-        if cap is not None and total > cap:
-            total = cap
-        if total % dp:
-            raise _error(
-                "TTB205",
-                f"{dp} data-parallel lanes cannot share max_num_seqs={total} evenly",
-                f"use a max_num_seqs that is a multiple of {dp}",
-            )
+        total = _lanes_total(requested, dp, cap)
         plan.lanes = dp
         # One engine: vLLM must launch, and its front ends expect, a single engine core.
         parallel.data_parallel_size = 1
@@ -876,15 +868,7 @@ def _plan_lanes_on_hosts(vllm_config: VllmConfig, plan: Plan, cap: int | None) -
     engines = dp // local
     engine = start // local
     requested = sched.max_num_seqs
-    total = requested * local
-    if cap is not None and total > cap:
-        total = cap
-    if total % local:
-        raise _error(
-            "TTB205",
-            f"{local} data-parallel lanes cannot share max_num_seqs={total} evenly",
-            f"use a max_num_seqs that is a multiple of {local}",
-        )
+    total = _lanes_total(requested, local, cap)
     plan.lanes = local
     plan.dp_size = engines
     plan.dp_start_rank = engine
@@ -912,6 +896,19 @@ def _plan_lanes_on_hosts(vllm_config: VllmConfig, plan: Plan, cap: int | None) -
         f"hosts run {others.replace('DP rank', 'engine')}",
     )
     sched.max_num_seqs = _lane_seqs(plan, requested, total, local, cap, " on this host's engine")
+
+
+def _lanes_total(requested: int, lanes: int, cap: int | None) -> int:
+    """The engine's max_num_seqs for `lanes` lanes of `requested` each, capped by the
+    target; TTB205 when the lanes cannot share it evenly."""
+    total = requested * lanes if cap is None else min(requested * lanes, cap)
+    if total % lanes:
+        raise _error(
+            "TTB205",
+            f"{lanes} data-parallel lanes cannot share max_num_seqs={total} evenly",
+            f"use a max_num_seqs that is a multiple of {lanes}",
+        )
+    return total
 
 
 def _lane_seqs(
