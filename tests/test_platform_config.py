@@ -408,6 +408,12 @@ def test_single_execute_data_parallel_becomes_lanes(models_dir, demo_checkpoint)
     parallel = config.parallel_config
     assert (parallel.data_parallel_size_local, parallel.data_parallel_rank) == (1, 0)
     assert parallel.distributed_executor_backend == "uni"
+    assert decisions["distributed_executor_backend"] == {
+        "setting": "distributed_executor_backend",
+        "requested": "mp",
+        "effective": "uni",
+        "reason": "the lanes' one worker runs inside its engine-core process",
+    }
     assert config.scheduler_config.scheduler_cls == "ttbundles.serving.lanes.TTLaneCoordinator"
     assert "4 in-process lanes in one engine" in decisions["data_parallel_size"]["reason"]
 

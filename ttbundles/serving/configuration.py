@@ -781,8 +781,7 @@ def _plan_lanes(vllm_config: VllmConfig, plan: Plan, execution: str, target: Any
         parallel.data_parallel_rank_local = 0
         # vLLM chose its multiprocess executor for the DP size it was given; one engine
         # with one worker runs the worker in the engine process, as without lanes.
-        if parallel.distributed_executor_backend == "mp":
-            parallel.distributed_executor_backend = "uni"
+        _one_worker_in_the_engine(plan, parallel, "the lanes' one worker")
         plan.decide(
             "data_parallel_size",
             dp,
@@ -881,8 +880,7 @@ def _plan_lanes_on_hosts(vllm_config: VllmConfig, plan: Plan, cap: int | None) -
     parallel.data_parallel_rank = engine
     # data_parallel_rank_local stays unset: vLLM reads a set one as offline mode (no DP
     # coordinator, no load balancing stats); each engine process gets its own.
-    if parallel.distributed_executor_backend in (None, "mp"):
-        parallel.distributed_executor_backend = "uni"  # one worker, in the engine process
+    _one_worker_in_the_engine(plan, parallel, "this host's lanes' one worker")
     others = _ranks_elsewhere(engine, 1, engines)
     plan.decide(
         "data_parallel_size",
@@ -1034,15 +1032,21 @@ def _plan_device_groups(vllm_config: VllmConfig, plan: Plan) -> None:
             f"{layout}; {totals}"
         )
     plan.decide("data_parallel_size", ranks, ranks, reason)
+    # vLLM defaults data parallelism to the multiprocessing executor: a worker process
+    # behind every engine core. A rank here is one worker (world size 1).
+    _one_worker_in_the_engine(plan, parallel, "each rank's one worker")
+
+
+def _one_worker_in_the_engine(plan: Plan, parallel: Any, whose: str) -> None:
+    """vLLM's multiprocessing executor (its choice for data parallelism) replaced by the
+    in-process one where an engine has a single worker: a decision like any other."""
     backend = parallel.distributed_executor_backend
     if backend in (None, "mp"):
-        # vLLM defaults data parallelism to the multiprocessing executor: a worker process
-        # behind every engine core. A rank here is one worker (world size 1).
         parallel.distributed_executor_backend = plan.decide(
             "distributed_executor_backend",
             backend,
             "uni",
-            "each rank's one worker runs inside its engine-core process",
+            f"{whose} runs inside its engine-core process",
         )
 
 
