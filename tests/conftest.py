@@ -385,35 +385,11 @@ def _on_the_default_release() -> bool:
         return True
 
 
-# The session-scoped fixture that starts servers for many tests (tests/e2e/conftest.py).
-SHARED_SERVERS = "servers"
-
-
-def group_for_workers(item: pytest.Item) -> str | None:
-    """The xdist group `item` runs in when the server tier runs on two workers
-    (`--dist loadgroup`, scripts/test), so that no server starts twice: the tests of the
-    shared servers together, a module's tests together when they share a module-scoped
-    fixture (a server of the module's own), every other test on its own (None)."""
-    if SHARED_SERVERS in item.fixturenames:
-        return "shared-servers"
-    for name in item.fixturenames:
-        for definition in item._fixtureinfo.name2fixturedefs.get(name, ()):
-            if definition.scope in ("module", "class", "package"):
-                return item.nodeid.split("::")[0]
-    return None
-
-
-@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups
 def pytest_collection_modifyitems(config, items):
     """Mark what can differ between vLLM releases (`tests/release_marks.py`); on a release
-    other than the default, run only that (TTBUNDLES_ALL_TESTS=1 runs everything). Give
-    each test its group for the server tier's workers (`group_for_workers`)."""
+    other than the default, run only that (TTBUNDLES_ALL_TESTS=1 runs everything)."""
     from tests.release_marks import MARK, mark_release_dependent
 
-    for item in items:
-        group = group_for_workers(item)
-        if group is not None and item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(group))
     mark_release_dependent(items)
     if _on_the_default_release() or os.environ.get("TTBUNDLES_ALL_TESTS") == "1":
         return
@@ -439,8 +415,7 @@ def _watch_cli_processes(event: str, args: tuple) -> None:
         os.path.basename(argv[0]) == "ttbundle"
         or any(a == "-m" and b == "ttbundles" for a, b in zip(argv, argv[1:]))
     ):
-        # The test function: no parameters, no xdist group ("@group", --dist loadgroup).
-        _CLI_PROCESS_TESTS.add(_CURRENT_TEST[-1].split("@")[0].split("[")[0])
+        _CLI_PROCESS_TESTS.add(_CURRENT_TEST[-1].split("[")[0])
 
 
 sys.addaudithook(_watch_cli_processes)

@@ -3,8 +3,6 @@ held to tests of this suite whose answer is known."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from tests.release_marks import _commands, _reaches, function_reaches
@@ -50,6 +48,7 @@ def test_every_end_to_end_test_is_in_the_server_tier():
     servers in the fast tier, on every worker that collects it (one did: 20 s of the fast
     tier)."""
     import ast
+    from pathlib import Path
 
     def marked(decorators: list[ast.expr]) -> bool:
         return any("mark.server" in ast.unparse(d) for d in decorators)
@@ -64,36 +63,3 @@ def test_every_end_to_end_test_is_in_the_server_tier():
             if test and not marked(node.decorator_list):
                 unmarked.append(f"{path.name}::{node.name}")
     assert unmarked == []
-
-
-def test_the_server_tiers_workers_start_no_server_twice():
-    """On two workers (`--dist loadgroup`), the tests of the shared servers run on one
-    worker, a module's tests that share a server of its own on one worker, and tests
-    that each start their own go anywhere (tests/conftest.py, group_for_workers)."""
-    root = Path(__file__).parent
-
-    class Groups:
-        def __init__(self) -> None:
-            self.of: dict[str, str | None] = {}
-
-        @pytest.hookimpl(trylast=True)
-        def pytest_collection_modifyitems(self, items):
-            for item in items:
-                mark = item.get_closest_marker("xdist_group")
-                self.of[item.nodeid] = mark.args[0] if mark else None
-
-    groups = Groups()
-    modules = ("test_real_model.py", "test_pooling_serving.py", "test_faults.py")
-    code = pytest.main(
-        ["--collect-only", "-q", "-p", "no:cacheprovider", "-p", "no:xdist"]
-        + [str(root / "e2e" / name) for name in modules],
-        plugins=[groups],
-    )
-    assert code == 0
-
-    def of(module: str) -> set[str | None]:
-        return {group for nodeid, group in groups.of.items() if f"/{module}::" in nodeid}
-
-    assert of("test_real_model.py") == {"shared-servers"}
-    assert of("test_pooling_serving.py") == {"tests/e2e/test_pooling_serving.py"}
-    assert of("test_faults.py") == {None}

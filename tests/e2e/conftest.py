@@ -708,8 +708,8 @@ SPEC_BASELINE = "demo-sync"
 def spec_servers(demo_checkpoint, tmp_path_factory, servers) -> Iterator[dict[str, Server]]:
     """The speculative-decoding servers of SPEC_SERVER_PLANS, started together
     (TTBUNDLES_TEST_SERVERS, as for `servers`, starts only those it names), and their
-    baseline "spec-off" (`servers`' "demo-sync"). Module-scoped: one module uses them, and
-    they are stopped after it (memory, while the server tier runs on two workers)."""
+    baseline "spec-off" (`servers`' "demo-sync"). Module-scoped: one module uses them,
+    and the memory of three servers is given back after it."""
     root = tmp_path_factory.mktemp("e2e-spec")
     logging_config = root / "logging.json"
     logging_config.write_text(json.dumps(LOGGING_CONFIG))
