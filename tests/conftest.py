@@ -44,17 +44,17 @@ TEST_STORE = Path(
 )
 
 
-def _vllm_cache_root() -> str:
+def _vllm_release() -> str | None:
+    """The installed vLLM's release (without a local build tag), or None."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
-        release = version("vllm").split("+")[0]
+        return version("vllm").split("+")[0]
     except PackageNotFoundError:
-        release = "none"
-    return str(TEST_STORE / f"vllm-cache-{release}")
+        return None
 
 
-os.environ.setdefault("VLLM_CACHE_ROOT", _vllm_cache_root())
+os.environ.setdefault("VLLM_CACHE_ROOT", str(TEST_STORE / f"vllm-cache-{_vllm_release()}"))
 # Registration keeps its index of checked bundles in the user cache: a session's own.
 # Removed when the session's process ends (the real model lives elsewhere: e2e/conftest).
 if "TTBUNDLES_TEST_KEEP_CACHE" not in os.environ:
@@ -375,14 +375,9 @@ def time_wait_port() -> int:
 
 
 def _on_the_default_release() -> bool:
-    from importlib.metadata import PackageNotFoundError, version
-
     from ttbundles.vllm_window import DEFAULT_VLLM
 
-    try:
-        return version("vllm").split("+")[0] == DEFAULT_VLLM
-    except PackageNotFoundError:
-        return True
+    return _vllm_release() in (DEFAULT_VLLM, None)
 
 
 def pytest_collection_modifyitems(config, items):
