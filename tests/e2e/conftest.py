@@ -38,7 +38,8 @@ import pytest
 
 from tests.bundle_factory import write_bundle
 from tests.conftest import TEST_STORE
-from ttbundles.demo.server import ServerProcess, http_get, serve_environment, start_server
+from tests.zygote import start_server
+from ttbundles.demo.server import ServerProcess, http_get, serve_environment
 from ttbundles.demo.variants import write_lanes_bundle
 from ttbundles.errors import TTBundleError
 

@@ -10,7 +10,7 @@ import pytest
 
 from tests.chat_bundle import write_chat_bundle
 from tests.e2e.conftest import READY_TIMEOUT, STOP_TIMEOUT, _environment
-from ttbundles.demo.server import start_server
+from tests.zygote import start_server
 
 pytestmark = pytest.mark.server
 

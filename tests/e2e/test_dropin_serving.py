@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.conftest import LOGGING_CONFIG, Server, _environment
-from ttbundles.demo.server import start_server
+from tests.zygote import start_server
 from ttbundles.errors import TTBundleError
 
 pytestmark = pytest.mark.server

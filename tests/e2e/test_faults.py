@@ -12,13 +12,13 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
+from tests import zygote
 from tests.e2e.conftest import LOGGING_CONFIG, _environment, assert_stopped_quietly
 from tests.e2e.test_dropin_serving import PROMPT, SERVE_ARGS, serve
 from ttbundles.paths import builtin_bundles_dir
@@ -55,16 +55,13 @@ def run_to_exit(checkpoint: Path, tmp_path: Path, extra: dict[str, str]) -> tupl
     logging_config = tmp_path / "logging.json"
     logging_config.write_text(json.dumps(LOGGING_CONFIG))
     env = _environment({"VLLM_LOGGING_CONFIG_PATH": str(logging_config), **extra})
-    vllm = os.path.join(os.path.dirname(sys.executable), "vllm")
-    done = subprocess.run(
-        [vllm, "serve", str(checkpoint), "--port", "0", *SERVE_ARGS],
-        capture_output=True,
-        text=True,
+    return zygote.run_to_exit(
+        checkpoint,
+        vllm_args=SERVE_ARGS,
         env=env,
+        log_path=tmp_path / "server.log",
         timeout=STARTUP_TIMEOUT,
-        start_new_session=True,
     )
-    return done.returncode, done.stdout + done.stderr
 
 
 def api_server_lines(log: str) -> list[str]:

@@ -16,7 +16,7 @@ import pytest
 
 from tests.e2e.conftest import READY_TIMEOUT, STOP_TIMEOUT, _environment, write_test_bundle
 from tests.e2e.test_pooling_serving import http_post_json
-from ttbundles.demo.server import start_server
+from tests.zygote import start_server
 
 pytestmark = pytest.mark.server
 

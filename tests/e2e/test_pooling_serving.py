@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 
 from tests.e2e.conftest import READY_TIMEOUT, STOP_TIMEOUT, _environment
+from tests.zygote import start_server
 from ttbundles.demo.embedding_bundle import write_embedding_bundle
-from ttbundles.demo.server import start_server
 
 pytestmark = pytest.mark.server
 
