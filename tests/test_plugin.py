@@ -260,15 +260,19 @@ def test_plan_cli_matches_the_server_hook(tmp_path, monkeypatch, demo_checkpoint
 
 @pytest.mark.server  # starts vLLM processes: the slow tier
 def test_vllm_serve_reports_a_configuration_error_without_a_traceback(demo_checkpoint):
+    from tests import zygote  # forked from the test servers' zygote
+
     vllm_cli = os.path.join(os.path.dirname(sys.executable), "vllm")
-    done = subprocess.run(
-        [vllm_cli, "serve", str(demo_checkpoint), "--port", "0", "--tensor-parallel-size", "2"],
-        capture_output=True,
-        text=True,
-        env=os.environ,
-        timeout=300,
-    )
-    output = done.stdout + done.stderr
-    assert done.returncode == 1
+    command = [
+        vllm_cli,
+        "serve",
+        str(demo_checkpoint),
+        "--port",
+        "0",
+        "--tensor-parallel-size",
+        "2",
+    ]
+    code, output = zygote.run(command, os.environ, timeout=300)
+    assert code == 1
     assert "error TTB201: --tensor-parallel-size=2" in output
     assert "Traceback" not in output

@@ -221,3 +221,34 @@ def run_to_exit(
     finally:
         server.stop()
     return code, log_path.read_text(errors="replace")
+
+
+def run(command: Sequence[str], env: Mapping[str, str], timeout: float) -> tuple[int, str]:
+    """A `vllm serve` command line run to its end: (exit status, its whole output, the
+    standard error within it). Forked where `forkable`, else a real process."""
+    folder = Path(tempfile.mkdtemp(prefix="ttbundles-run-"))
+    log_path = folder / "output.log"
+    try:
+        if forkable(env):
+            process: ForkedProcess | subprocess.Popen = _session_zygote().fork(
+                command, env, log_path
+            )
+        else:
+            with open(log_path, "wb") as log:
+                process = subprocess.Popen(
+                    list(command),
+                    env=dict(env),
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+        try:
+            code = process.wait(timeout)
+        finally:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+        return code, log_path.read_text(errors="replace")
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
