@@ -22,7 +22,7 @@ from vllm.v1.structured_output import StructuredOutputManager
 
 from ttbundles.format.contract import HostMesh
 from ttbundles.reference.generator import ReferenceLlamaGenerator
-from ttbundles.serving.configuration import PLAN_KEY
+from ttbundles.serving.configuration import PLAN_KEY, served_plan
 from ttbundles.serving.lanes import TTLaneCoordinator
 from ttbundles.serving.runner import TTModelRunner
 from ttbundles.serving.scheduler import TTScheduler
@@ -108,7 +108,7 @@ def build(
         structured_output_manager=StructuredOutputManager(config),
         block_size=BLOCK,
     )
-    runner = TTModelRunner(config, Recording, HostMesh())
+    runner = TTModelRunner(config, Recording, HostMesh(), served_plan(config))  # as the worker
     runner.load_model()
     runner.generator.decodes = []
     runner.generator.prefills = []

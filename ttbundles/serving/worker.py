@@ -152,7 +152,9 @@ class TTWorker(WorkerBase):
                 self.vllm_config, generator_cls, self.mesh_device, self.plan.pooling["tasks"]
             )
         else:
-            self.model_runner = TTModelRunner(self.vllm_config, generator_cls, self.mesh_device)
+            self.model_runner = TTModelRunner(
+                self.vllm_config, generator_cls, self.mesh_device, self.plan
+            )
         try:
             self.model_runner.load_model()
         except TTBundleError:

@@ -23,17 +23,30 @@ import numpy as np
 import torch
 
 if TYPE_CHECKING:
+    from ttbundles.serving.kv_layout import LayerGroups
     from ttbundles.serving.runner.step import Layout
 
 
 class BlockTables:
     """`num_groups` tables of `[capacity, ceil(max_model_len / block_size)]` int32 block
-    ids by slot, and how many columns of each row are live."""
+    ids by slot, and how many columns of each row are live; with the engine's KV groups
+    (`groups`), what a step sends of them: each sliding group's window, the main table,
+    the per-layer tables."""
 
-    def __init__(self, capacity: int, max_model_len: int, block_size: int, num_groups: int = 1):
+    def __init__(
+        self,
+        capacity: int,
+        max_model_len: int,
+        block_size: int,
+        num_groups: int = 1,
+        groups: LayerGroups | None = None,
+    ):
         width = -(-max_model_len // block_size)
         self.capacity = capacity
-        self.num_groups = num_groups
+        self.block_size = block_size
+        self.num_groups = groups.num_groups if groups is not None else num_groups
+        self.groups = groups
+        num_groups = self.num_groups
         self.tables = [torch.zeros((capacity, width), dtype=torch.int32) for _ in range(num_groups)]
         # numpy views of the same memory: row writes without a torch call per row.
         self.tables_np = [table.numpy() for table in self.tables]
@@ -90,6 +103,48 @@ class BlockTables:
             table.index_fill_(0, layout.idle_rows, 0)
         layout.tables[group] = (self.version, table)
         return table
+
+    # --- what a step sends ----------------------------------------------------------------
+
+    def decode_tables(
+        self, layout: Layout, starts: np.ndarray
+    ) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """A decode's table of every group (`starts`: each slot's position), and what
+        tells a change of any of them (the one table itself with one group)."""
+        tables = [self.decode_table(layout, g) for g in range(self.num_groups)]
+        if len(tables) == 1:
+            return tables, tables[0]
+        tables = self.windowed(tables, torch.from_numpy(starts))
+        return tables, torch.cat(tables, dim=1)
+
+    def prefill_tables(
+        self, block_ids: Sequence[Sequence[Sequence[int]]], computed: Sequence[int]
+    ) -> list[torch.Tensor]:
+        """A prefill's table of every group: row r the r-th request's blocks
+        (`block_ids[r][g]`), sliding groups cut to each row's window (`computed[r]`: the
+        row's first position)."""
+        tables = [prefill_table([ids[g] for ids in block_ids]) for g in range(self.num_groups)]
+        if len(tables) > 1:
+            tables = self.windowed(tables, torch.tensor(computed))
+        return tables
+
+    def windowed(self, tables: list[torch.Tensor], starts: torch.Tensor) -> list[torch.Tensor]:
+        """Each sliding group's table with what lies wholly below its window nulled
+        (`null_before_window`); `starts[r]` row r's first position."""
+        if self.groups is None:
+            return tables
+        return [
+            null_before_window(table, starts, reach, self.block_size) if reach else table
+            for table, reach in zip(tables, self.groups.reach)
+        ]
+
+    def main(self, tables: list[torch.Tensor]) -> torch.Tensor:
+        """The table sent as `page_table`: the first full-attention group's."""
+        return tables[self.groups.main if self.groups is not None else 0]
+
+    def per_layer(self, tables: list[torch.Tensor], layers: int) -> dict[str, list[torch.Tensor]]:
+        """`page_tables_per_layer` for a cache allocated per layer (see `per_layer`)."""
+        return per_layer(tables, self.groups.group if self.groups is not None else None, layers)
 
 
 def prefill_table(rows: Sequence[Sequence[int]]) -> torch.Tensor:

@@ -25,15 +25,11 @@ from ttbundles.format import contract
 from ttbundles.format import speculative as spec
 from ttbundles.serving import compat
 from ttbundles.serving.binding import GeneratorContractError, split_output
-from ttbundles.serving.configuration import effective_options, served_plan
+from ttbundles.serving.configuration import effective_options
 from ttbundles.serving.kv_layout import LayerGroups
 from ttbundles.serving.pixel_store import PixelStore
-from ttbundles.serving.runner.block_table import (
-    BlockTables,
-    null_before_window,
-    per_layer,
-    prefill_table,
-)
+from ttbundles.serving.plan import Plan
+from ttbundles.serving.runner.block_table import BlockTables
 from ttbundles.serving.runner.commands import DecodeCommands
 from ttbundles.serving.runner.contract_binding import (
     GeneratorMethods,
@@ -70,7 +66,15 @@ class TTModelRunner:
     request states and host batch (`states`), the slots (`slots`), the page tables
     (`tables`), the bound contract (`methods`), speculation (`speculation`)."""
 
-    def __init__(self, vllm_config: VllmConfig, generator_cls: type, mesh_device: Any):
+    def __init__(
+        self,
+        vllm_config: VllmConfig,
+        generator_cls: type,
+        mesh_device: Any,
+        plan: Plan | None = None,
+    ):
+        """`plan`: the served plan, as the worker read it (None: a runner built without
+        the platform's hook, as in unit tests: plain text decode, the user's options)."""
         self.vllm_config = vllm_config
         self.model_config = vllm_config.model_config
         self.generator_cls = generator_cls
@@ -81,8 +85,8 @@ class TTModelRunner:
         self.max_num_reqs = sched.max_num_seqs
         self.max_model_len = self.model_config.max_model_len
         self.block_size = vllm_config.cache_config.block_size
-        self._apply_plan(vllm_config)
-        self.options = effective_options(vllm_config)
+        self._apply_plan(plan)
+        self.options = plan.tt_options if plan is not None else effective_options(vllm_config)
         self.version = contract.contract_version(generator_cls)
         self.capabilities: dict[str, Any] = dict(
             getattr(generator_cls, contract.CAPABILITIES_ATTRIBUTE, None) or {}
@@ -131,9 +135,8 @@ class TTModelRunner:
         self._device_page_table: torch.Tensor | None = None
         self.observer: StepObserver | None = None
 
-    def _apply_plan(self, vllm_config: VllmConfig) -> None:
+    def _apply_plan(self, plan: Plan | None) -> None:
         """What the served plan says this runner does beyond plain text decode."""
-        plan = served_plan(vllm_config)
         # In-process data-parallel lanes (single-execute generators): device rows are
         # lane x per_lane + slot, each lane's requests in its own rows and KV cache.
         self.lanes = plan.lanes if plan is not None else 1
@@ -220,7 +223,7 @@ class TTModelRunner:
             )
         self.kv_groups = groups
         self.tables = BlockTables(
-            self.max_num_reqs, self.max_model_len, self.block_size, groups.num_groups
+            self.max_num_reqs, self.max_model_len, self.block_size, groups=groups
         )
         self.states.tables = self.tables
 
@@ -315,48 +318,18 @@ class TTModelRunner:
         self._step = step
         return None
 
-    def _group_tables(
-        self, layout: Layout, starts: np.ndarray
-    ) -> tuple[list[torch.Tensor], torch.Tensor]:
-        """A decode's table of every KV group (`starts`: each slot's position), and what
-        tells a change of any of them (the main group's table alone with one group)."""
-        tables = [self.tables.decode_table(layout, g) for g in range(self.tables.num_groups)]
-        if len(tables) == 1:
-            return tables, tables[0]
-        tables = self._windowed(tables, torch.from_numpy(starts))
-        return tables, torch.cat(tables, dim=1)
-
-    def _windowed(self, tables: list[torch.Tensor], starts: torch.Tensor) -> list[torch.Tensor]:
-        """Each sliding group's table with what lies wholly below its window nulled
-        (`block_table.null_before_window`); `starts[r]` row r's first position."""
-        groups = self.kv_groups
-        if groups is None:
-            return tables
-        return [
-            null_before_window(table, starts, reach, self.block_size) if reach else table
-            for table, reach in zip(tables, groups.reach)
-        ]
-
-    def _main_table(self, tables: list[torch.Tensor]) -> torch.Tensor:
-        """The table sent as `page_table`: the first full-attention group's."""
-        return tables[self.kv_groups.main if self.kv_groups is not None else 0]
-
-    def _layer_tables(self, tables: list[torch.Tensor]) -> dict[str, list[torch.Tensor]]:
-        groups = self.kv_groups
-        return per_layer(tables, groups.group if groups is not None else None, self.cache_layers)
-
     def _decode_values(
         self, layout: Layout, tables: list[torch.Tensor], commands: DecodeCommands
     ) -> dict[str, Any]:
         """What every decode and verify call passes besides its tokens and positions."""
         capacity = self.max_num_reqs
         values: dict[str, Any] = dict(
-            page_table=self._main_table(tables),
+            page_table=self.tables.main(tables),
             kv_cache=self.kv_cache,
             enable_trace=self.decode_trace,
             sampling_params=None,
             slot_remap=list(range(capacity)),
-            **self._layer_tables(tables),
+            **self.tables.per_layer(tables, self.cache_layers),
         )
         assert self.methods is not None
         rope_deltas = self.states.rope_deltas
@@ -402,7 +375,7 @@ class TTModelRunner:
         tokens_np[slots] = np.where(computed < totals, known, -1)
         positions_np = np.full(capacity, EMPTY_POSITION, dtype=np.int64)
         positions_np[slots] = computed
-        tables, page_table = self._group_tables(layout, positions_np)
+        tables, page_table = self.tables.decode_tables(layout, positions_np)
         commands = self._decode_commands(layout.owners, page_table, device)
         read = self.methods.read
         use_async = self.async_decode and device and self.resident_inputs and read is not None
@@ -461,7 +434,7 @@ class TTModelRunner:
         STATS.count("speculative.draft_tokens", sum(len(d) for d in verify.drafts))
         starts = np.full(self.max_num_reqs, EMPTY_POSITION, dtype=np.int64)
         starts[layout.slots] = computed
-        tables, page_table = self._group_tables(layout, starts)
+        tables, page_table = self.tables.decode_tables(layout, starts)
         commands = self._decode_commands(layout.owners, page_table, False)
         # Asynchronous scheduling (the bundle declares async_spec_decode): submitted
         # without reading back; read_decode_output copies the verify block, accepted when
@@ -534,12 +507,8 @@ class TTModelRunner:
         inputs: dict[str, Any] = {}
         if self.image_inputs:
             inputs = prefill_image_inputs(step.req_ids, computed, requests, self.pixels)
-        tables = [
-            prefill_table([s.block_ids[g] for s in states]) for g in range(self.tables.num_groups)
-        ]
-        if len(tables) > 1:
-            tables = self._windowed(tables, torch.tensor(computed))
-        page_table = self._main_table(tables)
+        tables = self.tables.prefill_tables([s.block_ids for s in states], computed)
+        page_table = self.tables.main(tables)
         scored = (
             self.prompt_logprobs.rows(step.req_ids, requests, computed)
             if self.prompt_logprobs is not None and step.layout.any_prompt_logprobs
@@ -549,7 +518,7 @@ class TTModelRunner:
             inputs[contract.PROMPT_LOGITS_KEYWORD] = True
         out = self.methods.prefill(
             **inputs,
-            **self._layer_tables(tables),
+            **self.tables.per_layer(tables, self.cache_layers),
             tokens=tokens.long(),
             page_table=page_table,
             kv_cache=self.kv_cache,
