@@ -24,7 +24,7 @@ from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, DraftTokenIds, ModelRunne
 from ttbundles.format import contract
 from ttbundles.format import speculative as spec
 from ttbundles.serving import compat
-from ttbundles.serving.binding import GeneratorContractError, split_output
+from ttbundles.serving.binding import split_output
 from ttbundles.serving.configuration import effective_options
 from ttbundles.serving.kv_layout import LayerGroups
 from ttbundles.serving.pixel_store import PixelStore
@@ -40,10 +40,11 @@ from ttbundles.serving.runner.contract_binding import (
 from ttbundles.serving.runner.families import tt_data_parallel
 from ttbundles.serving.runner.history import PenaltyHistory
 from ttbundles.serving.runner.images import prefill_image_inputs
+from ttbundles.serving.runner.kv_cache import allocate_cache, refuse_unserved_groups
+from ttbundles.serving.runner.outputs import StepOutputs
 from ttbundles.serving.runner.prompt_logprobs import PromptLogprobs
 from ttbundles.serving.runner.readback import TTAsyncOutput, drain_reason, is_steady, synchronize
 from ttbundles.serving.runner.sample import (
-    device_logprobs,
     host_reason,
     prefill_logits,
     row_params,
@@ -124,6 +125,14 @@ class TTModelRunner:
             self.input_batch, self.slots, self.tables, device=self.device, on_finish=self._forget
         )
         self.requests = self.states.requests  # compat.request_state(...) by request id
+        self.outputs = StepOutputs(
+            self.states,
+            capacity=self.max_num_reqs,
+            class_name=self.class_name,
+            processed_logprobs=self.model_config.logprobs_mode.startswith("processed"),
+            speculation=self.speculation,
+            after_commit=self._after_commit,
+        )
         self.history = PenaltyHistory(self.max_num_reqs)
         self._step: StepState | None = None
         self._inflight: list[TTAsyncOutput] = []
@@ -203,24 +212,8 @@ class TTModelRunner:
 
     def use_kv_groups(self, groups: LayerGroups) -> None:
         """The engine's KV groups (`serving.kv_layout`): a block table per group, each
-        layer's `page_tables_per_layer` entry its group's. Before any request.
-
-        What does not yet follow several groups is refused here (TTB262), before a
-        request could be served wrong: the early-exit drafter and verify read one table,
-        and lanes split one block pool by lane."""
-        unserved = []
-        if groups.num_groups > 1 and self.speculation is not None:
-            unserved.append("speculative decoding")
-        if groups.num_groups > 1 and self.lanes > 1:
-            unserved.append("in-process data-parallel lanes")
-        if unserved:
-            raise GeneratorContractError.single(
-                "TTB262",
-                f"{' and '.join(unserved)} with {groups.describe()} (hybrid KV cache) is "
-                "not supported yet",
-                hint="serve with --disable-hybrid-kv-cache-manager (every layer keeps the "
-                "whole context), or without the feature",
-            )
+        layer's `page_tables_per_layer` entry its group's. Before any request."""
+        refuse_unserved_groups(groups, speculating=self.speculation is not None, lanes=self.lanes)
         self.kv_groups = groups
         self.tables = BlockTables(
             self.max_num_reqs, self.max_model_len, self.block_size, groups=groups
@@ -240,19 +233,8 @@ class TTModelRunner:
         # size per lane (TT-Metal's `kv_cache[lane][layer]`).
         assert self.methods is not None
         shape = (num_blocks // self.lanes, num_kv_heads, self.block_size, head_size)
-        groups = self.kv_groups
-        if groups is not None and groups.num_groups > 1 and self.methods.allocate_per_layer is None:
-            raise GeneratorContractError.single(
-                "TTB261",
-                f"{self.class_name} declares {groups.num_groups} KV groups "
-                "(get_kv_cache_spec) but has no allocate_kv_cache_per_layer: layers that "
-                "share one tensor cannot be allocated through allocate_kv_cache",
-                hint="implement allocate_kv_cache_per_layer(per_layer_specs), or serve with "
-                "--disable-hybrid-kv-cache-manager",
-            )
-        tensors = groups.tensor if groups is not None else None
-        self.kv_cache, self.cache_layers = self.methods.allocate_cache(
-            shape, dtype, num_layers, tensors
+        self.kv_cache, self.cache_layers = allocate_cache(
+            self.methods, self.class_name, self.kv_groups, shape, dtype, num_layers
         )
 
     # --- device helpers -----------------------------------------------------------------
@@ -570,7 +552,7 @@ class TTModelRunner:
                 step,
                 synchronize=self.synchronize,
                 process_output=self.process_output,
-                finish=self._finish_verify_readback if verify else self._finish_with_tokens,
+                finish=self._finish_verify_readback if verify else self.outputs.from_device,
                 resolved=self._inflight.remove,
                 is_tokens=not verify or step.verify.spec_mode == spec.ACCEPT_MODE_ARGMAX_IDS,
             )
@@ -578,67 +560,10 @@ class TTModelRunner:
             STATS.record_max("decode.max_in_flight", len(self._inflight))
             return pending
         if step.tokens is not None:
-            return self._finish_with_tokens(step, step.tokens)
-        batch = self.input_batch
+            return self.outputs.from_device(step, step.tokens)
         if step.verify is not None:
-            assert self.speculation is not None
-            committed, logprobs = self.speculation.commit_verify(
-                step,
-                batch,
-                self.class_name,
-                processed_logprobs=self.model_config.logprobs_mode.startswith("processed"),
-            )
-            self.states.append_sampled(step.req_ids, committed)
-            self._after_commit(step, committed)
-            return compat.model_runner_output(
-                list(step.req_ids), step.layout.index, committed, logprobs
-            )
-        logits = step.logits
-        assert logits is not None
-        if grammar_output is not None:
-            batch.apply_grammar(step.scheduler_output, grammar_output, logits)
-        # A seeded row draws the token at position p from a generator seeded for (seed,
-        # p), as the reference generator's device sampler does: the same tokens whatever
-        # the batch, its order, or which path sampled the steps before. (It also makes a
-        # discarded draw of an incomplete prompt harmless: nothing carries over.)
-        sampled, logprobs = batch.sample(logits, step.positions, step.layout.params)
-        for i in np.nonzero(step.discard)[0]:
-            sampled[int(i)] = []
-        self.states.append_sampled(step.req_ids, sampled)
-        self._after_commit(step, sampled)
-        return compat.model_runner_output(
-            list(step.req_ids),
-            step.layout.index,
-            sampled,
-            logprobs.tolists() if logprobs is not None else None,
-            step.prompt_logprobs,
-        )
-
-    def _finish_with_tokens(self, step: StepState, tokens: torch.Tensor) -> ModelRunnerOutput:
-        """The output of a step whose tokens the device sampled: whole-tensor conversions
-        and the layout's cached index, no per-row Python beyond the output lists vLLM
-        takes."""
-        n = len(step.req_ids)
-        flat = tokens.reshape(-1)
-        if step.rows is not None and flat.numel() == self.max_num_reqs and step.readback:
-            # An asynchronous decode read back every slot: each row's slot, in row order.
-            flat = flat[:n] if step.layout.in_order else flat[step.rows]
-        flat = flat[:n].long()
-        values = flat.tolist()
-        sampled = flat.reshape(n, 1).tolist()
-        discarded = np.flatnonzero(step.discard)
-        for i in discarded:
-            sampled[int(i)] = []
-        if len(discarded) or not self.states.append_rows(step, values, flat.numpy()):
-            self.states.append_sampled(step.req_ids, sampled)
-        logprobs = device_logprobs(step, values, self.requests, self.class_name)
-        self._after_commit(step, sampled)
-        return compat.model_runner_output(
-            list(step.req_ids),
-            step.layout.index,
-            sampled,
-            logprobs.tolists() if logprobs is not None else None,
-        )
+            return self.outputs.from_verify(step)
+        return self.outputs.from_host(step, grammar_output)
 
     # --- asynchronous decode ------------------------------------------------------------
 
