@@ -580,9 +580,9 @@ def test_a_lowered_asked_limit_is_a_warning_naming_bundle_target_and_value(
     """max_model_len asked above the target's limit: decided as before, and a TTB246
     WARNING naming the bundle, the target, the asked value and where the limit is; the
     model's own limit lowered without asking is a decision only (nothing was asked)."""
-    from ttbundles.serving import configuration
+    from ttbundles.serving import command_line
 
-    monkeypatch.setattr(configuration, "COMMAND_LINE", {})
+    monkeypatch.setattr(command_line, "COMMAND_LINE", {})
     bundle(models_dir, "targeted", targets={"HOST": {"max_model_len": 128}})
     config, decisions, plan = configure(demo_checkpoint, max_model_len=256)
     assert config.model_config.max_model_len == 128
@@ -603,13 +603,13 @@ def test_a_lowered_asked_limit_is_a_warning_naming_bundle_target_and_value(
 def test_a_lowered_max_num_seqs_warns_only_when_the_command_line_asked(
     models_dir, demo_checkpoint, monkeypatch
 ):
-    from ttbundles.serving import configuration
+    from ttbundles.serving import command_line
 
     bundle(models_dir, "targeted", targets={"HOST": {"max_num_seqs": 4}})
-    monkeypatch.setattr(configuration, "COMMAND_LINE", {})
+    monkeypatch.setattr(command_line, "COMMAND_LINE", {})
     config, _, plan = configure(demo_checkpoint, max_num_seqs=8)
     assert config.scheduler_config.max_num_seqs == 4 and plan["warnings"] == []
-    monkeypatch.setattr(configuration, "COMMAND_LINE", {"max_num_seqs": 8})
+    monkeypatch.setattr(command_line, "COMMAND_LINE", {"max_num_seqs": 8})
     config, _, plan = configure(demo_checkpoint, max_num_seqs=8)
     assert config.scheduler_config.max_num_seqs == 4
     [warning] = plan["warnings"]

@@ -80,10 +80,8 @@ class TTPlatform(Platform):
         def checked(*args: Any, **kwargs: Any) -> Any:
             parsed, rest = parse_known_args(*args, **kwargs)
             from ttbundles import envs
-            from ttbundles.serving.configuration import (
-                record_command_line,
-                refuse_vllm_parallelism,
-            )
+            from ttbundles.serving.command_line import record_command_line
+            from ttbundles.serving.configuration import refuse_vllm_parallelism
 
             report_errors_cleanly()
             refuse_vllm_parallelism(parsed, envs.MESH_DEVICE)
