@@ -473,11 +473,11 @@ def test_prompt_logprobs_are_refused_per_request_unless_the_bundle_declares_them
     from ttbundles.serving import platform
     from ttbundles.serving.platform import TTPlatform
 
-    monkeypatch.setitem(platform._state, "prompt_logprobs", False)
+    monkeypatch.setattr(platform.TTPlatform.served, "prompt_logprobs", False)
     with pytest.raises(ValueError, match="TTB206.*does not declare"):
         TTPlatform.validate_request(None, SamplingParams(prompt_logprobs=1))
     TTPlatform.validate_request(None, SamplingParams(logprobs=2))  # allowed
-    monkeypatch.setitem(platform._state, "prompt_logprobs", True)
+    monkeypatch.setattr(platform.TTPlatform.served, "prompt_logprobs", True)
     TTPlatform.validate_request(None, SamplingParams(prompt_logprobs=1))
     with pytest.raises(ValueError, match="TTB206: prompt_logprob_token_ids"):
         TTPlatform.validate_request(

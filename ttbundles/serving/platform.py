@@ -7,7 +7,8 @@ configuration plan from the bundle's declared capabilities.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from vllm.exceptions import VLLMValidationError
 from vllm.platforms.interface import Platform, PlatformEnum
@@ -20,7 +21,22 @@ if TYPE_CHECKING:  # importing vLLM's config here would be circular at platform 
     from ttbundles.serving.plan import Plan
 
 
-_state: dict[str, Any] = {}
+@dataclass
+class Served:
+    """What this process checks requests against and answers vLLM with, from the served
+    plan (the configuration hook sets it; vLLM then calls the platform's class methods,
+    which have nothing else to read it from)."""
+
+    # What a speculating launch refuses per request ({}: not speculating).
+    speculative: dict[str, Any] = field(default_factory=dict)
+    # The bundle declares prompt logprobs: requests may ask for them.
+    prompt_logprobs: bool = False
+    # The plan serves the bundle's KV groups: `support_hybrid_kv_cache`'s answer.
+    kv_groups: bool = False
+    # The image placeholder tokens of this model (None: no images served).
+    placeholders: Any = None
+    # The stop-signal handlers are in place (once, in `vllm serve`).
+    stop_installed: bool = False
 
 
 class UnsupportedRequestError(VLLMValidationError, ValueError):
@@ -41,6 +57,7 @@ class TTPlatform(Platform):
     dist_backend: str = "gloo"
     # Set by `ttbundle plan`, which decides for a mesh that need not be attached here.
     planning: bool = False
+    served: ClassVar[Served] = Served()
 
     def uses_host_device_handling(self) -> bool:
         return True
@@ -112,8 +129,8 @@ class TTPlatform(Platform):
         from ttbundles.serving.faults import report_path, watch_stop_signals
         from ttbundles.serving.registration import checked_registry
 
-        if report_path() and not _state.get("stop_installed"):  # once, in `vllm serve`
-            _state["stop_installed"] = True
+        if report_path() and not cls.served.stop_installed:  # once, in `vllm serve`
+            cls.served.stop_installed = True
             watch_stop_signals()
             # vLLM 0.33 can leave requests in flight open forever on SIGTERM; a requested
             # stop is quiet (`serving.shutdown`).
@@ -137,16 +154,18 @@ class TTPlatform(Platform):
 
         registry = checked_registry()
         plan = plan_config(vllm_config, registry)
-        served = served_plan(vllm_config)
+        # None when this configuration was planned before (vLLM calls the hook again in
+        # the engine core): the plan it carries.
+        served = plan if plan is not None else served_plan(vllm_config)
         # For validate_request: what a speculating launch refuses per request.
-        _state["speculative"] = served.speculative if served is not None else {}
+        cls.served.speculative = served.speculative if served is not None else {}
         if served is not None:
-            _state["prompt_logprobs"] = served.prompt_logprobs
+            cls.served.prompt_logprobs = served.prompt_logprobs
             # For support_hybrid_kv_cache, which vLLM asks right after this hook.
-            _state["kv_groups"] = served.kv_groups
+            cls.served.kv_groups = served.kv_groups
         if served is not None and served.inputs and vllm_config.model_config is not None:
             # For validate_request, in this process (the API server's requests).
-            _state["placeholders"] = image_requests.placeholder_tokens(
+            cls.served.placeholders = image_requests.placeholder_tokens(
                 vllm_config.model_config.hf_config
             )
         if plan is not None:
@@ -173,7 +192,7 @@ class TTPlatform(Platform):
 
     @classmethod
     def validate_request(cls, processed_inputs: Any, params: Any) -> None:
-        tokens = _state.get("placeholders")
+        tokens = cls.served.placeholders
         if tokens and isinstance(processed_inputs, dict):
             from ttbundles.serving.image_requests import check_placeholders
 
@@ -182,7 +201,7 @@ class TTPlatform(Platform):
                 processed_inputs.get("mm_placeholders") or {},
                 tokens,
             )
-        speculative = _state.get("speculative")
+        speculative = cls.served.speculative
         if speculative:
             from ttbundles.serving.spec_admission import refusal_message, request_refusal
 
@@ -196,7 +215,7 @@ class TTPlatform(Platform):
         prompt_logprobs = getattr(params, "prompt_logprobs", None)
         if prompt_logprobs is None:
             return
-        if not _state.get("prompt_logprobs"):
+        if not cls.served.prompt_logprobs:
             raise UnsupportedRequestError(
                 "TTB206: prompt logprobs are not supported by this model's bundle (it does "
                 "not declare capabilities.prompt_logprobs); drop prompt_logprobs (or echo "
@@ -223,7 +242,7 @@ class TTPlatform(Platform):
         """vLLM's hybrid KV-cache manager, when the plan serves the bundle's KV groups
         (`serving.kv_admission`): its class declares them (`get_kv_cache_spec`). False
         otherwise: vLLM then gives every layer the whole context."""
-        return bool(_state.get("kv_groups"))
+        return cls.served.kv_groups
 
 
 def _watch_hosts(plan: Plan) -> None:
