@@ -58,11 +58,12 @@ def build_scheduler(
 
     from tests.vllm_config import kv_cache_config, vllm_config
     from ttbundles.serving.configuration import PLAN_KEY, TT_DEFAULTS
-    from ttbundles.serving.plan import Plan
+    from ttbundles.serving.plan import BundleRef, Plan
 
     num_blocks = (num_requests * (max_len // BLOCK_SIZE + 2) + 1) * lanes
     # The plan a single-execute bundle gets (lanes), or none (the scheduler's defaults).
-    plan = Plan("TTLlamaForCausalLM", {}, "HOST", TT_DEFAULTS.model_dump(exclude_none=True))
+    bundle = BundleRef("demo-lanes", "1.0.0", "built-in", "", "adapter:DemoGenerator")
+    plan = Plan("TTLlamaForCausalLM", bundle, "HOST", TT_DEFAULTS.model_dump(exclude_none=True))
     plan.lanes = lanes
     additional = {PLAN_KEY: plan.to_dict()} if lanes > 1 else {}
     # The V1 runner's bookkeeping (what the TT model runner uses) is the costlier one.

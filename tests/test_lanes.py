@@ -36,7 +36,7 @@ from ttbundles.serving.lanes import (
     merge_outputs,
     pick_lane,
 )
-from ttbundles.serving.plan import Plan
+from ttbundles.serving.plan import BundleRef, Plan
 from ttbundles.serving.scheduler import TTAsyncScheduler, TTScheduler
 
 BLOCK = 16
@@ -64,7 +64,8 @@ def make_config(
     """A config as the platform's plan leaves it for `lanes` lanes: max_num_seqs is the
     total, the plan carries the lanes (the plan's own rules are tested with the plan)."""
     options = TT_DEFAULTS.model_dump(exclude_none=True) | dict(tt or {})
-    plan = Plan(tt_arch="TTLlamaForCausalLM", bundle={}, mesh="HOST", options=options)
+    bundle = BundleRef("demo-lanes", "1.0.0", "built-in", "", "adapter:DemoGenerator")
+    plan = Plan(tt_arch="TTLlamaForCausalLM", bundle=bundle, mesh="HOST", options=options)
     plan.lanes = lanes
     return vllm_config(
         checkpoint,

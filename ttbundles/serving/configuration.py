@@ -26,7 +26,7 @@ from ttbundles.format.tt_options import (
 )
 from ttbundles.registry.registry import Registry, Status
 from ttbundles.serving import command_line
-from ttbundles.serving.plan import Plan
+from ttbundles.serving.plan import BundleRef, Plan
 from ttbundles.serving.topology import plan_device_groups, plan_lanes
 from ttbundles.suggest import hint_for
 
@@ -180,16 +180,16 @@ def plan_config(vllm_config: VllmConfig, registry: Registry) -> Plan | None:
     target = meta.target(mesh)
     plan = Plan(
         tt_arch=meta.tt_arch,
-        bundle={
-            "name": meta.name,
-            "version": meta.version,
-            "source": entry.source.value,
-            "path": str(entry.path),
-            "main_class": entry.class_ref(),
+        bundle=BundleRef(
+            name=meta.name,
+            version=meta.version,
+            source=entry.source.value,
+            path=str(entry.path),
+            main_class=entry.class_ref(),
             # As the bundle wrote it: what logs and errors show (never the package its
             # modules are imported under).
-            "declared_class": meta.main_class,
-        },
+            declared_class=meta.main_class,
+        ),
         mesh=mesh,
         options={},
     )
@@ -250,7 +250,7 @@ def _plan_evidence(plan: Plan, bundle_dir: Any) -> None:
     plan.evidence = status
     if status == "tested":
         return
-    bundle = f"{plan.bundle['name']}@{plan.bundle['version']}"
+    bundle = plan.bundle.label
     why = {
         "untested": "no evidence",
         "stale": "stale evidence (the bundle changed since)",
@@ -317,7 +317,7 @@ def _plan_runner(vllm_config: VllmConfig, plan: Plan, meta: BundleMetadata) -> N
     (TTB272)."""
     model_config = vllm_config.model_config
     runner = model_config.runner_type
-    bundle = f"{plan.bundle['name']}@{plan.bundle['version']}"
+    bundle = plan.bundle.label
     pooling = meta.capabilities.pooling
     asked = None if model_config.runner == "auto" else model_config.runner
     if runner == "pooling":
@@ -327,7 +327,7 @@ def _plan_runner(vllm_config: VllmConfig, plan: Plan, meta: BundleMetadata) -> N
                 "TTB270",
                 f"{by} asks for a pooling server (embeddings, classification, scores), but "
                 f"{bundle} declares no pooling task: its generator "
-                f"{plan.bundle['declared_class']} only generates text",
+                f"{plan.bundle.declared_class} only generates text",
                 "serve it as a generation model (drop --runner pooling and --convert, or "
                 "pass --runner generate), or use a bundle that declares the pooling tasks",
             )

@@ -408,5 +408,4 @@ def _poll_parent(parent: int, poll: float) -> None:
 
 
 def bundle_label(plan: Plan) -> str:
-    bundle = plan.bundle
-    return f"{bundle['name']}@{bundle['version']}"
+    return plan.bundle.label

@@ -24,7 +24,7 @@ _installed: dict[str, str] = {}
 
 def note(plan: Plan, asked: int, effective: int) -> str:
     """The sentence a length refusal ends with."""
-    bundle = f"{plan.bundle['name']}@{plan.bundle['version']}"
+    bundle = plan.bundle.label
     return (
         f" (ttbundles: max_model_len is {effective} on this server, not {asked}: bundle "
         f"{bundle}'s target {plan.mesh} supports at most {effective}.)"

@@ -35,10 +35,28 @@ class Decision:
         return f"{self.setting}: {change} ({self.reason})"
 
 
+@dataclass(frozen=True)
+class BundleRef:
+    """The bundle a plan serves: what the engine imports (`main_class`, under the bundle's
+    package when it is the bundle's own module, from `path`) and what logs and errors
+    call it (`label`, `declared_class` as the bundle wrote it)."""
+
+    name: str
+    version: str
+    source: str  # built-in, extra, installed, ... (`registry.Source`)
+    path: str
+    main_class: str
+    declared_class: str = ""
+
+    @property
+    def label(self) -> str:
+        return f"{self.name}@{self.version}"
+
+
 @dataclass
 class Plan:
     tt_arch: str
-    bundle: dict[str, Any]
+    bundle: BundleRef
     mesh: str | None
     options: dict[str, Any]
     lanes: int = 1
@@ -102,14 +120,14 @@ class Plan:
     def from_dict(cls, data: dict[str, Any]) -> Plan:
         values = dict(data)
         values["decisions"] = [Decision(**d) for d in values.get("decisions", ())]
+        values["bundle"] = BundleRef(**values["bundle"])
         return cls(**values)
 
     def lowered(self, setting: str, asked: Any, effective: Any, limit: str) -> Any:
         """A setting the user asked for and the bundle's target cannot give: decided,
         and a TTB246 warning naming the bundle, the target, the asked value and where the
         limit is written. `limit` is the target's key (`max_model_len`)."""
-        bundle = f"{self.bundle['name']}@{self.bundle['version']}"
-        reason = f"bundle {bundle}'s target {self.mesh} supports at most {effective}"
+        reason = f"bundle {self.bundle.label}'s target {self.mesh} supports at most {effective}"
         self.decide(setting, asked, effective, reason)
         self.lowered_settings.append(setting)
         option = "--" + setting.replace("_", "-")
@@ -145,11 +163,11 @@ class Plan:
     def log(self) -> None:
         from ttbundles.serving.registration import short_where
 
-        source = self.bundle["source"]
-        where = short_where(self.bundle["path"], source)
+        source = self.bundle.source
+        where = short_where(self.bundle.path, source)
         lines = [
-            f"ttbundles: serving {self.tt_arch} with {self.bundle['name']}@"
-            f"{self.bundle['version']} ({source}{'' if source == 'built-in' else ', ' + where}) "
+            f"ttbundles: serving {self.tt_arch} with {self.bundle.label} "
+            f"({source}{'' if source == 'built-in' else ', ' + where}) "
             f"on mesh {self.mesh or 'unset'}:"
         ]
         lines += [f"  {d}" for d in self.decisions]

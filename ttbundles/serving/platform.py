@@ -180,10 +180,9 @@ class TTPlatform(Platform):
 
                 length_limits.explain_lowered_length(plan, *lowered)
             if servable.opens_here(mesh):
-                bundle = plan.bundle
                 servable.require_importable(
-                    bundle["main_class"],
-                    f"{bundle['name']}@{bundle['version']}",
+                    plan.bundle.main_class,
+                    plan.bundle.label,
                     skipped=servable.skipped_for(registry, plan.tt_arch),
                 )
             plan.log()

@@ -58,7 +58,7 @@ def plan_speculative(vllm_config: VllmConfig, plan: Plan, meta: BundleMetadata) 
             f"speculative method {method!r} is not supported yet on Tenstorrent (served: {served})",
             'use --speculative-config \'{"method": "ngram", ...}\', or drop it',
         )
-    bundle = f"{plan.bundle['name']}@{plan.bundle['version']}"
+    bundle = plan.bundle.label
     caps = meta.capabilities
     if method not in caps.spec_decode:
         declared = ", ".join(caps.spec_decode) or "none"
@@ -98,7 +98,7 @@ def plan_speculative(vllm_config: VllmConfig, plan: Plan, meta: BundleMetadata) 
             "max_num_seqs, requested_k)",
         )
     cls = _generator_class(plan)
-    name = plan.bundle.get("declared_class") or cls.__qualname__
+    name = plan.bundle.declared_class or cls.__qualname__
     capabilities = dict(getattr(cls, contract.CAPABILITIES_ATTRIBUTE, None) or {})
     if not capabilities.get(spec.SUPPORTS_SPEC_DECODE_KEY):
         raise _refuse(

@@ -57,7 +57,7 @@ def plan_lanes(vllm_config: VllmConfig, plan: Plan, execution: str, target: Any)
             "data_parallel_size",
             dp,
             1,
-            f"single-execute model ({plan.bundle['name']} declares execution 'single'): "
+            f"single-execute model ({plan.bundle.name} declares execution 'single'): "
             f"{dp} in-process lanes in one engine, one KV cache per lane, instead of {dp} "
             "engines",
         )
@@ -124,7 +124,7 @@ def _plan_lanes_on_hosts(vllm_config: VllmConfig, plan: Plan, cap: int | None) -
     local = parallel.data_parallel_size_local
     start = parallel.data_parallel_rank
     host = socket.gethostname()
-    bundle = plan.bundle["name"]
+    bundle = plan.bundle.name
     if local < 1 or dp % local or start % local or parallel.data_parallel_external_lb:
         raise _error(
             "TTB202",
@@ -189,7 +189,7 @@ def _lane_seqs(
     if cap is None or requested * lanes <= cap:
         return plan.decide("max_num_seqs", requested, total, why)
     if "max_num_seqs" in command_line.COMMAND_LINE:
-        bundle = f"{plan.bundle['name']}@{plan.bundle['version']}"
+        bundle = plan.bundle.label
         reason = f"bundle {bundle}'s target {plan.mesh} serves at most {cap} in all"
         plan.decide("max_num_seqs", requested, total, f"{why} ({reason})")
         plan.lowered_settings.append("max_num_seqs")

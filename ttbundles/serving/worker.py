@@ -164,7 +164,7 @@ class TTWorker(WorkerBase):
         logger.info(
             "ttbundles: loaded %s (%s, %s) on %s",
             self.plan.tt_arch,
-            self.plan.bundle.get("declared_class", self.plan.bundle["main_class"]),
+            self.plan.bundle.declared_class or self.plan.bundle.main_class,
             f"pooling {'+'.join(self.plan.pooling['tasks'])}, form 'forward', no KV cache"
             if self.pools
             else "decode contract "
