@@ -230,7 +230,7 @@ def plan_config(vllm_config: VllmConfig, registry: Registry) -> Plan | None:
 
     plan_chat_defaults(vllm_config, plan, meta, entry.path, command_line.COMMAND_LINE)
 
-    plan.options = options.model_dump(exclude_none=True)
+    plan.options = options
     additional[PLAN_KEY] = plan.to_dict()
     return plan
 
@@ -447,7 +447,7 @@ def _plan_server(vllm_config: VllmConfig, plan: Plan, images: bool) -> None:
     server = parse_server_options(raw)
     allow = server.allow_private_media_urls
     requested = allow if isinstance(raw, dict) and "allow_private_media_urls" in raw else None
-    plan.server = server.model_dump()
+    plan.server = server
     if not images:
         if requested is not None:
             plan.decide(

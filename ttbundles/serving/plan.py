@@ -58,7 +58,8 @@ class Plan:
     tt_arch: str
     bundle: BundleRef
     mesh: str | None
-    options: dict[str, Any]
+    # The effective device options (the user's over the target's defaults over ours).
+    options: TTOptions
     lanes: int = 1
     decisions: list[Decision] = field(default_factory=list)
     # Multi-process data parallelism: each local rank's chip ids (its TT_VISIBLE_DEVICES)
@@ -78,17 +79,17 @@ class Plan:
     dp_rpc_port: int = 0
     # Items per prompt for each modality served besides text ({}: text only).
     inputs: dict[str, int] = field(default_factory=dict)
-    # What the server does differently from what the user asked (Diagnostic dicts, each
-    # a WARNING): logged at start-up and shown by `ttbundle plan`.
-    warnings: list[dict[str, Any]] = field(default_factory=list)
+    # What the server does differently from what the user asked (each a WARNING):
+    # logged at start-up and shown by `ttbundle plan`.
+    warnings: list[Diagnostic] = field(default_factory=list)
     # The settings lowered below what the user asked for (`lowered`, each with its TTB246
     # warning): what `lowered_length` and the length refusals read.
     lowered_settings: list[str] = field(default_factory=list)
     # Speculative decoding as admitted (`serving.spec_admission`; {}: not speculating):
     # method, k, accept_modes, narrow, the n-gram window, the generator's plan.
     speculative: dict[str, Any] = field(default_factory=dict)
-    # The API server's options (`ServerOptions`: the user's only, never a target's).
-    server: dict[str, Any] = field(default_factory=dict)
+    # The API server's options (the user's only, never a target's).
+    server: ServerOptions = field(default_factory=ServerOptions)
     # The bundle declares prompt logprobs (schema 3): requests may ask for them.
     prompt_logprobs: bool = False
     # The bundle's KV groups are served on vLLM's hybrid KV-cache manager (schema 5,
@@ -111,9 +112,21 @@ class Plan:
         self.decisions.append(Decision(setting, requested, effective, reason))
         return effective
 
+    def __post_init__(self) -> None:
+        # Plain data where a caller (or `from_dict`) gives it: typed from here on.
+        if not isinstance(self.options, TTOptions):
+            self.options = TTOptions.model_validate(self.options)
+        if not isinstance(self.server, ServerOptions):
+            self.server = ServerOptions.model_validate(self.server)
+
     def to_dict(self) -> dict[str, Any]:
+        """Plain JSON data (what travels in `additional_config` and `ttbundle plan`
+        prints): the options as their non-default values, warnings as diagnostics."""
         data = asdict(self)
         data["decisions"] = [asdict(d) for d in self.decisions]
+        data["options"] = self.options.model_dump(exclude_none=True)
+        data["server"] = self.server.model_dump()
+        data["warnings"] = [w.to_dict() for w in self.warnings]
         return data
 
     @classmethod
@@ -121,6 +134,10 @@ class Plan:
         values = dict(data)
         values["decisions"] = [Decision(**d) for d in values.get("decisions", ())]
         values["bundle"] = BundleRef(**values["bundle"])
+        values["warnings"] = [
+            Diagnostic(**{**w, "severity": Severity(w["severity"])})
+            for w in values.get("warnings", ())
+        ]
         return cls(**values)
 
     def lowered(self, setting: str, asked: Any, effective: Any, limit: str) -> Any:
@@ -139,7 +156,7 @@ class Plan:
                 f"(targets.{self.mesh}.{limit} in its vllm_metadata.json)",
                 hint=f"ask for at most {effective} ({option} {effective}), or serve on a "
                 "mesh whose target allows more",
-            ).to_dict()
+            )
         )
         return effective
 
@@ -152,13 +169,13 @@ class Plan:
 
     @property
     def server_options(self) -> ServerOptions:
-        """The API server's options in force (image URL fetching), typed."""
-        return ServerOptions.model_validate(self.server)
+        """The API server's options in force (image URL fetching)."""
+        return self.server
 
     @property
     def tt_options(self) -> TTOptions:
-        """The effective device options (user over target defaults over ours), typed."""
-        return TTOptions.model_validate(self.options)
+        """The effective device options (user over target defaults over ours)."""
+        return self.options
 
     def log(self) -> None:
         from ttbundles.serving.registration import short_where
@@ -176,8 +193,5 @@ class Plan:
         logger.info("\n".join(lines))
         for warning in self.warnings:
             logger.warning(
-                "%s ttbundles: %s (fix: %s)",
-                warning["code"],
-                warning["message"],
-                warning["hint"],
+                "%s ttbundles: %s (fix: %s)", warning.code, warning.message, warning.hint
             )

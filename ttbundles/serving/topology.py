@@ -202,7 +202,7 @@ def _lane_seqs(
                 "vllm_metadata.json)",
                 hint=f"ask for at most {cap // lanes} per lane (--max-num-seqs "
                 f"{cap // lanes}), or serve on a mesh whose target allows more",
-            ).to_dict()
+            )
         )
         return total
     return plan.decide(
