@@ -10,7 +10,7 @@ probabilities, and speculation told what each row committed.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -65,12 +65,7 @@ class StepOutputs:
             self.states.append_sampled(step.req_ids, sampled)
         logprobs = device_logprobs(step, values, self.states.requests, self.class_name)
         self.after_commit(step, sampled)
-        return compat.model_runner_output(
-            list(step.req_ids),
-            step.layout.index,
-            sampled,
-            logprobs.tolists() if logprobs is not None else None,
-        )
+        return _output(step, sampled, logprobs)
 
     def from_verify(self, step: StepState) -> ModelRunnerOutput:
         """A verify's drafts accepted on the host, against its ids or logits."""
@@ -103,10 +98,17 @@ class StepOutputs:
             sampled[int(i)] = []
         self.states.append_sampled(step.req_ids, sampled)
         self.after_commit(step, sampled)
-        return compat.model_runner_output(
-            list(step.req_ids),
-            step.layout.index,
-            sampled,
-            logprobs.tolists() if logprobs is not None else None,
-            step.prompt_logprobs,
-        )
+        return _output(step, sampled, logprobs, step.prompt_logprobs)
+
+
+def _output(
+    step: StepState, sampled: list[list[int]], logprobs: Any, prompt_logprobs: Any = None
+) -> ModelRunnerOutput:
+    """vLLM's output of the step's rows, in the layout's order (its cached index)."""
+    return compat.model_runner_output(
+        list(step.req_ids),
+        step.layout.index,
+        sampled,
+        logprobs.tolists() if logprobs is not None else None,
+        prompt_logprobs,
+    )
