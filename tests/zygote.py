@@ -70,22 +70,12 @@ class ForkedProcess:
                     return
                 chunk = self._connection.recv(4096)
                 if not chunk:  # the zygote died: the child's status is lost with it
-                    self.returncode = -signal.SIGKILL if self._gone() else None
-                    if self.returncode is None:
-                        raise RuntimeError(f"the zygote went away while {self.pid} runs")
-                    return
+                    raise RuntimeError(f"the zygote went away; the status of {self.pid} is lost")
                 self._buffer += chunk
         finally:
             selector.close()
         self.returncode = json.loads(self._buffer)["returncode"]
         self._connection.close()
-
-    def _gone(self) -> bool:
-        try:
-            os.kill(self.pid, 0)
-        except ProcessLookupError:
-            return True
-        return False
 
     def poll(self) -> int | None:
         self._read_status(0)
@@ -234,15 +224,7 @@ def run(command: Sequence[str], env: Mapping[str, str], timeout: float) -> tuple
                 command, env, log_path
             )
         else:
-            with open(log_path, "wb") as log:
-                process = subprocess.Popen(
-                    list(command),
-                    env=dict(env),
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
+            process = library.start_process(command, env, log_path).process
         try:
             code = process.wait(timeout)
         finally:
