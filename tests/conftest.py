@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -385,8 +386,13 @@ def pytest_collection_modifyitems(config, items):
     other than the default, run only that (TTBUNDLES_ALL_TESTS=1 runs everything)."""
     from tests.release_marks import MARK, mark_release_dependent
 
+    everything = _on_the_default_release() or os.environ.get("TTBUNDLES_ALL_TESTS") == "1"
+    # Reading the sources takes seconds in every xdist worker: where every test runs
+    # anyway, only a selection by the marker (`-m vllm`) needs it.
+    if everything and MARK not in (config.option.markexpr or ""):
+        return
     mark_release_dependent(items)
-    if _on_the_default_release() or os.environ.get("TTBUNDLES_ALL_TESTS") == "1":
+    if everything:
         return
     keep = [item for item in items if item.get_closest_marker(MARK)]
     dropped = [item for item in items if not item.get_closest_marker(MARK)]
@@ -402,6 +408,24 @@ _CLI_PROCESS_TESTS: set[str] = set()
 _CURRENT_TEST: list[str] = []
 
 
+# Which tests start a process that runs vLLM: the fast tier must not (`_tiers_hold`).
+_VLLM_PROCESS_TESTS: dict[str, str] = {}
+# vLLM, or the serving side, which imports it (all but the plugin's cheap entry point).
+_VLLM_MODULE = r"(vllm|ttbundles\.serving(?!\.plugin\b))\b"
+_IMPORTS_VLLM = re.compile(r"\b(import|from)\s+" + _VLLM_MODULE)
+
+
+def _starts_vllm(argv: list[str]) -> bool:
+    """A process that runs vLLM: the `vllm` command, `python -m` a module of vLLM or of
+    the serving side, or Python code that imports one."""
+    if argv and os.path.basename(argv[0]) == "vllm":
+        return True
+    return any(
+        (a == "-m" and re.match(_VLLM_MODULE, b)) or (a == "-c" and _IMPORTS_VLLM.search(b))
+        for a, b in zip(argv, argv[1:])
+    )
+
+
 def _watch_cli_processes(event: str, args: tuple) -> None:
     if event != "subprocess.Popen" or not _CURRENT_TEST:
         return
@@ -411,6 +435,8 @@ def _watch_cli_processes(event: str, args: tuple) -> None:
         or any(a == "-m" and b == "ttbundles" for a, b in zip(argv, argv[1:]))
     ):
         _CLI_PROCESS_TESTS.add(_CURRENT_TEST[-1].split("[")[0])
+    if _starts_vllm(argv):
+        _VLLM_PROCESS_TESTS.setdefault(_CURRENT_TEST[-1], " ".join(argv)[:120])
 
 
 sys.addaudithook(_watch_cli_processes)
@@ -423,6 +449,20 @@ def pytest_runtest_protocol(item, nextitem):
         return (yield)
     finally:
         _CURRENT_TEST.pop()
+
+
+@pytest.fixture(autouse=True)
+def _tiers_hold(request):
+    """A test that starts vLLM processes belongs to the server tier: the fast tier stays
+    fast only if none of its tests does (each such process imports vLLM, seconds)."""
+    yield
+    started = _VLLM_PROCESS_TESTS.get(request.node.nodeid)
+    if started and not request.node.get_closest_marker("server"):
+        pytest.fail(
+            f"this test starts a vLLM process ({started!r}) but is not in the server tier: "
+            "mark it @pytest.mark.server",
+            pytrace=False,
+        )
 
 
 def pytest_sessionfinish(session):

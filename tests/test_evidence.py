@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import shutil
 
+import pytest
+
 from ttbundles.archive.evidence import content_digest, read_evidence, write_evidence
 from ttbundles.archive.reader import verify
 from ttbundles.build import pack
@@ -51,6 +53,7 @@ def test_packing_keeps_the_evidence_under_the_manifest_digest(make_bundle, tmp_p
     assert "evidence/HOST.json" in read_archive(archive).by_path()
 
 
+@pytest.mark.server  # ttbundle test serves the bundle through vLLM's engine
 def test_ttbundle_test_keeps_its_evidence_in_the_bundle(run_cli, demo_checkpoint, tmp_path):
     """The demo bundle, proven on the host mesh (the prefill path): the evidence names
     what ran and what it found, validate finds it fresh, an edit to the adapter stales it."""

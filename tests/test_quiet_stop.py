@@ -10,6 +10,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 LOGGING = """
 import logging, sys
 handler = logging.StreamHandler(sys.stdout)
@@ -31,6 +33,7 @@ def run(*parts: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.server  # vLLM in a process of its own
 def test_the_engine_dead_record_is_dropped_only_after_a_requested_stop():
     done = run(
         LOGGING,
@@ -65,6 +68,7 @@ def test_the_engine_dead_record_is_dropped_only_after_a_requested_stop():
     assert "RuntimeError: real" in other
 
 
+@pytest.mark.server  # vLLM in a process of its own
 def test_after_a_requested_stop_the_process_ends_with_one_line_and_status_0():
     done = run(
         """
@@ -82,6 +86,7 @@ def test_after_a_requested_stop_the_process_ends_with_one_line_and_status_0():
     assert done.stderr == "ttbundles: vllm serve stopped by SIGINT; exiting with status 0\n"
 
 
+@pytest.mark.server  # vLLM in a process of its own
 def test_an_error_after_a_requested_stop_keeps_its_traceback_and_status():
     done = run(
         """
@@ -98,6 +103,7 @@ def test_an_error_after_a_requested_stop_keeps_its_traceback_and_status():
     assert "stopped" not in done.stderr
 
 
+@pytest.mark.server  # vLLM in a process of its own
 def test_without_a_requested_stop_the_exit_is_left_alone():
     done = run(
         """
@@ -111,6 +117,7 @@ def test_without_a_requested_stop_the_exit_is_left_alone():
     assert done.returncode == 3 and done.stderr == ""
 
 
+@pytest.mark.server  # vLLM in a process of its own
 def test_the_engine_teardown_passes_only_the_missing_accelerator_error():
     """vLLM's own cleanup on the TT platform with the CPU torch raises; wrapped, it
     ends; another RuntimeError from it still propagates."""

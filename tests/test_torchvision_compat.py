@@ -10,6 +10,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 
 def run(code: str, *, path: Path | None = None) -> subprocess.CompletedProcess[str]:
     prefix = f"import sys; sys.path.insert(0, {str(path)!r})\n" if path else ""
@@ -62,6 +64,7 @@ def test_without_the_step_the_known_failure_happens():
     assert "operator torchvision::nms does not exist" in done.stderr
 
 
+@pytest.mark.server  # vLLM in a process of its own
 def test_vllm_vision_modules_import_in_a_process_that_loaded_the_general_plugins():
     done = run(
         """
