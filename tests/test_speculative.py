@@ -6,6 +6,7 @@ own one-token decodes, admission at configuration time and the per-request refus
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from types import SimpleNamespace
 
 import numpy as np
@@ -16,6 +17,7 @@ from vllm.sampling_params import SamplingParams
 
 from ttbundles.errors import ConfigurationError
 from ttbundles.format import speculative as spec
+from ttbundles.serving.plan import SpeculativePlan
 from ttbundles.serving.runner.ngram import NgramProposer
 from ttbundles.serving.runner.rejection import accept_row, target_probs
 from ttbundles.serving.spec_admission import refusal_message, request_refusal
@@ -611,7 +613,9 @@ def test_another_methods_refusal_names_the_served_methods(demo_checkpoint):
     assert "custom_class, ngram" in excinfo.value.diagnostics[0].message
 
 
-SPECULATING = {"method": "ngram", "k": 3, "accept_modes": ["argmax_ids", "logits"]}
+SPECULATING = SpeculativePlan(
+    method="ngram", k=3, accept_modes=("argmax_ids", "logits"), narrow=False
+)
 
 
 @pytest.mark.parametrize(
@@ -694,7 +698,7 @@ def test_a_refusal_names_what_the_client_sent_in_one_short_line(fields, names):
 
 
 def test_sampled_requests_need_the_logits_accept_mode():
-    greedy_only = {**SPECULATING, "accept_modes": ["argmax_ids"]}
+    greedy_only = replace(SPECULATING, accept_modes=("argmax_ids",))
     assert request_refusal(greedy_only, SamplingParams(temperature=0.7))[:2] == (
         "TTB237",
         "temperature",
@@ -703,7 +707,7 @@ def test_sampled_requests_need_the_logits_accept_mode():
 
 
 def test_logprobs_need_the_logits_accept_mode_and_the_refusal_says_why():
-    greedy_only = {**SPECULATING, "accept_modes": ["argmax_ids"]}
+    greedy_only = replace(SPECULATING, accept_modes=("argmax_ids",))
     code, parameter, value, why = request_refusal(greedy_only, SamplingParams(logprobs=2))
     assert (code, parameter, value) == ("TTB238", "logprobs", 2)
     assert "'logits' accept mode" in why and "verify's logits" in why

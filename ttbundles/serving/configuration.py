@@ -26,7 +26,7 @@ from ttbundles.format.tt_options import (
 )
 from ttbundles.registry.registry import Registry, Status
 from ttbundles.serving import command_line
-from ttbundles.serving.plan import BundleRef, Plan
+from ttbundles.serving.plan import BundleRef, Plan, PoolingPlan
 from ttbundles.serving.topology import plan_device_groups, plan_lanes
 from ttbundles.suggest import hint_for
 
@@ -231,6 +231,7 @@ def plan_config(vllm_config: VllmConfig, registry: Registry) -> Plan | None:
     plan_chat_defaults(vllm_config, plan, meta, entry.path, command_line.COMMAND_LINE)
 
     plan.options = options
+    plan.freeze()
     additional[PLAN_KEY] = plan.to_dict()
     return plan
 
@@ -344,7 +345,7 @@ def _plan_runner(vllm_config: VllmConfig, plan: Plan, meta: BundleMetadata) -> N
                 if other in pooling.tasks
                 else "use a bundle that declares the task",
             )
-        plan.pooling = {"tasks": served, "form": pooling.form}
+        plan.pooling = PoolingPlan(tuple(served), pooling.form)
         plan.decide(
             "runner",
             asked,

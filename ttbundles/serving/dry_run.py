@@ -132,7 +132,7 @@ def make_plan(
     from vllm.usage.usage_lib import UsageContext
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    from ttbundles.serving.configuration import PLAN_KEY
+    from ttbundles.serving.configuration import served_plan
     from ttbundles.serving.registration import register_all
 
     register_all()
@@ -152,7 +152,8 @@ def make_plan(
     except Exception as exc:  # noqa: BLE001 - vLLM's own validation errors, reported cleanly
         code = "TTB208" if not Path(args.model).exists() and "/" not in args.model else "TTB209"
         raise TTBundleError(Diagnostic(code, Severity.ERROR, server_error_text(exc))) from None
-    plan = dict((config.additional_config or {}).get(PLAN_KEY) or {})
+    served = served_plan(config)  # as the engine reads it: the round trip included
+    plan = served.to_dict() if served is not None else {}
     plan["model"] = args.model
     plan["mesh"] = chosen.name if chosen is not None else None
     # What the server would warn of at start-up (a lowered setting: TTB246) comes first.

@@ -66,7 +66,7 @@ def plan_kv_groups(vllm_config: VllmConfig, plan: Plan, declared: bool) -> None:
     unserved = [
         name
         for name, on in (
-            ("speculative decoding", bool(plan.speculative)),
+            ("speculative decoding", plan.speculative is not None),
             ("in-process data-parallel lanes", plan.lanes > 1),
         )
         if on

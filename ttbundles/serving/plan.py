@@ -10,7 +10,7 @@ every module that reads or adds to a plan can name its type.
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from ttbundles.errors import Diagnostic, Severity
@@ -53,6 +53,70 @@ class BundleRef:
         return f"{self.name}@{self.version}"
 
 
+@dataclass(frozen=True)
+class SpeculativePlan:
+    """Speculative decoding as admitted (`serving.spec_admission`): what the runner
+    verifies and drafts, and what `validate_request` refuses while speculating."""
+
+    method: str  # vLLM's method: ngram, or the bundle's own drafter
+    k: int  # the draft length in force (the generator's spec_plan may lower it)
+    accept_modes: tuple[str, ...]  # the served accept modes of the generator's plan
+    narrow: bool  # the generator verifies narrow decodes (supports_narrow_decode)
+    prompt_lookup_min: int | None = None  # the n-gram window (ngram only)
+    prompt_lookup_max: int | None = None
+    # The generator's SpecPlan as it answered it (`format.speculative.SpecPlan.to_dict`).
+    generator_plan: dict[str, Any] = field(default_factory=dict)
+    asynchronous: bool = False  # each verify is read back before the next step is built
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "method": self.method,
+            "k": self.k,
+            "accept_modes": list(self.accept_modes),
+            "narrow": self.narrow,
+            "prompt_lookup_min": self.prompt_lookup_min,
+            "prompt_lookup_max": self.prompt_lookup_max,
+            "plan": self.generator_plan,
+            "async": self.asynchronous,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SpeculativePlan:
+        return cls(
+            method=data["method"],
+            k=int(data["k"]),
+            accept_modes=tuple(data["accept_modes"]),
+            narrow=bool(data["narrow"]),
+            prompt_lookup_min=data.get("prompt_lookup_min"),
+            prompt_lookup_max=data.get("prompt_lookup_max"),
+            generator_plan=dict(data.get("plan") or {}),
+            asynchronous=bool(data.get("async")),
+        )
+
+
+@dataclass(frozen=True)
+class PoolingPlan:
+    """What vLLM's pooling runner serves of the bundle's pooling (schema 5): the tasks
+    asked for and declared, and the contract form."""
+
+    tasks: tuple[str, ...]
+    form: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"tasks": list(self.tasks), "form": self.form}
+
+
+ChatSettings = dict[str, "str | bool"]
+"""vLLM serve options the bundle's serving defaults supply, by their argument name
+(tool_call_parser, enable_auto_tool_choice, chat_template, reasoning_parser): what is
+applied to the API server's arguments, so a mapping is its type."""
+
+
+class FrozenPlanError(AttributeError):
+    """A plan changed after it was made: the engine's processes each read their own copy
+    (`from_dict`), so a change made there would hold in one process only."""
+
+
 @dataclass
 class Plan:
     tt_arch: str
@@ -85,9 +149,8 @@ class Plan:
     # The settings lowered below what the user asked for (`lowered`, each with its TTB246
     # warning): what `lowered_length` and the length refusals read.
     lowered_settings: list[str] = field(default_factory=list)
-    # Speculative decoding as admitted (`serving.spec_admission`; {}: not speculating):
-    # method, k, accept_modes, narrow, the n-gram window, the generator's plan.
-    speculative: dict[str, Any] = field(default_factory=dict)
+    # Speculative decoding as admitted (`serving.spec_admission`; None: not speculating).
+    speculative: SpeculativePlan | None = None
     # The API server's options (the user's only, never a target's).
     server: ServerOptions = field(default_factory=ServerOptions)
     # The bundle declares prompt logprobs (schema 3): requests may ask for them.
@@ -98,17 +161,37 @@ class Plan:
     # The chat settings the bundle's serving defaults supply (schema 4), those the
     # operator left unset only: tool_call_parser, enable_auto_tool_choice, chat_template
     # (an absolute path), reasoning_parser (`serving.chat_defaults`).
-    chat: dict[str, Any] = field(default_factory=dict)
+    chat: ChatSettings = field(default_factory=dict)
     # What the bundle's evidence says of this mesh: tested, stale, failed or untested
     # (`check.support`), and the one line the plan and the start-up report give when it
     # is not "tested" ("": nothing to say).
     evidence: str = "untested"
     evidence_note: str = ""
-    # What vLLM's pooling runner serves of the bundle's pooling (schema 5): the tasks
-    # asked for and declared, and the contract form; {}: a generation server.
-    pooling: dict[str, Any] = field(default_factory=dict)
+    # What vLLM's pooling runner serves (None: a generation server).
+    pooling: PoolingPlan | None = None
+    # Set by `freeze`: from then on every assignment raises `FrozenPlanError`.
+    frozen: bool = field(default=False, compare=False, repr=False)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if getattr(self, "frozen", False):
+            raise FrozenPlanError(f"the plan is frozen once made: cannot set {name}")
+        object.__setattr__(self, name, value)
+
+    def freeze(self) -> Plan:
+        """End the planning: the lists become tuples and no field can be set again. The
+        configuration hook freezes the plan it made; `from_dict` gives a frozen one."""
+        for name in ("decisions", "device_groups", "submesh_shape", "warnings"):
+            value = getattr(self, name)
+            object.__setattr__(
+                self, name, tuple(tuple(v) if isinstance(v, list) else v for v in value)
+            )
+        object.__setattr__(self, "lowered_settings", tuple(self.lowered_settings))
+        object.__setattr__(self, "frozen", True)
+        return self
 
     def decide(self, setting: str, requested: Any, effective: Any, reason: str) -> Any:
+        if self.frozen:
+            raise FrozenPlanError(f"the plan is frozen once made: cannot decide {setting}")
         self.decisions.append(Decision(setting, requested, effective, reason))
         return effective
 
@@ -122,15 +205,24 @@ class Plan:
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON data (what travels in `additional_config` and `ttbundle plan`
         prints): the options as their non-default values, warnings as diagnostics."""
-        data = asdict(self)
+        data = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "frozen"}
+        data["bundle"] = asdict(self.bundle)
         data["decisions"] = [asdict(d) for d in self.decisions]
+        data["device_groups"] = [list(group) for group in self.device_groups]
+        data["submesh_shape"] = list(self.submesh_shape)
+        data["inputs"] = dict(self.inputs)
+        data["lowered_settings"] = list(self.lowered_settings)
         data["options"] = self.options.model_dump(exclude_none=True)
         data["server"] = self.server.model_dump()
         data["warnings"] = [w.to_dict() for w in self.warnings]
+        data["speculative"] = self.speculative.to_dict() if self.speculative else {}
+        data["chat"] = dict(self.chat)
+        data["pooling"] = self.pooling.to_dict() if self.pooling else {}
         return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Plan:
+        """The plan `to_dict` wrote, typed and frozen (what every engine process reads)."""
         values = dict(data)
         values["decisions"] = [Decision(**d) for d in values.get("decisions", ())]
         values["bundle"] = BundleRef(**values["bundle"])
@@ -138,7 +230,14 @@ class Plan:
             Diagnostic(**{**w, "severity": Severity(w["severity"])})
             for w in values.get("warnings", ())
         ]
-        return cls(**values)
+        speculative = values.get("speculative")
+        values["speculative"] = SpeculativePlan.from_dict(speculative) if speculative else None
+        pooling = values.get("pooling")
+        values["pooling"] = (
+            PoolingPlan(tuple(pooling["tasks"]), pooling["form"]) if pooling else None
+        )
+        values.pop("frozen", None)
+        return cls(**values).freeze()
 
     def lowered(self, setting: str, asked: Any, effective: Any, limit: str) -> Any:
         """A setting the user asked for and the bundle's target cannot give: decided,

@@ -7,12 +7,13 @@ configuration plan from the bundle's declared capabilities.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from vllm.exceptions import VLLMValidationError
 from vllm.platforms.interface import Platform, PlatformEnum
 
+from ttbundles.serving.plan import SpeculativePlan
 from ttbundles.serving.plugin import report_errors_cleanly
 
 if TYPE_CHECKING:  # importing vLLM's config here would be circular at platform load
@@ -27,8 +28,8 @@ class Served:
     plan (the configuration hook sets it; vLLM then calls the platform's class methods,
     which have nothing else to read it from)."""
 
-    # What a speculating launch refuses per request ({}: not speculating).
-    speculative: dict[str, Any] = field(default_factory=dict)
+    # What a speculating launch refuses per request (None: not speculating).
+    speculative: SpeculativePlan | None = None
     # The bundle declares prompt logprobs: requests may ask for them.
     prompt_logprobs: bool = False
     # The plan serves the bundle's KV groups: `support_hybrid_kv_cache`'s answer.
@@ -158,7 +159,7 @@ class TTPlatform(Platform):
         # the engine core): the plan it carries.
         served = plan if plan is not None else served_plan(vllm_config)
         # For validate_request: what a speculating launch refuses per request.
-        cls.served.speculative = served.speculative if served is not None else {}
+        cls.served.speculative = served.speculative if served is not None else None
         if served is not None:
             cls.served.prompt_logprobs = served.prompt_logprobs
             # For support_hybrid_kv_cache, which vLLM asks right after this hook.
@@ -201,7 +202,7 @@ class TTPlatform(Platform):
                 tokens,
             )
         speculative = cls.served.speculative
-        if speculative:
+        if speculative is not None:
             from ttbundles.serving.spec_admission import refusal_message, request_refusal
 
             refusal = request_refusal(speculative, params)

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from ttbundles.errors import ConfigurationError
 from ttbundles.format import contract
 from ttbundles.format import speculative as spec
+from ttbundles.serving.plan import SpeculativePlan
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -167,16 +168,16 @@ def plan_speculative(vllm_config: VllmConfig, plan: Plan, meta: BundleMetadata) 
         config.num_speculative_tokens = answer.effective_k
     modes = [m for m in answer.accept_modes if m in spec.SERVED_ACCEPT_MODES]
     sampled = spec.ACCEPT_MODE_LOGITS in modes
-    plan.speculative = {
-        "method": method,
-        "k": answer.effective_k,
-        "accept_modes": modes,
-        "narrow": answer.supports_narrow_decode,
-        "prompt_lookup_min": getattr(config, "prompt_lookup_min", None),
-        "prompt_lookup_max": getattr(config, "prompt_lookup_max", None),
-        "plan": answer.to_dict(),
-        "async": asynchronous,
-    }
+    plan.speculative = SpeculativePlan(
+        method=method,
+        k=answer.effective_k,
+        accept_modes=tuple(modes),
+        narrow=answer.supports_narrow_decode,
+        prompt_lookup_min=getattr(config, "prompt_lookup_min", None),
+        prompt_lookup_max=getattr(config, "prompt_lookup_max", None),
+        generator_plan=answer.to_dict(),
+        asynchronous=asynchronous,
+    )
     how = []
     if asynchronous:
         how.append(
@@ -230,13 +231,13 @@ def _generator_class(plan: Plan) -> type:
 _NO_LOGITS = "the generator's plan offers no 'logits' accept mode"
 
 
-def request_refusal(speculative: dict[str, Any], params: Any) -> tuple[str, str, Any, str] | None:
+def request_refusal(speculative: SpeculativePlan, params: Any) -> tuple[str, str, Any, str] | None:
     """Why a request cannot be served while speculating: `(code, parameter, value,
     why)`, or None. Drafts are accepted against temperature, top-k and top-p only, so
     every other processor would be skipped on speculated tokens: refused rather than
     ignored. Logprobs are read off the verify's logits and sampled requests accepted by
     rejection sampling on them, so both need the `logits` accept mode."""
-    logits = spec.ACCEPT_MODE_LOGITS in speculative.get("accept_modes", ())
+    logits = spec.ACCEPT_MODE_LOGITS in speculative.accept_modes
     if getattr(params, "logprobs", None) is not None and not logits:
         why = f"{_NO_LOGITS}, and logprobs are read off the verify's logits"
         return "TTB238", "logprobs", params.logprobs, why
@@ -322,12 +323,12 @@ def _short(value: Any, limit: int = 40) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def refusal_message(speculative: dict[str, Any], refusal: tuple[str, str, Any, str]) -> str:
+def refusal_message(speculative: SpeculativePlan, refusal: tuple[str, str, Any, str]) -> str:
     """The one line a refused request gets back while speculating."""
     code, parameter, value, why = refusal
     return (
         f"{code}: {client_field(parameter, value)} is not served while speculating "
-        f"({speculative['method']}, k={speculative['k']}) on Tenstorrent: {why}; "
+        f"({speculative.method}, k={speculative.k}) on Tenstorrent: {why}; "
         "drop it from the request, or serve without --speculative-config"
     )
 

@@ -142,14 +142,14 @@ class TTWorker(WorkerBase):
     @property
     def pools(self) -> bool:
         """vLLM's pooling runner over a generator of the `forward` form: no KV cache."""
-        return bool(self.plan.pooling)
+        return self.plan.pooling is not None
 
     @_starting
     def load_model(self, *, load_dummy_weights: bool = False) -> None:
         generator_cls = load_generator_class(self.plan.bundle)
         if self.pools:
             self.model_runner = TTPoolingRunner(  # type: ignore[assignment]
-                self.vllm_config, generator_cls, self.mesh_device, self.plan.pooling["tasks"]
+                self.vllm_config, generator_cls, self.mesh_device, self.plan.pooling.tasks
             )
         else:
             self.model_runner = TTModelRunner(
@@ -165,7 +165,7 @@ class TTWorker(WorkerBase):
             "ttbundles: loaded %s (%s, %s) on %s",
             self.plan.tt_arch,
             self.plan.bundle.declared_class or self.plan.bundle.main_class,
-            f"pooling {'+'.join(self.plan.pooling['tasks'])}, form 'forward', no KV cache"
+            f"pooling {'+'.join(self.plan.pooling.tasks)}, form 'forward', no KV cache"
             if self.pools
             else "decode contract "
             + ("v1" if self.model_runner.version else "legacy (reset_batch)"),
@@ -272,7 +272,7 @@ class TTWorker(WorkerBase):
     def get_supported_tasks(self) -> tuple[str, ...]:
         # vLLM's API server opens the pooling endpoints of these tasks (the plan's: those
         # the bundle declares and --convert asks for).
-        return tuple(self.plan.pooling["tasks"]) if self.pools else ("generate",)
+        return tuple(self.plan.pooling.tasks) if self.pools else ("generate",)
 
     def get_cache_block_size_bytes(self) -> int:
         if self.pools:

@@ -159,7 +159,7 @@ class TTModelRunner:
         )
         # Speculative decoding as the plan admitted it (None: not speculating).
         self.speculation: Speculation | None = None
-        if plan is not None and plan.speculative:
+        if plan is not None and plan.speculative is not None:
             self.speculation = Speculation.from_plan(
                 plan.speculative,
                 capacity=self.max_num_reqs,

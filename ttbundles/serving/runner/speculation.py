@@ -37,6 +37,7 @@ import torch
 
 from ttbundles.format import speculative as spec
 from ttbundles.serving.binding import GeneratorContractError
+from ttbundles.serving.plan import SpeculativePlan
 from ttbundles.serving.runner.ngram import NgramProposer
 from ttbundles.serving.runner.rejection import accept_row, is_greedy, target_logits
 from ttbundles.serving.runner.step import StepState
@@ -97,25 +98,27 @@ class Speculation:
 
     @classmethod
     def from_plan(
-        cls, speculative: dict[str, Any], *, capacity: int, vocab_size: int, max_model_len: int
+        cls, speculative: SpeculativePlan, *, capacity: int, vocab_size: int, max_model_len: int
     ) -> Speculation:
         from ttbundles.serving import compat
 
-        method = speculative["method"]
         proposer = None
-        if method == "ngram":
+        if speculative.method == "ngram":
+            # vLLM's SpeculativeConfig always sets the n-gram window for method ngram.
+            assert speculative.prompt_lookup_min is not None
+            assert speculative.prompt_lookup_max is not None
             proposer = NgramProposer(
-                min_n=int(speculative["prompt_lookup_min"]),
-                max_n=int(speculative["prompt_lookup_max"]),
-                k=int(speculative["k"]),
+                min_n=speculative.prompt_lookup_min,
+                max_n=speculative.prompt_lookup_max,
+                k=speculative.k,
                 max_model_len=max_model_len,
                 style=compat.NGRAM_STYLE,
             )
         return cls(
-            method=method,
-            k=int(speculative["k"]),
-            accept_modes=tuple(speculative["accept_modes"]),
-            narrow=bool(speculative["narrow"]),
+            method=speculative.method,
+            k=speculative.k,
+            accept_modes=speculative.accept_modes,
+            narrow=speculative.narrow,
             capacity=capacity,
             vocab_size=vocab_size,
             max_model_len=max_model_len,
