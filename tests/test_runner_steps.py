@@ -501,3 +501,35 @@ def test_the_host_sampler_applies_every_per_request_parameter_in_one_batch(demo_
     assert set(out["allowed"]) <= {5, 9} and len(out["allowed"]) == 6
     assert out["bias"] == [biased] * 6
     assert banned not in out["bad"] and len(out["bad"]) == 3
+
+
+def test_async_decode_comes_from_the_bundle_and_a_class_that_disagrees_is_refused(
+    demo_checkpoint,
+):
+    """One source: the plan (the demo bundle declares async_decode) decides resident
+    inputs; a class whose model_capabilities does not support async decode is refused
+    before any weight loads (TTB056, as `validate --import` calls it)."""
+    from ttbundles.serving.binding import GeneratorContractError
+
+    config = EngineArgs(
+        model=str(demo_checkpoint), max_model_len=128, max_num_seqs=4, block_size=BLOCK
+    ).create_engine_config()
+    plan = served_plan(config)
+    assert plan is not None and plan.async_decode
+    runner = TTModelRunner(config, Recording, HostMesh(), plan)
+    assert runner.resident_inputs  # declared, and decode is traced (trace_mode "all")
+
+    class NoAsync(ReferenceLlamaGenerator):
+        model_capabilities = {
+            **ReferenceLlamaGenerator.model_capabilities,
+            "supports_async_decode": False,
+        }
+
+    with pytest.raises(GeneratorContractError) as info:
+        TTModelRunner(config, NoAsync, HostMesh(), plan)
+    (problem,) = info.value.diagnostics
+    assert problem.code == "TTB056"
+    assert problem.message.startswith("the bundle declares capabilities.async_decode, but ")
+    assert problem.message.endswith(
+        "NoAsync.model_capabilities does not support it (supports_async_decode is False)"
+    )

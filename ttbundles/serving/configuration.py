@@ -490,6 +490,7 @@ def _plan_features(vllm_config: VllmConfig, plan: Plan, meta: BundleMetadata) ->
     model_config = vllm_config.model_config
     caps = meta.capabilities
     sched = vllm_config.scheduler_config
+    plan.async_decode = bool(caps.async_decode)
     # Each feature stays on only when the bundle declares the capability it needs.
     for config, setting, capability in (
         (vllm_config.cache_config, "enable_prefix_caching", "prefix_caching"),

@@ -155,6 +155,10 @@ class Plan:
     server: ServerOptions = field(default_factory=ServerOptions)
     # The bundle declares prompt logprobs (schema 3): requests may ask for them.
     prompt_logprobs: bool = False
+    # The bundle declares capabilities.async_decode: async scheduling may stay on, and the
+    # generator keeps its decode inputs resident. The one source of it: the runner reads
+    # this, and refuses at load a class whose model_capabilities disagrees (TTB056).
+    async_decode: bool = False
     # The bundle's KV groups are served on vLLM's hybrid KV-cache manager (schema 5,
     # `serving.kv_admission`): what the platform answers `support_hybrid_kv_cache`.
     kv_groups: bool = False
@@ -170,7 +174,7 @@ class Plan:
     # What vLLM's pooling runner serves (None: a generation server).
     pooling: PoolingPlan | None = None
     # Set by `freeze`: from then on every assignment raises `FrozenPlanError`.
-    frozen: bool = field(default=False, compare=False, repr=False)
+    frozen: bool = field(default=False, init=False, compare=False, repr=False)
 
     def __setattr__(self, name: str, value: Any) -> None:
         if getattr(self, "frozen", False):

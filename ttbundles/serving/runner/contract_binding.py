@@ -25,9 +25,22 @@ from ttbundles.serving.binding import (
 )
 
 
-def refuse_unsupported_keys(class_name: str, capabilities: dict[str, Any], block_size: int) -> None:
+def refuse_unsupported_keys(
+    class_name: str, capabilities: dict[str, Any], block_size: int, *, declared_async: bool
+) -> None:
     """Keys that make a class impossible to drive as configured, refused before any
-    weight loads (`format.contract.KNOWN_CAPABILITY_KEYS`)."""
+    weight loads (`format.contract.KNOWN_CAPABILITY_KEYS`); and a bundle declaring async
+    decode for a class that does not support it (what `validate --import` calls TTB056),
+    which the plan would otherwise have switched on."""
+    if declared_async and capabilities.get("supports_async_decode") is not True:
+        raise GeneratorContractError.single(
+            "TTB056",
+            f"the bundle declares capabilities.async_decode, but {class_name}."
+            f"{contract.CAPABILITIES_ATTRIBUTE} does not support it (supports_async_decode "
+            f"is {capabilities.get('supports_async_decode')!r})",
+            hint="declare async_decode: false in vllm_metadata.json, or serve a class "
+            "that supports it (ttbundle validate --import compares the two)",
+        )
     steps = capabilities.get(contract.OUTPUT_TOKENS_PER_STEP_KEY, 1)
     if isinstance(steps, int) and not isinstance(steps, bool) and steps > 1:
         raise GeneratorContractError.single(

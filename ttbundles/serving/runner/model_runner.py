@@ -95,14 +95,16 @@ class TTModelRunner:
         trace_mode = self.options.trace_mode or "all"
         self.prefill_trace = trace_mode == "all"
         self.decode_trace = trace_mode in ("all", "decode_only")
-        # A generator keeps its decode inputs resident (token feedback, one position
-        # advance per step) only where it declares async decode and traces decode.
-        self.resident_inputs = bool(self.capabilities.get("supports_async_decode")) and (
-            self.decode_trace
-        )
+        # The bundle's declaration (the plan's), checked against the class below: a
+        # generator keeps its decode inputs resident (token feedback, one position advance
+        # per step) only where async decode is declared and decode is traced.
+        declared_async = plan is not None and plan.async_decode
+        self.resident_inputs = declared_async and self.decode_trace
         # Asynchronous decode: the bundle declares it and async scheduling stayed on.
         self.async_decode = bool(sched.async_scheduling)
-        refuse_unsupported_keys(self.class_name, self.capabilities, self.block_size)
+        refuse_unsupported_keys(
+            self.class_name, self.capabilities, self.block_size, declared_async=declared_async
+        )
         self.class_methods = bind_class(
             generator_cls,
             self.class_name,
