@@ -18,6 +18,18 @@ TEXT_ARCHITECTURES: tuple[str, ...] = (
     "Gemma3ForCausalLM",
 )
 
+# Families the reference does not cover yet, with what it lacks: `init --reference` and
+# the configuration of a bundle built on the reference say this rather than only listing
+# the families it does cover.
+REFERENCE_MISSING: dict[str, str] = {
+    "Gemma4ForCausalLM": (
+        "Gemma 4's global layers have their own head size and KV heads "
+        "(global_head_dim, num_global_key_value_heads), which need a KV cache shape per "
+        "layer, and its global RoPE is partial ('proportional'); the reference allocates "
+        "one shape for every layer and implements Gemma 3"
+    ),
+}
+
 # "module:Class" of each reference generator -> the architectures it reads. A class is
 # judged by its nearest ancestor listed here (the VL generators derive from the text one).
 REFERENCE_GENERATORS: dict[str, tuple[str, ...]] = {

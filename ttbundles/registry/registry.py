@@ -256,6 +256,15 @@ class Entry:
             return self.path.name
         return f"{self.facts.name}@{self.facts.version}"
 
+    def class_source(self) -> StaticClass | None:
+        """The main class as its source shows it (read once, never imported): what the
+        configuration asks of a class before any process imports it."""
+        if self.static is None and self.metadata is not None:
+            from ttbundles.check.static_reader import read_bundle_class
+
+            self.static = read_bundle_class(self.path, self.metadata)
+        return self.static
+
     def class_ref(self) -> str:
         """The `module:Class` vLLM imports lazily, with bundle modules isolated."""
         assert self.facts is not None

@@ -9,6 +9,7 @@ import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ttbundles.check.reference_archs import REFERENCE_MISSING
 from ttbundles.errors import TTBundleError
 from ttbundles.format.contract import (
     CAPABILITIES_ATTRIBUTE,
@@ -31,7 +32,6 @@ from ttbundles.scaffold.hf_config import _read_hf_config, architectures_by_model
 from ttbundles.scaffold.reference import (
     REFERENCE_BASES,
     REFERENCE_CAPABILITIES,
-    REFERENCE_MISSING,
     REFERENCE_TARGETS,
     reference_adapter_source,
 )

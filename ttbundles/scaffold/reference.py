@@ -27,17 +27,6 @@ REFERENCE_BASES: dict[str, tuple[str, str]] = {
     for arch in TEXT_ARCHITECTURES
 }
 
-# Families the reference does not cover yet, with what it lacks: `init --reference`
-# says this rather than only listing the families it does cover.
-REFERENCE_MISSING: dict[str, str] = {
-    "Gemma4ForCausalLM": (
-        "Gemma 4's global layers have their own head size and KV heads "
-        "(global_head_dim, num_global_key_value_heads), which need a KV cache shape per "
-        "layer, and its global RoPE is partial ('proportional'); the reference allocates "
-        "one shape for every layer and implements Gemma 3"
-    ),
-}
-
 # What the reference generator implements: the bundle declares all of it (the class's
 # model_capabilities below say the same, so validate finds them in agreement).
 REFERENCE_CAPABILITIES: dict = {

@@ -175,6 +175,9 @@ def plan_config(vllm_config: VllmConfig, registry: Registry) -> Plan | None:
             f"{meta.tt_arch} ({meta.name}) cannot be served: {reason}",
             "serve a model vLLM knows (for images: Qwen2.5-VL, Qwen3-VL, Gemma 3)",
         )
+    from ttbundles.serving.reference_admission import refuse_unread_architecture
+
+    refuse_unread_architecture(entry)  # a reference that does not read it: TTB041
     caps = meta.capabilities
     mesh = registry.mesh
     target = meta.target(mesh)

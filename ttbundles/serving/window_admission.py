@@ -44,11 +44,7 @@ TT_METAL_PACKAGE = "models"
 def window_handler(entry: Any) -> str | None:
     """Why the generator of registry `entry` handles a sliding window itself, or None."""
     meta = entry.metadata
-    static = getattr(entry, "static", None)
-    if static is None:
-        from ttbundles.check.static_reader import read_bundle_class
-
-        static = read_bundle_class(entry.path, meta)
+    static = entry.class_source()
     caps = (static.model_capabilities or {}) if static is not None else {}
     if caps.get(WINDOW_CAPABILITY_KEY) is True:
         return f"{meta.main_class} declares model_capabilities[{WINDOW_CAPABILITY_KEY!r}]"
