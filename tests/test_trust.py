@@ -512,6 +512,29 @@ def test_a_skipped_bundle_is_the_cause_named_first_when_the_fallback_cannot_serv
     assert excinfo.value.diagnostics[0].code == "TTB058"
 
 
+def test_the_skipped_bundles_own_fix_is_the_hint_not_signing(tmp_path):
+    """A bundle skipped for another reason than trust (its adapter does not define the
+    class, TTB052): the hint is that code's fix, not "sign it"."""
+    from ttbundles.errors import ConfigurationError
+    from ttbundles.registry.servable import require_importable, skipped_for
+
+    models = tmp_path / "models"
+    document = metadata("mine", "1.0.0", main_class="adapter:Missing", arch="Qwen3ForCausalLM")
+    write_bundle(models / "mine", name="mine", document=document)
+    registry = compute({"EXTRA_MODELS_DIR": str(models)}, mesh="HOST", index=False)
+    chosen = registry.registered["TTQwen3ForCausalLM"]
+    skipped = skipped_for(registry, "TTQwen3ForCausalLM")
+    assert [e.path.name for e in skipped] == ["mine"]
+    with pytest.raises(ConfigurationError) as excinfo:
+        require_importable(chosen.class_ref(), chosen.label, skipped=skipped)
+    [diagnostic] = excinfo.value.diagnostics
+    assert diagnostic.code == "TTB052", diagnostic
+    assert diagnostic.hint == (
+        "fix the skipped bundle: define the class main_class names in that module, or "
+        "correct its name (ttbundle list shows why each bundle is skipped)"
+    )
+
+
 def _evidence_policy(folder: Path, keys, require: object = True) -> Path:
     """A policy file trusting alice's key and asking for evidence on the served mesh."""
     folder.mkdir(parents=True, exist_ok=True)

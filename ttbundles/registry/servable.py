@@ -204,6 +204,18 @@ def skipped_for(registry: Registry, tt_arch: str) -> list[Entry]:
     return [e for e in registry.entries if e.status is Status.SKIPPED and e.tt_arch == tt_arch]
 
 
+def _skip_fix(code: str) -> str:
+    """What fixes a bundle skipped with `code`: its own fix (a trust refusal: sign it or
+    trust its signer; a class the adapter does not define: define it, ...)."""
+    from ttbundles.codes import WHAT_TO_DO
+
+    fix = WHAT_TO_DO.get(code)
+    if fix is None:
+        return "ttbundle validate DIR says what is wrong"
+    first = fix.split(". ")[0].rstrip(".")
+    return first[:1].lower() + first[1:]
+
+
 def require_importable(class_ref: str, label: str, skipped: Sequence[Entry] = ()) -> None:
     """Raise TTB058 when the class the plan chose cannot be imported here.
 
@@ -217,16 +229,16 @@ def require_importable(class_ref: str, label: str, skipped: Sequence[Entry] = ()
     if skipped:
         first = skipped[0]
         code, _, why = first.reason.partition(" ")
+        code = code if code.startswith("TTB") else "TTB058"
         raise ConfigurationError(
             Diagnostic(
-                code if code.startswith("TTB") else "TTB058",
+                code,
                 Severity.ERROR,
                 f"{why or first.reason} (bundle {first.label} at {first.path} skipped); "
                 f"the fallback {label} serves this model with {class_ref}, but module "
                 f"{module!r} is not importable here",
                 file=str(first.path),
-                hint="fix the skipped bundle: sign it (ttbundle sign DIR --key KEY) with a "
-                "key TT_BUNDLES_TRUST trusts, or trust its signer (ttbundle list shows why "
+                hint=f"fix the skipped bundle: {_skip_fix(code)} (ttbundle list shows why "
                 "each bundle is skipped)",
             )
         )
