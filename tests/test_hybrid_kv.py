@@ -379,25 +379,30 @@ def test_a_schema_4_document_cannot_declare_kv_groups(tmp_path, run_cli):
     )
 
 
-def test_init_reference_spells_out_the_per_layer_allocation_and_declares_no_groups(
-    tmp_path, run_cli, gemma3_checkpoint
+def test_init_reference_declares_the_groups_of_a_windowed_checkpoint(
+    tmp_path, run_cli, gemma3_checkpoint, demo_checkpoint
 ):
-    """The worker prefers allocate_kv_cache_per_layer where a class has it, so the
-    reference adapter spells it out beside allocate_kv_cache (the author replaces the
-    one the worker calls). It does not declare KV groups yet: `ttbundle test`'s
-    prefix-cache check finds no hit through vLLM's hybrid manager on its short
-    sequences, so such a bundle would fail its own test (declare them by hand)."""
     import json
 
     folder = tmp_path / "gemma"
     made = run_cli("init", str(folder), "--reference", "--from-hf", str(gemma3_checkpoint))
     assert made.returncode == 0, made.stdout + made.stderr
     document = json.loads((folder / "vllm_metadata.json").read_text())
-    assert document["schema_version"] == 1 and "kv_cache_spec" not in document["capabilities"]
+    assert document["schema_version"] == 5
+    assert document["capabilities"]["kv_cache_spec"] is True
     source = (folder / "adapter.py").read_text()
-    assert "def allocate_kv_cache_per_layer" in source and "def get_kv_cache_spec" not in source
+    assert "def get_kv_cache_spec" in source and "def allocate_kv_cache_per_layer" in source
     strict = run_cli("validate", "--strict", str(folder))
     assert strict.returncode == 0, strict.stdout + strict.stderr
+
+    plain = tmp_path / "llama"
+    assert (
+        run_cli("init", str(plain), "--reference", "--from-hf", str(demo_checkpoint)).returncode
+        == 0
+    )
+    document = json.loads((plain / "vllm_metadata.json").read_text())
+    assert document["schema_version"] == 1 and "kv_cache_spec" not in document["capabilities"]
+    assert "def get_kv_cache_spec" not in (plain / "adapter.py").read_text()
 
 
 # --- the budget ------------------------------------------------------------------------

@@ -65,7 +65,8 @@ def served_tokens(
     prompts: list[str] = PROMPTS,
 ) -> None:
     """Plain `vllm serve` of the installed bundle: each prompt's greedy tokens, twice
-    (the second time its full blocks come from the prefix cache), equal transformers'."""
+    (the second time its full blocks come from the prefix cache), equal transformers';
+    Gemma 3's served on hybrid KV groups."""
     port = free_port()
     log = tmp_path / "serve.log"
     line = f"EXTRA_MODELS_DIR=models vllm serve ckpt --served-model-name ckpt --port {port}"
@@ -90,6 +91,10 @@ def served_tokens(
                 time.sleep(1)
         text = log.read_text()
         assert f"{bundle}@0.1.0" in text, "the installed bundle serves"
+        # Gemma 3's bundle declares its KV groups (init --reference, a hybrid family):
+        # its sliding layers keep only their window's blocks, on vLLM's hybrid manager.
+        lean = "-> 'hybrid groups'" in text
+        assert lean is (bundle == "my-gemma3"), text[-4000:]
         assert "results past the window differ" not in text
         for prompt in prompts:
             for _ in range(2):

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from ttbundles.check.reference_archs import REFERENCE_MISSING
 from ttbundles.errors import TTBundleError
+from ttbundles.format.attention_window import attention_window
 from ttbundles.format.contract import (
     CAPABILITIES_ATTRIBUTE,
     CAPABILITY_KEYS,
@@ -30,12 +31,15 @@ from ttbundles.format.metadata import METADATA_FILE, SCHEMA_VERSION, Capabilitie
 from ttbundles.fsutil import write_json_atomic
 from ttbundles.scaffold.hf_config import _read_hf_config, architectures_by_model_type
 from ttbundles.scaffold.reference import (
+    HYBRID_FAMILIES,
     REFERENCE_BASES,
     REFERENCE_CAPABILITIES,
     REFERENCE_TARGETS,
     reference_adapter_source,
 )
 from ttbundles.suggest import did_you_mean
+
+KV_GROUPS_SCHEMA_VERSION = 5  # capabilities.kv_cache_spec (format.metadata.ADDED_IN)
 
 _ADAPTER_HEADER = '''"""Generator for {arch}, served by vLLM on Tenstorrent hardware.
 
@@ -214,9 +218,15 @@ def init_bundle(
     # Every capability the class's model_capabilities mirrors: off, as in the template, or
     # what a kept class declares (read from source, as `migrate` reads it).
     capabilities = Capabilities()
+    # A checkpoint with a sliding window (or a family that always has one): the
+    # reference's KV groups (its sliding layers keep only their window's blocks), which
+    # need schema_version 5.
+    kv_groups = reference and (
+        attention_window(config) is not None if config else arch in HYBRID_FAMILIES
+    )
     if reference:
         metadata["description"] = f"{bare}, from the torch reference generator (to TT-NN)"
-        capabilities = Capabilities(**REFERENCE_CAPABILITIES)
+        capabilities = Capabilities(**REFERENCE_CAPABILITIES, kv_cache_spec=kv_groups)
         metadata["targets"] = REFERENCE_TARGETS
     elif adapter.exists():
         from ttbundles.check.static_reader import read_class
@@ -228,9 +238,14 @@ def init_bundle(
             if on:
                 notes.append(f"capabilities from the class: {', '.join(on)}")
     metadata["capabilities"] = capabilities.model_dump(include=set(CAPABILITY_KEYS.values()))
+    if kv_groups:
+        metadata["capabilities"]["kv_cache_spec"] = True
+        metadata["schema_version"] = KV_GROUPS_SCHEMA_VERSION
     folder.mkdir(parents=True, exist_ok=True)
     if reference:
-        adapter.write_text(reference_adapter_source(arch, class_name, str(folder)))
+        adapter.write_text(
+            reference_adapter_source(arch, class_name, str(folder), kv_groups=kv_groups)
+        )
     elif not adapter.exists():
         adapter.write_text(adapter_source(arch, class_name))
     write_json_atomic(folder / METADATA_FILE, metadata)

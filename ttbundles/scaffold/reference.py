@@ -27,6 +27,10 @@ REFERENCE_BASES: dict[str, tuple[str, str]] = {
     for arch in TEXT_ARCHITECTURES
 }
 
+# Families whose every checkpoint has sliding-window layers beside global ones: their
+# reference bundles declare KV groups even when init reads no config.json.
+HYBRID_FAMILIES = frozenset({"Gemma3ForCausalLM"})
+
 # What the reference generator implements: the bundle declares all of it (the class's
 # model_capabilities below say the same, so validate finds them in agreement).
 REFERENCE_CAPABILITIES: dict = {
@@ -124,7 +128,7 @@ class {class_name}({base}):
         with one tensor_idx share one allocation. The worker calls this one, not
         allocate_kv_cache, when the class has it."""
         return super().allocate_kv_cache_per_layer(per_layer_specs=per_layer_specs)
-
+{kv_spec}
     def prefill_forward(
         self,
         tokens: Any,
@@ -206,9 +210,30 @@ class {class_name}({base}):
 '''
 
 
-def reference_adapter_source(arch: str, class_name: str, folder: str) -> str:
-    """The adapter of an `init --reference` bundle for `arch` (a key of REFERENCE_BASES)."""
+_KV_SPEC = '''
+    @classmethod
+    def get_kv_cache_spec(cls, vllm_config: Any) -> Any:
+        """Each layer's KV cache for vLLM, keyed model.layers.<i>.self_attn: a
+        SlidingWindowSpec for the checkpoint's sliding layers (they keep only their
+        window's blocks), None (full attention) for the others. Keep it while your
+        attention masks the window and reads each layer's page_tables_per_layer entry
+        (its KV group's table); capabilities.kv_cache_spec in vllm_metadata.json says so."""
+        return super().get_kv_cache_spec(vllm_config)
+'''
+
+
+def reference_adapter_source(
+    arch: str, class_name: str, folder: str, *, kv_groups: bool = False
+) -> str:
+    """The adapter of an `init --reference` bundle for `arch` (a key of REFERENCE_BASES);
+    `kv_groups`: the checkpoint has a sliding window, and the adapter answers
+    get_kv_cache_spec (its metadata declares capabilities.kv_cache_spec)."""
     base_module, base = REFERENCE_BASES[arch]
     return _TEMPLATE.format(
-        arch=arch, class_name=class_name, base_module=base_module, base=base, folder=folder
+        arch=arch,
+        class_name=class_name,
+        base_module=base_module,
+        base=base,
+        folder=folder,
+        kv_spec=_KV_SPEC if kv_groups else "",
     )

@@ -417,6 +417,13 @@ class Session:
                 for (n, s), o in zip(self.ids.items(), outputs)
             ]
         sequences = {case["prompt"]: case["context"] + case["tokens"] for case in decoded}
+        groups = getattr(self.runner, "kv_groups", None)
+        if groups is not None and any(groups.reach):
+            # vLLM's hybrid KV-cache manager keeps a sliding-window group's blocks only
+            # where a later request can resume, at the end of a prompt (0.34's
+            # `replay_boundaries`), never the blocks a decode filled: the sequences are
+            # prefilled once as prompts, so each group caches their blocks, and sent again.
+            self.generate(list(sequences.values()), self.greedy(1))
         self.out["runs"]["prefix_cache"] = self.host_path(
             "prefix_cache", sequences, self.spec["max_tokens"]
         )
