@@ -170,8 +170,15 @@ CAPABILITIES: dict[str, dict] = {
     "tt-gemma4": {"sample_on_device": SOD_ALL, "chunked_prefill": True},
     "tt-gemma4-text": {"sample_on_device": SOD_ALL, "chunked_prefill": True},
     "tt-gemma4-unified": {"sample_on_device": SOD_ALL, "chunked_prefill": True},
-    "tt-gemma-4-31b": {"async_decode": True},
-    "tt-gemma-4-26b-a4b": {"async_decode": True, "sample_on_device": ["all"]},
+    # TT-Metal's autoports answer get_kv_cache_spec with sliding-window specs and read
+    # page_tables_per_layer: served on vLLM's hybrid manager (tt-gemma3's class returns
+    # full attention for its sliding layers at the pinned commit: one group).
+    "tt-gemma-4-31b": {"async_decode": True, "kv_cache_spec": True},
+    "tt-gemma-4-26b-a4b": {
+        "async_decode": True,
+        "sample_on_device": ["all"],
+        "kv_cache_spec": True,
+    },
     "tt-qwen3.6-27b": {"sample_on_device": SOD_ALL},
     "tt-qwen3.8-27b": {"async_decode": True, "sample_on_device": ["all"]},
 }
