@@ -225,6 +225,19 @@ def run_cli_process():
     return _run_cli_process
 
 
+@pytest.fixture
+def models_dir(tmp_path, monkeypatch):
+    """An empty EXTRA_MODELS_DIR, the built-in bundles off, and `tmp_path/lib` on
+    sys.path (where a test puts an environment bundle's class)."""
+    folder = tmp_path / "models"
+    folder.mkdir()
+    monkeypatch.setenv("EXTRA_MODELS_DIR", str(folder))
+    monkeypatch.setenv("TT_VLLM_BUILTIN_MODELS", "0")
+    (tmp_path / "lib").mkdir()
+    monkeypatch.syspath_prepend(str(tmp_path / "lib"))
+    return folder
+
+
 @pytest.fixture(scope="session")
 def demo_checkpoint(tmp_path_factory) -> Path:
     """The demo checkpoint (a tiny Llama with tokenizer), written once per session."""

@@ -271,17 +271,6 @@ def gemma_bundle(models_dir, name: str, *, declared: bool):
     return write_bundle(models_dir / name, document=document)
 
 
-@pytest.fixture
-def models_dir(tmp_path, monkeypatch):
-    folder = tmp_path / "models"
-    folder.mkdir()
-    monkeypatch.setenv("EXTRA_MODELS_DIR", str(folder))
-    monkeypatch.setenv("TT_VLLM_BUILTIN_MODELS", "0")
-    (tmp_path / "lib").mkdir()
-    monkeypatch.syspath_prepend(str(tmp_path / "lib"))
-    return folder
-
-
 def test_a_bundle_declaring_kv_groups_turns_the_hybrid_manager_on(models_dir, gemma3_checkpoint):
     from vllm.platforms import current_platform
 

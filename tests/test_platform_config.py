@@ -38,17 +38,6 @@ def bundle(parent, name, arch="LlamaForCausalLM", **fields):
     return write_bundle(parent / name, document=document)
 
 
-@pytest.fixture
-def models_dir(tmp_path, monkeypatch):
-    folder = tmp_path / "models"
-    folder.mkdir()
-    monkeypatch.setenv("EXTRA_MODELS_DIR", str(folder))
-    monkeypatch.setenv("TT_VLLM_BUILTIN_MODELS", "0")
-    (tmp_path / "lib").mkdir()
-    monkeypatch.syspath_prepend(str(tmp_path / "lib"))
-    return folder
-
-
 def configure(checkpoint, **kwargs):
     kwargs.setdefault("max_model_len", 256)
     config = EngineArgs(model=str(checkpoint), **kwargs).create_engine_config()

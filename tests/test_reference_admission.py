@@ -15,15 +15,6 @@ from ttbundles.errors import ConfigurationError
 from ttbundles.scaffold.init import init_bundle
 
 
-@pytest.fixture
-def models_dir(tmp_path, monkeypatch):
-    folder = tmp_path / "models"
-    folder.mkdir()
-    monkeypatch.setenv("EXTRA_MODELS_DIR", str(folder))
-    monkeypatch.setenv("TT_VLLM_BUILTIN_MODELS", "0")
-    return folder
-
-
 @pytest.fixture(scope="module")
 def gemma4_checkpoint(tmp_path_factory):
     """A Gemma 4 text config with the demo's tokenizer: no weights (configuration reads

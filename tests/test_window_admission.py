@@ -31,17 +31,6 @@ def environment_bundle(models_dir, package: str, name: str, body: str):
     return write_bundle(models_dir / name, document=document)
 
 
-@pytest.fixture
-def models_dir(tmp_path, monkeypatch):
-    folder = tmp_path / "models"
-    folder.mkdir()
-    monkeypatch.setenv("EXTRA_MODELS_DIR", str(folder))
-    monkeypatch.setenv("TT_VLLM_BUILTIN_MODELS", "0")
-    (tmp_path / "lib").mkdir()
-    monkeypatch.syspath_prepend(str(tmp_path / "lib"))
-    return folder
-
-
 def test_a_generator_that_does_not_mask_the_window_is_refused(models_dir, window_checkpoint):
     environment_bundle(models_dir, "tt_models", "plain", "    model_capabilities = {}\n")
     with pytest.raises(ConfigurationError) as excinfo:
