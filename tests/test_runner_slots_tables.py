@@ -201,3 +201,29 @@ def test_entries_wholly_below_a_window_are_the_null_block():
     assert table[0, 0] == 5  # a copy: the table cut for the batch stays as it was
     inside = torch.tensor([[1, 2]])
     assert null_before_window(inside, torch.tensor([10]), 31, 8) is inside
+
+
+def test_a_sliding_group_s_cut_is_made_again_only_when_a_window_passes_a_block():
+    """Two groups, the second sliding (reach 20 tokens, blocks of 16): the same tables
+    and the same block boundaries give the very tensors of the last decode (no copy, no
+    comparison); a row's window passing a block boundary cuts again, nulling the block
+    wholly below it; a write to a table does too."""
+    from ttbundles.serving.kv_layout import LayerGroups
+
+    groups = LayerGroups(
+        group=(0, 1), tensor=(0, 1), specs=("full", "sliding"), main=0, reach=(0, 20)
+    )
+    tables = BlockTables(capacity=2, max_model_len=64, block_size=16, groups=groups)
+    for group in (0, 1):
+        tables.stage(0, [1, 2, 3], group=group)
+    layout = _layout({"a": 0}, 2)
+    starts = np.array([36, -1])  # the window reaches back to 16: block 0 is below it
+    first, combined = tables.decode_tables(layout, starts)
+    assert first[1].tolist() == [[0, 2, 3], [0, 0, 0]] and first[0].tolist()[0] == [1, 2, 3]
+    again, combined_again = tables.decode_tables(layout, np.array([37, -1]))
+    assert combined_again is combined and again[1] is first[1]  # same boundary: as sent
+    moved, combined_moved = tables.decode_tables(layout, np.array([52, -1]))  # reach back to 32
+    assert combined_moved is not combined and moved[1].tolist()[0] == [0, 0, 3]
+    tables.stage(0, [1, 2, 3, 4], group=1)
+    grown, _ = tables.decode_tables(layout, np.array([52, -1]))
+    assert grown[1].tolist()[0] == [0, 0, 3, 4]

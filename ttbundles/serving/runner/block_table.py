@@ -52,6 +52,10 @@ class BlockTables:
         self.tables_np = [table.numpy() for table in self.tables]
         self.counts = [np.zeros(capacity, dtype=np.int64) for _ in range(num_groups)]
         self.version = 0
+        # The sliding groups' distinct reaches, and the last decode's cut tables with what
+        # they were cut from (`decode_tables`).
+        self.reaches = sorted({r for r in groups.reach if r}) if groups is not None else []
+        self._last_decode: tuple | None = None
 
     def stage(self, slot: int, blocks: Sequence[int], group: int = 0) -> None:
         """Write a slot's block ids (its request's, in order) into its row."""
@@ -114,8 +118,22 @@ class BlockTables:
         tables = [self.decode_table(layout, g) for g in range(self.num_groups)]
         if len(tables) == 1:
             return tables, tables[0]
-        tables = self.windowed(tables, torch.from_numpy(starts))
-        return tables, torch.cat(tables, dim=1)
+        # A sliding group's cut moves only when a row's window passes a block boundary
+        # (once in block_size steps) and a table only when a row gained a block: from
+        # the same tables and boundaries, the same tensors again, which
+        # `DecodeCommands.decide` takes as unchanged without comparing them.
+        key = (
+            *map(id, tables),
+            *(np.floor_divide(starts - r, self.block_size).tobytes() for r in self.reaches),
+        )
+        last = self._last_decode
+        if last is not None and last[0] == key:
+            return last[1], last[2]
+        windowed = self.windowed(tables, torch.from_numpy(starts))
+        combined = torch.cat(windowed, dim=1)
+        # The source tables are kept with the key: their ids cannot be reused meanwhile.
+        self._last_decode = (key, windowed, combined, tables)
+        return windowed, combined
 
     def prefill_tables(
         self, block_ids: Sequence[Sequence[Sequence[int]]], computed: Sequence[int]
