@@ -63,13 +63,17 @@ def served_tokens(
     bundle: str = "my-mistral",
     window: int = WINDOW,
     prompts: list[str] = PROMPTS,
-) -> None:
+    vllm_args: str = "",
+) -> str:
     """Plain `vllm serve` of the installed bundle: each prompt's greedy tokens, twice
     (the second time its full blocks come from the prefix cache), equal transformers';
-    Gemma 3's served on hybrid KV groups."""
+    Gemma 3's served on hybrid KV groups. Returns the server's log."""
     port = free_port()
     log = tmp_path / "serve.log"
-    line = f"EXTRA_MODELS_DIR=models vllm serve ckpt --served-model-name ckpt --port {port}"
+    line = (
+        f"EXTRA_MODELS_DIR=models vllm serve ckpt --served-model-name ckpt --port {port} "
+        + vllm_args
+    )
     with log.open("w") as sink:
         server = subprocess.Popen(
             ["bash", "-c", line],
@@ -102,6 +106,7 @@ def served_tokens(
                 prompt_ids = prompt_ids or reference.tokenizer(prompt)["input_ids"]
                 assert len(prompt_ids) >= 3 * window, len(prompt_ids)
                 assert served == reference.greedy(list(prompt_ids), MAX_TOKENS), prompt
+        return log.read_text()
     finally:
         # Its own session: the group holds the shell, vllm and the engine core.
         with contextlib.suppress(ProcessLookupError):
@@ -161,3 +166,24 @@ def test_ttbundle_test_fails_a_reference_that_ignores_the_window(tmp_path, windo
     assert "Traceback" not in done.stderr, done.stderr
     assert "TTB120" in out and "(golden: transformers)" in out, out[-4000:]
     assert f"the checkpoint's sliding_window={WINDOW} (all 2 layers)" in out, out[-4000:]
+
+
+@pytest.mark.server
+def test_hybrid_groups_serve_with_two_data_parallel_engines(tmp_path, gemma3_checkpoint):
+    """`--data-parallel-size 2`: each engine sizes and serves its own hybrid KV groups,
+    and both give transformers' tokens (a request lands on either engine)."""
+    env = shell_environment(tmp_path)
+    os.symlink(gemma3_checkpoint, tmp_path / "ckpt")
+    (tmp_path / "models").mkdir()
+    typed("ttbundle init models/my-gemma3 --arch Gemma3ForCausalLM --reference", tmp_path, env)
+    log = served_tokens(
+        tmp_path,
+        env,
+        Reference(tmp_path / "ckpt"),
+        "my-gemma3",
+        GEMMA3_WINDOW,
+        LONG_PROMPTS,
+        vllm_args="--data-parallel-size 2",
+    )
+    engines = [line for line in log.splitlines() if "6 KV groups" in line and "KV cache of" in line]
+    assert len(engines) == 2, "\n".join(engines) or log[-4000:]
