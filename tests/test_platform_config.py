@@ -660,3 +660,20 @@ def test_the_plan_says_dtype_has_no_effect_on_the_host_and_image_urls_only_for_i
     assert decisions["tt.allow_private_media_urls"]["effective"] is False
     assert "TTB220" in decisions["tt.allow_private_media_urls"]["reason"]
     assert decisions["dtype"]["effective"] == "float32"
+
+
+def test_the_plan_each_process_reads_is_frozen(models_dir, demo_checkpoint):
+    """What the worker reads back (`served_plan`) is the plan as decided, and no step
+    after the configuration hook can change it: each engine process has its own copy."""
+    from ttbundles.serving.configuration import served_plan
+    from ttbundles.serving.plan import FrozenPlanError
+
+    bundle(models_dir, "plain")
+    config, _, data = configure(demo_checkpoint)
+    plan = served_plan(config)
+    assert plan is not None and plan.frozen and plan.to_dict() == data
+    with pytest.raises(FrozenPlanError):
+        plan.lanes = 2
+    with pytest.raises(FrozenPlanError):
+        plan.decide("max_num_seqs", 1, 2, "too late")
+    assert isinstance(plan.decisions, tuple) and plan.lanes == 1

@@ -240,7 +240,6 @@ class Plan:
         values["pooling"] = (
             PoolingPlan(tuple(pooling["tasks"]), pooling["form"]) if pooling else None
         )
-        values.pop("frozen", None)
         return cls(**values).freeze()
 
     def lowered(self, setting: str, asked: Any, effective: Any, limit: str) -> Any:
