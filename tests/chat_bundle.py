@@ -31,7 +31,7 @@ def write_chat_bundle(models_dir: Path, *, name: str = "demo-tools", **serving: 
     demo = builtin_bundles_dir() / "demo"
     shutil.copy(demo / "adapter.py", folder / "adapter.py")
     document = json.loads((demo / "vllm_metadata.json").read_text(encoding="utf-8"))
-    document.update(schema_version=4, name=name)
+    document.update(schema_version=max(4, document["schema_version"]), name=name)
     document["serving"] = serving or {
         "tool_call_parser": "pythonic",
         "chat_template": "tools.jinja",

@@ -309,7 +309,7 @@ def test_enabling_the_hybrid_manager_with_lanes_is_refused(models_dir, gemma3_ch
     """Asked for explicitly with a feature the groups do not serve yet: TTB262 at
     configuration; left to vLLM, the plan keeps one group and says why."""
     gemma_bundle(models_dir, "groups", declared=True)
-    plan = {"lanes": 2, "speculative": None}
+    plan = {"lanes": 2, "speculative": None, "pooling": None}
     decided = type("P", (), {"decide": lambda self, *a: a[2], **plan})()
     from tests.vllm_config import vllm_config as build_config
     from ttbundles.serving.kv_admission import plan_kv_groups
@@ -390,7 +390,9 @@ def test_init_reference_declares_the_groups_of_a_windowed_checkpoint(
         == 0
     )
     document = json.loads((plain / "vllm_metadata.json").read_text())
-    assert document["schema_version"] == 1 and "kv_cache_spec" not in document["capabilities"]
+    assert document["schema_version"] == 5 and "kv_cache_spec" not in document["capabilities"]
+    # Every reference bundle pools: its prefill returns hidden states (prefill_hidden).
+    assert document["capabilities"]["pooling"]["form"] == "prefill_hidden"
     assert "def get_kv_cache_spec" not in (plain / "adapter.py").read_text()
 
 

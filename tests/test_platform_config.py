@@ -335,25 +335,59 @@ def test_a_pooling_server_is_planned_with_its_tasks(models_dir, demo_checkpoint)
     assert plan["pooling"]["tasks"] == ["classify"]
 
 
-def test_the_hidden_states_form_is_refused_for_now(models_dir, demo_checkpoint):
+def test_the_hidden_states_form_pools_and_generates(models_dir, demo_checkpoint):
+    """A bundle of the form prefill_hidden pools with whole prompts and nothing of vLLM's KV
+    cache (prefix caching, chunking and async scheduling off, though it declares them),
+    and generates text when not asked to pool: it has the whole generation contract."""
     bundle(
         models_dir,
         "hidden",
         schema_version=5,
-        capabilities={"pooling": {"tasks": ["embed"], "form": "prefill_hidden"}},
+        capabilities={
+            "prefix_caching": True,
+            "chunked_prefill": True,
+            "async_decode": True,
+            "pooling": {"tasks": ["embed", "token_embed"], "form": "prefill_hidden"},
+        },
+    )
+    config, decisions, plan = configure(demo_checkpoint, runner="pooling", convert="embed")
+    assert plan["pooling"] == {"tasks": ["embed", "token_embed"], "form": "prefill_hidden"}
+    for setting in ("enable_prefix_caching", "enable_chunked_prefill"):
+        assert decisions[setting]["effective"] is False, setting
+        assert "whole prompts in one step" in decisions[setting]["reason"]
+    assert config.cache_config.enable_prefix_caching is False
+    assert config.scheduler_config.async_scheduling is False  # vLLM's, for pooling
+    assert decisions["kv_cache"]["effective"] == "none"
+    config, decisions, plan = configure(demo_checkpoint)
+    assert plan["pooling"] == {}
+    assert decisions["runner"]["effective"] == "generate"
+    assert config.cache_config.enable_prefix_caching is True
+
+
+def test_classification_of_a_checkpoint_without_a_head_is_refused(models_dir, demo_checkpoint):
+    """--convert classify of a *ForCausalLM checkpoint, with the hidden-states form: there is
+    no score.weight for vLLM's classifier to apply, said at configuration (TTB273)."""
+    bundle(
+        models_dir,
+        "hidden",
+        schema_version=5,
+        capabilities={"pooling": {"tasks": ["classify"], "form": "prefill_hidden"}},
     )
     with pytest.raises(ConfigurationError) as excinfo:
-        configure(demo_checkpoint, runner="pooling", convert="embed")
-    assert error_of(excinfo) == "TTB202"
-    assert "form 'prefill_hidden'" in str(excinfo.value)
+        configure(demo_checkpoint, runner="pooling", convert="classify")
+    assert error_of(excinfo) == "TTB273"
+    assert "has no score.weight" in str(excinfo.value)
+    assert "--convert embed" in excinfo.value.diagnostics[0].hint
 
 
-def test_data_parallel_pooling_is_refused_for_now(models_dir, demo_checkpoint):
+def test_data_parallel_pooling_runs_an_engine_per_submesh(models_dir, demo_checkpoint):
     bundle(models_dir, "forward", **POOLING_BUNDLE)
-    with pytest.raises(ConfigurationError) as excinfo:
-        configure(demo_checkpoint, runner="pooling", convert="embed", data_parallel_size=2)
-    assert error_of(excinfo) == "TTB202"
-    assert "pooling runs as one engine" in str(excinfo.value)
+    config, decisions, plan = configure(
+        demo_checkpoint, runner="pooling", convert="embed", data_parallel_size=2
+    )
+    assert plan["pooling"]["tasks"] == ["embed"]
+    assert config.parallel_config.data_parallel_size == 2
+    assert "2 engine cores" in decisions["data_parallel_size"]["reason"]
 
 
 def test_the_plan_says_the_runner(models_dir, demo_checkpoint):

@@ -180,6 +180,8 @@ CODES: dict[str, str] = {
     "(forward(input_ids, attention_mask), or prefill_forward's return_hidden_states)",
     "TTB272": "a generation server asked of a bundle that only pools (its pooling form is "
     "'forward': no prefill or decode)",
+    "TTB273": "classification of the pooling form 'prefill_hidden' but the checkpoint has no "
+    "classification head (score.weight) for vLLM's classifier to apply on the host",
 }
 
 
@@ -486,6 +488,9 @@ WHAT_TO_DO: dict[str, str] = {
     "TTB272": "Serve the bundle as a pooling model: vllm serve CKPT --runner pooling (with "
     "--convert embed or --convert classify for a *ForCausalLM checkpoint). To generate "
     "text, use a bundle whose generator has prefill_forward and decode_forward.",
+    "TTB273": "Serve a *ForSequenceClassification checkpoint (its score.weight is the head "
+    "vLLM's classifier applies to the pooled hidden state), or ask this one for "
+    "embeddings (--convert embed). A *ForCausalLM checkpoint has no classification head.",
 }
 
 

@@ -16,12 +16,34 @@ TEXT_ARCHITECTURES: tuple[str, ...] = (
     "Qwen2ForCausalLM",
     "Qwen3ForCausalLM",
     "Gemma3ForCausalLM",
+    # Their sequence-classification checkpoints (a `score` head): pooling only.
+    "LlamaForSequenceClassification",
+    "MistralForSequenceClassification",
+    "Qwen2ForSequenceClassification",
+    "Qwen3ForSequenceClassification",
 )
 
 # Families the reference does not cover yet, with what it lacks: `init --reference` and
 # the configuration of a bundle built on the reference say this rather than only listing
 # the families it does cover.
+_ENCODER = (
+    "an encoder (bidirectional attention, learned absolute positions, LayerNorm, token "
+    "types): the reference implements decoders (Llama, Mistral, Qwen2, Qwen3, Gemma 3); "
+    "serve an encoder's embeddings or scores with a bundle of the pooling form 'forward' "
+    "over your own generator, or a decoder embedding model (Qwen3-Embedding's shape)"
+)
 REFERENCE_MISSING: dict[str, str] = {
+    **{
+        arch: _ENCODER
+        for arch in (
+            "BertModel",
+            "BertForSequenceClassification",
+            "RobertaModel",
+            "RobertaForSequenceClassification",
+            "XLMRobertaModel",
+            "XLMRobertaForSequenceClassification",
+        )
+    },
     "Gemma4ForCausalLM": (
         "Gemma 4's global layers have their own head size and KV heads "
         "(global_head_dim, num_global_key_value_heads), which need a KV cache shape per "

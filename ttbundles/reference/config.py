@@ -11,13 +11,23 @@ from ttbundles.format.attention_window import SLIDING_LAYER_TYPE
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 # The Hugging Face architectures whose checkpoints the reference generator reads.
-SUPPORTED_ARCHITECTURES = (
+CAUSAL_ARCHITECTURES = (
     "LlamaForCausalLM",
     "MistralForCausalLM",
     "Qwen2ForCausalLM",
     "Qwen3ForCausalLM",
     "Gemma3ForCausalLM",
 )
+# The same decoders with transformers' sequence-classification head (`score`, a linear
+# layer over the last token's hidden states): served only as vLLM's pooling runner, the
+# head applied on the host by vLLM's classifier pooler (`serving.runner.pooler`).
+CLASSIFICATION_ARCHITECTURES = (
+    "LlamaForSequenceClassification",
+    "MistralForSequenceClassification",
+    "Qwen2ForSequenceClassification",
+    "Qwen3ForSequenceClassification",
+)
+SUPPORTED_ARCHITECTURES = CAUSAL_ARCHITECTURES + CLASSIFICATION_ARCHITECTURES
 # The MLP activations the reference implements (gate activation of a gated MLP):
 # SwiGLU for Llama/Mistral/Qwen, GeGLU with the tanh GELU for Gemma 3.
 SUPPORTED_ACTIVATIONS = ("silu", "swish", "gelu_pytorch_tanh")

@@ -440,11 +440,15 @@ class ReferenceLlamaGenerator:
             gate = F.silu(gate)
         return layer.down_proj(gate * layer.up_proj(h))
 
+    def final_hidden(self, x: torch.Tensor) -> torch.Tensor:
+        """The last layer's hidden states after the final norm, `[n, hidden]`: what the
+        LM head reads, and what a pooler pools (transformers' `last_hidden_state`)."""
+        return rms_norm(x, self.weights.final_norm, self.dims.rms_norm_eps)
+
     def lm_logits(self, x: torch.Tensor) -> torch.Tensor:
         """Logits `[n, V]` of the last layer's hidden states: final norm, LM head, and
         the final soft cap when the config sets one (Gemma)."""
-        final = rms_norm(x, self.weights.final_norm, self.dims.rms_norm_eps)
-        logits = F.linear(final, self.weights.lm_head)
+        logits = F.linear(self.final_hidden(x), self.weights.lm_head)
         cap = self.style.final_softcap
         if cap is not None:
             logits = torch.tanh(logits / cap) * cap
@@ -476,9 +480,12 @@ class ReferenceLlamaGenerator:
         kv_cache: KVCache,
         *,
         all_positions: bool = False,
+        hidden: bool = False,
     ) -> torch.Tensor:
         """Run the model over new tokens of several sequences; last-token logits `[n, V]`
-        (`all_positions`: every new token's, `[T, V]`, as a golden needs them).
+        (`all_positions`: every new token's, `[T, V]`, as a golden needs them; `hidden`:
+        every new token's final hidden states `[T, hidden]`, after the last norm, which a
+        pooling server's host pooler reads instead of logits).
 
         All rows' tokens are flattened into one `[T, hidden]` activation so projections
         and the MLP run once per layer. Each layer first writes the new K/V of every token
@@ -535,6 +542,8 @@ class ReferenceLlamaGenerator:
                 tokens_at, values = additions[index]
                 x = x.index_add(0, tokens_at, values)
 
+        if hidden:
+            return self.final_hidden(x)  # [T, hidden]
         if not all_positions:
             x = x[lengths.cumsum(0) - 1]  # [n] each segment's last token
         return self.lm_logits(x)  # [n, V] (all_positions: [T, V])
@@ -573,15 +582,31 @@ class ReferenceLlamaGenerator:
         """Logits `[B, L, V]` of every new token of each row (L the longest chunk; shorter
         rows and padding rows are zero past their chunk), for prompt logprobs."""
         width = max((len(s.tokens) for s in segments), default=1)
-        logits = torch.zeros(batch, width, self.dims.vocab_size, dtype=torch.float32)
+        return self._every_position(segments, batch, page_table, kv_cache, slots, width)
+
+    def _every_position(
+        self,
+        segments: list[Segment],
+        batch: int,
+        page_table: Any,
+        kv_cache: Any,
+        slots: list[int] | None,
+        width: int,
+        *,
+        hidden: bool = False,
+    ) -> torch.Tensor:
+        """`[B, width, V]` logits (or `[B, width, hidden]` final hidden states) of every
+        new token of each row, zero past a row's chunk and in padding rows."""
+        size = self.dims.hidden_size if hidden else self.dims.vocab_size
+        out = torch.zeros(batch, width, size, dtype=torch.float32)
         if not segments:
-            return logits
+            return out
         table = _as_tables(page_table)
         for group, cache in self._lane_groups(segments, kv_cache, slots):
-            every = self.forward_segments(group, table, cache, all_positions=True)
+            every = self.forward_segments(group, table, cache, all_positions=True, hidden=hidden)
             for segment, rows in zip(group, every.split([len(s.tokens) for s in group])):
-                logits[segment.row, : len(rows)] = rows
-        return logits
+                out[segment.row, : len(rows)] = rows
+        return out
 
     def _lane_groups(
         self, segments: list[Segment], kv_cache: Any, slots: list[int] | None = None
@@ -738,6 +763,7 @@ class ReferenceLlamaGenerator:
         start_pos: Any = None,
         return_prompt_logits: bool = False,
         page_tables_per_layer: Any = None,
+        return_hidden_states: bool = False,
         **kwargs: Any,
     ) -> torch.Tensor | tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
         """Prefill one chunk per row; logits `[B, 1, V]`, or `(tokens [B, 1], log_probs)`
@@ -756,6 +782,12 @@ class ReferenceLlamaGenerator:
         state (parameters, seed, prompt history) is registered there, and the token drawn
         is the one at position prompt_lens[i]. `page_table` rows follow the request rows;
         `page_tables_per_layer` (one per layer, each its KV group's) supersedes it.
+
+        With `return_hidden_states` (a bundle serving pooling of the form
+        `prefill_hidden`): the final hidden states, after the last norm, of every position
+        of each row's chunk, `[B, L, hidden]` (L the longest chunk, zero past a row's
+        chunk), which vLLM's pooler finishes on the host (last token, mean or CLS
+        pooling, normalisation, a classifier head).
         """
         if kwargs:
             raise TypeError(f"prefill_forward got unexpected keywords: {', '.join(sorted(kwargs))}")
@@ -789,6 +821,11 @@ class ReferenceLlamaGenerator:
             self._remember_pages(
                 [slots[s.row] for s in segments], tables, [s.row for s in segments], kv_cache
             )
+            if return_hidden_states:
+                width = max((s.end - s.start for s in segments), default=1)
+                return self._every_position(
+                    segments, batch, tables, kv_cache, slots, width, hidden=True
+                )
             if return_prompt_logits:
                 return self._run_every_position(segments, batch, tables, kv_cache, slots)
             logits = self._run(segments, batch, tables, kv_cache, slots)

@@ -36,10 +36,11 @@ from ttbundles.scaffold.reference import (
     REFERENCE_CAPABILITIES,
     REFERENCE_TARGETS,
     reference_adapter_source,
+    reference_pooling,
 )
 from ttbundles.suggest import did_you_mean
 
-KV_GROUPS_SCHEMA_VERSION = 5  # capabilities.kv_cache_spec (format.metadata.ADDED_IN)
+LATEST_FEATURES_SCHEMA_VERSION = 5  # kv_cache_spec and pooling (format.metadata.ADDED_IN)
 
 _ADAPTER_HEADER = '''"""Generator for {arch}, served by vLLM on Tenstorrent hardware.
 
@@ -240,7 +241,10 @@ def init_bundle(
     metadata["capabilities"] = capabilities.model_dump(include=set(CAPABILITY_KEYS.values()))
     if kv_groups:
         metadata["capabilities"]["kv_cache_spec"] = True
-        metadata["schema_version"] = KV_GROUPS_SCHEMA_VERSION
+    if reference:
+        # Schema 5: pooling (and the KV groups above).
+        metadata["capabilities"]["pooling"] = reference_pooling(arch)
+        metadata["schema_version"] = LATEST_FEATURES_SCHEMA_VERSION
     folder.mkdir(parents=True, exist_ok=True)
     if reference:
         adapter.write_text(

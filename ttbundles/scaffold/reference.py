@@ -40,6 +40,19 @@ REFERENCE_CAPABILITIES: dict = {
     "sample_on_device": ["decode_only", "all"],
 }
 
+# The reference returns the final hidden states from prefill when asked (the pooling form
+# `prefill_hidden`): vLLM's pooler finishes on the host. A decoder checkpoint serves
+# embeddings (`--runner pooling --convert embed`, or a sentence-transformers one such as
+# Qwen3-Embedding), a sequence-classification one its classifier (/classify, /score,
+# /rerank). Pooling needs schema_version 5.
+
+
+def reference_pooling(arch: str) -> dict:
+    """What a reference bundle for `arch` declares of pooling."""
+    tasks = ["classify"] if arch.endswith("ForSequenceClassification") else ["embed", "token_embed"]
+    return {"tasks": tasks, "form": "prefill_hidden"}
+
+
 # The reference runs in float32 on the host: small contexts keep a CPU run quick. Raise
 # them, and add a target per Tenstorrent mesh, as the TT-NN code comes.
 REFERENCE_TARGETS: dict = {"HOST": {"max_model_len": 512, "max_num_seqs": 32}}
@@ -142,7 +155,9 @@ class {class_name}({base}):
         **kwargs: Any,
     ) -> Any:
         """TT-NN: fill the KV cache for the prompts; return the last token's logits
-        [B, 1, V] (or sampled tokens with sampling_params)."""
+        [B, 1, V] (or sampled tokens with sampling_params). With return_hidden_states=True
+        (in kwargs; a pooling server): the final hidden states after the last norm,
+        [B, L, hidden], which vLLM's pooler finishes on the host."""
         return super().prefill_forward(
             tokens=tokens,
             page_table=page_table,

@@ -348,6 +348,10 @@ def _plan_runner(vllm_config: VllmConfig, plan: Plan, meta: BundleMetadata) -> N
                 if other in pooling.tasks
                 else "use a bundle that declares the task",
             )
+        if pooling.form == "prefill_hidden" and "classify" in served:
+            from ttbundles.serving.runner.pooler import refuse_headless_classifier
+
+            refuse_headless_classifier(model_config)
         plan.pooling = PoolingPlan(tuple(served), pooling.form)
         plan.decide(
             "runner",
@@ -355,21 +359,6 @@ def _plan_runner(vllm_config: VllmConfig, plan: Plan, meta: BundleMetadata) -> N
             "pooling",
             f"{bundle} pools ({by}): tasks {', '.join(served)}, form {pooling.form!r}",
         )
-        if pooling.form != "forward":
-            raise _error(
-                "TTB202",
-                f"{bundle} declares pooling of the form {pooling.form!r}, which this "
-                "release validates and plans but does not serve yet (the form 'forward' "
-                "is served)",
-                "serve a bundle of the pooling form 'forward' (forward(input_ids, attention_mask))",
-            )
-        if vllm_config.parallel_config.data_parallel_size > 1:
-            raise _error(
-                "TTB202",
-                f"--data-parallel-size={vllm_config.parallel_config.data_parallel_size} "
-                "with a pooling bundle: pooling runs as one engine on Tenstorrent for now",
-                "drop --data-parallel-size",
-            )
         return
     if pooling is not None and pooling.form == "forward":
         raise _error(
@@ -501,7 +490,20 @@ def _plan_features(vllm_config: VllmConfig, plan: Plan, meta: BundleMetadata) ->
         (sched, "enable_chunked_prefill", "chunked_prefill"),
     ):
         requested = bool(getattr(config, setting))
-        if requested and not getattr(caps, capability):
+        if requested and plan.pooling is not None:
+            # The pooling runner pools whole prompts in the step they are scheduled, with
+            # no KV cache of vLLM's: nothing to chunk, cache or overlap.
+            setattr(
+                config,
+                setting,
+                plan.decide(
+                    setting,
+                    True,
+                    False,
+                    "pooling takes whole prompts in one step, with no KV cache of vLLM's",
+                ),
+            )
+        elif requested and not getattr(caps, capability):
             setattr(
                 config,
                 setting,

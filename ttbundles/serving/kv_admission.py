@@ -45,6 +45,15 @@ def plan_kv_groups(vllm_config: VllmConfig, plan: Plan, declared: bool) -> None:
     block = vllm_config.cache_config.block_size
     kinds = layer_kinds(vllm_config.model_config.hf_config)
     requested = "off" if asked else ("on" if asked is False else "auto")
+    if plan.pooling is not None:
+        plan.decide(
+            "kv_cache",
+            requested,
+            "none",
+            "a pooling server keeps no KV cache of vLLM's (the pooling runner: whole "
+            "prompts, each pooled in the step it is scheduled)",
+        )
+        return
     if not declared:
         plan.decide(
             "kv_cache",

@@ -94,9 +94,14 @@ def register_all() -> Registry:
 
 def placeholder_for(entry: Entry) -> str:
     """The placeholder a bare architecture gets: the pooling one for a bundle that only
-    pools (schema 5's form 'forward'), else the text-generation one."""
+    pools (schema 5's form 'forward') or that pools a classification architecture
+    (`*ForSequenceClassification`, which vLLM pools by default), else the
+    text-generation one."""
     pooling = entry.metadata.capabilities.pooling if entry.metadata is not None else None
-    return PLACEHOLDER_POOLING if pooling is not None and pooling.form == "forward" else PLACEHOLDER
+    if pooling is None:
+        return PLACEHOLDER
+    classifier = entry.facts is not None and entry.facts.arch.endswith("ForSequenceClassification")
+    return PLACEHOLDER_POOLING if pooling.form == "forward" or classifier else PLACEHOLDER
 
 
 def stands_for_vllm(entry: Entry) -> bool:

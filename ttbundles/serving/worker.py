@@ -141,7 +141,7 @@ class TTWorker(WorkerBase):
 
     @property
     def pools(self) -> bool:
-        """vLLM's pooling runner over a generator of the `forward` form: no KV cache."""
+        """vLLM's pooling runner (`runner.pooling`): no KV cache of vLLM's."""
         return self.plan.pooling is not None
 
     @_starting
@@ -149,7 +149,7 @@ class TTWorker(WorkerBase):
         generator_cls = load_generator_class(self.plan.bundle)
         if self.pools:
             self.model_runner = TTPoolingRunner(  # type: ignore[assignment]
-                self.vllm_config, generator_cls, self.mesh_device, self.plan.pooling.tasks
+                self.vllm_config, generator_cls, self.mesh_device, self.plan.pooling
             )
         else:
             self.model_runner = TTModelRunner(
@@ -165,7 +165,8 @@ class TTWorker(WorkerBase):
             "ttbundles: loaded %s (%s, %s) on %s",
             self.plan.tt_arch,
             self.plan.bundle.declared_class or self.plan.bundle.main_class,
-            f"pooling {'+'.join(self.plan.pooling.tasks)}, form 'forward', no KV cache"
+            f"pooling {'+'.join(self.plan.pooling.tasks)}, form {self.plan.pooling.form!r}, "
+            "no KV cache of vLLM's"
             if self.pools
             else "decode contract "
             + ("v1" if self.model_runner.version else "legacy (reset_batch)"),

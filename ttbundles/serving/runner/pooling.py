@@ -1,13 +1,19 @@
-"""The pooling runner: vLLM's `--runner pooling` over a generator of the `forward` form.
+"""The pooling runner: vLLM's `--runner pooling` over a generator of either pooling form.
 
-The reference plugin's design (`TTPoolingModelRunner`): no KV cache, no page tables, no
-prefill/decode split, no sampling. Each step's new requests are whole prompts (the plan
-keeps chunked prefill off and the step budget at least `max_model_len`), right-padded
-into one batch, and the generator's `forward(input_ids, attention_mask)` returns one
-pooled row per prompt. What vLLM's pooler does after pooling runs here on the host with
-vLLM's own heads, so each request's pooling parameters mean what they mean in vLLM:
-`normalize`/`use_activation` and `dimensions` for `embed`, the activation (softmax, or
-sigmoid for one label) and the checkpoint's logit calibration for `classify`.
+No prefill/decode split, no sampling, no KV cache of vLLM's: each step's new requests are
+whole prompts (the plan keeps chunked prefill off and the step budget at least
+`max_model_len`), pooled in the step they are scheduled.
+
+- The form `forward`, the reference plugin's design (`TTPoolingModelRunner`): the prompts
+  right-padded into one batch, the generator's `forward(input_ids, attention_mask)`
+  returns one pooled row per prompt, and what vLLM's pooler does after pooling runs here
+  with vLLM's own heads, so each request's pooling parameters mean what they mean in vLLM
+  (`normalize`/`use_activation` and `dimensions` for `embed`, the activation and the
+  checkpoint's logit calibration for `classify`).
+- The form `prefill_hidden`: the generation contract's `prefill_forward`, asked for the
+  final hidden states of every prompt position over a cache private to this runner (sized
+  for one step's prompts, written again every step), and vLLM's whole pooler on the
+  host (`runner.pooler`): pooling method, projector, normalisation, classifier.
 """
 
 from __future__ import annotations
@@ -20,33 +26,37 @@ import torch
 from ttbundles.format import contract
 from ttbundles.serving import compat
 from ttbundles.serving.binding import GeneratorContractError, bind
+from ttbundles.serving.runner.pooler import build_pooler, pooling_metadata
 
 if TYPE_CHECKING:  # vLLM's types, for annotations only
     from vllm.config import VllmConfig
     from vllm.v1.core.sched.output import SchedulerOutput
 
+    from ttbundles.serving.plan import PoolingPlan
+
 logger = logging.getLogger("vllm.ttbundles")
 
 
 class TTPoolingRunner:
-    """One batch of whole prompts per step through `forward`; vLLM's heads finish."""
+    """One batch of whole prompts per step through the bundle's pooling form."""
 
     def __init__(
-        self, vllm_config: VllmConfig, generator_cls: type, mesh_device: Any, tasks: list[str]
+        self, vllm_config: VllmConfig, generator_cls: type, mesh_device: Any, pooling: PoolingPlan
     ) -> None:
         self.vllm_config = vllm_config
         self.model_config = vllm_config.model_config
         self.generator_cls = generator_cls
         self.class_name = generator_cls.__name__
         self.mesh_device = mesh_device
-        self.tasks = tuple(tasks)
+        self.tasks = tuple(pooling.tasks)
+        self.form = pooling.form
         self.max_num_reqs = vllm_config.scheduler_config.max_num_seqs
         self.max_model_len = self.model_config.max_model_len
+        self.block_size = vllm_config.cache_config.block_size
         self.generator: Any = None
         self._forward: Any = None
         self._heads: dict[str, Any] = {}
-        # Requests seen but not finished (a request pools in the step it is scheduled).
-        self._pending: set[str] = set()
+        self._hidden: HiddenStates | None = None
         self.initialize = bind(
             generator_cls,
             contract.INITIALIZE,
@@ -62,6 +72,9 @@ class TTPoolingRunner:
             max_seq_len=self.max_model_len,
             tt_data_parallel=1,
         )
+        if self.form == "prefill_hidden":
+            self._hidden = HiddenStates.load(self)
+            return
         self._forward = bind(
             self.generator,
             contract.POOLING_FORWARD,
@@ -102,8 +115,6 @@ class TTPoolingRunner:
 
     @torch.inference_mode()
     def execute_model(self, scheduler_output: SchedulerOutput) -> Any:
-        for req_id in scheduler_output.finished_req_ids:
-            self._pending.discard(req_id)
         new = list(scheduler_output.scheduled_new_reqs)
         if not new:
             return compat.model_runner_output([], {}, [], None)
@@ -119,6 +130,26 @@ class TTPoolingRunner:
                     f"{len(tokens)} prompt tokens; pooling needs whole prompts"
                 )
             rows.append(tokens)
+        params = [r.pooling_params for r in new]
+        for task in {p.task for p in params}:
+            if task not in self.tasks:
+                raise RuntimeError(f"pooling task {task!r} is not served (served: {self.tasks})")
+        if self._hidden is not None:
+            outputs = self._hidden.pool(rows, params)
+        else:
+            outputs = self._pool_forward(rows, params)
+        req_ids = [r.req_id for r in new]
+        return compat.model_runner_output(
+            req_ids,
+            {r: i for i, r in enumerate(req_ids)},
+            [[] for _ in req_ids],
+            None,
+            pooler_output=outputs,
+        )
+
+    def _pool_forward(self, rows: list[list[int]], params: list[Any]) -> list[torch.Tensor]:
+        """The form `forward`: one right-padded batch, one pooled row per prompt, vLLM's
+        head per task."""
         longest = max(len(r) for r in rows)
         input_ids = torch.zeros((len(rows), longest), dtype=torch.int64)
         attention_mask = torch.zeros((len(rows), longest), dtype=torch.float32)
@@ -137,24 +168,15 @@ class TTPoolingRunner:
             )
         outputs: list[torch.Tensor] = [pooled[i] for i in range(len(rows))]
         by_task: dict[str, list[int]] = {}
-        for i, request in enumerate(new):
-            by_task.setdefault(request.pooling_params.task, []).append(i)
+        for i, p in enumerate(params):
+            by_task.setdefault(p.task, []).append(i)
         for task, indices in by_task.items():
-            head = self._heads.get(task)
-            if head is None:
-                raise RuntimeError(f"pooling task {task!r} is not served (served: {self.tasks})")
-            params = [new[i].pooling_params for i in indices]
-            finished = head(torch.stack([outputs[i] for i in indices]), _Params(params))
+            finished = self._heads[task](
+                torch.stack([outputs[i] for i in indices]), _Params([params[i] for i in indices])
+            )
             for i, row in zip(indices, finished):
                 outputs[i] = row
-        req_ids = [r.req_id for r in new]
-        return compat.model_runner_output(
-            req_ids,
-            {r: i for i, r in enumerate(req_ids)},
-            [[] for _ in req_ids],
-            None,
-            pooler_output=outputs,
-        )
+        return outputs
 
     def take_draft_token_ids(self) -> None:
         """Pooling never speculates: no drafts to hand the scheduler."""
@@ -168,3 +190,93 @@ class _Params:
 
     def __init__(self, pooling_params: list[Any]) -> None:
         self.pooling_params = pooling_params
+
+
+class HiddenStates:
+    """The form `prefill_hidden`: `prefill_forward(..., return_hidden_states=True)` over a
+    KV cache of this runner's own, then vLLM's pooler.
+
+    The cache holds one step's prompts: a step's prompts are at most the step budget in
+    tokens and `max_num_seqs` in number, so `ceil(budget / block_size) + max_num_seqs`
+    blocks hold them whole (each row's last block partly filled). Every step overwrites
+    it from block 0: a pooling request never returns to its KV."""
+
+    def __init__(self, runner: TTPoolingRunner, prefill: Any, cache: Any, per_layer: int) -> None:
+        self.runner = runner
+        self.prefill = prefill
+        self.kv_cache = cache
+        self.per_layer = per_layer  # layers of a per-layer cache (0: one allocation)
+        self.pooler = build_pooler(runner.vllm_config, runner.tasks)
+
+    @classmethod
+    def load(cls, runner: TTPoolingRunner) -> HiddenStates:
+        generator, name = runner.generator, runner.class_name
+        prefill = bind(
+            generator,
+            contract.PREFILL,
+            (*contract.PREFILL.passes, contract.HIDDEN_STATES_KEYWORD),
+            class_name=name,
+        )
+        config, parallel = runner.model_config, runner.vllm_config.parallel_config
+        sched = runner.vllm_config.scheduler_config
+        budget = max(sched.max_num_batched_tokens, runner.max_model_len)
+        blocks = -(-budget // runner.block_size) + runner.max_num_reqs
+        heads, size = config.get_num_kv_heads(parallel), config.get_head_size()
+        shape = (blocks, heads, runner.block_size, size)
+        layers = config.get_num_layers(parallel)
+        per_layer, whole = (
+            bind(generator, method, method.passes, class_name=name, optional=True)
+            for method in (contract.ALLOCATE_KV_CACHE_PER_LAYER, contract.ALLOCATE_KV_CACHE)
+        )
+        if per_layer is not None:
+            specs = [(shape, torch.float32, layer) for layer in range(layers)]
+            return cls(runner, prefill, per_layer(per_layer_specs=specs), layers)
+        if whole is None:
+            raise GeneratorContractError.single(
+                "TTB053",
+                f"{name} has neither allocate_kv_cache nor allocate_kv_cache_per_layer, "
+                "which the pooling form 'prefill_hidden' needs for its prefill",
+                hint="implement one of them",
+            )
+        cache = whole(kv_cache_shape=shape, dtype=torch.float32, num_layers=layers)
+        return cls(runner, prefill, cache, 0)
+
+    def pool(self, rows: list[list[int]], params: list[Any]) -> list[torch.Tensor]:
+        """Each prompt's pooled output: the hidden states of its positions, flattened
+        request after request, through vLLM's pooler."""
+        lengths = [len(r) for r in rows]
+        longest = max(lengths)
+        tokens = torch.zeros((len(rows), longest), dtype=torch.int64)
+        counts = [-(-n // self.runner.block_size) for n in lengths]
+        page_table = torch.zeros((len(rows), max(counts)), dtype=torch.int32)
+        first = 0
+        for i, (prompt, count) in enumerate(zip(rows, counts)):
+            tokens[i, : len(prompt)] = torch.tensor(prompt, dtype=torch.int64)
+            page_table[i, :count] = torch.arange(first, first + count, dtype=torch.int32)
+            first += count
+        extra = {"page_tables_per_layer": [page_table] * self.per_layer} if self.per_layer else {}
+        hidden = self.prefill(
+            **extra,
+            tokens=tokens,
+            page_table=page_table,
+            kv_cache=self.kv_cache,
+            prompt_lens=torch.tensor(lengths),
+            empty_slots=list(range(len(rows))),
+            enable_trace=False,
+            start_pos=torch.zeros(len(rows), dtype=torch.int64),
+            **{contract.HIDDEN_STATES_KEYWORD: True},
+        )
+        hidden = torch.as_tensor(hidden).detach().to("cpu", torch.float32)
+        name = self.runner.class_name
+        if hidden.dim() != 3 or hidden.shape[0] != len(rows) or hidden.shape[1] < longest:
+            raise GeneratorContractError.single(
+                "TTB271",
+                f"{name}.prefill_forward returned shape {tuple(hidden.shape)} with "
+                f"{contract.HIDDEN_STATES_KEYWORD}=True for {len(rows)} prompts of up to "
+                f"{longest} tokens; the form 'prefill_hidden' returns [B, L, hidden]",
+                hint="return the final hidden states (after the last norm) of every "
+                "position of each row's prompt",
+            )
+        flat = torch.cat([hidden[i, :n] for i, n in enumerate(lengths)])
+        metadata = pooling_metadata(rows, params, self.pooler)
+        return list(self.pooler(flat, metadata))

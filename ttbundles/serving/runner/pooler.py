@@ -1,0 +1,141 @@
+"""vLLM's own pooler over the hidden states a generator returns (the pooling form
+`prefill_hidden`).
+
+The generator computes the transformer on its device and hands back the final hidden
+states of every prompt position; what vLLM's pooling model does after its transformer
+(the checkpoint's pooling, a sentence-transformers projector, normalisation, the
+classifier head and its activation, per-request `dimensions` and `use_activation`) is
+vLLM's own code here, built as vLLM builds it (`DispatchPooler.for_embedding` /
+`for_seq_cls`, the adapters `--convert embed|classify` applies). So `--pooler-config`,
+a checkpoint's `modules.json` and `--convert` mean on Tenstorrent what they mean in vLLM.
+
+The classifier is the checkpoint's `score` layer (a `*ForSequenceClassification`
+checkpoint's head over the pooled hidden state), read from its safetensors on the host:
+a `[num_labels, hidden]` matrix, as vLLM's `as_seq_cls_model` loads it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ttbundles.errors import ConfigurationError
+
+if TYPE_CHECKING:  # vLLM's types, for annotations only
+    from vllm.config import VllmConfig
+
+SCORE_WEIGHT = "score.weight"
+"""The classification head's key in transformers' `*ForSequenceClassification`
+checkpoints (Llama, Mistral, Qwen2, Qwen3: `nn.Linear(hidden, num_labels, bias=False)`)."""
+
+
+def checkpoint_folder(model: str) -> Path:
+    """The local folder of vLLM's `--model` (a folder, or a hub id already downloaded)."""
+    path = Path(model).expanduser()
+    if path.is_dir():
+        return path
+    from huggingface_hub import snapshot_download
+
+    return Path(snapshot_download(model, local_files_only=True))
+
+
+def read_tensor(folder: Path, key: str) -> torch.Tensor | None:
+    """One tensor of a safetensors checkpoint, read alone (not the whole model); None when
+    no file holds it."""
+    from safetensors import safe_open
+
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        name = json.loads(index.read_text()).get("weight_map", {}).get(key)
+        files = [folder / name] if name else []
+    else:
+        files = sorted(folder.glob("*.safetensors"))
+    for file in files:
+        with safe_open(str(file), framework="pt") as handle:
+            if key in handle.keys():  # noqa: SIM118 - safe_open is not a mapping
+                return handle.get_tensor(key)
+    return None
+
+
+def _headless(model_config: Any) -> ConfigurationError:
+    return ConfigurationError.single(
+        "TTB273",
+        f"{model_config.model} has no {SCORE_WEIGHT}: classification of the pooling form "
+        "'prefill_hidden' applies the checkpoint's classification head on the host, and "
+        f"this checkpoint ({', '.join(model_config.architectures)}) has none",
+        hint="serve a *ForSequenceClassification checkpoint, or ask for embeddings "
+        "(--convert embed)",
+    )
+
+
+def refuse_headless_classifier(model_config: Any) -> None:
+    """TTB273 at configuration, from the safetensors headers alone (no tensor is read),
+    when the checkpoint has no classification head."""
+    from safetensors import safe_open
+
+    folder = checkpoint_folder(model_config.model)
+    for file in sorted(folder.glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as handle:
+            if SCORE_WEIGHT in handle.keys():  # noqa: SIM118 - safe_open is not a mapping
+                return
+    raise _headless(model_config)
+
+
+def load_classifier(vllm_config: VllmConfig) -> torch.nn.Module:
+    """The checkpoint's classification head as a float32 linear layer; TTB273 when the
+    checkpoint has none (a `*ForCausalLM` asked for `--convert classify`)."""
+    model_config = vllm_config.model_config
+    weight = read_tensor(checkpoint_folder(model_config.model), SCORE_WEIGHT)
+    if weight is None:
+        raise _headless(model_config)
+    head = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False)
+    head.weight.data = weight.to(torch.float32)
+    return head.eval()
+
+
+def build_pooler(vllm_config: VllmConfig, tasks: tuple[str, ...]) -> Any:
+    """vLLM's `DispatchPooler` for the served tasks, built in vLLM's configuration context
+    (its poolers read the current config: the head's dtype, the projector)."""
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.layers.pooler import DispatchPooler
+
+    pooler_config = vllm_config.model_config.pooler_config
+    poolers: dict[str, Any] = {}
+    with set_current_vllm_config(vllm_config):
+        if {"embed", "token_embed"} & set(tasks):
+            embedding = DispatchPooler.for_embedding(pooler_config).poolers_by_task
+            poolers.update({t: embedding[t] for t in tasks if t in embedding})
+        if "classify" in tasks:
+            classifier = load_classifier(vllm_config)
+            seq_cls = DispatchPooler.for_seq_cls(pooler_config, classifier=classifier)
+            poolers["classify"] = seq_cls.poolers_by_task["classify"]
+    return DispatchPooler(poolers)
+
+
+def pooling_metadata(prompts: list[list[int]], pooling_params: list[Any], pooler: Any) -> Any:
+    """vLLM's `PoolingMetadata` for whole prompts, one per request, with its cursor over
+    the flattened hidden states (request after request, each its prompt's length), as
+    vLLM's pooling runner builds it; each request's parameters updated by the pooler first
+    (what it needs, such as the prompt's token ids)."""
+    from vllm.v1.pool.metadata import PoolingMetadata, PoolingStates
+
+    for params in pooling_params:
+        pooler.get_pooling_updates(params.task).apply(params)
+    lengths = torch.tensor([len(p) for p in prompts], dtype=torch.int64)
+    token_ids = None
+    if any(getattr(p, "requires_token_ids", False) for p in pooling_params):
+        token_ids = torch.zeros((len(prompts), int(lengths.max())), dtype=torch.int64)
+        for i, prompt in enumerate(prompts):
+            token_ids[i, : len(prompt)] = torch.tensor(prompt, dtype=torch.int64)
+    metadata = PoolingMetadata(
+        prompt_lens=lengths,
+        prompt_token_ids=token_ids,
+        prompt_token_ids_cpu=token_ids,
+        pooling_params=list(pooling_params),
+        pooling_states=[PoolingStates() for _ in prompts],
+    )
+    metadata.build_pooling_cursor(lengths.numpy(), lengths, torch.device("cpu"))
+    return metadata
