@@ -659,6 +659,36 @@ def test_init_reference_names_the_families_it_covers(run_cli, tmp_path):
     assert done.returncode == 2 and "pick one" in done.stderr
 
 
+@pytest.mark.parametrize(
+    ("arch", "tasks"),
+    [
+        ("Qwen3ForCausalLM", ["embed", "token_embed"]),
+        ("Qwen3ForSequenceClassification", ["classify"]),
+    ],
+)
+def test_init_reference_declares_the_pooling_the_reference_serves(run_cli, tmp_path, arch, tasks):
+    """The reference returns hidden states from prefill (the form prefill_hidden): a
+    decoder's bundle serves embeddings, a sequence classifier's its classifier."""
+    done = no_traceback(run_cli("init", tmp_path / "b", "--arch", arch, "--reference"))
+    assert done.returncode == 0, done.stderr
+    meta = json.loads((tmp_path / "b" / META).read_text())
+    assert meta["schema_version"] == 5
+    assert meta["capabilities"]["pooling"] == {"tasks": tasks, "form": "prefill_hidden"}
+    source = (tmp_path / "b" / "adapter.py").read_text()
+    assert "return_hidden_states=True" in source  # said where prefill is replaced
+    done = no_traceback(run_cli("validate", "--strict", tmp_path / "b"))
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("arch", ["BertModel", "XLMRobertaForSequenceClassification"])
+def test_init_reference_refuses_an_encoder_and_says_so(run_cli, tmp_path, arch):
+    done = no_traceback(run_cli("init", tmp_path / "e", "--arch", arch, "--reference"))
+    assert done.returncode == 1 and not (tmp_path / "e").exists()
+    assert f"error TTB041 the torch reference generator does not cover {arch}" in done.stderr
+    assert "an encoder (bidirectional attention" in done.stderr
+    assert "the pooling form 'forward'" in done.stderr
+
+
 def test_the_reference_families_are_the_reference_generators():
     """scaffold.reference and validate's table list them without importing torch; they
     must stay the same, and name classes that exist."""

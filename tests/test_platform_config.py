@@ -390,6 +390,23 @@ def test_data_parallel_pooling_runs_an_engine_per_submesh(models_dir, demo_check
     assert "2 engine cores" in decisions["data_parallel_size"]["reason"]
 
 
+def test_pooling_with_in_process_lanes_is_refused(models_dir, demo_checkpoint):
+    bundle(
+        models_dir,
+        "galaxy",
+        schema_version=5,
+        capabilities={
+            "execution": "single",
+            "pooling": {"tasks": ["embed"], "form": "prefill_hidden"},
+        },
+    )
+    with pytest.raises(ConfigurationError) as excinfo:
+        configure(demo_checkpoint, runner="pooling", convert="embed", data_parallel_size=2)
+    assert error_of(excinfo) == "TTB202"
+    assert "in-process lanes do not pool yet" in str(excinfo.value)
+    assert "execution 'submesh'" in excinfo.value.diagnostics[0].hint
+
+
 def test_the_plan_says_the_runner(models_dir, demo_checkpoint):
     bundle(models_dir, "plain")
     _config, decisions, _plan = configure(demo_checkpoint)

@@ -157,6 +157,40 @@ def test_prefill_logits_match_transformers_across_padded_batch(gen, hf_model, vo
         torch.testing.assert_close(logits[row, 0], hf_last_logits(hf_model, ids), atol=ATOL, rtol=0)
 
 
+def test_prefill_hidden_states_match_transformers_every_position(gen, hf_model, vocab):
+    """return_hidden_states (the pooling form prefill_hidden): every position's final
+    hidden state after the last norm, `[B, L, hidden]`, zero past a row's prompt; a later
+    chunk's rows are the chunk's positions, attending over the cached ones."""
+    prompts = [prompt(i + 20, n, vocab) for i, n in enumerate((5, 12, 1))]
+    kv = new_cache(gen)
+    blocks = [[4 * r + b for b in range(4)] for r in range(len(prompts))]
+    hidden = gen.prefill_forward(
+        tokens=padded(prompts, [0, 0, 0]),
+        page_table=page_table(blocks),
+        kv_cache=kv,
+        prompt_lens=torch.tensor([len(p) for p in prompts]),
+        enable_trace=False,
+        return_hidden_states=True,
+    )
+    assert hidden.shape == (3, 12, gen.dims.hidden_size) and hidden.dtype == torch.float32
+    with torch.no_grad():
+        for row, ids in enumerate(prompts):
+            want = hf_model.model(torch.tensor([ids])).last_hidden_state[0]
+            torch.testing.assert_close(hidden[row, : len(ids)], want, atol=ATOL, rtol=0)
+            assert not hidden[row, len(ids) :].any()
+    # The second half of row 1's prompt as a chunk over the first half's cache.
+    chunk = gen.prefill_forward(
+        tokens=padded([prompts[1][6:]], [6]),
+        page_table=page_table(blocks[1:2]),
+        kv_cache=kv,
+        prompt_lens=torch.tensor([12]),
+        start_pos=torch.tensor([6]),
+        enable_trace=False,
+        return_hidden_states=True,
+    )
+    torch.testing.assert_close(chunk[0, :6], hidden[1, 6:12], atol=ATOL, rtol=0)
+
+
 # ---- (b) chunked prefill + greedy decode == generate() ------------------------------------
 
 

@@ -36,6 +36,17 @@ def plan_lanes(vllm_config: VllmConfig, plan: Plan, execution: str, target: Any)
     sched = vllm_config.scheduler_config
     dp = parallel.data_parallel_size
     cap = target.max_num_seqs if target is not None else None
+    if dp > 1 and execution == "single" and plan.pooling is not None:
+        # The pooling runner batches whole prompts on one generator with one cache of its
+        # own; lanes (a cache per lane, rows placed by lane) are the generation runner's.
+        raise _error(
+            "TTB202",
+            f"--data-parallel-size={dp} with pooling of a single-execute bundle "
+            f"({plan.bundle.name} declares execution 'single'): in-process lanes do not "
+            "pool yet",
+            "drop --data-parallel-size (one engine pools the whole batch), or serve a "
+            "bundle of execution 'submesh', whose engines pool side by side",
+        )
     if dp > 1 and execution == "single" and parallel.data_parallel_size_local != dp:
         _plan_lanes_on_hosts(vllm_config, plan, cap)
         return
