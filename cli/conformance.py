@@ -53,7 +53,8 @@ def test(
         typer.Option(
             "--path",
             help="Serving path to exercise instead of the bundle's tests.paths: prefill, "
-            "decode, chunked_prefill, prefix_cache, device_sampling. Repeat for several.",
+            "decode, chunked_prefill, prefix_cache, device_sampling, and for a pooling "
+            "bundle pooling_embed, pooling_classify. Repeat for several.",
             show_default=False,
         ),
     ] = None,
@@ -99,6 +100,8 @@ def test(
     Reported: logits PCC, top-1/top-5 agreement, max abs diff, the first diverging token.
 
     Also: seeded sampling alone and in a batch, and both perplexities on a short text.
+
+    A pooling bundle: its embeddings and classification logits against transformers'.
 
     What runs comes from the bundle's tests section.
 
