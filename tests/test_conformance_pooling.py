@@ -117,7 +117,10 @@ def test_a_forward_form_bundle_takes_no_other_golden(make_bundle, run_cli):
     folder = pooling_bundle(make_bundle)
     done = run_cli("test", folder, "--model", "ckpt", "--golden", "reference")
     assert done.returncode == 1 and "Traceback" not in done.stderr
-    assert "error TTB125 --golden reference: p only pools" in done.stderr
+    assert (
+        "error TTB125 --golden reference: the pooling paths (pooling_embed) are compared "
+        "with transformers only" in done.stderr
+    )
     done = run_cli("test", folder, "--model", "ckpt", "--record", "g.json.gz")
     assert done.returncode == 1 and "error TTB125 --record writes a golden" in done.stderr
 

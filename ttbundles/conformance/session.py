@@ -254,21 +254,22 @@ def load_pooling(checkpoint: str, tasks: list[str]) -> Any:
 
 
 def pooling_only_goldens(choices: list[str], record: Path | None, plan: TestPlan) -> None:
-    """A bundle with pooling paths only is compared with transformers: TTB125 for any
-    other golden asked for, and for --record (a golden file holds generation steps)."""
+    """A run of pooling paths only (a bundle of the form 'forward', or `--path` chose
+    them) is compared with transformers: TTB125 for any other golden asked for, and for
+    --record (a golden file holds generation steps)."""
+    paths = ", ".join(plan.paths)
     other = [c for c in choices if c not in (AUTO, "transformers")]
     if other:
         raise TTBundleError.single(
             "TTB125",
-            f"--golden {other[0]}: {plan.metadata.name} only pools (form 'forward'), and "
-            "its pooling paths are compared with transformers only",
+            f"--golden {other[0]}: the pooling paths ({paths}) are compared with "
+            "transformers only, and no generation path runs",
             hint="drop --golden, or pass --golden transformers",
         )
     if record is not None:
         raise TTBundleError.single(
             "TTB125",
-            f"--record writes a golden of generation steps; {plan.metadata.name} only "
-            "pools (form 'forward')",
+            f"--record writes a golden of generation steps, and only pooling paths run ({paths})",
             hint="drop --record: the pooling paths are compared with transformers live",
         )
 
