@@ -53,7 +53,8 @@ def test(
         typer.Option(
             "--path",
             help="Serving path to exercise instead of the bundle's tests.paths: prefill, "
-            "decode, chunked_prefill, prefix_cache, device_sampling. Repeat for several.",
+            "decode, chunked_prefill, prefix_cache, device_sampling, and for a pooling "
+            "bundle pooling_embed, pooling_classify. Repeat for several.",
             show_default=False,
         ),
     ] = None,
@@ -99,6 +100,8 @@ def test(
     Reported: logits PCC, top-1/top-5 agreement, max abs diff, the first diverging token.
 
     Also: seeded sampling alone and in a batch, and both perplexities on a short text.
+
+    A pooling bundle: its embeddings and classification logits against transformers'.
 
     What runs comes from the bundle's tests section.
 
@@ -205,7 +208,9 @@ def render(report: Any, out: Output, *, every_step: bool) -> None:
     meta = plan.metadata
     out.line(
         f"{meta.name}@{meta.version} on {plan.mesh}, checkpoint {report.checkpoint}: "
-        f"{len(plan.prompts)} prompts x {plan.max_tokens} tokens",
+        f"{len(plan.prompts)} prompts"
+        + (f" x {plan.max_tokens} tokens" if plan.generation_paths else "")
+        + (f", pooled ({', '.join(plan.pooling)})" if plan.pooling else ""),
         style="bold",
     )
     lengths = {p["name"]: len(p["token_ids"]) for p in report.served.get("prompts", [])}
@@ -250,15 +255,21 @@ def render(report: Any, out: Output, *, every_step: bool) -> None:
     if failures:
         out.diagnostics(failures)
     t = plan.thresholds
-    limits = f"PCC >= {t.pcc}, top-1 >= {t.top1}, top-5 >= {t.top5}"
-    if t.max_abs_diff is not None:
-        limits += f", max |diff| <= {t.max_abs_diff}"
-    if t.perplexity_ratio is not None:
-        limits += f", perplexity ratio <= {t.perplexity_ratio}"
+    limits = []
+    if plan.generation_paths:
+        limits.append(f"PCC >= {t.pcc}, top-1 >= {t.top1}, top-5 >= {t.top5}")
+        if t.max_abs_diff is not None:
+            limits.append(f"max |diff| <= {t.max_abs_diff}")
+        if t.perplexity_ratio is not None:
+            limits.append(f"perplexity ratio <= {t.perplexity_ratio}")
+    if plan.pooling:
+        from ttbundles.conformance.pooling import COSINE_MIN
+
+        limits.append(f"pooled: cosine >= {COSINE_MIN}, max |diff| within float32's")
     verdict = "PASSED" if report.passed else "FAILED"
     cases = len(report.cases) + len(report.perplexity)
     out.line(
-        f"{verdict}: {cases} cases, {len(failures)} failures ({limits})"
+        f"{verdict}: {cases} cases, {len(failures)} failures ({', '.join(limits)})"
         + (f"; golden recorded to {report.recorded}" if report.recorded else ""),
         style="green" if report.passed else "bold red",
     )
@@ -269,12 +280,20 @@ def _at(value: str, step: int | None) -> str:
 
 
 def notes(case: Any) -> str:
+    from ttbundles.conformance.report import fmt
+
     d = case.details
     parts = []
     if case.path == "chunked_prefill":
         parts.append(f"{d.get('prefill_chunks')} chunks")
     if case.path == "prefix_cache":
         parts.append(f"{d.get('num_cached_tokens')} cached")
+    if "vectors" in d:  # a pooling case (conformance.pooling)
+        cosine = case.summary()["cosine_min"]
+        if cosine is not None:
+            parts.append(f"cosine {fmt(cosine, '.7f')}")
+        if d.get("pooling"):
+            parts.append(f"{d['pooling']} pooling")
     if case.path == "device_sampling":
         same = d.get("seeded_alone") == d.get("seeded_batch")
         parts.append(f"seed {d.get('seed')} alone{'=' if same else '!='}batch")

@@ -246,6 +246,16 @@ def demo_checkpoint(tmp_path_factory) -> Path:
     return write_checkpoint(tmp_path_factory.mktemp("checkpoint") / "tiny-llama")
 
 
+@pytest.fixture(scope="session")
+def classifier_checkpoint(demo_checkpoint, tmp_path_factory) -> Path:
+    """The demo checkpoint's shape as a one-label `LlamaForSequenceClassification`
+    (`tests.pooling_bundles`), written once per session."""
+    from tests.pooling_bundles import write_classifier_checkpoint
+
+    folder = tmp_path_factory.mktemp("checkpoint") / "tiny-llama-cls"
+    return write_classifier_checkpoint(demo_checkpoint, folder)
+
+
 WINDOW = 8
 """The sliding window of `window_checkpoint`."""
 

@@ -80,6 +80,7 @@ LIGHT = [
     "ttbundles.format.prompts",
     "ttbundles.conformance.metrics",
     "ttbundles.conformance.compare",
+    "ttbundles.conformance.pooling",
     "ttbundles.conformance.session",
     "ttbundles.conformance.report",
     "ttbundles.cli.app",

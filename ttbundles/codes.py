@@ -103,6 +103,8 @@ CODES: dict[str, str] = {
     "TTB125": "no golden for this checkpoint (reference does not cover it, transformers failed)",
     "TTB126": "the golden file was recorded for other prompts, settings or checkpoint",
     "TTB127": "serving the bundle for the test failed (engine start or a request)",
+    "TTB128": "served embeddings differ from the golden's pooled vectors (cosine, max abs diff)",
+    "TTB129": "served classification logits or probabilities differ from the golden's",
     # Distribution: OCI registries (push, pull)
     "TTB130": "registry reference is malformed",
     "TTB131": "registry unreachable or not answering in time",
@@ -347,6 +349,13 @@ WHAT_TO_DO: dict[str, str] = {
     "(`--record FILE`).",
     "TTB127": "Read the serving log the message names ($XDG_CACHE_HOME/ttbundles/"
     "test-logs/NAME.log).",
+    "TTB128": "The hint says which: a direction that differs is the pooling (vLLM's "
+    "pooling type, the last real token of each right-padded row, the attention mask) or "
+    "the model; a right direction at the wrong scale is a vector normalised or scaled "
+    "before vLLM's head. `--steps` shows each vector's figures.",
+    "TTB129": "Check the classification head and the row it is applied to (the pooled "
+    "position), and that forward returns logits, not probabilities: vLLM applies its "
+    "activation. `--steps` shows each vector's figures.",
     "TTB130": "Write the reference as HOST[:PORT]/REPO[:TAG] or HOST/REPO@sha256:DIGEST.",
     "TTB131": "Check the address and the network; TT_BUNDLES_REGISTRY_TIMEOUT raises the wait.",
     "TTB132": "Set TT_BUNDLES_REGISTRY_USERNAME and TT_BUNDLES_REGISTRY_PASSWORD, or "

@@ -1,6 +1,10 @@
 """The `tests` section's rules beyond the schema: each path it names is one the bundle's
 capabilities declare (TTB110), its prompt file and recorded golden read cleanly.
 
+The pooling paths (`POOLING_PATHS`) are not in the schema's `tests.paths`: `ttbundle test`
+runs them for every pooling task the bundle declares, and `--path` may name them. A
+bundle of the pooling form 'forward' has no generation contract, so no generation path.
+
 `ttbundle validate` runs them; `ttbundle test` resolves its plan with the same
 `path_problems`, so both refuse the same paths with the same words.
 """
@@ -14,9 +18,24 @@ from ttbundles.format.golden_file import GoldenFile, GoldenFileError
 from ttbundles.format.metadata import PATH_CAPABILITY, BundleMetadata, Capabilities
 from ttbundles.format.prompts import PromptFileError, image_problems, read_prompt_file
 
+# `ttbundle test`'s pooling paths -> the pooling task each checks.
+POOLING_PATHS: dict[str, str] = {"pooling_embed": "embed", "pooling_classify": "classify"}
+
+
+def generates(capabilities: Capabilities) -> bool:
+    """Whether the generator has the generation contract: every bundle but one that only
+    pools (the pooling form 'forward': forward(input_ids, attention_mask), no KV cache)."""
+    pooling = capabilities.pooling
+    return pooling is None or pooling.form != "forward"
+
 
 def declares(capabilities: Capabilities, path: str) -> bool:
     """Whether the capabilities allow `path` to run."""
+    if path in POOLING_PATHS:
+        pooling = capabilities.pooling
+        return pooling is not None and POOLING_PATHS[path] in pooling.tasks
+    if not generates(capabilities):
+        return False
     capability = PATH_CAPABILITY.get(path)
     return capability is None or bool(getattr(capabilities, capability))
 
@@ -30,16 +49,38 @@ def path_problems(
     for index, path in enumerate(paths):
         if declares(metadata.capabilities, path):
             continue
-        capability = PATH_CAPABILITY[path]
+        if path in POOLING_PATHS:
+            task = POOLING_PATHS[path]
+            message = (
+                f"test path {path!r} needs capabilities.pooling.tasks to list {task!r}, "
+                f"which {metadata.name} does not declare"
+            )
+            hint = f"declare the pooling task {task!r}, or drop {path!r} from the paths"
+        elif not generates(metadata.capabilities):
+            pooled = [p for p in POOLING_PATHS if declares(metadata.capabilities, p)]
+            message = (
+                f"test path {path!r} needs the generation contract, which {metadata.name} "
+                "does not have: its pooling form 'forward' only pools"
+            )
+            hint = (
+                f"drop {path!r}: the bundle is tested on its pooling paths "
+                f"({', '.join(pooled) or 'none'})"
+            )
+        else:
+            capability = PATH_CAPABILITY[path]
+            message = (
+                f"test path {path!r} needs capabilities.{capability}, which "
+                f"{metadata.name} does not declare"
+            )
+            hint = f"declare capabilities.{capability}, or drop {path!r} from the paths"
         out.append(
             Diagnostic(
                 "TTB110",
                 Severity.ERROR,
-                f"test path {path!r} needs capabilities.{capability}, which "
-                f"{metadata.name} does not declare",
+                message,
                 file=file if pointer is not None else None,
                 pointer=f"{pointer}/{index}" if pointer is not None else None,
-                hint=f"declare capabilities.{capability}, or drop {path!r} from the paths",
+                hint=hint,
             )
         )
     return out

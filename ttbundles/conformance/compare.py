@@ -193,6 +193,7 @@ class StepResult:
     top1: bool | None = None
     top5: bool | None = None
     note: str = ""
+    cosine: float | None = None  # a pooled vector's (`conformance.pooling`)
 
 
 @dataclass
@@ -231,6 +232,10 @@ class CaseResult:
     def max_abs_diff(self) -> tuple[float | None, int | None]:
         return self._extreme("max_abs_diff", max)
 
+    @property
+    def cosine_min(self) -> tuple[float | None, int | None]:
+        return self._extreme("cosine", min)
+
     def rate(self, name: str) -> float | None:
         values = [getattr(s, name) for s in self.compared if getattr(s, name) is not None]
         return sum(values) / len(values) if values else None
@@ -246,6 +251,7 @@ class CaseResult:
     def summary(self) -> dict[str, Any]:
         pcc_min, pcc_step = self.pcc_min
         diff, diff_step = self.max_abs_diff
+        cosine, cosine_step = self.cosine_min
         return {
             "steps": len(self.steps),
             "compared": len(self.compared),
@@ -256,6 +262,8 @@ class CaseResult:
             "max_abs_diff": diff,
             "max_abs_diff_step": diff_step,
             "first_divergence": self.first_divergence,
+            "cosine_min": cosine,
+            "cosine_min_step": cosine_step,
         }
 
     def to_dict(self) -> dict[str, Any]:

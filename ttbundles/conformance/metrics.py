@@ -4,6 +4,7 @@
   same shape up to scale and shift; two constant vectors count as 1.0 when equal; a NaN or
   an infinity anywhere gives NaN, which fails any threshold.
 - **max abs diff**: the largest absolute difference of two logit vectors.
+- **cosine**: the cosine similarity of two pooled vectors (embeddings).
 - **top-1 agreement** of a step: the bundle's most likely token is the golden's.
 - **top-5 agreement** of a step: the golden's most likely token is among the bundle's five
   most likely (TT-Metal's demos' "top-5 accuracy" against reference tokens).
@@ -105,3 +106,19 @@ def in_support(
         if above >= top_p + tolerance:
             return False
     return True
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> float:
+    """Cosine similarity of two equal-length vectors (the embedding metric: 1.0 is the
+    same direction at any scale); a NaN or an infinity anywhere, or a zero vector, gives
+    NaN, which fails any threshold."""
+    x = np.asarray(a, dtype=np.float64).reshape(-1)
+    y = np.asarray(b, dtype=np.float64).reshape(-1)
+    if x.shape != y.shape:
+        raise ValueError(f"cosine of vectors of different lengths: {x.shape} vs {y.shape}")
+    if x.size == 0 or not (np.isfinite(x).all() and np.isfinite(y).all()):
+        return math.nan
+    nx, ny = math.sqrt(float(x @ x)), math.sqrt(float(y @ y))
+    if nx == 0.0 or ny == 0.0:
+        return math.nan
+    return max(-1.0, min(1.0, float(x @ y) / (nx * ny)))

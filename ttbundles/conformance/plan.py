@@ -4,6 +4,10 @@ The plan is resolved once, here, without vLLM or torch: which prompts (texts and
 prompt file), which serving paths (the bundle's capabilities decide the default; a path
 the bundle does not declare is an error, TTB110), how many tokens, the seeded sampling
 and the thresholds. The serving side (`serving.harness`) gets it as one JSON document.
+
+A bundle that pools (`capabilities.pooling`) gets a pooling path per task it declares
+(`pooling_embed`, `pooling_classify`), whatever `tests.paths` says (the schema's list
+names generation paths only); one of the form 'forward' has no generation path at all.
 """
 
 from __future__ import annotations
@@ -12,7 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ttbundles.check.tests_section import declares, image_prompt_problems, path_problems
+from ttbundles.check.tests_section import (
+    POOLING_PATHS,
+    declares,
+    image_prompt_problems,
+    path_problems,
+)
 from ttbundles.errors import Diagnostic, InvalidBundleError, Severity
 from ttbundles.format.meshes import HOST, canonical
 from ttbundles.format.metadata import TEST_PATHS, BundleMetadata, BundleTests, Capabilities
@@ -30,9 +39,19 @@ from ttbundles.format.prompts import (
 HOST_PATHS = ("prefill", "decode", "prefix_cache")
 
 
+ALL_PATHS: tuple[str, ...] = (*TEST_PATHS, *POOLING_PATHS)
+"""Every path `--path` may name: the generation paths, then the pooling ones."""
+
+
 def default_paths(capabilities: Capabilities) -> list[str]:
-    """Every path the capabilities declare, in TEST_PATHS order."""
-    return [p for p in TEST_PATHS if declares(capabilities, p)]
+    """Every path the capabilities declare, in ALL_PATHS order."""
+    return [p for p in ALL_PATHS if declares(capabilities, p)]
+
+
+def pooling_paths(capabilities: Capabilities) -> list[str]:
+    """The pooling paths of the tasks the bundle declares (none for one that only
+    generates)."""
+    return [p for p in POOLING_PATHS if declares(capabilities, p)]
 
 
 @dataclass
@@ -60,6 +79,15 @@ class TestPlan:
         return any(p.images for p in self.prompts) and any(
             p in ("prefill", "decode") for p in self.paths
         )
+
+    @property
+    def pooling(self) -> list[str]:
+        """The pooling tasks checked (`embed`, `classify`), in path order."""
+        return [POOLING_PATHS[p] for p in self.paths if p in POOLING_PATHS]
+
+    @property
+    def generation_paths(self) -> list[str]:
+        return [p for p in self.paths if p not in POOLING_PATHS]
 
     @property
     def runs_perplexity(self) -> bool:
@@ -135,20 +163,21 @@ def resolve_plan(
             )
         )
     if paths:
-        unknown = [p for p in paths if p not in TEST_PATHS]
+        unknown = [p for p in paths if p not in ALL_PATHS]
         if unknown:
             problems.append(
                 Diagnostic(
                     "TTB033",
                     Severity.ERROR,
                     f"unknown test path {unknown[0]!r}",
-                    hint=f"use one of {', '.join(TEST_PATHS)}",
+                    hint=f"use one of {', '.join(ALL_PATHS)}",
                 )
             )
-        chosen = [p for p in TEST_PATHS if p in paths]
+        chosen = [p for p in ALL_PATHS if p in paths]
         problems.extend(path_problems(metadata, chosen, file=None, pointer=None))
     elif tests.paths is not None:
         chosen = [p for p in TEST_PATHS if p in tests.paths]
+        chosen += pooling_paths(metadata.capabilities)
         problems.extend(
             path_problems(
                 metadata,

@@ -101,13 +101,29 @@ def fmt(value: float | None, spec: str) -> str:
 
 
 def step_lines(case: Any) -> list[str]:
-    """A case's per-step table as plain text."""
+    """A case's per-step table as plain text (a pooling case's: per vector)."""
+    if "vectors" in case.details:
+        return vector_lines(case)
     lines = ["step  token  golden  PCC        max|diff|  top-1  top-5  note"]
     for s in case.steps:
         lines.append(
             f"{s.step:>4}  {_opt(s.token):>5}  {_opt(s.golden_token):>6}  "
             f"{fmt(s.pcc, '.6f'):<9}  {fmt(s.max_abs_diff, '.3g'):<9}  "
             f"{_yes(s.top1):<5}  {_yes(s.top5):<5}  {s.note}"
+        )
+    return lines
+
+
+def vector_lines(case: Any) -> list[str]:
+    """A pooling case's vectors (`conformance.pooling`) as plain text."""
+    vectors = case.details["vectors"]
+    lines = ["vector     size  cosine     PCC        max|diff|  allowed    label  golden"]
+    for s in case.steps:
+        known = vectors.get(s.note, {})
+        lines.append(
+            f"{s.note:<9}  {_opt(known.get('size')):>4}  {fmt(s.cosine, '.7f'):<9}  "
+            f"{fmt(s.pcc, '.6f'):<9}  {fmt(s.max_abs_diff, '.3g'):<9}  "
+            f"{fmt(known.get('allowed'), '.3g'):<9}  {_opt(s.token):>5}  {_opt(s.golden_token):>6}"
         )
     return lines
 

@@ -5,6 +5,10 @@ registration and environment are a server's: a models folder holding only the bu
 under test, the mesh in MESH_DEVICE, built-in bundles off. While it imports vLLM and
 serves, this process loads the live goldens (a thread), so the two overlap. Then every
 case is compared against every golden, and the golden is recorded when asked.
+
+A pooling bundle's pooling paths are compared with transformers (`reference.
+pooling_golden`), the one pooling golden, whatever `--golden` chose for its generation
+paths; a bundle that only pools (the form 'forward') takes no other golden.
 """
 
 from __future__ import annotations
@@ -232,6 +236,44 @@ def _no_golden(kind: str, checkpoint: str, reason: str) -> TTBundleError:
     )
 
 
+def load_pooling(checkpoint: str, tasks: list[str]) -> Any:
+    """The pooling golden for `tasks`; raises TTBundleError (TTB125) when transformers
+    cannot compute it (no torch, an architecture it does not read, a checkpoint without
+    the classification head)."""
+    try:
+        from ttbundles.reference.pooling_golden import PoolingGolden
+    except ImportError as exc:
+        raise _no_golden("pooling", checkpoint, f"torch is not installed ({exc})") from None
+    try:
+        from transformers.utils import logging as transformers_logging
+
+        transformers_logging.disable_progress_bar()
+        return PoolingGolden(checkpoint, tasks)
+    except Exception as exc:  # noqa: BLE001 - any failure to load it means no golden
+        raise _no_golden("pooling", checkpoint, f"{type(exc).__name__}: {exc}") from None
+
+
+def pooling_only_goldens(choices: list[str], record: Path | None, plan: TestPlan) -> None:
+    """A run of pooling paths only (a bundle of the form 'forward', or `--path` chose
+    them) is compared with transformers: TTB125 for any other golden asked for, and for
+    --record (a golden file holds generation steps)."""
+    paths = ", ".join(plan.paths)
+    other = [c for c in choices if c not in (AUTO, "transformers")]
+    if other:
+        raise TTBundleError.single(
+            "TTB125",
+            f"--golden {other[0]}: the pooling paths ({paths}) are compared with "
+            "transformers only, and no generation path runs",
+            hint="drop --golden, or pass --golden transformers",
+        )
+    if record is not None:
+        raise TTBundleError.single(
+            "TTB125",
+            f"--record writes a golden of generation steps, and only pooling paths run ({paths})",
+            hint="drop --record: the pooling paths are compared with transformers live",
+        )
+
+
 # --- the served side ------------------------------------------------------------------
 
 
@@ -386,7 +428,11 @@ def run_test(
     try:
         bundle_dir, metadata = checked_bundle(bundle, workdir)
         plan = resolve_plan(bundle_dir, metadata, paths=paths, max_tokens=max_tokens, mesh=mesh)
-        choices = golden_choices(goldens or [], plan)
+        if plan.generation_paths:
+            choices = golden_choices(goldens or [], plan)
+        else:  # pooling paths only: transformers, whatever else was asked
+            pooling_only_goldens(goldens or [], record, plan)
+            choices = []
         files: dict[str, GoldenFile] = {}
         for choice in choices:
             if choice not in LIVE and choice != AUTO:
@@ -406,7 +452,7 @@ def run_test(
                 hint="add --golden reference or --golden transformers",
             )
         report = TestReport(plan=plan, checkpoint=typed, goldens=[])
-        extra_units = 1 + len(choices) + (1 if record else 0)
+        extra_units = 1 + len(choices) + (1 if plan.pooling else 0) + (1 if record else 0)
         announced: dict[str, int] = {}
 
         def relay(kind: str, **event: Any) -> None:
@@ -429,6 +475,11 @@ def run_test(
                     )
                 except TTBundleError as exc:
                     failed[kind] = exc
+            if plan.pooling:
+                try:
+                    loaded["pooling"] = load_pooling(str(checkpoint), plan.pooling)
+                except TTBundleError as exc:
+                    failed["pooling"] = exc
             report.seconds["golden_load"] = time.perf_counter() - begun
 
         loader = threading.Thread(target=load_all, name="ttbundle-golden", daemon=True)
@@ -470,6 +521,13 @@ def run_test(
             report.goldens.append(source.name)
             compare_all(report, plan, served, arrays, source, window)
             progress("advance", label=f"compared with {source.name}")
+        if plan.pooling:
+            golden = loaded["pooling"]
+            progress("progress", label=f"comparing the pooled vectors with {golden.name}")
+            if golden.name not in report.goldens:
+                report.goldens.append(golden.name)
+            compare_pooling(report, plan, served, arrays, golden)
+            progress("advance", label=f"compared the pooled vectors with {golden.name}")
         report.seconds["compare"] = time.perf_counter() - begun
         if record is not None:
             progress("progress", label=f"recording the golden to {record}")
@@ -537,7 +595,7 @@ def compare_all(
     thresholds = plan.thresholds
     runs = served["runs"]
     device_steps = served.get("device_steps", {})
-    for path in plan.paths:
+    for path in plan.generation_paths:
         for item in runs.get(path, []):
             case = compare.CaseResult(
                 path=path, prompt=item["prompt"], label=labels[item["prompt"]], golden=source.name
@@ -591,6 +649,36 @@ def compare_all(
         )
         if result is not None:
             report.perplexity.append(result)
+
+
+def compare_pooling(
+    report: TestReport, plan: TestPlan, served: dict, arrays: Any, golden: Any
+) -> None:
+    """Compare every prompt's served pooled vectors with the pooling golden's, each
+    pooling path as its engine's pooler pooled (`served["pooler"]`)."""
+    from ttbundles.check.tests_section import POOLING_PATHS
+    from ttbundles.conformance import compare, pooling
+
+    labels = {p.name: p.label() for p in plan.prompts}
+    for path in plan.paths:
+        task = POOLING_PATHS.get(path)
+        if task is None:
+            continue
+        pooler = served.get("pooler", {}).get(task, {})
+        for item in served["runs"].get(path, []):
+            case = compare.CaseResult(
+                path=path, prompt=item["prompt"], label=labels[item["prompt"]], golden=golden.name
+            )
+            case.details.update(
+                prompt_tokens=len(item["context"]),
+                pooling=pooler.get("seq_pooling_type"),
+            )
+            served_vectors = {kind: arrays[key] for kind, key in item["vectors"].items()}
+            wanted = pooling.golden_vectors(task, golden, item["context"], pooler)
+            pooling.compare_pooled(
+                case, task, served_vectors, wanted, pooler.get("seq_pooling_type")
+            )
+            report.cases.append(case)
 
 
 def exercised(case: Any, path: str, served: dict) -> None:

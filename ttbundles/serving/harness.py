@@ -11,12 +11,18 @@ scheduler, the worker, the model runner and the bundle's generator class are the
   each prefill_forward / decode_forward returned, with the request of each row and the
   positions it computed. Only host-sampled steps have logits; they are keyed by the
   request's prompt and the step (the position predicted minus the prompt length);
-- tokens, cached-token counts and the device's top log-probabilities: vLLM's own outputs.
+- tokens, cached-token counts and the device's top log-probabilities: vLLM's own outputs;
+- the pooled vectors of a pooling bundle: vLLM's `LLM.embed` / `LLM.classify`, each twice,
+  with vLLM's head as a request gets it by default (normalised, or the activation) and
+  with `use_activation=False` (the raw vector, the logits), with the pooler configuration
+  the engine resolved (which pooling the golden must do).
 
 The engines, one after the other (each configured as a server would be for that path):
 "host" (sampling on the host: prefill, decode, prefix_cache, perplexity), "chunked"
 (a step budget of chunk_size tokens: chunked_prefill), "device" (sample_on_device_mode:
-device_sampling). Progress goes to the original stdout as JSON lines, anything else
+device_sampling), "pool-embed" and "pool-classify" (vLLM's pooling runner, as
+`vllm serve --runner pooling --convert TASK` is: pooling_embed, pooling_classify).
+Progress goes to the original stdout as JSON lines, anything else
 printed here to stderr; the results to `out_dir` (result.json, logits.npz). The process
 ends with os._exit: vLLM's interpreter-exit cleanup expects an accelerator.
 """
@@ -38,6 +44,8 @@ from typing import Any
 import numpy as np
 
 HOST_RUNS = ("prefill", "decode", "prefix_cache", "perplexity")
+# The pooling paths -> the task each asks of vLLM's pooling runner.
+POOLING_RUNS = {"pooling_embed": "embed", "pooling_classify": "classify"}
 
 
 class Events:
@@ -121,11 +129,28 @@ CONFORMANCE_BLOCK_SIZE = 16
 """The KV block size `ttbundle test` serves with (see `engine_plan`)."""
 
 
-def engine_plan(spec: dict[str, Any], lengths: dict[str, int], max_positions: int | None):
+def pooling_convert(task: str, architectures: list[str]) -> dict[str, str]:
+    """The `LLM` arguments that make vLLM pool `task`, as an operator asks a server: the
+    pooling runner, and `convert` unless vLLM pools the architecture for that task by
+    itself (a `*ForSequenceClassification` classifies)."""
+    native = task == "classify" and any(
+        a.endswith("ForSequenceClassification") for a in architectures
+    )
+    return {"runner": "pooling"} if native else {"runner": "pooling", "convert": task}
+
+
+def engine_plan(
+    spec: dict[str, Any],
+    lengths: dict[str, int],
+    max_positions: int | None,
+    architectures: list[str] | None = None,
+):
     """`[(name, LLM keyword arguments, runs)]` for the paths asked for."""
     paths = spec["paths"]
     longest = max(lengths.values())
-    need = longest + 2 * spec["max_tokens"] + 1
+    # A pooling path serves the prompt only; the generation paths decode after it.
+    decodes = any(p not in POOLING_RUNS for p in paths)
+    need = longest + (2 * spec["max_tokens"] if decodes else 0) + 1
     if spec.get("perplexity_ids"):
         need = max(need, len(spec["perplexity_ids"]) + 1)
     max_model_len = max(128, 64 * math.ceil(need / 64))
@@ -194,6 +219,23 @@ def engine_plan(spec: dict[str, Any], lengths: dict[str, int], max_positions: in
                 ["device_sampling"],
             )
         )
+    for path, task in POOLING_RUNS.items():
+        if path not in paths:
+            continue
+        # No KV cache, whole prompts (the pooling plan keeps chunked prefill off).
+        pooled = {k: v for k, v in base.items() if k != "block_size"}
+        engines.append(
+            (
+                f"pool-{task}",
+                {
+                    **pooled,
+                    **pooling_convert(task, architectures or []),
+                    "enable_prefix_caching": False,
+                    "enable_chunked_prefill": False,
+                },
+                [path],
+            )
+        )
     return engines
 
 
@@ -250,6 +292,19 @@ def image_inputs(spec: dict[str, Any]) -> dict[str, tuple[str, list[Any], int]]:
     return out
 
 
+def pooler_config(llm: Any) -> dict[str, Any]:
+    """What vLLM's pooler does for this engine, as it resolved it from the checkpoint (its
+    sentence-transformers files), `--convert` and the architecture's default: the pooling
+    of a sequence (LAST, MEAN, CLS) and the classifier's logit calibration. The golden
+    pools and calibrates the same way."""
+    config = llm.llm_engine.vllm_config.model_config.pooler_config
+    return {
+        "seq_pooling_type": getattr(config, "seq_pooling_type", None),
+        "logit_mean": getattr(config, "logit_mean", None),
+        "logit_sigma": getattr(config, "logit_sigma", None),
+    }
+
+
 def model_config(checkpoint: str) -> dict[str, Any]:
     from transformers import AutoConfig
 
@@ -286,7 +341,12 @@ class Session:
         self.ids = ids
         lengths = {name: len(v) for name, v in ids.items()}
         lengths.update({name: length for name, (_, _, length) in self.images.items()})
-        engines = engine_plan(spec, lengths, config.get("max_position_embeddings"))
+        engines = engine_plan(
+            spec,
+            lengths,
+            config.get("max_position_embeddings"),
+            list(config.get("architectures") or []),
+        )
         total = sum(1 + len(runs) for _, _, runs in engines)
         self.events.emit("plan", total=total, engines=[name for name, _, _ in engines])
         for name, kwargs, runs in engines:
@@ -295,24 +355,27 @@ class Session:
             started = time.perf_counter()
             llm = LLM(**kwargs)
             runner = find_runner(llm)
-            recorder = Recorder(runner)
-            runner.observer = recorder
-            self.vocab = self.vocab or int(runner.input_batch.vocab_size)
+            pooling = kwargs.get("runner") == "pooling"
+            recorder = None if pooling else Recorder(runner)
+            if recorder is not None:
+                runner.observer = recorder
+                self.vocab = self.vocab or int(runner.input_batch.vocab_size)
             cache = llm.llm_engine.vllm_config.cache_config
             sched = llm.llm_engine.vllm_config.scheduler_config
-            self.out["engines"].append(
-                {
-                    "name": name,
-                    "options": {k: v for k, v in kwargs.items() if k != "model"},
-                    "block_size": cache.block_size,
-                    "prefix_caching": bool(cache.enable_prefix_caching),
-                    "chunked_prefill": bool(sched.enable_chunked_prefill),
-                    "max_num_batched_tokens": sched.max_num_batched_tokens,
-                    "async_scheduling": bool(sched.async_scheduling),
-                    "generator": runner.class_name,
-                    "start_seconds": round(time.perf_counter() - started, 3),
-                }
-            )
+            engine = {
+                "name": name,
+                "options": {k: v for k, v in kwargs.items() if k != "model"},
+                "block_size": cache.block_size,
+                "prefix_caching": bool(cache.enable_prefix_caching),
+                "chunked_prefill": bool(sched.enable_chunked_prefill),
+                "max_num_batched_tokens": sched.max_num_batched_tokens,
+                "async_scheduling": bool(sched.async_scheduling),
+                "generator": runner.class_name,
+                "start_seconds": round(time.perf_counter() - started, 3),
+            }
+            if pooling:
+                engine["pooler"] = pooler_config(llm)
+            self.out["engines"].append(engine)
             self.events.emit("advance", label=f"{name} engine started")
             self.llm, self.runner, self.recorder = llm, runner, recorder
             for run in runs:
@@ -320,7 +383,8 @@ class Session:
                 self.events.emit("progress", label=f"{name}: {run}")
                 getattr(self, f"run_{run}")()
                 self.events.emit("advance", label=f"{name}: {run} done")
-            runner.observer = None
+            if recorder is not None:
+                runner.observer = None
             close(llm)
             del llm, runner
             self.llm = self.runner = self.recorder = None
@@ -443,6 +507,63 @@ class Session:
             "chunked_prefill", self.ids, self.spec["max_tokens"]
         )
         self.out["chunk_size"] = self.out["engines"][-1]["max_num_batched_tokens"]
+
+    def pooled(self, path: str, outputs: dict[str, list[Any]]) -> None:
+        """One case per prompt: each served vector (`{kind: outputs}`, in prompt order)
+        stored as an array `PATH/PROMPT/KIND`."""
+        cases = []
+        for i, (name, ids) in enumerate(self.ids.items()):
+            vectors = {}
+            for kind, served in outputs.items():
+                key = f"{path}/{name}/{kind}"
+                self.arrays[key] = np.asarray(served[i], dtype=np.float32)
+                vectors[kind] = key
+            cases.append({"prompt": name, "context": ids, "vectors": vectors})
+        self.out["runs"][path] = cases
+        self.out.setdefault("pooler", {})[POOLING_RUNS[path]] = self.out["engines"][-1]["pooler"]
+
+    def run_pooling_embed(self) -> None:
+        """Every prompt in one batch (the generator pools right-padded rows), twice: as
+        `/v1/embeddings` answers by default (normalised by vLLM's head) and with
+        `use_activation=False` (the vector the generator pooled)."""
+        from vllm import PoolingParams
+
+        if not self.ids:  # image prompts only: they run on the generation paths
+            self.out["runs"]["pooling_embed"] = []
+            return
+        prompts = [{"prompt_token_ids": ids} for ids in self.ids.values()]
+        normalised = self.llm.embed(prompts, use_tqdm=False)
+        raw = self.llm.embed(
+            prompts, use_tqdm=False, pooling_params=PoolingParams(use_activation=False)
+        )
+        self.pooled(
+            "pooling_embed",
+            {
+                "embedding": [o.outputs.embedding for o in normalised],
+                "raw": [o.outputs.embedding for o in raw],
+            },
+        )
+
+    def run_pooling_classify(self) -> None:
+        """Every prompt in one batch, twice: the probabilities `/classify` answers (vLLM's
+        activation) and the logits (`use_activation=False`)."""
+        from vllm import PoolingParams
+
+        if not self.ids:
+            self.out["runs"]["pooling_classify"] = []
+            return
+        prompts = [{"prompt_token_ids": ids} for ids in self.ids.values()]
+        probs = self.llm.classify(prompts, use_tqdm=False)
+        logits = self.llm.classify(
+            prompts, use_tqdm=False, pooling_params=PoolingParams(use_activation=False)
+        )
+        self.pooled(
+            "pooling_classify",
+            {
+                "probs": [o.outputs.probs for o in probs],
+                "logits": [o.outputs.probs for o in logits],
+            },
+        )
 
     def run_device_sampling(self) -> None:
         """Greedy on the device (with the device's top log-probabilities where it returns
