@@ -6,19 +6,25 @@ In one run, on the demo checkpoint (a tiny Llama, float32, CPU):
 - transformers: `LlamaModel` over `--num-inputs` texts of `--input-len` random tokens in
   batches of `--batch` (right-padded, last-token pooling, normalised: what the server
   answers);
-- ours: the same texts as token ids to `vllm serve --runner pooling --convert embed` of
-  the embedding bundle (`ttbundles.demo.embedding_bundle`: the same transformers model
-  behind the pooling `forward` form), `--concurrency` requests of `--batch` inputs at a
-  time through the OpenAI client.
+- ours: the same texts as token ids to `vllm serve --runner pooling --convert embed`,
+  `--concurrency` requests of `--batch` inputs at a time through the OpenAI client, of
+  - `--form forward` (the default): the embedding bundle
+    (`ttbundles.demo.embedding_bundle`: the same transformers model behind the pooling
+    `forward` form), so the model is the same on both sides and the ratio is the serving
+    path's cost: HTTP, tokenised input handling, vLLM's scheduler and the pooling runner;
+  - `--form prefill_hidden`: the built-in demo bundle, the torch reference generator's
+    prefill returning hidden states and vLLM's pooler on the host: the serving path plus
+    the reference's own forward pass (paged attention over its cache) against
+    transformers'.
 
 The two sides alternate in `--rounds` rounds (the server idles while transformers runs),
-so both are measured under the same machine load; the ratio is taken per round (ours /
-transformers) and the median and spread (min-max) of the rounds are reported. The model
-is the same on both sides, so the ratio is the serving path's cost: HTTP, tokenised
-input handling, vLLM's scheduler and the pooling runner.
+which one goes first alternating too, so both are measured under the same machine load;
+the ratio is taken per round (ours / transformers) and the median and spread (min-max) of
+the rounds are reported.
 
-    .venv/bin/python benchmarks/bench_pooling.py [--num-inputs 256] [--batch 16]
-        [--input-len 64] [--concurrency 4] [--rounds 5] [--json]
+    .venv/bin/python benchmarks/bench_pooling.py [--form forward|prefill_hidden]
+        [--num-inputs 256] [--batch 16] [--input-len 64] [--concurrency 4] [--rounds 5]
+        [--json]
 """
 
 from __future__ import annotations
@@ -102,13 +108,16 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--form", choices=("forward", "prefill_hidden"), default="forward")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     unwind_on_sigterm()
     with tempfile.TemporaryDirectory(prefix="bench-pooling-") as tmp:
         root = Path(tmp)
         checkpoint = write_demo_checkpoint(root / "tiny-llama")
-        write_embedding_bundle(root / "models")
+        (root / "models").mkdir()
+        if args.form == "forward":  # else the built-in demo bundle serves the checkpoint
+            write_embedding_bundle(root / "models")
         texts = inputs(checkpoint, args)
         env = serve_environment()
         env.update({"EXTRA_MODELS_DIR": str(root / "models"), "MESH_DEVICE": "HOST"})
@@ -130,9 +139,11 @@ def main() -> int:
             ours()  # warm both sides (first requests, first batches)
             theirs()
             rounds = []
-            for _ in range(args.rounds):
-                t = theirs()
-                o = ours()
+            for index in range(args.rounds):
+                if index % 2:
+                    o, t = ours(), theirs()
+                else:
+                    t, o = theirs(), ours()
                 rounds.append(
                     {
                         "transformers_per_s": len(texts) / t,

@@ -76,7 +76,8 @@ def test_a_prefill_hidden_bundle_runs_generation_and_pooling_paths(tmp_path):
         (
             {"tasks": ["embed"]},
             "decode",
-            "test path 'decode' needs the generation contract, which p does not have",
+            "test path 'decode' needs text generation, which p does not do: its pooling "
+            "form 'forward' only pools",
         ),
         (
             {"tasks": ["embed"]},
@@ -91,6 +92,19 @@ def test_a_path_the_bundle_cannot_run_is_refused(tmp_path, pooling, path, messag
         plan_of(tmp_path, pooling, paths=[path])
     (diagnostic,) = caught.value.diagnostics
     assert diagnostic.code == "TTB110" and message in diagnostic.message
+
+
+def test_a_classifier_of_the_hidden_states_form_runs_its_pooling_path_only(tmp_path):
+    """A *ForSequenceClassification bundle has prefill and decode, but a score head where
+    a language model's head would be: nothing to generate, so only its classifier."""
+    pooling = {"tasks": ["classify"], "form": "prefill_hidden"}
+    arch = "Qwen3ForSequenceClassification"
+    assert plan_of(tmp_path, pooling, arch=arch).paths == ["pooling_classify"]
+    with pytest.raises(InvalidBundleError) as caught:
+        plan_of(tmp_path, pooling, paths=["prefill"], arch=arch)
+    assert "needs text generation, which p does not do: it serves a classifier" in (
+        caught.value.diagnostics[0].message
+    )
 
 
 def pooling_bundle(make_bundle, **metadata):
@@ -110,7 +124,7 @@ def test_validate_refuses_generation_paths_of_a_forward_form_bundle(make_bundle,
     folder = pooling_bundle(make_bundle, tests={"paths": ["prefill"]})
     done = run_cli("validate", folder)
     assert done.returncode == 1
-    assert "/tests/paths/0: error TTB110 test path 'prefill' needs the generation" in done.stdout
+    assert "/tests/paths/0: error TTB110 test path 'prefill' needs text generation" in done.stdout
 
 
 def test_a_forward_form_bundle_takes_no_other_golden(make_bundle, run_cli):
@@ -298,3 +312,25 @@ def test_an_embedder_that_means_fails_with_ttb128(tmp_path, demo_checkpoint):
         message = case["diagnostics"][0]["message"]
         assert message.startswith(f"pooling_embed, prompt {case['label']}: the embedding vector")
         assert case["summary"]["cosine_min"] < 0.99999
+
+
+@pytest.mark.server
+def test_reference_bundles_of_the_hidden_states_form_pass(tmp_path):
+    """`init --reference` bundles (the form prefill_hidden: the reference's prefill returns
+    hidden states, vLLM's pooler finishes): a Qwen3 reranker is tested on its classifier
+    alone; a Qwen3-Embedding-shaped embedder on its embeddings, pooled as its modules.json
+    says."""
+    from ttbundles.demo.pooling_checkpoints import write_qwen3_classifier, write_qwen3_embedder
+    from ttbundles.scaffold.init import init_bundle
+
+    reranker = write_qwen3_classifier(tmp_path / "qwen3-reranker")
+    bundle = init_bundle(tmp_path / "b-reranker", arch=None, from_hf=str(reranker), reference=True)
+    report = assert_passed(
+        serve_cli(bundle.folder, "--model", reranker), "pooling_classify", ["probs", "logits"]
+    )
+    assert "convert" not in report["served"]["engines"][0]["options"]
+    embedder = write_qwen3_embedder(tmp_path / "qwen3-embedder")
+    bundle = init_bundle(tmp_path / "b-embedder", arch=None, from_hf=str(embedder), reference=True)
+    done = serve_cli(bundle.folder, "--model", embedder, "--path", "pooling_embed")
+    report = assert_passed(done, "pooling_embed", ["embedding", "raw"])
+    assert report["served"]["pooler"]["embed"]["seq_pooling_type"] == "LAST"

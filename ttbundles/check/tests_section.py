@@ -15,26 +15,31 @@ from pathlib import Path
 
 from ttbundles.errors import Diagnostic, Severity
 from ttbundles.format.golden_file import GoldenFile, GoldenFileError
-from ttbundles.format.metadata import PATH_CAPABILITY, BundleMetadata, Capabilities
+from ttbundles.format.metadata import PATH_CAPABILITY, BundleMetadata
 from ttbundles.format.prompts import PromptFileError, image_problems, read_prompt_file
 
 # `ttbundle test`'s pooling paths -> the pooling task each checks.
 POOLING_PATHS: dict[str, str] = {"pooling_embed": "embed", "pooling_classify": "classify"}
 
 
-def generates(capabilities: Capabilities) -> bool:
-    """Whether the generator has the generation contract: every bundle but one that only
-    pools (the pooling form 'forward': forward(input_ids, attention_mask), no KV cache)."""
-    pooling = capabilities.pooling
-    return pooling is None or pooling.form != "forward"
+def generates(metadata: BundleMetadata) -> bool:
+    """Whether the generator has the generation contract and a language-model head:
+    every bundle but one that only pools (the pooling form 'forward': forward(input_ids,
+    attention_mask), no KV cache) or that serves a classifier (`*ForSequenceClassification`:
+    a score head where the LM head would be, so nothing to generate with)."""
+    pooling = metadata.capabilities.pooling
+    if pooling is None:
+        return True
+    return pooling.form != "forward" and not metadata.arch.endswith("ForSequenceClassification")
 
 
-def declares(capabilities: Capabilities, path: str) -> bool:
-    """Whether the capabilities allow `path` to run."""
+def declares(metadata: BundleMetadata, path: str) -> bool:
+    """Whether the bundle allows `path` to run."""
+    capabilities = metadata.capabilities
     if path in POOLING_PATHS:
         pooling = capabilities.pooling
         return pooling is not None and POOLING_PATHS[path] in pooling.tasks
-    if not generates(capabilities):
+    if not generates(metadata):
         return False
     capability = PATH_CAPABILITY.get(path)
     return capability is None or bool(getattr(capabilities, capability))
@@ -47,7 +52,7 @@ def path_problems(
     the JSON pointer of the list in the metadata file (None: the command line)."""
     out = []
     for index, path in enumerate(paths):
-        if declares(metadata.capabilities, path):
+        if declares(metadata, path):
             continue
         if path in POOLING_PATHS:
             task = POOLING_PATHS[path]
@@ -56,11 +61,16 @@ def path_problems(
                 f"which {metadata.name} does not declare"
             )
             hint = f"declare the pooling task {task!r}, or drop {path!r} from the paths"
-        elif not generates(metadata.capabilities):
-            pooled = [p for p in POOLING_PATHS if declares(metadata.capabilities, p)]
+        elif not generates(metadata):
+            pooled = [p for p in POOLING_PATHS if declares(metadata, p)]
+            why = (
+                "it serves a classifier"
+                if metadata.arch.endswith("ForSequenceClassification")
+                else "its pooling form 'forward' only pools"
+            )
             message = (
-                f"test path {path!r} needs the generation contract, which {metadata.name} "
-                "does not have: its pooling form 'forward' only pools"
+                f"test path {path!r} needs text generation, which {metadata.name} does not "
+                f"do: {why}"
             )
             hint = (
                 f"drop {path!r}: the bundle is tested on its pooling paths "

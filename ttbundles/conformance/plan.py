@@ -24,7 +24,7 @@ from ttbundles.check.tests_section import (
 )
 from ttbundles.errors import Diagnostic, InvalidBundleError, Severity
 from ttbundles.format.meshes import HOST, canonical
-from ttbundles.format.metadata import TEST_PATHS, BundleMetadata, BundleTests, Capabilities
+from ttbundles.format.metadata import TEST_PATHS, BundleMetadata, BundleTests
 from ttbundles.format.prompts import (
     DEFAULT_PROMPTS,
     Prompt,
@@ -43,15 +43,15 @@ ALL_PATHS: tuple[str, ...] = (*TEST_PATHS, *POOLING_PATHS)
 """Every path `--path` may name: the generation paths, then the pooling ones."""
 
 
-def default_paths(capabilities: Capabilities) -> list[str]:
-    """Every path the capabilities declare, in ALL_PATHS order."""
-    return [p for p in ALL_PATHS if declares(capabilities, p)]
+def default_paths(metadata: BundleMetadata) -> list[str]:
+    """Every path the bundle declares, in ALL_PATHS order."""
+    return [p for p in ALL_PATHS if declares(metadata, p)]
 
 
-def pooling_paths(capabilities: Capabilities) -> list[str]:
+def pooling_paths(metadata: BundleMetadata) -> list[str]:
     """The pooling paths of the tasks the bundle declares (none for one that only
     generates)."""
-    return [p for p in POOLING_PATHS if declares(capabilities, p)]
+    return [p for p in POOLING_PATHS if declares(metadata, p)]
 
 
 @dataclass
@@ -177,7 +177,7 @@ def resolve_plan(
         problems.extend(path_problems(metadata, chosen, file=None, pointer=None))
     elif tests.paths is not None:
         chosen = [p for p in TEST_PATHS if p in tests.paths]
-        chosen += pooling_paths(metadata.capabilities)
+        chosen += pooling_paths(metadata)
         problems.extend(
             path_problems(
                 metadata,
@@ -187,7 +187,7 @@ def resolve_plan(
             )
         )
     else:
-        chosen = default_paths(metadata.capabilities)
+        chosen = default_paths(metadata)
     if problems:
         raise InvalidBundleError(problems)
     modes = metadata.capabilities.sample_on_device
