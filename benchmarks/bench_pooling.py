@@ -22,7 +22,7 @@ which one goes first alternating too, so both are measured under the same machin
 the ratio is taken per round (ours / transformers) and the median and spread (min-max) of
 the rounds are reported.
 
-    .venv/bin/python benchmarks/bench_pooling.py [--form forward|prefill_hidden]
+    .venv/bin/python benchmarks/bench_pooling.py [--form forward|prefill_hidden] [--model DIR]
         [--num-inputs 256] [--batch 16] [--input-len 64] [--concurrency 4] [--rounds 5]
         [--json]
 """
@@ -109,12 +109,19 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--form", choices=("forward", "prefill_hidden"), default="forward")
+    parser.add_argument(
+        "--model",
+        type=Path,
+        help="a Llama checkpoint folder instead of the tiny demo one (e.g. the demo's "
+        "SmolLM2-135M-Instruct, from `ttbundle demo --prepare`): a model whose compute, "
+        "not the serving path, dominates",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     unwind_on_sigterm()
     with tempfile.TemporaryDirectory(prefix="bench-pooling-") as tmp:
         root = Path(tmp)
-        checkpoint = write_demo_checkpoint(root / "tiny-llama")
+        checkpoint = args.model or write_demo_checkpoint(root / "tiny-llama")
         (root / "models").mkdir()
         if args.form == "forward":  # else the built-in demo bundle serves the checkpoint
             write_embedding_bundle(root / "models")
@@ -155,7 +162,7 @@ def main() -> int:
             server.stop(60)
     ratios = [r["ratio"] for r in rounds]
     result = {
-        "settings": vars(args),
+        "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "rounds": rounds,
         "ours_per_s_median": statistics.median(r["ours_per_s"] for r in rounds),
         "transformers_per_s_median": statistics.median(r["transformers_per_s"] for r in rounds),

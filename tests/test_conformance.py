@@ -197,7 +197,14 @@ def test_the_demo_bundle_declares_its_tests():
     loaded = parse_metadata((DEMO / META).read_text(), file=DEMO / META)
     assert loaded.diagnostics == [] and loaded.metadata.tests is not None
     plan = resolve_plan(DEMO, loaded.metadata)
-    assert plan.paths == ["prefill", "decode", "chunked_prefill", "prefix_cache", "device_sampling"]
+    assert plan.paths == [
+        "prefill",
+        "decode",
+        "chunked_prefill",
+        "prefix_cache",
+        "device_sampling",
+        "pooling_embed",  # it pools too (the form prefill_hidden)
+    ]
     assert plan.device_mode == "all" and plan.max_tokens == 12
 
 

@@ -59,6 +59,27 @@ def test_the_card_says_tested_served_refused_per_feature(run_cli, demo):
     assert "| spec_decode: custom_class | refused (TTB235: refused by the plan) |" in text
 
 
+def test_the_card_says_which_pooling_tasks_are_tested(run_cli, demo):
+    """The demo bundle pools (embed, token_embed): embed is proven by its pooling path,
+    token_embed has none (served), classify is not declared (refused)."""
+    write_evidence(demo, {"mesh": "HOST", "passed": True, "paths": [*EVERY_PATH, "pooling_embed"]})
+    card = _json(run_cli("card", demo, "-f", "json"))
+    status = {f["feature"]: f for f in card["meshes"]["HOST"]["features"]}
+    assert status["pooling: embed"]["status"] == "tested"
+    assert status["pooling: token_embed"]["status"] == "served"
+    assert status["pooling: classify"]["status"] == "refused"
+    assert status["pooling: classify"]["code"] == "TTB270"
+    # A bundle that only pools (the form forward) does not generate text.
+    meta = demo / "vllm_metadata.json"
+    document = json.loads(meta.read_text())
+    document["capabilities"]["pooling"] = {"tasks": ["embed"], "form": "forward"}
+    meta.write_text(json.dumps(document))
+    card = _json(run_cli("card", demo, "-f", "json"))
+    status = {f["feature"]: f for f in card["meshes"]["HOST"]["features"]}
+    assert status["text generation"]["status"] == "refused"
+    assert status["text generation"]["code"] == "TTB272"
+
+
 def test_a_failed_or_missing_evidence_proves_nothing(run_cli, demo):
     card = _json(run_cli("card", demo, "-f", "json"))
     assert card["meshes"]["HOST"]["status"] == "untested"

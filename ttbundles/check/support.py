@@ -19,7 +19,8 @@ from typing import Any
 
 from ttbundles.archive.evidence import Evidence, mesh_status, read_evidence
 from ttbundles.archive.evidence import evidence_status as evidence_status  # list, inspect
-from ttbundles.format.contract import SPEC_METHODS
+from ttbundles.check.tests_section import POOLING_PATHS, generates
+from ttbundles.format.contract import POOLING_TASKS, SPEC_METHODS
 from ttbundles.format.metadata import BundleMetadata
 
 ANY_MESH = "any"
@@ -29,13 +30,26 @@ _TEST_PATHS: dict[str, tuple[str, ...]] = {
     "text generation": ("prefill", "decode"),
     "prefix_caching": ("prefix_cache",),
     "chunked_prefill": ("chunked_prefill",),
+    **{f"pooling: {task}": (path,) for path, task in POOLING_PATHS.items()},
 }
 
 
 def _features(meta: BundleMetadata) -> list[tuple[str, bool, str, str]]:
     """(feature, admitted, code when not, what the plan does) for every feature."""
     caps = meta.capabilities
-    out = [("text generation", True, "", "")]
+    pooling = caps.pooling
+    only_pools = pooling is not None and pooling.form == "forward"
+    out = [
+        (
+            "text generation",
+            generates(meta),
+            "TTB272" if only_pools else "",
+            "refused by the plan" if only_pools else "a classifier: vLLM pools it",
+        )
+    ]
+    tasks = pooling.tasks if pooling is not None else []
+    for task in POOLING_TASKS:
+        out.append((f"pooling: {task}", task in tasks, "TTB270", "refused by the plan"))
     for key in ("prefix_caching", "chunked_prefill", "async_decode"):
         out.append((key, bool(getattr(caps, key)), "TTB203", "turned off by the plan"))
     for mode in ("decode_only", "all"):
