@@ -22,6 +22,7 @@ import re
 import pytest
 
 from tests.e2e.conftest import READY_TIMEOUT, STOP_TIMEOUT, _environment
+from tests.e2e.test_pooling_classify_serving import _logits, _sigmoid
 from tests.e2e.test_pooling_serving import http_post_json
 from tests.zygote import start_server
 
@@ -156,27 +157,6 @@ def test_pooling_endpoint_gives_per_token_vectors(pooling_servers):
     [row] = http_post_json(process.api_url.removesuffix("/v1") + "/pooling", body)["data"]
     want = [torch.nn.functional.normalize(h, dim=0) for h in _hidden(checkpoint, TEXTS[1:2])[0]]
     _assert_vectors(row["data"], want)
-
-
-def _logits(checkpoint, texts):
-    import torch
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(checkpoint)
-    model = AutoModelForSequenceClassification.from_pretrained(
-        checkpoint, dtype=torch.float32
-    ).eval()
-    with torch.inference_mode():
-        return [
-            float(model(input_ids=tokenizer(t, return_tensors="pt").input_ids).logits[0, 0])
-            for t in texts
-        ]
-
-
-def _sigmoid(x: float) -> float:
-    import math
-
-    return 1.0 / (1.0 + math.exp(-x))
 
 
 def test_classify_score_and_rerank_equal_transformers(pooling_servers):

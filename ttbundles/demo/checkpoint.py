@@ -81,24 +81,28 @@ def write_checkpoint(out_dir: Path, *, architecture: str = "LlamaForCausalLM") -
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(out_dir)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        rms_norm_eps=1e-5,
-        rope_theta=10000.0,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        tie_word_embeddings=False,
-        torch_dtype="float32",
-    )
+    config = LlamaConfig(**tiny_sizes(tokenizer), rms_norm_eps=1e-5, rope_theta=10000.0)
     save_random(LlamaForCausalLM(config), architecture, out_dir)
     return out_dir
+
+
+def tiny_sizes(tokenizer: Any) -> dict[str, Any]:
+    """The tiny checkpoints' shape (two layers of 64, grouped-query attention 4/2) and
+    the tokenizer's ids: what every tiny family made here shares."""
+    return {
+        "vocab_size": len(tokenizer),
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 512,
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+        "pad_token_id": tokenizer.pad_token_id,
+        "tie_word_embeddings": False,
+        "torch_dtype": "float32",
+    }
 
 
 def save_random(model: Any, architecture: str, out_dir: Path, *, seed: int = SEED) -> None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ttbundles.demo.checkpoint import _normalise_config, build_tokenizer, fill_random
+from ttbundles.demo.checkpoint import build_tokenizer, save_random, tiny_sizes
 
 SEED = 4321
 
@@ -36,37 +36,12 @@ _MODULES = [
 ]
 
 
-def _qwen3_config(vocab_size: int, tokenizer, **extra):  # noqa: ANN001, ANN202 - transformers types
+def _qwen3_config(tokenizer, **extra):  # noqa: ANN001, ANN202 - transformers types
     from transformers import Qwen3Config
 
     return Qwen3Config(
-        vocab_size=vocab_size,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        max_position_embeddings=512,
-        rms_norm_eps=1e-6,
-        rope_theta=1000000.0,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        tie_word_embeddings=False,
-        torch_dtype="float32",
-        **extra,
+        **tiny_sizes(tokenizer), head_dim=32, rms_norm_eps=1e-6, rope_theta=1000000.0, **extra
     )
-
-
-def _save(model, architecture: str, out_dir: Path) -> None:  # noqa: ANN001 - a transformers model
-    fill_random(model, SEED)
-    model.config.architectures = [architecture]
-    model.save_pretrained(out_dir, safe_serialization=True)
-    generation = out_dir / "generation_config.json"
-    if generation.exists():
-        generation.unlink()
-    _normalise_config(out_dir / "config.json")
 
 
 def write_qwen3_embedder(out_dir: Path) -> Path:
@@ -76,8 +51,8 @@ def write_qwen3_embedder(out_dir: Path) -> Path:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(out_dir)
-    config = _qwen3_config(len(tokenizer), tokenizer)
-    _save(Qwen3ForCausalLM(config), "Qwen3ForCausalLM", out_dir)
+    config = _qwen3_config(tokenizer)
+    save_random(Qwen3ForCausalLM(config), "Qwen3ForCausalLM", out_dir, seed=SEED)
     (out_dir / "modules.json").write_text(json.dumps(_MODULES, indent=2) + "\n")
     pooling = out_dir / "1_Pooling"
     pooling.mkdir(exist_ok=True)
@@ -109,6 +84,11 @@ def write_qwen3_classifier(out_dir: Path, num_labels: int = 1) -> Path:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(out_dir)
-    config = _qwen3_config(len(tokenizer), tokenizer, num_labels=num_labels)
-    _save(Qwen3ForSequenceClassification(config), "Qwen3ForSequenceClassification", out_dir)
+    config = _qwen3_config(tokenizer, num_labels=num_labels)
+    save_random(
+        Qwen3ForSequenceClassification(config),
+        "Qwen3ForSequenceClassification",
+        out_dir,
+        seed=SEED,
+    )
     return out_dir

@@ -571,19 +571,6 @@ class ReferenceLlamaGenerator:
             logits[rows] = self.forward_segments(group, table, cache)
         return logits
 
-    def _run_every_position(
-        self,
-        segments: list[Segment],
-        batch: int,
-        page_table: Any,
-        kv_cache: Any,
-        slots: list[int] | None,
-    ) -> torch.Tensor:
-        """Logits `[B, L, V]` of every new token of each row (L the longest chunk; shorter
-        rows and padding rows are zero past their chunk), for prompt logprobs."""
-        width = max((len(s.tokens) for s in segments), default=1)
-        return self._every_position(segments, batch, page_table, kv_cache, slots, width)
-
     def _every_position(
         self,
         segments: list[Segment],
@@ -595,8 +582,9 @@ class ReferenceLlamaGenerator:
         *,
         hidden: bool = False,
     ) -> torch.Tensor:
-        """`[B, width, V]` logits (or `[B, width, hidden]` final hidden states) of every
-        new token of each row, zero past a row's chunk and in padding rows."""
+        """`[B, width, V]` logits (prompt logprobs), or `[B, width, hidden]` final hidden
+        states (pooling), of every new token of each row (width: the longest chunk),
+        zero past a row's chunk and in padding rows."""
         size = self.dims.hidden_size if hidden else self.dims.vocab_size
         out = torch.zeros(batch, width, size, dtype=torch.float32)
         if not segments:
@@ -821,13 +809,11 @@ class ReferenceLlamaGenerator:
             self._remember_pages(
                 [slots[s.row] for s in segments], tables, [s.row for s in segments], kv_cache
             )
-            if return_hidden_states:
-                width = max((s.end - s.start for s in segments), default=1)
+            if return_hidden_states or return_prompt_logits:
+                width = max((len(s.tokens) for s in segments), default=1)
                 return self._every_position(
-                    segments, batch, tables, kv_cache, slots, width, hidden=True
+                    segments, batch, tables, kv_cache, slots, width, hidden=return_hidden_states
                 )
-            if return_prompt_logits:
-                return self._run_every_position(segments, batch, tables, kv_cache, slots)
             logits = self._run(segments, batch, tables, kv_cache, slots)
             if sampling_params is None:
                 return logits.unsqueeze(1)
