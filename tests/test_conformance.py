@@ -797,9 +797,16 @@ def test_the_demo_bundle_passes_against_both_goldens_on_every_path(demo_run):
     assert report["goldens"] == ["reference", "transformers"]
     assert "━" not in done.stderr  # no progress bar when stderr is not a terminal
     paths = ["prefill", "decode", "chunked_prefill", "prefix_cache", "device_sampling"]
-    assert report["paths"] == paths
+    # The demo bundle pools too (the form prefill_hidden): its embeddings are compared
+    # with transformers' only (the reference golden has no pooler).
+    assert report["paths"] == [*paths, "pooling_embed"]
+    pooled = [c for c in report["cases"] if c["path"] == "pooling_embed"]
+    assert [(c["golden"], c["prompt"]) for c in pooled] == [
+        ("transformers", n) for n in ("p0", "p1", "p2")
+    ]
+    assert all(c["passed"] and c["summary"]["cosine_min"] >= 0.99999 for c in pooled)
     for golden in report["goldens"]:
-        cases = [c for c in report["cases"] if c["golden"] == golden]
+        cases = [c for c in report["cases"] if c["golden"] == golden and c["path"] in paths]
         assert [(c["path"], c["prompt"]) for c in cases] == [
             (p, n) for p in paths for n in ("p0", "p1", "p2")
         ]
@@ -822,7 +829,7 @@ def test_the_demo_bundle_passes_against_both_goldens_on_every_path(demo_run):
     assert [p["golden"] for p in report["perplexity"]] == ["reference", "transformers"]
     assert all(abs(p["ratio"] - 1) < 1e-4 for p in report["perplexity"])
     engines = {e["name"]: e for e in report["served"]["engines"]}
-    assert set(engines) == {"host", "chunked", "device"}
+    assert set(engines) == {"host", "chunked", "device", "pool-embed"}
     assert engines["device"]["options"]["additional_config"]["tt"] == {
         "sample_on_device_mode": "all"
     }
@@ -855,10 +862,14 @@ def test_a_recorded_golden_shipped_in_the_bundle_checks_its_archive(
     done = serve_cli(archive, "--model", demo_checkpoint, "--format", "junit")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     root = ET.fromstring(done.stdout)
-    (suite,) = root.findall("testsuite")
-    assert suite.get("name") == "demo@1.0.0 vs golden.json.gz (reference)"
+    suites = {s.get("name"): s for s in root.findall("testsuite")}
+    suite = suites.pop("demo@1.0.0 vs golden.json.gz (reference)")
     cases = suite.findall("testcase")
-    assert len(cases) == 16 and suite.get("failures") == "0" and root.get("tests") == "16"
+    assert len(cases) == 16 and suite.get("failures") == "0" and root.get("tests") == "19"
+    # The recorded golden holds no pooled vectors: the embeddings against transformers.
+    (pooled,) = suites.values()
+    assert {c.get("classname") for c in pooled.findall("testcase")} == {"demo.pooling_embed"}
+    assert pooled.get("failures") == "0"
     assert {c.get("classname") for c in cases} == {
         f"demo.{p}"
         for p in (

@@ -317,18 +317,21 @@ def test_an_embedder_that_means_fails_with_ttb128(tmp_path, demo_checkpoint):
 @pytest.mark.server
 def test_reference_bundles_of_the_hidden_states_form_pass(tmp_path):
     """`init --reference` bundles (the form prefill_hidden: the reference's prefill returns
-    hidden states, vLLM's pooler finishes): a Qwen3 reranker is tested on its classifier
-    alone; a Qwen3-Embedding-shaped embedder on its embeddings, pooled as its modules.json
-    says."""
+    hidden states, vLLM's pooler finishes): a Qwen3 reranker and a three-label Qwen3
+    classifier are tested on their classifier alone; a Qwen3-Embedding-shaped embedder on
+    its embeddings, pooled as its modules.json says."""
     from ttbundles.demo.pooling_checkpoints import write_qwen3_classifier, write_qwen3_embedder
     from ttbundles.scaffold.init import init_bundle
 
-    reranker = write_qwen3_classifier(tmp_path / "qwen3-reranker")
-    bundle = init_bundle(tmp_path / "b-reranker", arch=None, from_hf=str(reranker), reference=True)
-    report = assert_passed(
-        serve_cli(bundle.folder, "--model", reranker), "pooling_classify", ["probs", "logits"]
-    )
-    assert "convert" not in report["served"]["engines"][0]["options"]
+    for labels in (1, 3):  # vLLM's sigmoid for one label, softmax for more
+        reranker = write_qwen3_classifier(tmp_path / f"qwen3-cls{labels}", num_labels=labels)
+        bundle = init_bundle(
+            tmp_path / f"b-cls{labels}", arch=None, from_hf=str(reranker), reference=True
+        )
+        report = assert_passed(
+            serve_cli(bundle.folder, "--model", reranker), "pooling_classify", ["probs", "logits"]
+        )
+        assert "convert" not in report["served"]["engines"][0]["options"]
     embedder = write_qwen3_embedder(tmp_path / "qwen3-embedder")
     bundle = init_bundle(tmp_path / "b-embedder", arch=None, from_hf=str(embedder), reference=True)
     done = serve_cli(bundle.folder, "--model", embedder, "--path", "pooling_embed")

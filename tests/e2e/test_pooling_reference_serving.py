@@ -4,10 +4,11 @@ finishes on the host), against transformers on the same float32 weights:
 
 - a Qwen3-Embedding-shaped checkpoint (its `modules.json`: last token, normalised) with a
   bundle from `ttbundle init --reference`, on two data-parallel engines: `/v1/embeddings`
-  answers transformers' vectors, both engines serving; and asked for per-token vectors
-  (`--pooler-config`), `/pooling` answers every position's;
+  and Cohere's `/v2/embed` answer transformers' vectors, both engines serving; and asked
+  for per-token vectors (`--pooler-config`), `/pooling` answers every position's;
 - a `Qwen3ForSequenceClassification` reranker from `init --reference`: `/classify`,
-  `/score` and `/rerank` answer with `AutoModelForSequenceClassification`'s logits;
+  `/score`, `/rerank` and `/v2/rerank` answer with `AutoModelForSequenceClassification`'s
+  logits;
 - the real trained SmolLM2-135M-Instruct through the built-in demo bundle, `--runner
   pooling --convert embed`: last-token embeddings equal transformers'.
 
@@ -129,6 +130,12 @@ def test_embeddings_equal_transformers_on_two_engines(pooling_servers):
         for text, vector in zip(TEXTS, want):
             response = client.embeddings.create(model=str(checkpoint), input=text)
             _assert_vectors([response.data[0].embedding], [vector])
+    # Cohere's embed API, which vLLM serves too: the same vectors.
+    cohere = http_post_json(
+        process.api_url.removesuffix("/v1") + "/v2/embed",
+        {"model": str(checkpoint), "texts": TEXTS, "embedding_types": ["float"]},
+    )
+    _assert_vectors(cohere["embeddings"]["float"], want)
     text = log.read_text()
     assert "pooling embed+token_embed, form 'prefill_hidden'" in text
     # Each engine pooled requests: vLLM's metrics count them per engine.
@@ -182,6 +189,13 @@ def test_classify_score_and_rerank_equal_transformers(pooling_servers):
         root + "/rerank", {"model": model, "query": QUERY, "documents": DOCUMENTS}
     )["results"]
     assert [r["index"] for r in reranked] == sorted(range(3), key=lambda i: -pairs[i])
+    for path in ("/rerank", "/v2/rerank"):  # vLLM's Jina/Cohere-style and Cohere v2 routes
+        reranked = http_post_json(
+            root + path, {"model": model, "query": QUERY, "documents": DOCUMENTS, "top_n": 2}
+        )["results"]
+        assert [r["index"] for r in reranked] == sorted(range(3), key=lambda i: -pairs[i])[:2]
+        for r in reranked:
+            assert r["relevance_score"] == pytest.approx(pairs[r["index"]], abs=1e-5)
     assert "runner: None -> 'pooling'" in log.read_text()
 
 
