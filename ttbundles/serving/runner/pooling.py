@@ -228,8 +228,9 @@ class HiddenStates:
             bind(generator, method, method.passes, class_name=name, optional=True)
             for method in (contract.ALLOCATE_KV_CACHE_PER_LAYER, contract.ALLOCATE_KV_CACHE)
         )
+        dtype = config.dtype  # as the generation runner asks (the reference keeps float32)
         if per_layer is not None:
-            specs = [(shape, torch.float32, layer) for layer in range(layers)]
+            specs = [(shape, dtype, layer) for layer in range(layers)]
             return cls(runner, prefill, per_layer(per_layer_specs=specs), layers)
         if whole is None:
             raise GeneratorContractError.single(
@@ -238,7 +239,7 @@ class HiddenStates:
                 "which the pooling form 'prefill_hidden' needs for its prefill",
                 hint="implement one of them",
             )
-        cache = whole(kv_cache_shape=shape, dtype=torch.float32, num_layers=layers)
+        cache = whole(kv_cache_shape=shape, dtype=dtype, num_layers=layers)
         return cls(runner, prefill, cache, 0)
 
     def pool(self, rows: list[list[int]], params: list[Any]) -> list[torch.Tensor]:
