@@ -187,6 +187,34 @@ def test_the_window_changes_the_model(windowed):
     assert not torch.allclose(unwindowed[WINDOW:], expected[WINDOW:], atol=1e-2)
 
 
+def test_hidden_states_for_pooling_match_transformers_past_the_window(windowed):
+    """The pooling form prefill_hidden: every position's final hidden state of a prompt
+    several windows long equals transformers' `last_hidden_state` (what vLLM's pooler
+    pools), and leaves it past the window without the window."""
+    model, gen = windowed
+    ids = prompt(74, LENGTH, gen.dims.vocab_size)
+
+    def hidden() -> torch.Tensor:
+        return gen.prefill_forward(
+            tokens=padded([ids], [0]),
+            page_table=page_table([list(range(0, 16))]),
+            kv_cache=new_cache(gen),
+            prompt_lens=torch.tensor([len(ids)]),
+            enable_trace=False,
+            return_hidden_states=True,
+        )[0]
+
+    with torch.no_grad():
+        expected = model.model(torch.tensor([ids])).last_hidden_state[0]
+    torch.testing.assert_close(hidden(), expected, atol=ATOL, rtol=0)
+    window, gen.window = gen.window, None
+    try:
+        unwindowed = hidden()
+    finally:
+        gen.window = window
+    assert not torch.allclose(unwindowed[WINDOW:], expected[WINDOW:], atol=1e-2)
+
+
 def test_chunked_prefill_and_decode_match_transformers(windowed):
     model, gen = windowed
     ids = prompt(71, LENGTH, gen.dims.vocab_size)

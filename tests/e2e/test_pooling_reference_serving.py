@@ -10,9 +10,10 @@ finishes on the host), against transformers on the same float32 weights:
   `/score`, `/rerank` and `/v2/rerank` answer with `AutoModelForSequenceClassification`'s
   logits;
 - the real trained SmolLM2-135M-Instruct through the built-in demo bundle, `--runner
-  pooling --convert embed`: last-token embeddings equal transformers'.
+  pooling --convert embed`: last-token embeddings equal transformers';
+- Gemma 3 from `init --reference` (sliding-window layers), prompts several windows long.
 
-The four servers start together (module-scoped) and stop after the module.
+The five servers start together (module-scoped) and stop after the module.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import re
 
 import pytest
 
+from tests.conftest import GEMMA3_WINDOW
 from tests.e2e.conftest import READY_TIMEOUT, STOP_TIMEOUT, _environment
 from tests.e2e.test_pooling_classify_serving import _logits, _sigmoid
 from tests.e2e.test_pooling_serving import http_post_json
@@ -51,12 +53,16 @@ def checkpoints(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def pooling_servers(checkpoints, real_model):
+def pooling_servers(checkpoints, real_model, gemma3_checkpoint):
     from ttbundles.scaffold.init import init_bundle
 
     root, embedder, reranker = checkpoints
     models = root / "models"
-    for name, checkpoint in (("qwen3-embedder", embedder), ("qwen3-reranker", reranker)):
+    for name, checkpoint in (
+        ("qwen3-embedder", embedder),
+        ("qwen3-reranker", reranker),
+        ("gemma3", gemma3_checkpoint),
+    ):
         init_bundle(models / name, arch=None, from_hf=str(checkpoint), reference=True)
     env = _environment({"EXTRA_MODELS_DIR": str(models), "TT_VLLM_BUILTIN_MODELS": "0"})
     plans = {
@@ -69,6 +75,8 @@ def pooling_servers(checkpoints, real_model):
         ),
         "reranker": (reranker, [], env),  # vLLM pools a *ForSequenceClassification itself
         "real": (real_model, ["--runner", "pooling", "--convert", "embed"], _environment({})),
+        # Sliding-window layers (10 of 12, a 32-token window) and KV groups declared.
+        "gemma3": (gemma3_checkpoint, ["--runner", "pooling", "--convert", "embed"], env),
     }
     started = {}
     try:
@@ -209,3 +217,19 @@ def test_a_real_model_embeds_as_transformers_does(pooling_servers):
     response = client.embeddings.create(model=str(checkpoint), input=TEXTS)
     _assert_vectors([d.embedding for d in response.data], _last_token_vectors(checkpoint, TEXTS))
     assert "demo@1.0.0 pools (--runner pooling --convert embed)" in log.read_text()
+
+
+def test_a_sliding_window_model_embeds_prompts_longer_than_its_window(pooling_servers):
+    """Gemma 3 from `init --reference` (10 local layers with a 32-token window): prompts
+    of several windows embed as transformers' Gemma3TextModel does."""
+    import openai
+    from transformers import AutoTokenizer
+
+    process, checkpoint, log = pooling_servers["gemma3"]
+    texts = [" ".join(TEXTS * 6), " ".join(DOCUMENTS * 5) + " " + QUERY]
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+    assert all(len(tokenizer(t).input_ids) > 2 * GEMMA3_WINDOW for t in texts)
+    client = openai.OpenAI(base_url=process.api_url, api_key="none")
+    response = client.embeddings.create(model=str(checkpoint), input=texts)
+    _assert_vectors([d.embedding for d in response.data], _last_token_vectors(checkpoint, texts))
+    assert "form 'prefill_hidden'" in log.read_text()
