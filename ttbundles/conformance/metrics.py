@@ -20,14 +20,24 @@ import math
 import numpy as np
 
 
-def pcc(a: np.ndarray, b: np.ndarray) -> float:
-    """Pearson correlation of two equal-length vectors (see the module docstring)."""
+def _finite_pair(a: np.ndarray, b: np.ndarray, metric: str) -> tuple[np.ndarray, np.ndarray] | None:
+    """Both as flat float64 vectors; None when either is empty or not finite (the metric
+    is then NaN, which fails any threshold); different lengths are a caller's error."""
     x = np.asarray(a, dtype=np.float64).reshape(-1)
     y = np.asarray(b, dtype=np.float64).reshape(-1)
     if x.shape != y.shape:
-        raise ValueError(f"pcc of vectors of different lengths: {x.shape} vs {y.shape}")
+        raise ValueError(f"{metric} of vectors of different lengths: {x.shape} vs {y.shape}")
     if x.size == 0 or not (np.isfinite(x).all() and np.isfinite(y).all()):
+        return None
+    return x, y
+
+
+def pcc(a: np.ndarray, b: np.ndarray) -> float:
+    """Pearson correlation of two equal-length vectors (see the module docstring)."""
+    pair = _finite_pair(a, b, "pcc")
+    if pair is None:
         return math.nan
+    x, y = pair
     dx, dy = x - x.mean(), y - y.mean()
     sx, sy = math.sqrt(float(dx @ dx)), math.sqrt(float(dy @ dy))
     if sx == 0.0 or sy == 0.0:
@@ -112,12 +122,10 @@ def cosine(a: np.ndarray, b: np.ndarray) -> float:
     """Cosine similarity of two equal-length vectors (the embedding metric: 1.0 is the
     same direction at any scale); a NaN or an infinity anywhere, or a zero vector, gives
     NaN, which fails any threshold."""
-    x = np.asarray(a, dtype=np.float64).reshape(-1)
-    y = np.asarray(b, dtype=np.float64).reshape(-1)
-    if x.shape != y.shape:
-        raise ValueError(f"cosine of vectors of different lengths: {x.shape} vs {y.shape}")
-    if x.size == 0 or not (np.isfinite(x).all() and np.isfinite(y).all()):
+    pair = _finite_pair(a, b, "cosine")
+    if pair is None:
         return math.nan
+    x, y = pair
     nx, ny = math.sqrt(float(x @ x)), math.sqrt(float(y @ y))
     if nx == 0.0 or ny == 0.0:
         return math.nan

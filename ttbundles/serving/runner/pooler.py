@@ -42,21 +42,19 @@ def checkpoint_folder(model: str) -> Path:
     return Path(snapshot_download(model, local_files_only=True))
 
 
-def read_tensor(folder: Path, key: str) -> torch.Tensor | None:
-    """One tensor of a safetensors checkpoint, read alone (not the whole model); None when
-    no file holds it."""
+def _file_holding(folder: Path, key: str) -> Path | None:
+    """The safetensors file of the checkpoint that holds `key` (its index says, or each
+    file's header), None when none does; no tensor is read."""
     from safetensors import safe_open
 
     index = folder / "model.safetensors.index.json"
     if index.is_file():
         name = json.loads(index.read_text()).get("weight_map", {}).get(key)
-        files = [folder / name] if name else []
-    else:
-        files = sorted(folder.glob("*.safetensors"))
-    for file in files:
+        return folder / name if name else None
+    for file in sorted(folder.glob("*.safetensors")):
         with safe_open(str(file), framework="pt") as handle:
             if key in handle.keys():  # noqa: SIM118 - safe_open is not a mapping
-                return handle.get_tensor(key)
+                return file
     return None
 
 
@@ -72,25 +70,23 @@ def _headless(model_config: Any) -> ConfigurationError:
 
 
 def refuse_headless_classifier(model_config: Any) -> None:
-    """TTB273 at configuration, from the safetensors headers alone (no tensor is read),
-    when the checkpoint has no classification head."""
-    from safetensors import safe_open
-
-    folder = checkpoint_folder(model_config.model)
-    for file in sorted(folder.glob("*.safetensors")):
-        with safe_open(str(file), framework="pt") as handle:
-            if SCORE_WEIGHT in handle.keys():  # noqa: SIM118 - safe_open is not a mapping
-                return
-    raise _headless(model_config)
+    """TTB273 at configuration, from the safetensors headers alone, when the checkpoint
+    has no classification head."""
+    if _file_holding(checkpoint_folder(model_config.model), SCORE_WEIGHT) is None:
+        raise _headless(model_config)
 
 
 def load_classifier(vllm_config: VllmConfig) -> torch.nn.Module:
     """The checkpoint's classification head as a float32 linear layer; TTB273 when the
     checkpoint has none (a `*ForCausalLM` asked for `--convert classify`)."""
+    from safetensors import safe_open
+
     model_config = vllm_config.model_config
-    weight = read_tensor(checkpoint_folder(model_config.model), SCORE_WEIGHT)
-    if weight is None:
+    file = _file_holding(checkpoint_folder(model_config.model), SCORE_WEIGHT)
+    if file is None:
         raise _headless(model_config)
+    with safe_open(str(file), framework="pt") as handle:
+        weight = handle.get_tensor(SCORE_WEIGHT)
     head = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False)
     head.weight.data = weight.to(torch.float32)
     return head.eval()
