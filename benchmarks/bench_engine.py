@@ -116,7 +116,7 @@ class GeneratorAlone:
 
         from ttbundles.format.contract import HostMesh
         from ttbundles.reference.generator import ReferenceLlamaGenerator
-        from ttbundles.serving.sampling_path import device_params
+        from ttbundles.serving.runner.sampling_path import device_params
 
         self.torch = torch
         hf = AutoConfig.from_pretrained(checkpoint)

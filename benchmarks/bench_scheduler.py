@@ -57,8 +57,8 @@ def build_scheduler(
     from vllm.v1.structured_output import StructuredOutputManager
 
     from tests.vllm_config import kv_cache_config, vllm_config
-    from ttbundles.serving.configuration import PLAN_KEY, TT_DEFAULTS
-    from ttbundles.serving.plan import BundleRef, Plan
+    from ttbundles.serving.planning.options import TT_DEFAULTS
+    from ttbundles.serving.planning.plan import PLAN_KEY, BundleRef, Plan
 
     num_blocks = (num_requests * (max_len // BLOCK_SIZE + 2) + 1) * lanes
     # The plan a single-execute bundle gets (lanes), or none (the scheduler's defaults).

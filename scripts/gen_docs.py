@@ -554,12 +554,12 @@ def metadata_page() -> str:
 
 def device_options_page() -> str:
     from ttbundles.format.tt_options import ServerOptions, TTOptions
-    from ttbundles.serving.configuration import TT_DEFAULTS
+    from ttbundles.serving.planning.options import TT_DEFAULTS
 
     schema = TTOptions.model_json_schema()
     lines = [
         _banner(
-            "ttbundles/format/tt_options.py and ttbundles/serving/configuration.py (TT_DEFAULTS)"
+            "ttbundles/format/tt_options.py and ttbundles/serving/planning/options.py (TT_DEFAULTS)"
         ),
         "# Device options: `--additional-config.tt.KEY VALUE`\n",
         "The Tenstorrent platform's options, given on the vLLM command line "

@@ -397,3 +397,67 @@ def test_the_plan_and_demo_command_bodies_keep_only_parsing_and_output():
             "ttbundles.demo.vision_checkpoint",
             "ttbundles.demo.model",
         }, (file, imported)
+
+
+SERVING = PACKAGE / "serving"
+# The engine: vLLM's engine-side parts as the platform plugs them (worker, scheduler, lane
+# coordinator), which configuration time must never reach.
+ENGINE = ("ttbundles.serving.worker", "ttbundles.serving.scheduler", "ttbundles.serving.lanes")
+
+
+def _wing_imports(wing: str) -> list[tuple[str, str, int]]:
+    """(importer, imported, line) for every ttbundles import in `serving/<wing>`."""
+    modules = {
+        ".".join(p.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__")
+        for p in _python_files(PACKAGE)
+    }
+    found = []
+    for path in _python_files(SERVING / wing):
+        rel = path.relative_to(PACKAGE.parent).with_suffix("")
+        name = ".".join(rel.parts).removesuffix(".__init__")
+        found += [(name, target, line) for target, line in _imports(path, name, modules)]
+    return found
+
+
+def test_serving_keeps_its_top_level_small():
+    """serving/ is in wings by when the code runs (planning/, api_server/, runner/,
+    compat/); what stays at its top are the entry points and the pieces every wing
+    shares. A module that belongs to a wing goes there."""
+    top = sorted(p.name for p in SERVING.glob("*.py"))
+    assert len(top) <= 18, top
+
+
+def test_planning_imports_no_runner_api_server_or_engine():
+    """Configuration time decides from the bundle and vLLM's configuration alone: the
+    planner never reaches the engine side, so `ttbundle plan` and the server's hook stay
+    one cheap code path."""
+    banned = ("ttbundles.serving.runner", "ttbundles.serving.api_server", *ENGINE)
+    found = [
+        f"{name} (line {line}) imports {target}"
+        for name, target, line in _wing_imports("planning")
+        if target.startswith(banned)
+    ]
+    assert found == []
+
+
+def test_the_runner_takes_only_the_plan_from_planning_and_no_coordinator():
+    """The runner reads the decisions through the typed plan (`planning.plan`), never the
+    planner's internals; what it shares with the lane coordinator is `lane_output`."""
+    found = [
+        f"{name} (line {line}) imports {target}"
+        for name, target, line in _wing_imports("runner")
+        if (
+            target.startswith("ttbundles.serving.planning")
+            and target != "ttbundles.serving.planning.plan"
+        )
+        or target.startswith(("ttbundles.serving.api_server", *ENGINE))
+    ]
+    assert found == []
+
+
+def test_the_wing_check_sees_an_import_across_wings():
+    # The helper reads real files: the runner's states module imports lane_output (allowed),
+    # and the platform's wing walk sees planning's own imports.
+    runner = {target for _, target, _ in _wing_imports("runner")}
+    assert "ttbundles.serving.lane_output" in runner
+    assert "ttbundles.serving.planning.plan" in runner

@@ -17,8 +17,8 @@ import types
 import pytest
 
 from ttbundles.errors import ConfigurationError
-from ttbundles.serving import device_groups
-from ttbundles.serving.device_groups import (
+from ttbundles.serving.planning import device_groups
+from ttbundles.serving.planning.device_groups import (
     CACHE_VARIABLE,
     bind_rank,
     check_no_user_binding,

@@ -1,5 +1,5 @@
 """Hybrid KV caches on vLLM's hybrid KV-cache manager, without a server: the generator
-class's `get_kv_cache_spec` (`serving.kv_layout`), vLLM's own grouping and block pool
+class's `get_kv_cache_spec` (`serving.runner.kv.groups`), vLLM's own grouping and block pool
 (`get_kv_cache_groups`, `get_kv_cache_config_from_groups`, the scheduler's hybrid
 manager), the runner's per-group page tables and the reference's per-layer allocation,
 looped as the engine core loops them, against transformers' greedy tokens for a Gemma 3
@@ -25,8 +25,8 @@ from tests.vllm_config import vllm_config
 from ttbundles.errors import ConfigurationError, TTBundleError
 from ttbundles.format.contract import HostMesh
 from ttbundles.reference.generator import ReferenceLlamaGenerator
-from ttbundles.serving.kv_layout import LayerGroups, layer_specs
 from ttbundles.serving.runner import TTModelRunner
+from ttbundles.serving.runner.kv.groups import LayerGroups, layer_specs
 from ttbundles.serving.scheduler import TTScheduler
 
 BLOCK = 16
@@ -312,7 +312,7 @@ def test_enabling_the_hybrid_manager_with_lanes_is_refused(models_dir, gemma3_ch
     plan = {"lanes": 2, "speculative": None, "pooling": None}
     decided = type("P", (), {"decide": lambda self, *a: a[2], **plan})()
     from tests.vllm_config import vllm_config as build_config
-    from ttbundles.serving.kv_admission import plan_kv_groups
+    from ttbundles.serving.planning.kv_admission import plan_kv_groups
 
     config = build_config(
         gemma3_checkpoint,
@@ -403,7 +403,7 @@ def test_the_generators_capacity_becomes_blocks_per_group(gemma3_checkpoint):
     """`get_max_tokens_all_users` tokens become the full group's blocks plus what each
     sliding group holds per user at most, and bytes as vLLM divides them back (a page of
     each of the two shared tensors)."""
-    from ttbundles.serving.worker import pool_bytes
+    from ttbundles.serving.runner.kv.sizing import pool_bytes
 
     _, runner, _ = build(gemma3_checkpoint)
     config = runner.vllm_config

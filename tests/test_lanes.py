@@ -27,16 +27,11 @@ from tests.vllm_config import kv_cache_config, vllm_config
 from ttbundles.demo.checkpoint import write_checkpoint
 from ttbundles.errors import ConfigurationError
 from ttbundles.serving import compat
-from ttbundles.serving.configuration import PLAN_KEY, TT_DEFAULTS
-from ttbundles.serving.lane_metrics import take_lane_stats
-from ttbundles.serving.lanes import (
-    TTLaneCoordinator,
-    lane_of,
-    lane_outputs,
-    merge_outputs,
-    pick_lane,
-)
-from ttbundles.serving.plan import BundleRef, Plan
+from ttbundles.serving.api_server.lane_metrics import take_lane_stats
+from ttbundles.serving.lane_output import lane_of, lane_outputs
+from ttbundles.serving.lanes import TTLaneCoordinator, merge_outputs, pick_lane
+from ttbundles.serving.planning.options import TT_DEFAULTS
+from ttbundles.serving.planning.plan import PLAN_KEY, BundleRef, Plan
 from ttbundles.serving.scheduler import TTAsyncScheduler, TTScheduler
 
 BLOCK = 16

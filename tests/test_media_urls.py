@@ -1,4 +1,4 @@
-"""The image URL guard (`serving.media_urls`): which addresses are inside, and that
+"""The image URL guard (`serving.api_server.media_urls`): which addresses are inside, and that
 vLLM's own fetch (its `HTTPConnection`, sync and async) through the guarded clients
 refuses them where it connects: literals, names, redirect hops and a name whose answer
 turns from allowed to inside (DNS rebinding). Real sockets: an HTTP server on 127.0.0.1
@@ -17,8 +17,8 @@ import pytest
 from PIL import Image
 
 from tests.image_host import ImageHost, png_bytes
-from ttbundles.serving import media_urls
-from ttbundles.serving.media_urls import InsideAddressError, MediaURLPolicy
+from ttbundles.serving.api_server import media_urls
+from ttbundles.serving.api_server.media_urls import InsideAddressError, MediaURLPolicy
 
 
 @pytest.mark.parametrize(
@@ -237,7 +237,7 @@ def test_vllms_media_connector_fetches_through_the_guard_once_installed(inside):
     vLLM's own `MediaConnector` loading an `image_url`."""
     from vllm.multimodal.media.connector import MediaConnector
 
-    from ttbundles.serving import image_requests
+    from ttbundles.serving.api_server import image_requests
 
     url = f"{inside.url}/pic.png"
     image_requests.install()

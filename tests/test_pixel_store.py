@@ -17,8 +17,8 @@ from vllm.multimodal.inputs import (
     PlaceholderRange,
 )
 
-from ttbundles.serving.pixel_store import PixelStore
 from ttbundles.serving.runner.images import prefill_image_inputs
+from ttbundles.serving.runner.pixel_store import PixelStore
 
 
 def feature(

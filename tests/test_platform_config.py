@@ -538,7 +538,7 @@ def test_the_plan_says_whether_prompt_logprobs_are_served(models_dir, demo_check
 
 
 def test_the_hook_decides_once_per_configuration(models_dir, demo_checkpoint):
-    from ttbundles.serving.configuration import plan_config
+    from ttbundles.serving.planning.configuration import plan_config
     from ttbundles.serving.registration import current_registry
 
     bundle(models_dir, "plain")
@@ -620,7 +620,7 @@ def test_a_lowered_asked_limit_is_a_warning_naming_bundle_target_and_value(
     """max_model_len asked above the target's limit: decided as before, and a TTB246
     WARNING naming the bundle, the target, the asked value and where the limit is; the
     model's own limit lowered without asking is a decision only (nothing was asked)."""
-    from ttbundles.serving import command_line
+    from ttbundles.serving.planning import command_line
 
     monkeypatch.setattr(command_line, "COMMAND_LINE", {})
     bundle(models_dir, "targeted", targets={"HOST": {"max_model_len": 128}})
@@ -643,7 +643,7 @@ def test_a_lowered_asked_limit_is_a_warning_naming_bundle_target_and_value(
 def test_a_lowered_max_num_seqs_warns_only_when_the_command_line_asked(
     models_dir, demo_checkpoint, monkeypatch
 ):
-    from ttbundles.serving import command_line
+    from ttbundles.serving.planning import command_line
 
     bundle(models_dir, "targeted", targets={"HOST": {"max_num_seqs": 4}})
     monkeypatch.setattr(command_line, "COMMAND_LINE", {})
@@ -666,8 +666,9 @@ def test_a_prompt_over_a_lowered_limit_is_refused_with_the_reason(
     ends with why the limit is lower than the server was started with."""
     import inspect
 
-    from ttbundles.serving import compat, length_limits
-    from ttbundles.serving.plan import Plan
+    from ttbundles.serving import compat
+    from ttbundles.serving.api_server import length_limits
+    from ttbundles.serving.planning.plan import Plan
 
     for owner, name in compat.prompt_length_checks():  # restored after the test
         monkeypatch.setattr(owner, name, inspect.unwrap(getattr(owner, name)))
@@ -716,8 +717,7 @@ def test_the_plan_says_dtype_has_no_effect_on_the_host_and_image_urls_only_for_i
 def test_the_plan_each_process_reads_is_frozen(models_dir, demo_checkpoint):
     """What the worker reads back (`served_plan`) is the plan as decided, and no step
     after the configuration hook can change it: each engine process has its own copy."""
-    from ttbundles.serving.configuration import served_plan
-    from ttbundles.serving.plan import FrozenPlanError
+    from ttbundles.serving.planning.plan import FrozenPlanError, served_plan
 
     bundle(models_dir, "plain")
     config, _, data = configure(demo_checkpoint)

@@ -1,4 +1,4 @@
-"""A requested stop is quiet (`ttbundles.serving.shutdown`), each part in a Python of its
+"""A requested stop is quiet (`ttbundles.serving.api_server.shutdown`), each part in a Python of its
 own (the state is per process, as in `vllm serve`): real vLLM, real logging, a real exit.
 The end-to-end tests (tests/e2e/test_faults.py, test_several_hosts.py) read whole server
 outputs; these pin each rule, including what must stay loud."""
@@ -39,7 +39,8 @@ def test_the_engine_dead_record_is_dropped_only_after_a_requested_stop():
         LOGGING,
         """
         from vllm.v1.engine.exceptions import EngineDeadError
-        from ttbundles.serving import compat, shutdown
+        from ttbundles.serving import compat
+        from ttbundles.serving.api_server import shutdown
 
         name = "vllm.v1.engine.async_llm"
         (message,) = compat.engine_dead_reports()[name]
@@ -73,7 +74,7 @@ def test_after_a_requested_stop_the_process_ends_with_one_line_and_status_0():
     done = run(
         """
         import atexit
-        from ttbundles.serving import shutdown
+        from ttbundles.serving.api_server import shutdown
 
         atexit.register(shutdown.exit_after_requested_stop)
         shutdown.note_stop("by SIGINT")
@@ -91,7 +92,7 @@ def test_an_error_after_a_requested_stop_keeps_its_traceback_and_status():
     done = run(
         """
         import atexit
-        from ttbundles.serving import shutdown
+        from ttbundles.serving.api_server import shutdown
 
         atexit.register(shutdown.exit_after_requested_stop)
         shutdown.note_stop("by SIGTERM")
@@ -108,7 +109,7 @@ def test_without_a_requested_stop_the_exit_is_left_alone():
     done = run(
         """
         import atexit, sys
-        from ttbundles.serving import shutdown
+        from ttbundles.serving.api_server import shutdown
 
         atexit.register(shutdown.exit_after_requested_stop)
         sys.exit(3)
@@ -124,7 +125,8 @@ def test_the_engine_teardown_passes_only_the_missing_accelerator_error():
     done = run(
         """
         import torch
-        from ttbundles.serving import compat, shutdown
+        from ttbundles.serving import compat
+        from ttbundles.serving.api_server import shutdown
 
         core = compat.engine_core_module()
         assert not torch.accelerator.is_available()
@@ -157,7 +159,7 @@ def test_the_engine_teardown_passes_only_the_missing_accelerator_error():
 
 
 def shutdown_message() -> str:
-    from ttbundles.serving.shutdown import NO_ACCELERATOR
+    from ttbundles.serving.api_server.shutdown import NO_ACCELERATOR
 
     return NO_ACCELERATOR
 

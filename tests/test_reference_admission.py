@@ -1,5 +1,5 @@
 """A bundle built on the torch reference generator, at configuration
-(`serving.reference_admission`, the same code `ttbundle plan` runs): an architecture the
+(`serving.planning.reference_admission`, the same code `ttbundle plan` runs): an architecture the
 reference does not read is refused there (TTB041), saying what it lacks for Gemma 4,
 rather than by the generator at load."""
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from ttbundles.serving.runner.block_table import (
+from ttbundles.serving.runner.kv.tables import (
     BlockTables,
     null_before_window,
     per_layer,
@@ -208,7 +208,7 @@ def test_a_sliding_group_s_cut_is_made_again_only_when_a_window_passes_a_block()
     and the same block boundaries give the very tensors of the last decode (no copy, no
     comparison); a row's window passing a block boundary cuts again, nulling the block
     wholly below it; a write to a table does too."""
-    from ttbundles.serving.kv_layout import LayerGroups
+    from ttbundles.serving.runner.kv.groups import LayerGroups
 
     groups = LayerGroups(
         group=(0, 1), tensor=(0, 1), specs=("full", "sliding"), main=0, reach=(0, 20)

@@ -22,8 +22,8 @@ from vllm.v1.structured_output import StructuredOutputManager
 
 from ttbundles.format.contract import HostMesh
 from ttbundles.reference.generator import ReferenceLlamaGenerator
-from ttbundles.serving.configuration import PLAN_KEY, served_plan
 from ttbundles.serving.lanes import TTLaneCoordinator
+from ttbundles.serving.planning.plan import PLAN_KEY, served_plan
 from ttbundles.serving.runner import TTModelRunner
 from ttbundles.serving.scheduler import TTScheduler
 from ttbundles.serving.stats import STATS

@@ -6,7 +6,7 @@ import pytest
 import vllm  # noqa: F401 - required: a missing or broken vllm fails
 from vllm.sampling_params import SamplingParams, StructuredOutputsParams
 
-from ttbundles.serving.sampling_path import (
+from ttbundles.serving.runner.sampling_path import (
     DeviceSupport,
     batch_host_reason,
     device_params,

@@ -46,7 +46,7 @@ from tests.vllm_config import kv_cache_config, runner_env, vllm_config
 from ttbundles.demo.checkpoint import write_checkpoint
 from ttbundles.errors import ConfigurationError
 from ttbundles.serving import compat
-from ttbundles.serving.configuration import effective_options
+from ttbundles.serving.planning.plan import effective_options
 from ttbundles.serving.scheduler import (
     TTAsyncScheduler,
     TTScheduler,

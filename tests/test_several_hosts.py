@@ -18,7 +18,7 @@ import pytest
 
 from tests.bundle_factory import metadata, write_bundle
 from ttbundles.errors import ConfigurationError
-from ttbundles.serving.device_groups import plan_groups
+from ttbundles.serving.planning.device_groups import plan_groups
 
 HOST = socket.gethostname()
 MULTI_NODE = {"data_parallel_address": "127.0.0.1", "data_parallel_rpc_port": 13345}
@@ -117,7 +117,7 @@ def test_a_host_whose_mesh_cannot_hold_its_ranks_is_named_with_the_numbers():
 
 
 def test_the_ray_backend_is_refused_with_the_reason(host_config):
-    from ttbundles.serving.configuration import _refuse_unsupported
+    from ttbundles.serving.planning.configuration import _refuse_unsupported
 
     # Without Ray installed (as here) vLLM refuses the configuration itself; with Ray,
     # the platform's check refuses it, on the configuration as vLLM built it.

@@ -17,10 +17,10 @@ from vllm.sampling_params import SamplingParams
 
 from ttbundles.errors import ConfigurationError
 from ttbundles.format import speculative as spec
-from ttbundles.serving.plan import SpeculativePlan
+from ttbundles.serving.planning.plan import SpeculativePlan
+from ttbundles.serving.planning.spec_admission import refusal_message, request_refusal
 from ttbundles.serving.runner.ngram import NgramProposer
 from ttbundles.serving.runner.rejection import accept_row, target_probs
-from ttbundles.serving.spec_admission import refusal_message, request_refusal
 from ttbundles.serving.stats import STATS
 
 PLACEHOLDER = spec.PLACEHOLDER_TOKEN_ID

@@ -1,4 +1,4 @@
-"""A checkpoint with a sliding window, at configuration (`serving.window_admission`, the
+"""A checkpoint with a sliding window, at configuration (`serving.planning.window_admission`, the
 same code `ttbundle plan` runs): served where the generator masks the window or where
 max_model_len does not pass it, refused with TTB250 everywhere else."""
 

@@ -337,7 +337,7 @@ def test_sigterm_under_traffic_finishes_or_closes_responses_promptly(tmp_path, d
 
     Decode steps are slowed so that no stream can finish by itself within the bound. vLLM
     0.33 alone leaves such streams open for good most of the time (its output handler is
-    cancelled before it errors them, `serving/shutdown.py`): they hung until the client
+    cancelled before it errors them, `serving/api_server/shutdown.py`): they hung until the client
     timed out, and the API server with them."""
     models = tmp_path / "models"
     demo_copy(models, "slow", edit=_slow_decode)

@@ -15,7 +15,7 @@ transformers' modeling code applies it:
   but every `sliding_window_pattern`-th (default 6), as `Gemma3TextConfig` derives them.
 - Llama: none (`LlamaConfig` has no window; a stray `sliding_window` key is not read).
 - Any other family: the layers `layer_types` names sliding, else every layer when
-  `sliding_window` is set. Only used to refuse (`serving.window_admission`): a family the
+  `sliding_window` is set. Only used to refuse (`serving.planning.window_admission`): a family the
   reference does not implement is never computed from this.
 
 Pure Python over a config object or its `config.json` dict: the reference generator, the

@@ -273,7 +273,7 @@ KV_CACHE_SPEC = Method(
     needs="kv_cache_spec",
 )
 """`get_kv_cache_spec(vllm_config)`, asked by the worker before the KV cache is sized
-(`serving.kv_layout`): sliding-window layers answer vLLM's `SlidingWindowSpec`, and on
+(`serving.runner.kv.groups`): sliding-window layers answer vLLM's `SlidingWindowSpec`, and on
 vLLM's hybrid KV-cache manager keep only their window's blocks."""
 PREFILL = Method(
     "prefill_forward",

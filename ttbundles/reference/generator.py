@@ -314,7 +314,7 @@ class ReferenceLlamaGenerator:
 
     @classmethod
     def get_kv_cache_spec(cls, vllm_config: Any) -> dict[str, Any] | None:
-        """Each layer's KV cache for vLLM (`serving.kv_layout`): a `SlidingWindowSpec`
+        """Each layer's KV cache for vLLM (`serving.runner.kv.groups`): a `SlidingWindowSpec`
         for the checkpoint's sliding layers (`format.attention_window`), None (full
         attention) for the others; None for a model without a window. On vLLM's hybrid
         manager a sliding layer then holds only the blocks of its window (the blocks

@@ -132,7 +132,7 @@ def make_plan(
     from vllm.usage.usage_lib import UsageContext
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    from ttbundles.serving.configuration import served_plan
+    from ttbundles.serving.planning.plan import served_plan
     from ttbundles.serving.registration import register_all
 
     register_all()

@@ -35,7 +35,7 @@ from ttbundles import envs
 from ttbundles.errors import TTBundleError
 
 if TYPE_CHECKING:
-    from ttbundles.serving.plan import Plan
+    from ttbundles.serving.planning.plan import Plan
 
 logger = logging.getLogger("vllm.ttbundles")
 
@@ -189,7 +189,7 @@ def _at_exit() -> None:
     """`vllm serve`'s exit: status 1 after an engine failure, else quiet after a
     requested stop (`shutdown.exit_after_requested_stop`), else as vLLM exits."""
     exit_nonzero_after_engine_failure()
-    from ttbundles.serving import shutdown
+    from ttbundles.serving.api_server import shutdown
 
     note = take_stop_note()
     if note:
@@ -352,7 +352,7 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 def _forward_wakeups(read_end: int, previous: int, starting: Any, grace: float) -> None:
-    from ttbundles.serving import shutdown
+    from ttbundles.serving.api_server import shutdown
 
     while True:
         try:

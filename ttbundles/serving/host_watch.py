@@ -122,7 +122,7 @@ def _follow(conn: socket.socket, peer, local_ranks: range, on_lost) -> None:  # 
 
 
 def _stop_head(rank: int, host: str) -> None:
-    from ttbundles.serving import shutdown
+    from ttbundles.serving.api_server import shutdown
 
     if _state.get("stopping") or shutdown.requested_stop() is not None:
         return  # a rank leaving a head that was asked to stop is that stop's doing

@@ -48,8 +48,9 @@ from vllm.v1.spec_decode.metrics import SpecDecodingStats
 
 from ttbundles.errors import ConfigurationError
 from ttbundles.serving import compat
-from ttbundles.serving.configuration import effective_options, served_plan
-from ttbundles.serving.lane_metrics import encode_lane_stats
+from ttbundles.serving.api_server.lane_metrics import encode_lane_stats
+from ttbundles.serving.lane_output import lane_outputs, mark_lanes
+from ttbundles.serving.planning.plan import effective_options, served_plan
 from ttbundles.serving.scheduler import (
     DECODE,
     EMPTY,
@@ -72,24 +73,6 @@ if TYPE_CHECKING:
     from vllm.v1.structured_output import StructuredOutputManager
 
 logger = logging.getLogger("vllm.ttbundles.lanes")
-
-_LANE_OUTPUTS = "_ttbundles_lane_outputs"
-_LANE_OF = "_ttbundles_lane_of"
-
-
-def lane_of(scheduler_output: SchedulerOutput) -> dict[str, int] | None:
-    """The lane of every request scheduled in a coordinator's step (None: no lanes).
-
-    The one hand-off from the coordinator to the worker, riding on the output object
-    itself: with lanes the engine runs the worker in its own process (the "uni"
-    executor), so the object reaches it as it is.
-    """
-    return getattr(scheduler_output, _LANE_OF, None)
-
-
-def lane_outputs(scheduler_output: SchedulerOutput) -> list[SchedulerOutput] | None:
-    """Each lane's own output of a coordinator's step, in lane order."""
-    return getattr(scheduler_output, _LANE_OUTPUTS, None)
 
 
 def pick_lane(loads: list[tuple[int, int]]) -> int:
@@ -297,8 +280,7 @@ class TTLaneCoordinator(SchedulerInterface):
         placed: dict[str, int] = {}
         for index, out in enumerate(outputs):
             placed.update(dict.fromkeys(out.num_scheduled_tokens, index))
-        setattr(merged, _LANE_OUTPUTS, outputs)
-        setattr(merged, _LANE_OF, placed)
+        mark_lanes(merged, outputs, placed)
         return merged
 
     def get_grammar_bitmask(self, scheduler_output: SchedulerOutput) -> GrammarOutput | None:

@@ -13,13 +13,13 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from vllm.exceptions import VLLMValidationError
 from vllm.platforms.interface import Platform, PlatformEnum
 
-from ttbundles.serving.plan import SpeculativePlan
+from ttbundles.serving.planning.plan import SpeculativePlan
 from ttbundles.serving.plugin import report_errors_cleanly
 
 if TYPE_CHECKING:  # importing vLLM's config here would be circular at platform load
     from vllm.config import VllmConfig
 
-    from ttbundles.serving.plan import Plan
+    from ttbundles.serving.planning.plan import Plan
 
 
 @dataclass
@@ -98,8 +98,8 @@ class TTPlatform(Platform):
         def checked(*args: Any, **kwargs: Any) -> Any:
             parsed, rest = parse_known_args(*args, **kwargs)
             from ttbundles import envs
-            from ttbundles.serving.command_line import record_command_line
-            from ttbundles.serving.configuration import refuse_vllm_parallelism
+            from ttbundles.serving.planning.command_line import record_command_line
+            from ttbundles.serving.planning.configuration import refuse_vllm_parallelism
 
             report_errors_cleanly()
             refuse_vllm_parallelism(parsed, envs.MESH_DEVICE)
@@ -117,7 +117,7 @@ class TTPlatform(Platform):
         # end `vllm serve` with their message (a vLLM lacking a part we serve with, too:
         # importing `compat` says so, TTB216).
         report_errors_cleanly()
-        from ttbundles.serving import compat
+        from ttbundles.serving import api_server, compat
 
         compat.require_parts()
         # The runner protocol the TT worker speaks on this release (see there).
@@ -126,22 +126,14 @@ class TTPlatform(Platform):
         from ttbundles import envs
         from ttbundles.format.meshes import mesh_or_none
         from ttbundles.registry import servable
-        from ttbundles.serving.configuration import plan_config
         from ttbundles.serving.faults import report_path, watch_stop_signals
+        from ttbundles.serving.planning.configuration import plan_config
         from ttbundles.serving.registration import checked_registry
 
         if report_path() and not cls.served.stop_installed:  # once, in `vllm serve`
             cls.served.stop_installed = True
             watch_stop_signals()
-            # vLLM 0.33 can leave requests in flight open forever on SIGTERM; a requested
-            # stop is quiet (`serving.shutdown`).
-            from ttbundles.serving.shutdown import (
-                drop_shutdown_echo,
-                end_open_requests_on_shutdown,
-            )
-
-            end_open_requests_on_shutdown()
-            drop_shutdown_echo()
+            api_server.install_stop_handling()
         # What would otherwise fail after the engine started: a mesh this machine cannot
         # open (TT-Metal absent), then a class it cannot import. `ttbundle plan` plans for
         # meshes attached elsewhere: it skips the device check (and says so).
@@ -150,8 +142,8 @@ class TTPlatform(Platform):
             servable.require_device(mesh)
         # The API server may not run the general plugins itself: its startup table,
         # warnings and strict mode come from here.
-        from ttbundles.serving import image_requests
-        from ttbundles.serving.configuration import served_plan
+        from ttbundles.serving.api_server import image_requests
+        from ttbundles.serving.planning.plan import served_plan
 
         registry = checked_registry()
         plan = plan_config(vllm_config, registry)
@@ -170,16 +162,7 @@ class TTPlatform(Platform):
                 vllm_config.model_config.hf_config
             )
         if plan is not None:
-            image_requests.install(plan.server_options.allow_private_media_urls)
-            if plan.chat and not cls.planning:
-                from ttbundles.serving import chat_defaults
-
-                chat_defaults.install(plan.chat)
-            lowered = plan.lowered_length()
-            if lowered is not None:
-                from ttbundles.serving import length_limits
-
-                length_limits.explain_lowered_length(plan, *lowered)
+            api_server.install(plan, planning=cls.planning)
             if servable.opens_here(mesh):
                 servable.require_importable(
                     plan.bundle.main_class,
@@ -194,7 +177,7 @@ class TTPlatform(Platform):
     def validate_request(cls, processed_inputs: Any, params: Any) -> None:
         tokens = cls.served.placeholders
         if tokens and isinstance(processed_inputs, dict):
-            from ttbundles.serving.image_requests import check_placeholders
+            from ttbundles.serving.api_server.image_requests import check_placeholders
 
             check_placeholders(
                 processed_inputs.get("prompt_token_ids") or (),
@@ -203,7 +186,7 @@ class TTPlatform(Platform):
             )
         speculative = cls.served.speculative
         if speculative is not None:
-            from ttbundles.serving.spec_admission import refusal_message, request_refusal
+            from ttbundles.serving.planning.spec_admission import refusal_message, request_refusal
 
             refusal = request_refusal(speculative, params)
             if refusal is not None:
@@ -240,7 +223,7 @@ class TTPlatform(Platform):
     @classmethod
     def support_hybrid_kv_cache(cls) -> bool:
         """vLLM's hybrid KV-cache manager, when the plan serves the bundle's KV groups
-        (`serving.kv_admission`): its class declares them (`get_kv_cache_spec`). False
+        (`serving.planning.kv_admission`): its class declares them (`get_kv_cache_spec`). False
         otherwise: vLLM then gives every layer the whole context."""
         return cls.served.kv_groups
 

@@ -50,7 +50,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 
 from ttbundles.errors import ConfigurationError
 from ttbundles.serving import compat
-from ttbundles.serving.configuration import effective_options
+from ttbundles.serving.planning.plan import effective_options
 
 if TYPE_CHECKING:  # annotations only: these modules are loaded by the base classes
     from vllm.v1.core.sched.output import SchedulerOutput

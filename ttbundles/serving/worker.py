@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheSpec
+from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheSpec
 from vllm.v1.worker.worker_base import CompilationTimes, WorkerBase
 
 from ttbundles import envs
@@ -27,13 +27,12 @@ from ttbundles.errors import ConfigurationError, TTBundleError
 from ttbundles.format.contract import HostMesh
 from ttbundles.format.meshes import is_host, mesh_shape
 from ttbundles.fsutil import write_text_atomic
-from ttbundles.serving import faults, host_watch, shutdown
-from ttbundles.serving.configuration import served_plan
-from ttbundles.serving.device_groups import bind_rank
-from ttbundles.serving.generator_class import load_generator_class
-from ttbundles.serving.kv_layout import LayerGroups, layer_specs
-from ttbundles.serving.runner import TTModelRunner
-from ttbundles.serving.runner.pooling import TTPoolingRunner
+from ttbundles.serving import faults, host_watch
+from ttbundles.serving.api_server import shutdown
+from ttbundles.serving.planning.device_groups import bind_rank
+from ttbundles.serving.planning.generator_class import load_generator_class
+from ttbundles.serving.planning.plan import served_plan
+from ttbundles.serving.runner.interface import Runner, make_runner
 from ttbundles.serving.stats import STATS
 
 if TYPE_CHECKING:  # only for annotations
@@ -84,7 +83,7 @@ class TTWorker(WorkerBase):
                 )
         self._batch = 0
         self.mesh_device: Any = None
-        self.model_runner: TTModelRunner | None = None  # type: ignore[assignment]
+        self.model_runner: Runner | None = None
         self._stats_file = envs.TT_BUNDLES_STATS_FILE
         # Multi-process data parallelism: this engine's rank on this node (None: one engine).
         self.dp_rank: int | None = None
@@ -139,22 +138,12 @@ class TTWorker(WorkerBase):
             return []
         return list(self.plan.device_groups[self.dp_rank])
 
-    @property
-    def pools(self) -> bool:
-        """vLLM's pooling runner (`runner.pooling`): no KV cache of vLLM's."""
-        return self.plan.pooling is not None
-
     @_starting
     def load_model(self, *, load_dummy_weights: bool = False) -> None:
         generator_cls = load_generator_class(self.plan.bundle)
-        if self.pools:
-            self.model_runner = TTPoolingRunner(  # type: ignore[assignment]
-                self.vllm_config, generator_cls, self.mesh_device, self.plan.pooling
-            )
-        else:
-            self.model_runner = TTModelRunner(
-                self.vllm_config, generator_cls, self.mesh_device, self.plan
-            )
+        self.model_runner = make_runner(
+            self.vllm_config, generator_cls, self.mesh_device, self.plan
+        )
         try:
             self.model_runner.load_model()
         except TTBundleError:
@@ -165,11 +154,7 @@ class TTWorker(WorkerBase):
             "ttbundles: loaded %s (%s, %s) on %s",
             self.plan.tt_arch,
             self.plan.bundle.declared_class or self.plan.bundle.main_class,
-            f"pooling {'+'.join(self.plan.pooling.tasks)}, form {self.plan.pooling.form!r}, "
-            "no KV cache of vLLM's"
-            if self.pools
-            else "decode contract "
-            + ("v1" if self.model_runner.version else "legacy (reset_batch)"),
+            self.model_runner.describe(),
             self.mesh_device,
         )
 
@@ -178,34 +163,10 @@ class TTWorker(WorkerBase):
 
     # --- KV cache -----------------------------------------------------------------------
 
-    def _layer_shape(self) -> tuple[int, int, int]:
-        config = self.model_config
-        num_layers = config.get_num_layers(self.parallel_config)
-        return num_layers, config.get_num_kv_heads(self.parallel_config), config.get_head_size()
-
     def get_kv_cache_spec(self) -> dict[str, KVCacheSpec]:
-        """Each layer's cache: what the generator class declares (`get_kv_cache_spec`,
-        `serving.kv_layout`) when the plan serves its KV groups, full attention with the
-        model's shape otherwise."""
-        if self.pools:
-            return {}  # vLLM's engine runs a model with no KV cache as attention-free
-        num_layers, kv_heads, head_size = self._layer_shape()
-        default = FullAttentionSpec(
-            block_size=self.cache_config.block_size,
-            num_kv_heads=kv_heads,
-            head_size=head_size,
-            dtype=self.model_config.dtype,
-        )
+        """Each layer's cache, as the runner's KV layer groups say (`runner.kv`)."""
         assert self.model_runner is not None
-        # Asked only where the plan serves the class's groups (it declares them, and
-        # the hybrid manager is on): otherwise every layer keeps the whole context.
-        return layer_specs(
-            self.model_runner.generator_cls,
-            self.vllm_config,
-            num_layers,
-            default,
-            ask=self.plan.kv_groups,
-        )
+        return self.model_runner.get_kv_cache_spec()
 
     def get_supported_kv_cache_layouts(self) -> list[str]:
         # The generator owns its cache layout; vLLM only needs a name to record.
@@ -213,55 +174,14 @@ class TTWorker(WorkerBase):
 
     @_starting
     def determine_available_memory(self) -> int:
-        """Bytes for the KV cache: `--kv-cache-memory-bytes` when given, else the
-        generator's own capacity when it declares one (get_max_tokens_all_users), else
-        room for every sequence at full length.
-
-        The tokens become blocks as the reference plugin turns them (a block per user of
-        headroom, and with KV groups the blocks each sliding group holds per request at
-        most, `SlidingWindowSpec.max_admission_blocks_per_request`: every group draws its
-        block ids from one pool), and the blocks bytes as vLLM will divide them back:
-        one page of every tensor the groups share (`serving.kv_layout`).
-
-        With in-process lanes the generator's capacity is per lane (TT-Metal sizes each
-        DP submesh's cache), and the engine's blocks are every lane's: the coordinator
-        and the runner give each lane an equal share."""
+        """Bytes for the KV cache, as the runner sizes it (`runner.kv.sizing`)."""
         assert self.model_runner is not None
-        if self.pools:
-            return 0
-        explicit = self.cache_config.kv_cache_memory_bytes
-        if explicit is not None:
-            return int(explicit)
-        runner = self.model_runner
-        tokens = runner.max_tokens_all_users()
-        if tokens is None:
-            tokens = runner.slots.per_lane * self.model_config.max_model_len
-        return (
-            pool_bytes(self.vllm_config, self.get_kv_cache_spec(), tokens, runner.slots.per_lane)
-            * runner.lanes
-        )
+        return self.model_runner.determine_available_memory()
 
     @_starting
     def initialize_from_config(self, kv_cache_config: KVCacheConfig) -> None:
         assert self.model_runner is not None
-        if self.pools:
-            return
-        num_layers, kv_heads, head_size = self._layer_shape()
-        groups = LayerGroups.from_config(kv_cache_config, num_layers)
-        self.model_runner.use_kv_groups(groups)
-        self.model_runner.allocate_kv_cache(
-            kv_cache_config.num_blocks, kv_heads, head_size, num_layers, self.model_config.dtype
-        )
-        lanes = self.model_runner.lanes
-        logger.info(
-            "ttbundles: KV cache of %d blocks x %d tokens, %s%s",
-            kv_cache_config.num_blocks,
-            self.cache_config.block_size,
-            groups.describe(),
-            f" ({kv_cache_config.num_blocks // lanes} per lane, {lanes} lanes)"
-            if lanes > 1
-            else "",
-        )
+        self.model_runner.initialize_kv_cache(kv_cache_config)
 
     def compile_or_warm_up_model(self) -> CompilationTimes:
         # Started: from here a SIGTERM is vLLM's to handle (a graceful shutdown).
@@ -271,15 +191,12 @@ class TTWorker(WorkerBase):
         return CompilationTimes(language_model=0.0, encoder=0.0)
 
     def get_supported_tasks(self) -> tuple[str, ...]:
-        # vLLM's API server opens the pooling endpoints of these tasks (the plan's: those
-        # the bundle declares and --convert asks for).
-        return tuple(self.plan.pooling.tasks) if self.pools else ("generate",)
+        assert self.model_runner is not None
+        return tuple(self.model_runner.supported_tasks())
 
     def get_cache_block_size_bytes(self) -> int:
-        if self.pools:
-            return 0
-        spec = next(iter(self.get_kv_cache_spec().values()))
-        return spec.page_size_bytes
+        assert self.model_runner is not None
+        return self.model_runner.cache_block_size_bytes()
 
     # --- steps --------------------------------------------------------------------------
 
@@ -333,31 +250,6 @@ class TTWorker(WorkerBase):
 
     def list_loras(self) -> set[int]:
         return set()
-
-
-def pool_bytes(vllm_config: Any, specs: dict[str, KVCacheSpec], tokens: int, per_lane: int) -> int:
-    """The bytes of a pool holding `tokens` tokens of context for `per_lane` users, for
-    one lane: each full-attention group's blocks of that context (and one spare), each
-    sliding group's blocks per user, times the bytes vLLM counts per block (a page of
-    every shared tensor). One group of every layer: the blocks of `tokens` times every
-    layer's page, as before there were groups."""
-    from vllm.v1.core.kv_cache_planning import get_kv_cache_groups, get_uniform_page_size
-    from vllm.v1.kv_cache_interface import SlidingWindowSpec
-
-    block = vllm_config.cache_config.block_size
-    groups = get_kv_cache_groups(vllm_config, dict(specs))
-    sliding = [g.kv_cache_spec for g in groups if isinstance(g.kv_cache_spec, SlidingWindowSpec)]
-    held = sum(
-        spec.max_admission_blocks_per_request(
-            vllm_config.max_in_flight_tokens, vllm_config.model_config.max_model_len
-        )
-        for spec in sliding
-    )
-    full = len(groups) - len(sliding)
-    num_blocks = full * (-(-tokens // block) + 1) + held * per_lane
-    tensors = max(len(g.layer_names) for g in groups)
-    page = get_uniform_page_size([g.kv_cache_spec for g in groups])
-    return num_blocks * page * tensors
 
 
 def open_mesh(

@@ -43,18 +43,18 @@ Private hooks (all checked on 0.33.0 and 0.34.0):
   _load_file_url` and `_load_data_url` (clear 400s for file:// and malformed data URLs);
 - `replace_media_connector_init` / `http_connection`: `MediaConnector.__init__`'s
   `connection` and vLLM's `HTTPConnection` (image URLs fetched only from public
-  addresses, `serving.media_urls`);
+  addresses, `serving.api_server.media_urls`);
 - `replace_init_app_state`: the API server's `init_app_state`, where `vllm serve` reads
   its chat settings (the bundle's serving defaults fill those the operator left unset);
-- `async_llm_class`: `AsyncLLM.shutdown` is wrapped (`serving.shutdown`: requests left
+- `async_llm_class`: `AsyncLLM.shutdown` is wrapped (`serving.api_server.shutdown`: requests left
   open when `vllm serve` stops).
 - `prompt_length_checks`: `TokenizeParams`' length checks and `InputProcessor.
-  _validate_prompt_len` are wrapped (`serving.length_limits`: a refusal for the context
+  _validate_prompt_len` are wrapped (`serving.api_server.length_limits`: a refusal for the context
   length says why the limit is lower than asked).
 - `engine_dead_reports`: the loggers and messages with which vLLM reports an
-  `EngineDeadError` (`serving.shutdown` drops those a requested stop causes);
+  `EngineDeadError` (`serving.api_server.shutdown` drops those a requested stop causes);
 - `engine_core_module`: `vllm.v1.engine.core`, whose `cleanup_dist_env_and_memory`
-  `EngineCore.shutdown` calls (`serving.shutdown` lets it end without an accelerator).
+  `EngineCore.shutdown` calls (`serving.api_server.shutdown` lets it end without an accelerator).
 """
 
 from __future__ import annotations
@@ -396,7 +396,7 @@ def replace_media_connector_loaders(load_file: Any, load_data: Any) -> None:
 
 def http_connection() -> tuple[type, Any]:
     """vLLM's `HTTPConnection` class and its global instance, the one `MediaConnector`
-    fetches through by default (public; subclassed by `serving.media_urls` for its
+    fetches through by default (public; subclassed by `serving.api_server.media_urls` for its
     `get_sync_client`, `get_async_client`, `get_response` and `get_async_response`,
     identical on 0.33.0 and 0.34.0)."""
     from vllm.connections import HTTPConnection, global_http_connection
@@ -419,8 +419,8 @@ def replace_init_app_state(init: Any) -> Any:
     it (`vllm.entrypoints.launchers.api_server.entry`, which imported it by name) and
     return the original. It reads the chat settings from the parsed command line
     (`args.tool_call_parser`, `enable_auto_tool_choice`, `chat_template`,
-    `structured_outputs_config.reasoning_parser`): `serving.chat_defaults` fills those the
-    operator left unset from the plan. Checked on 0.33.0 and 0.34.0."""
+    `structured_outputs_config.reasoning_parser`): `serving.api_server.chat_defaults`
+    fills those the operator left unset from the plan. Checked on 0.33.0 and 0.34.0."""
     from vllm.entrypoints.launchers.api_server import entry
 
     original = entry.init_app_state
@@ -429,7 +429,7 @@ def replace_init_app_state(init: Any) -> Any:
 
 
 def async_llm_class() -> type:
-    """`AsyncLLM`, whose `shutdown` `serving.shutdown` wraps (checked on 0.33.0 and
+    """`AsyncLLM`, whose `shutdown` `serving.api_server.shutdown` wraps (checked on 0.33.0 and
     0.34.0: it leaves requests in flight open when `vllm serve` stops)."""
     from vllm.v1.engine.async_llm import AsyncLLM
 
@@ -441,7 +441,7 @@ def prompt_length_checks() -> list[tuple[type, str]]:
     pairs, present on this release (private: `TokenizeParams.__post_init__`,
     `_text_len_check`, `_token_len_check` in `vllm.renderers.params`, and
     `InputProcessor._validate_prompt_len`; checked on 0.33.0 and 0.34.0).
-    `serving.length_limits` wraps them to say why the limit is lower than asked."""
+    `serving.api_server.length_limits` wraps them to say why the limit is lower than asked."""
     checks: list[tuple[type, str]] = []
     try:
         from vllm.renderers.params import TokenizeParams

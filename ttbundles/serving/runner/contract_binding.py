@@ -10,7 +10,6 @@ calls.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +22,7 @@ from ttbundles.serving.binding import (
     call_at_load,
     decode_offer,
 )
+from ttbundles.serving.runner.kv.cache import Allocator
 
 
 def refuse_unsupported_keys(
@@ -108,31 +108,10 @@ class GeneratorMethods:
 
     prefill: BoundMethod
     decode: BoundMethod
-    allocate_per_layer: BoundMethod | None
-    allocate: BoundMethod | None
+    allocator: Allocator
     read: BoundMethod | None  # async decode: read_decode_output
     process: BoundMethod | None  # and process_decode_output_host
     propose: BoundMethod | None  # the generator's own drafter (`custom_class`)
-
-    def allocate_cache(
-        self,
-        shape: tuple[int, ...],
-        dtype: Any,
-        num_layers: int,
-        tensors: Sequence[int] | None = None,
-    ) -> tuple[Any, int]:
-        """The KV cache, and its layers when it was allocated per layer (then every
-        step passes `page_tables_per_layer`; 0 otherwise). Newer generators (hybrid
-        attention) take one (shape, dtype, tensor_idx) per layer, and are preferred
-        through it where they offer it; `tensors[i]` is layer i's `tensor_idx` (layers
-        with the same one share one allocation: vLLM's KV groups overlay one block
-        pool), each layer its own without it."""
-        if self.allocate_per_layer is not None:
-            indices = list(tensors) if tensors is not None else list(range(num_layers))
-            specs = [(shape, dtype, indices[layer]) for layer in range(num_layers)]
-            return self.allocate_per_layer(per_layer_specs=specs), num_layers
-        assert self.allocate is not None
-        return self.allocate(kv_cache_shape=shape, dtype=dtype, num_layers=num_layers), 0
 
 
 def bind_instance(
@@ -160,22 +139,13 @@ def bind_instance(
     propose = None
     if speculation_method is not None:
         propose = _bind_speculation(model, decode, class_name, speculation_method)
-    per_layer, whole = (
-        bind(model, method, method.passes, class_name=class_name, optional=True)
-        for method in (contract.ALLOCATE_KV_CACHE_PER_LAYER, contract.ALLOCATE_KV_CACHE)
-    )
-    if per_layer is None and whole is None:
-        raise GeneratorContractError.single(
-            "TTB053",
-            f"{class_name} has neither allocate_kv_cache nor allocate_kv_cache_per_layer",
-            hint="implement one of them",
-        )
+    allocator = Allocator.bind(model, class_name)
     read = process = None
     if async_decode:
         read_m, process_m = contract.READ_DECODE_OUTPUT, contract.PROCESS_DECODE_OUTPUT
         read = bind(model, read_m, read_m.passes, class_name=class_name)
         process = bind(model, process_m, process_m.passes, class_name=class_name)
-    return GeneratorMethods(prefill, decode, per_layer, whole, read, process, propose)
+    return GeneratorMethods(prefill, decode, allocator, read, process, propose)
 
 
 def _bind_speculation(

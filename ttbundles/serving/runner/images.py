@@ -4,7 +4,7 @@ processed multimodal features (vLLM's processor ran in the API server).
 An image whose placeholders lie in the row's computed prefix is sent as vLLM sends it
 (pixels dropped on a prefix hit, grid kept); one the prefill computes now gets its
 pixels, from the request or, when vLLM dropped them and the prefix is gone again
-(preempted, evicted), from the pixel store (`serving.pixel_store`).
+(preempted, evicted), from the pixel store (`serving.runner.pixel_store`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ttbundles.format import contract
-from ttbundles.serving.pixel_store import PixelStore
+from ttbundles.serving.runner.pixel_store import PixelStore
 
 
 def prefill_image_inputs(

@@ -4,7 +4,7 @@ generator contract (`ttbundles.format.contract`): the orchestration of each step
 Each step is prefill-only or decode-only (the phase-based scheduler guarantees it),
 which maps onto `prefill_forward` and `decode_forward`. Decode calls carry every slot
 (`runner.slots`; empty ones at position -1, as TT-Metal's traces need a fixed batch) and
-the persistent page tables (`runner.block_table`); prefill calls carry the requests being
+the persistent page tables (`runner.kv.tables`); prefill calls carry the requests being
 filled and their slots in `empty_slots`. Rows never move, so the `slot_remap` sent with
 every decode is the identity. Host sampling is the host batch's
 (`serving.compat.host_batch()`: vLLM's V1 `InputBatch` and `Sampler` where the release
@@ -15,6 +15,7 @@ TT-Metal's decode input-update contract v1 for classes that declare it, and
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -25,11 +26,7 @@ from ttbundles.format import contract
 from ttbundles.format import speculative as spec
 from ttbundles.serving import compat
 from ttbundles.serving.binding import split_output
-from ttbundles.serving.configuration import effective_options
-from ttbundles.serving.kv_layout import LayerGroups
-from ttbundles.serving.pixel_store import PixelStore
-from ttbundles.serving.plan import Plan
-from ttbundles.serving.runner.block_table import BlockTables
+from ttbundles.serving.planning.plan import Plan, effective_options
 from ttbundles.serving.runner.commands import DecodeCommands
 from ttbundles.serving.runner.contract_binding import (
     GeneratorMethods,
@@ -40,8 +37,13 @@ from ttbundles.serving.runner.contract_binding import (
 from ttbundles.serving.runner.families import tt_data_parallel
 from ttbundles.serving.runner.history import PenaltyHistory
 from ttbundles.serving.runner.images import prefill_image_inputs
-from ttbundles.serving.runner.kv_cache import allocate_cache, refuse_unserved_groups
+from ttbundles.serving.runner.kv import kinds
+from ttbundles.serving.runner.kv.cache import allocate_cache, refuse_unserved_groups
+from ttbundles.serving.runner.kv.groups import LayerGroups, layer_specs
+from ttbundles.serving.runner.kv.sizing import block_bytes, pool_bytes
+from ttbundles.serving.runner.kv.tables import BlockTables
 from ttbundles.serving.runner.outputs import StepOutputs
+from ttbundles.serving.runner.pixel_store import PixelStore
 from ttbundles.serving.runner.prompt_logprobs import PromptLogprobs
 from ttbundles.serving.runner.readback import TTAsyncOutput, drain_reason, is_steady, synchronize
 from ttbundles.serving.runner.sample import (
@@ -50,16 +52,19 @@ from ttbundles.serving.runner.sample import (
     row_params,
     slot_params,
 )
+from ttbundles.serving.runner.sampling_path import device_support
 from ttbundles.serving.runner.slots import SlotStates
 from ttbundles.serving.runner.speculation import Speculation, read_back_verify, verify_block
 from ttbundles.serving.runner.states import RequestStates
 from ttbundles.serving.runner.step import EMPTY_POSITION, Layout, StepObserver, StepState, rows_of
-from ttbundles.serving.sampling_path import device_support
 from ttbundles.serving.stats import STATS
 
 if TYPE_CHECKING:  # vLLM's config and scheduler types are only needed for annotations
     from vllm.config import VllmConfig
     from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
+    from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheSpec
+
+logger = logging.getLogger("vllm.ttbundles")
 
 
 class TTModelRunner:
@@ -151,6 +156,8 @@ class TTModelRunner:
         # In-process data-parallel lanes (single-execute generators): device rows are
         # lane x per_lane + slot, each lane's requests in its own rows and KV cache.
         self.lanes = plan.lanes if plan is not None else 1
+        # The plan serves the class's KV groups: the class is asked for its layers' specs.
+        self.kv_groups_served = bool(plan is not None and plan.kv_groups)
         # The bundle serves images (the plan allowed some per prompt): prefill gets them.
         self.image_inputs = bool(plan is not None and plan.inputs.get("image"))
         self.pixels = PixelStore()
@@ -212,13 +219,90 @@ class TTModelRunner:
             max_num_seqs=self.max_num_reqs,
         )
 
+    def describe(self) -> str:
+        """What the start-up log says this runner serves."""
+        return "decode contract " + ("v1" if self.version else "legacy (reset_batch)")
+
+    def supported_tasks(self) -> tuple[str, ...]:
+        return ("generate",)
+
+    # --- KV cache (`runner.kv`) -----------------------------------------------------------
+
+    def _layer_shape(self) -> tuple[int, int, int]:
+        config, parallel = self.model_config, self.vllm_config.parallel_config
+        num_layers = config.get_num_layers(parallel)
+        return num_layers, config.get_num_kv_heads(parallel), config.get_head_size()
+
+    def get_kv_cache_spec(self) -> dict[str, KVCacheSpec]:
+        """Each layer's cache: what the generator class declares (`get_kv_cache_spec`,
+        `runner.kv.groups`) when the plan serves its KV groups, full attention with the
+        model's shape otherwise."""
+        num_layers, kv_heads, head_size = self._layer_shape()
+        default = kinds.full_attention(
+            self.block_size, kv_heads, head_size, self.model_config.dtype
+        )
+        # Asked only where the plan serves the class's groups (it declares them, and
+        # the hybrid manager is on): otherwise every layer keeps the whole context.
+        return layer_specs(
+            self.generator_cls, self.vllm_config, num_layers, default, ask=self.kv_groups_served
+        )
+
+    def cache_block_size_bytes(self) -> int:
+        return block_bytes(self.get_kv_cache_spec())
+
+    def determine_available_memory(self) -> int:
+        """Bytes for the KV cache: `--kv-cache-memory-bytes` when given, else the
+        generator's own capacity when it declares one (get_max_tokens_all_users), else
+        room for every sequence at full length.
+
+        The tokens become blocks as the reference plugin turns them (a block per user of
+        headroom, and with KV groups the blocks each bounded group holds per request at
+        most: every group draws its block ids from one pool), and the blocks bytes as
+        vLLM will divide them back (`runner.kv.sizing`).
+
+        With in-process lanes the generator's capacity is per lane (TT-Metal sizes each
+        DP submesh's cache), and the engine's blocks are every lane's: the coordinator
+        and the runner give each lane an equal share."""
+        explicit = self.vllm_config.cache_config.kv_cache_memory_bytes
+        if explicit is not None:
+            return int(explicit)
+        tokens = self.max_tokens_all_users()
+        if tokens is None:
+            tokens = self.slots.per_lane * self.max_model_len
+        specs = self.get_kv_cache_spec()
+        return pool_bytes(self.vllm_config, specs, tokens, self.slots.per_lane) * self.lanes
+
+    def initialize_kv_cache(self, kv_cache_config: KVCacheConfig) -> None:
+        """The engine's KV groups taken on and the cache allocated, before any request."""
+        num_layers, kv_heads, head_size = self._layer_shape()
+        groups = LayerGroups.from_config(kv_cache_config, num_layers)
+        self.use_kv_groups(groups)
+        self.allocate_kv_cache(
+            kv_cache_config.num_blocks, kv_heads, head_size, num_layers, self.model_config.dtype
+        )
+        lanes = self.lanes
+        logger.info(
+            "ttbundles: KV cache of %d blocks x %d tokens, %s%s",
+            kv_cache_config.num_blocks,
+            self.block_size,
+            groups.describe(),
+            f" ({kv_cache_config.num_blocks // lanes} per lane, {lanes} lanes)"
+            if lanes > 1
+            else "",
+        )
+
     def use_kv_groups(self, groups: LayerGroups) -> None:
-        """The engine's KV groups (`serving.kv_layout`): a block table per group, each
-        layer's `page_tables_per_layer` entry its group's. Before any request."""
+        """The engine's KV groups (`runner.kv.groups`): a block table per group, each as
+        wide as its spec asks, each layer's `page_tables_per_layer` entry its group's.
+        Before any request."""
         refuse_unserved_groups(groups, speculating=self.speculation is not None, lanes=self.lanes)
         self.kv_groups = groups
         self.tables = BlockTables(
-            self.max_num_reqs, self.max_model_len, self.block_size, groups=groups
+            self.max_num_reqs,
+            self.max_model_len,
+            self.block_size,
+            groups=groups,
+            widths=groups.table_widths(self.vllm_config, self.max_model_len),
         )
         self.states.tables = self.tables
 
@@ -236,7 +320,7 @@ class TTModelRunner:
         assert self.methods is not None
         shape = (num_blocks // self.lanes, num_kv_heads, self.block_size, head_size)
         self.kv_cache, self.cache_layers = allocate_cache(
-            self.methods, self.class_name, self.kv_groups, shape, dtype, num_layers
+            self.methods.allocator, self.class_name, self.kv_groups, shape, dtype, num_layers
         )
 
     # --- device helpers -----------------------------------------------------------------

@@ -16,64 +16,19 @@ a `[num_labels, hidden]` matrix, as vLLM's `as_seq_cls_model` loads it.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ttbundles.errors import ConfigurationError
+from ttbundles.serving.checkpoint_files import (
+    SCORE_WEIGHT,
+    checkpoint_folder,
+    file_holding,
+    headless_classifier,
+)
 
 if TYPE_CHECKING:  # vLLM's types, for annotations only
     from vllm.config import VllmConfig
-
-SCORE_WEIGHT = "score.weight"
-"""The classification head's key in transformers' `*ForSequenceClassification`
-checkpoints (Llama, Mistral, Qwen2, Qwen3: `nn.Linear(hidden, num_labels, bias=False)`)."""
-
-
-def checkpoint_folder(model: str) -> Path:
-    """The local folder of vLLM's `--model` (a folder, or a hub id already downloaded)."""
-    path = Path(model).expanduser()
-    if path.is_dir():
-        return path
-    from huggingface_hub import snapshot_download
-
-    return Path(snapshot_download(model, local_files_only=True))
-
-
-def _file_holding(folder: Path, key: str) -> Path | None:
-    """The safetensors file of the checkpoint that holds `key` (its index says, or each
-    file's header), None when none does; no tensor is read."""
-    from safetensors import safe_open
-
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        name = json.loads(index.read_text()).get("weight_map", {}).get(key)
-        return folder / name if name else None
-    for file in sorted(folder.glob("*.safetensors")):
-        with safe_open(str(file), framework="pt") as handle:
-            if key in handle.keys():  # noqa: SIM118 - safe_open is not a mapping
-                return file
-    return None
-
-
-def _headless(model_config: Any) -> ConfigurationError:
-    return ConfigurationError.single(
-        "TTB273",
-        f"{model_config.model} has no {SCORE_WEIGHT}: classification of the pooling form "
-        "'prefill_hidden' applies the checkpoint's classification head on the host, and "
-        f"this checkpoint ({', '.join(model_config.architectures)}) has none",
-        hint="serve a *ForSequenceClassification checkpoint, or ask for embeddings "
-        "(--convert embed)",
-    )
-
-
-def refuse_headless_classifier(model_config: Any) -> None:
-    """TTB273 at configuration, from the safetensors headers alone, when the checkpoint
-    has no classification head."""
-    if _file_holding(checkpoint_folder(model_config.model), SCORE_WEIGHT) is None:
-        raise _headless(model_config)
 
 
 def load_classifier(vllm_config: VllmConfig) -> torch.nn.Module:
@@ -82,9 +37,9 @@ def load_classifier(vllm_config: VllmConfig) -> torch.nn.Module:
     from safetensors import safe_open
 
     model_config = vllm_config.model_config
-    file = _file_holding(checkpoint_folder(model_config.model), SCORE_WEIGHT)
+    file = file_holding(checkpoint_folder(model_config.model), SCORE_WEIGHT)
     if file is None:
-        raise _headless(model_config)
+        raise headless_classifier(model_config)
     with safe_open(str(file), framework="pt") as handle:
         weight = handle.get_tensor(SCORE_WEIGHT)
     head = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False)

@@ -26,13 +26,14 @@ import torch
 from ttbundles.format import contract
 from ttbundles.serving import compat
 from ttbundles.serving.binding import GeneratorContractError, bind
+from ttbundles.serving.runner.kv.cache import Allocator
 from ttbundles.serving.runner.pooler import build_pooler, pooling_metadata
 
 if TYPE_CHECKING:  # vLLM's types, for annotations only
     from vllm.config import VllmConfig
     from vllm.v1.core.sched.output import SchedulerOutput
 
-    from ttbundles.serving.plan import PoolingPlan
+    from ttbundles.serving.planning.plan import PoolingPlan
 
 logger = logging.getLogger("vllm.ttbundles")
 
@@ -182,6 +183,34 @@ class TTPoolingRunner:
         """Pooling never speculates: no drafts to hand the scheduler."""
         return None
 
+    def sample_tokens(self, grammar_output: Any) -> Any:
+        """Never called: a pooling step's output is whole after `execute_model`."""
+        raise RuntimeError("a pooling step has no sampling: its output came from execute_model")
+
+    # --- what the worker asks of every runner (`runner.interface`) ----------------------
+
+    def describe(self) -> str:
+        return f"pooling {'+'.join(self.tasks)}, form {self.form!r}, no KV cache of vLLM's"
+
+    def supported_tasks(self) -> tuple[str, ...]:
+        # vLLM's API server opens the pooling endpoints of these tasks (the plan's: those
+        # the bundle declares and --convert asks for).
+        return self.tasks
+
+    def get_kv_cache_spec(self) -> dict[str, Any]:
+        """None: vLLM's engine runs a model with no KV cache as attention-free (the form
+        `prefill_hidden` keeps a cache of its own, `HiddenStates`)."""
+        return {}
+
+    def cache_block_size_bytes(self) -> int:
+        return 0
+
+    def determine_available_memory(self) -> int:
+        return 0
+
+    def initialize_kv_cache(self, kv_cache_config: Any) -> None:
+        """Nothing of vLLM's to take on."""
+
 
 class _Params:
     """What vLLM's sequence heads read of their `PoolingMetadata`: the requests' pooling
@@ -224,23 +253,13 @@ class HiddenStates:
         heads, size = config.get_num_kv_heads(parallel), config.get_head_size()
         shape = (blocks, heads, runner.block_size, size)
         layers = config.get_num_layers(parallel)
-        per_layer, whole = (
-            bind(generator, method, method.passes, class_name=name, optional=True)
-            for method in (contract.ALLOCATE_KV_CACHE_PER_LAYER, contract.ALLOCATE_KV_CACHE)
+        # The generation runner's allocator, in the model's dtype as that runner asks (the
+        # reference keeps float32).
+        allocator = Allocator.bind(
+            generator, name, needed_by="the pooling form 'prefill_hidden' (for its prefill)"
         )
-        dtype = config.dtype  # as the generation runner asks (the reference keeps float32)
-        if per_layer is not None:
-            specs = [(shape, dtype, layer) for layer in range(layers)]
-            return cls(runner, prefill, per_layer(per_layer_specs=specs), layers)
-        if whole is None:
-            raise GeneratorContractError.single(
-                "TTB053",
-                f"{name} has neither allocate_kv_cache nor allocate_kv_cache_per_layer, "
-                "which the pooling form 'prefill_hidden' needs for its prefill",
-                hint="implement one of them",
-            )
-        cache = whole(kv_cache_shape=shape, dtype=dtype, num_layers=layers)
-        return cls(runner, prefill, cache, 0)
+        cache, per_layer = allocator.allocate(shape, config.dtype, layers)
+        return cls(runner, prefill, cache, per_layer)
 
     def pool(self, rows: list[list[int]], params: list[Any]) -> list[torch.Tensor]:
         """Each prompt's pooled output: the hidden states of its positions, flattened

@@ -13,8 +13,8 @@ from vllm.v1.outputs import LogprobsTensors
 
 from ttbundles.format.contract import SamplingParams
 from ttbundles.serving.binding import GeneratorContractError
+from ttbundles.serving.runner.sampling_path import DeviceSupport, batch_host_reason, device_params
 from ttbundles.serving.runner.step import Layout, StepState, rows_of
-from ttbundles.serving.sampling_path import DeviceSupport, batch_host_reason, device_params
 
 if TYPE_CHECKING:
     from ttbundles.format.tt_options import TTOptions

@@ -37,7 +37,7 @@ import torch
 
 from ttbundles.format import speculative as spec
 from ttbundles.serving.binding import GeneratorContractError
-from ttbundles.serving.plan import SpeculativePlan
+from ttbundles.serving.planning.plan import SpeculativePlan
 from ttbundles.serving.runner.ngram import NgramProposer
 from ttbundles.serving.runner.rejection import accept_row, is_greedy, target_logits
 from ttbundles.serving.runner.step import StepState

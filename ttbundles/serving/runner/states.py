@@ -19,8 +19,8 @@ import torch
 from vllm.sampling_params import SamplingType
 
 from ttbundles.serving import compat
-from ttbundles.serving.lanes import lane_of
-from ttbundles.serving.runner.block_table import BlockTables
+from ttbundles.serving.lane_output import lane_of
+from ttbundles.serving.runner.kv.tables import BlockTables
 from ttbundles.serving.runner.slots import SlotStates
 from ttbundles.serving.runner.step import Layout, StepState
 from ttbundles.serving.stats import STATS

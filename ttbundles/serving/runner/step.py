@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from ttbundles.serving.sampling_path import has_penalties
+from ttbundles.serving.runner.sampling_path import has_penalties
 
 if TYPE_CHECKING:
     from vllm.v1.core.sched.output import SchedulerOutput

@@ -11,7 +11,7 @@ from ttbundles.errors import ConfigurationError
 from ttbundles.format.loader import PACKAGE_PREFIX, finder, package_name
 
 if TYPE_CHECKING:
-    from ttbundles.serving.plan import BundleRef
+    from ttbundles.serving.planning.plan import BundleRef
 
 
 def load_generator_class(bundle: BundleRef) -> type:

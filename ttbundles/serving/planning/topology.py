@@ -13,8 +13,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ttbundles.errors import ConfigurationError, Diagnostic, Severity
-from ttbundles.serving import command_line
-from ttbundles.serving.plan import Plan
+from ttbundles.serving.planning import command_line
+from ttbundles.serving.planning.plan import Plan
 
 if TYPE_CHECKING:  # vLLM's config imports the platform: import it only for type hints
     from vllm.config import VllmConfig
@@ -237,7 +237,7 @@ def plan_device_groups(vllm_config: VllmConfig, plan: Plan) -> None:
     import os
     import socket
 
-    from ttbundles.serving import device_groups
+    from ttbundles.serving.planning import device_groups
 
     parallel = vllm_config.parallel_config
     ranks = parallel.data_parallel_size

@@ -29,13 +29,13 @@ from typing import TYPE_CHECKING, Any
 from ttbundles.errors import ConfigurationError
 from ttbundles.format import contract
 from ttbundles.format import speculative as spec
-from ttbundles.serving.plan import SpeculativePlan
+from ttbundles.serving.planning.plan import SpeculativePlan
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
 
     from ttbundles.format.metadata import BundleMetadata
-    from ttbundles.serving.plan import Plan
+    from ttbundles.serving.planning.plan import Plan
 
 
 def _refuse(code: str, message: str, hint: str) -> ConfigurationError:
@@ -223,7 +223,7 @@ def _check_plan(plan: spec.SpecPlan, requested: int, who: str) -> None:
 
 def _generator_class(plan: Plan) -> type:
     """The bundle's class, imported as the worker imports it."""
-    from ttbundles.serving.generator_class import load_generator_class
+    from ttbundles.serving.planning.generator_class import load_generator_class
 
     return load_generator_class(plan.bundle)
 

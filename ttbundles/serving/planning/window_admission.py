@@ -35,7 +35,7 @@ from ttbundles.format.attention_window import (
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
 
-    from ttbundles.serving.plan import Plan
+    from ttbundles.serving.planning.plan import Plan
 
 TT_METAL_PACKAGE = "models"
 """The top-level package of TT-Metal's model code (`models.tt_transformers...`)."""

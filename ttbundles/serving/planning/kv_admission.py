@@ -19,7 +19,7 @@ from ttbundles.format.attention_window import attention_window
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
 
-    from ttbundles.serving.plan import Plan
+    from ttbundles.serving.planning.plan import Plan
 
 
 def layer_kinds(hf_config: Any) -> str:

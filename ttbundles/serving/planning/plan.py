@@ -11,10 +11,14 @@ from __future__ import annotations
 
 import logging
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ttbundles.errors import Diagnostic, Severity
 from ttbundles.format.tt_options import ServerOptions, TTOptions
+from ttbundles.serving.planning.options import TT_DEFAULTS, parse_tt_options
+
+if TYPE_CHECKING:  # vLLM's config imports the platform: import it only for type hints
+    from vllm.config import VllmConfig
 
 logger = logging.getLogger("vllm.ttbundles")
 
@@ -55,7 +59,7 @@ class BundleRef:
 
 @dataclass(frozen=True)
 class SpeculativePlan:
-    """Speculative decoding as admitted (`serving.spec_admission`): what the runner
+    """Speculative decoding as admitted (`serving.planning.spec_admission`): what the runner
     verifies and drafts, and what `validate_request` refuses while speculating."""
 
     method: str  # vLLM's method: ngram, or the bundle's own drafter
@@ -149,7 +153,7 @@ class Plan:
     # The settings lowered below what the user asked for (`lowered`, each with its TTB246
     # warning): what `lowered_length` and the length refusals read.
     lowered_settings: list[str] = field(default_factory=list)
-    # Speculative decoding as admitted (`serving.spec_admission`; None: not speculating).
+    # Speculative decoding as admitted (`serving.planning.spec_admission`; None: not speculating).
     speculative: SpeculativePlan | None = None
     # The API server's options (the user's only, never a target's).
     server: ServerOptions = field(default_factory=ServerOptions)
@@ -160,11 +164,11 @@ class Plan:
     # this, and refuses at load a class whose model_capabilities disagrees (TTB056).
     async_decode: bool = False
     # The bundle's KV groups are served on vLLM's hybrid KV-cache manager (schema 5,
-    # `serving.kv_admission`): what the platform answers `support_hybrid_kv_cache`.
+    # `serving.planning.kv_admission`): what the platform answers `support_hybrid_kv_cache`.
     kv_groups: bool = False
     # The chat settings the bundle's serving defaults supply (schema 4), those the
     # operator left unset only: tool_call_parser, enable_auto_tool_choice, chat_template
-    # (an absolute path), reasoning_parser (`serving.chat_defaults`).
+    # (an absolute path), reasoning_parser (`serving.planning.chat_defaults`).
     chat: ChatSettings = field(default_factory=dict)
     # What the bundle's evidence says of this mesh: tested, stale, failed or untested
     # (`check.support`), and the one line the plan and the start-up report give when it
@@ -297,3 +301,28 @@ class Plan:
             logger.warning(
                 "%s ttbundles: %s (fix: %s)", warning.code, warning.message, warning.hint
             )
+
+
+PLAN_KEY = "ttbundles"  # where the plan travels inside additional_config
+
+
+def served_plan(vllm_config: VllmConfig) -> Plan | None:
+    """The plan the platform stored in the configuration (None: no TT plan was made).
+
+    The one hand-off from the configuration hook to the worker, runner and scheduler: it
+    travels inside `additional_config` (the only part of the configuration that reaches
+    every process unchanged) and is read back typed here, never by string keys.
+    """
+    data = (vllm_config.additional_config or {}).get(PLAN_KEY)
+    return Plan.from_dict(data) if data else None
+
+
+def effective_options(vllm_config: VllmConfig) -> TTOptions:
+    """The device options in force: the plan's, or (a scheduler or runner built without
+    the platform's hook, as in unit tests) the user's over the defaults, checked the same
+    way the plan checks them."""
+    plan = served_plan(vllm_config)
+    if plan is not None:
+        return plan.tt_options
+    raw = (vllm_config.additional_config or {}).get("tt")
+    return parse_tt_options(raw).merged_over(TT_DEFAULTS)

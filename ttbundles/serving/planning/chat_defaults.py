@@ -5,8 +5,8 @@ template its models need (`serving`, schema 4), so that an operator need not kno
 per model. Each is a plan decision: the operator's flag when given, else the bundle's,
 else vLLM's default. The reasoning parser is an engine setting (set in the
 configuration here); the others are the API server's, which vLLM reads from the parsed
-command line when it builds its handlers: `install` fills those the operator left unset
-just before (`compat.replace_init_app_state`).
+command line when it builds its handlers: `serving.api_server.chat_defaults` fills those
+the operator left unset just before.
 """
 
 from __future__ import annotations
@@ -22,9 +22,7 @@ from ttbundles.format.metadata import BundleMetadata
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
 
-    from ttbundles.serving.plan import Plan
-
-_state: dict[str, Any] = {}
+    from ttbundles.serving.planning.plan import Plan
 
 
 def plan_chat_defaults(
@@ -92,34 +90,3 @@ def plan_chat_defaults(
         )
     if "reasoning_parser" in plan.chat and structured is not None:
         structured.reasoning_parser = plan.chat["reasoning_parser"]
-
-
-def install(chat: dict[str, Any]) -> None:
-    """In the API server's process: fill the chat settings of `chat` (the plan's) into
-    the parsed command line when vLLM builds its handlers. Once per process."""
-    _state["chat"] = dict(chat)
-    if _state.get("installed") or not chat:
-        return
-    _state["installed"] = True
-    from ttbundles.serving import compat
-
-    original: Any = None
-
-    async def init_app_state(engine_client: Any, state: Any, args: Any, *rest: Any, **kw: Any):
-        apply(args, _state["chat"])
-        return await original(engine_client, state, args, *rest, **kw)
-
-    original = compat.replace_init_app_state(init_app_state)
-
-
-def apply(args: Any, chat: dict[str, Any]) -> None:
-    """Set each of `chat`'s settings on the parsed command line `args` where it is unset
-    (the operator's flag wins, even one given after the plan)."""
-    for setting, value in chat.items():
-        if setting == "reasoning_parser":
-            structured = getattr(args, "structured_outputs_config", None)
-            if structured is not None and not getattr(structured, "reasoning_parser", None):
-                structured.reasoning_parser = value
-            continue
-        if not getattr(args, setting, None):
-            setattr(args, setting, value)

@@ -12,46 +12,29 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from pydantic import ValidationError
-
 from ttbundles.errors import ConfigurationError, Diagnostic, Severity
 from ttbundles.format.contract import unservable_reason
 from ttbundles.format.meshes import is_host
 from ttbundles.format.metadata import BundleMetadata, Target, tt_arch_name
 from ttbundles.format.tt_options import (
-    SERVER_OPTION_NAMES,
-    TT_OPTION_NAMES,
-    ServerOptions,
     TTOptions,
 )
 from ttbundles.registry.registry import Registry, Status
-from ttbundles.serving import command_line
-from ttbundles.serving.plan import BundleRef, Plan, PoolingPlan
-from ttbundles.serving.topology import plan_device_groups, plan_lanes
-from ttbundles.suggest import hint_for
+from ttbundles.serving.planning import command_line
+from ttbundles.serving.planning.options import TT_DEFAULTS, parse_server_options, parse_tt_options
+from ttbundles.serving.planning.plan import PLAN_KEY, BundleRef, Plan
+from ttbundles.serving.planning.pooling import plan_runner
+from ttbundles.serving.planning.topology import plan_device_groups, plan_lanes
 
 if TYPE_CHECKING:  # vLLM's config imports the platform: import it only for type hints
     from vllm.config import VllmConfig
 
 logger = logging.getLogger("vllm.ttbundles")
 
-PLAN_KEY = "ttbundles"  # where the plan travels inside additional_config
 WORKER_CLS = "ttbundles.serving.worker.TTWorker"
 SCHEDULER_CLS = "ttbundles.serving.scheduler.TTScheduler"
 ASYNC_SCHEDULER_CLS = "ttbundles.serving.scheduler.TTAsyncScheduler"
 LANE_COORDINATOR_CLS = "ttbundles.serving.lanes.TTLaneCoordinator"
-
-# Effective values of the device options the user and the target left unset. The decode
-# interleave cadence is the reference Tenstorrent plugin's: two prefill steps, then one
-# decode step (P P D P P D ...) while a decode waits on a run of prefill steps.
-TT_DEFAULTS = TTOptions(
-    always_compat_sampling=False,
-    trace_mode="all",
-    enable_model_warmup=True,
-    decode_interleave_enabled=True,
-    decode_interleave_prefill_steps=2,
-    decode_interleave_decode_steps=1,
-)
 
 
 def _error(code: str, message: str, hint: str | None = None) -> ConfigurationError:
@@ -102,57 +85,6 @@ def _none_serves(architectures: list[str], registry: Registry) -> tuple[str, str
     )
 
 
-def parse_tt_options(raw: Any) -> TTOptions:
-    """`additional_config["tt"]`'s device options as typed options, or an error naming
-    the fix (the server options there are `parse_server_options`')."""
-    return _validated(TTOptions, _tt_part(raw, server=False))
-
-
-def parse_server_options(raw: Any) -> ServerOptions:
-    """`additional_config["tt"]`'s API-server options (`ServerOptions`), checked as the
-    device options are (TTB038)."""
-    return _validated(ServerOptions, _tt_part(raw, server=True))
-
-
-def _tt_part(raw: Any, *, server: bool) -> dict[str, Any]:
-    if raw is None:
-        return {}
-    if not isinstance(raw, dict):
-        raise _error("TTB038", f"additional_config.tt must be an object, got {raw!r}")
-    return {k: v for k, v in raw.items() if (k in SERVER_OPTION_NAMES) == server}
-
-
-def _validated(model: type[Any], values: dict[str, Any]) -> Any:
-    try:
-        return model.model_validate(values)
-    except ValidationError as exc:
-        problems = []
-        for err in exc.errors():
-            key = str(err["loc"][0]) if err["loc"] else "?"
-            if err["type"] == "extra_forbidden":
-                problems.append(
-                    Diagnostic(
-                        "TTB038",
-                        Severity.ERROR,
-                        f"unknown device option tt.{key}",
-                        hint=hint_for(
-                            key, TT_OPTION_NAMES + SERVER_OPTION_NAMES, what="device options"
-                        ),
-                    )
-                )
-            else:
-                allowed = (err.get("ctx") or {}).get("expected")
-                problems.append(
-                    Diagnostic(
-                        "TTB038",
-                        Severity.ERROR,
-                        f"tt.{key}={err.get('input')!r}: {err['msg']}",
-                        hint=f"use {allowed}" if allowed else None,
-                    )
-                )
-        raise ConfigurationError(problems) from None
-
-
 def plan_config(vllm_config: VllmConfig, registry: Registry) -> Plan | None:
     """Turn the user's configuration into the effective one, in place."""
     model_config = vllm_config.model_config
@@ -175,7 +107,7 @@ def plan_config(vllm_config: VllmConfig, registry: Registry) -> Plan | None:
             f"{meta.tt_arch} ({meta.name}) cannot be served: {reason}",
             "serve a model vLLM knows (for images: Qwen2.5-VL, Qwen3-VL, Gemma 3)",
         )
-    from ttbundles.serving.reference_admission import refuse_unread_architecture
+    from ttbundles.serving.planning.reference_admission import refuse_unread_architecture
 
     refuse_unread_architecture(entry)  # a reference that does not read it: TTB041
     caps = meta.capabilities
@@ -204,7 +136,7 @@ def plan_config(vllm_config: VllmConfig, registry: Registry) -> Plan | None:
     )
 
     _refuse_unsupported(vllm_config, mesh)
-    _plan_runner(vllm_config, plan, meta)
+    plan_runner(vllm_config, plan, meta)
     _plan_evidence(plan, entry.path)
 
     options = _plan_options(vllm_config, plan, meta, target)
@@ -212,7 +144,7 @@ def plan_config(vllm_config: VllmConfig, registry: Registry) -> Plan | None:
     _plan_dtype(vllm_config, plan)
 
     _plan_lengths(vllm_config, plan, target)
-    from ttbundles.serving.window_admission import plan_window
+    from ttbundles.serving.planning.window_admission import plan_window
 
     plan_window(vllm_config, plan, entry)  # a window the generator does not mask: TTB250
     _plan_inputs(vllm_config, plan, meta.name, caps.input_limits())
@@ -223,13 +155,13 @@ def plan_config(vllm_config: VllmConfig, registry: Registry) -> Plan | None:
 
     _plan_features(vllm_config, plan, meta)
     _plan_scheduler(vllm_config, plan)
-    from ttbundles.serving.spec_admission import plan_speculative
+    from ttbundles.serving.planning.spec_admission import plan_speculative
 
     plan_speculative(vllm_config, plan, meta)
-    from ttbundles.serving.kv_admission import plan_kv_groups
+    from ttbundles.serving.planning.kv_admission import plan_kv_groups
 
     plan_kv_groups(vllm_config, plan, caps.kv_cache_spec)
-    from ttbundles.serving.chat_defaults import plan_chat_defaults
+    from ttbundles.serving.planning.chat_defaults import plan_chat_defaults
 
     plan_chat_defaults(vllm_config, plan, meta, entry.path, command_line.COMMAND_LINE)
 
@@ -268,7 +200,7 @@ def _plan_evidence(plan: Plan, bundle_dir: Any) -> None:
 
 def _refuse_unsupported(vllm_config: VllmConfig, mesh: str | None) -> None:
     """What Tenstorrent does not do (yet): vLLM's own parallelism, LoRA (TTB201,
-    TTB202). Speculative decoding is admitted or refused by `serving.spec_admission`."""
+    TTB202). Speculative decoding is admitted or refused by `serving.planning.spec_admission`."""
     parallel = vllm_config.parallel_config
     refuse_vllm_parallelism(parallel, mesh)
     if parallel.data_parallel_size > 1 and parallel.data_parallel_backend == "ray":
@@ -283,98 +215,6 @@ def _refuse_unsupported(vllm_config: VllmConfig, mesh: str | None) -> None:
         )
     if vllm_config.lora_config is not None:
         raise _error("TTB202", "LoRA is not supported yet on Tenstorrent", "drop --enable-lora")
-
-
-def _pooling_asked_by(model_config: Any) -> str:
-    """Who made vLLM choose its pooling runner, in the words the user would recognise:
-    the flag they passed, or the checkpoint itself (vLLM pools a checkpoint with a
-    sentence-transformers `modules.json` or a `*ForSequenceClassification` architecture
-    by default, with no flag at all)."""
-    asked = []
-    if model_config.runner == "pooling":
-        asked.append("--runner pooling")
-    if model_config.convert not in ("auto", "none"):
-        asked.append(f"--convert {model_config.convert}")
-    if asked:
-        return " ".join(asked)
-    return (
-        "the checkpoint (vLLM pools it by default: a sentence-transformers modules.json or "
-        "a pooling architecture)"
-    )
-
-
-# The tasks vLLM's `--convert` asks for (`vllm.config.model`: `embed` makes an embedding
-# model, which also answers per-token embeddings; `classify` a classifier, whose /score
-# and /rerank are classification of a pair). "none" (a checkpoint vLLM pools natively)
-# asks for no task in particular: every task the bundle declares.
-CONVERT_TASKS: dict[str, tuple[str, ...]] = {
-    "embed": ("embed", "token_embed"),
-    "classify": ("classify",),
-}
-
-
-def _plan_runner(vllm_config: VllmConfig, plan: Plan, meta: BundleMetadata) -> None:
-    """vLLM's runner, decided aloud with the pooling tasks served. Pooling asked of a
-    bundle without the task is refused (TTB270): vLLM's pooling configuration used to
-    reach a generation worker, which served completions and answered 404 on
-    /v1/embeddings. Generation asked of a bundle that only pools is refused too
-    (TTB272)."""
-    model_config = vllm_config.model_config
-    runner = model_config.runner_type
-    bundle = plan.bundle.label
-    pooling = meta.capabilities.pooling
-    asked = None if model_config.runner == "auto" else model_config.runner
-    if runner == "pooling":
-        by = _pooling_asked_by(model_config)
-        if pooling is None:
-            raise _error(
-                "TTB270",
-                f"{by} asks for a pooling server (embeddings, classification, scores), but "
-                f"{bundle} declares no pooling task: its generator "
-                f"{plan.bundle.declared_class} only generates text",
-                "serve it as a generation model (drop --runner pooling and --convert, or "
-                "pass --runner generate), or use a bundle that declares the pooling tasks",
-            )
-        convert = model_config.convert_type
-        wanted = CONVERT_TASKS.get(convert)
-        served = [t for t in pooling.tasks if wanted is None or t in wanted]
-        if not served:
-            other = "classify" if convert == "embed" else "embed"
-            raise _error(
-                "TTB270",
-                f"{by} asks for {convert} pooling ({', '.join(wanted or ())}), but {bundle} "
-                f"declares the pooling tasks {', '.join(pooling.tasks)} only",
-                f"serve it with --convert {other}"
-                if other in pooling.tasks
-                else "use a bundle that declares the task",
-            )
-        if pooling.form == "prefill_hidden" and "classify" in served:
-            from ttbundles.serving.runner.pooler import refuse_headless_classifier
-
-            refuse_headless_classifier(model_config)
-        plan.pooling = PoolingPlan(tuple(served), pooling.form)
-        plan.decide(
-            "runner",
-            asked,
-            "pooling",
-            f"{bundle} pools ({by}): tasks {', '.join(served)}, form {pooling.form!r}",
-        )
-        return
-    if pooling is not None and pooling.form == "forward":
-        raise _error(
-            "TTB272",
-            f"vLLM's runner is {runner!r} (text generation), but {bundle} only pools "
-            f"({', '.join(pooling.tasks)}: its generator has forward(input_ids, "
-            "attention_mask), no prefill or decode)",
-            "serve it with --runner pooling (and --convert embed or --convert classify for "
-            "a *ForCausalLM checkpoint)",
-        )
-    plan.decide(
-        "runner",
-        asked,
-        runner,
-        f"{bundle} generates text" + ("" if asked else " (vLLM's default)"),
-    )
 
 
 def refuse_vllm_parallelism(settings: Any, mesh: str | None) -> None:
@@ -432,7 +272,7 @@ def _plan_options(
 
 
 def _plan_server(vllm_config: VllmConfig, plan: Plan, images: bool) -> None:
-    """The API server's options: which image URLs it fetches (`serving.media_urls`).
+    """The API server's options: which image URLs it fetches (`serving.api_server.media_urls`).
     Decided aloud only where images are served: a text-only server fetches none, and a
     line about image URLs in its log is noise (unless the user set the option)."""
     additional = vllm_config.additional_config
@@ -567,28 +407,6 @@ def _plan_scheduler(vllm_config: VllmConfig, plan: Plan) -> None:
             f"prefill runs at most once every {interval} executed steps while a decode "
             "runs; the steps between are decode steps",
         )
-
-
-def served_plan(vllm_config: VllmConfig) -> Plan | None:
-    """The plan the platform stored in the configuration (None: no TT plan was made).
-
-    The one hand-off from the configuration hook to the worker, runner and scheduler: it
-    travels inside `additional_config` (the only part of the configuration that reaches
-    every process unchanged) and is read back typed here, never by string keys.
-    """
-    data = (vllm_config.additional_config or {}).get(PLAN_KEY)
-    return Plan.from_dict(data) if data else None
-
-
-def effective_options(vllm_config: VllmConfig) -> TTOptions:
-    """The device options in force: the plan's, or (a scheduler or runner built without
-    the platform's hook, as in unit tests) the user's over the defaults, checked the same
-    way the plan checks them."""
-    plan = served_plan(vllm_config)
-    if plan is not None:
-        return plan.tt_options
-    raw = (vllm_config.additional_config or {}).get("tt")
-    return parse_tt_options(raw).merged_over(TT_DEFAULTS)
 
 
 MAX_LOGPROBS = 20

@@ -14,7 +14,7 @@ import functools
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ttbundles.serving.plan import Plan
+    from ttbundles.serving.planning.plan import Plan
 
 # What vLLM's context-length refusals say (0.33.0 and 0.34.0): any of these in the message.
 _LENGTH_WORDS = ("maximum context length", "maximum model length", "max_model_len")

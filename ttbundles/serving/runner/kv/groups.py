@@ -1,9 +1,10 @@
-"""The KV cache layout: which kind of cache each layer keeps, as the generator class
+"""The KV layer groups: which kind of cache each layer keeps, as the generator class
 declares it, and how vLLM's KV groups map back onto layers.
 
 A generator class may answer `get_kv_cache_spec(vllm_config)` (TT-Metal's
-`HybridAttentionForCausalLM`, the reference plugin's worker): `{"model.layers.<i>.self_attn":
-KVCacheSpec or None}`, None meaning full attention with the model's shape. Sliding-window
+`HybridAttentionForCausalLM`, the reference plugin's worker): `{"model.layers.<i>.<module>":
+KVCacheSpec or None}` (`self_attn` for attention; the module name is the class's), None
+meaning full attention with the model's shape. Sliding-window
 layers then get a `SlidingWindowSpec`, and vLLM's hybrid KV-cache manager gives them only
 the blocks their window needs. vLLM groups layers of one kind (a group: one block table),
 and layers at the same index in their groups share one allocation (`tensor_idx`): a block
@@ -23,9 +24,18 @@ if TYPE_CHECKING:
     from vllm.config import VllmConfig
     from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheSpec
 
+from ttbundles.serving.runner.kv import kinds
+
 LAYER_NAME = "model.layers.{}.self_attn"
-_LAYER_INDEX = re.compile(r"^model\.layers\.(\d+)\.self_attn$")
+"""A layer's name where its class names none (no `get_kv_cache_spec`, or a None answer)."""
+_LAYER_INDEX = re.compile(r"^model\.layers\.(\d+)\.[A-Za-z_]\w*$")
 SPEC_METHOD = "get_kv_cache_spec"
+
+
+def layer_index(name: str) -> int | None:
+    """The layer index of a KV layer name (`model.layers.<i>.<module>`), None for another."""
+    match = _LAYER_INDEX.match(name)
+    return int(match.group(1)) if match else None
 
 
 def declares_layout(generator_cls: type) -> bool:
@@ -48,13 +58,20 @@ def layer_specs(
 
     A name that is not one of the model's layers is refused (TTB260): vLLM would keep a
     cache no layer reads, and the layer it meant would get none."""
-    names = [LAYER_NAME.format(i) for i in range(num_layers)]
     declared: dict[str, Any] | None = None
     if ask and declares_layout(generator_cls):
         declared = getattr(generator_cls, SPEC_METHOD)(vllm_config)
     if declared is None:
-        return dict.fromkeys(names, default)
-    unknown = sorted(set(declared) - set(names))
+        return {LAYER_NAME.format(i): default for i in range(num_layers)}
+    named: dict[int, str] = {}
+    unknown = []
+    for name in declared:
+        index = layer_index(name)
+        if index is None or index >= num_layers or index in named:
+            unknown.append(name)
+        else:
+            named[index] = name
+    unknown.sort()
     if unknown:
         raise ConfigurationError.single(
             "TTB260",
@@ -62,6 +79,7 @@ def layer_specs(
             f"not one of the model's {num_layers} layers (model.layers.<i>.self_attn)",
             hint=f"key the specs model.layers.<i>.self_attn for i in 0..{num_layers - 1}",
         )
+    names = [named.get(i, LAYER_NAME.format(i)) for i in range(num_layers)]
     return {name: declared.get(name) or default for name in names}
 
 
@@ -70,7 +88,7 @@ class LayerGroups:
     """vLLM's KV groups seen per layer: `group[i]` the block table layer i reads,
     `tensor[i]` the allocation it shares with the layers at its index in other groups,
     `specs[g]` group g's spec, `main` the group whose table goes as `page_table` (the
-    first full-attention one: a generator that reads only `page_table` sees every
+    first one whose layers read everything: a generator that reads only `page_table` sees every
     position there), `reach[g]` how many tokens below a step's first position group g's
     attention still reads (a sliding window's `num_retained_tokens`; 0: everything)."""
 
@@ -84,41 +102,37 @@ class LayerGroups:
     def num_groups(self) -> int:
         return len(self.specs)
 
+    def table_widths(self, vllm_config: VllmConfig, max_model_len: int) -> tuple[int, ...]:
+        """Each group's block-table row width, as its spec sizes it
+        (`max_num_blocks_per_req`: a column per block of the longest request for attention,
+        whose rows are indexed by position)."""
+        return tuple(spec.max_num_blocks_per_req(vllm_config, max_model_len) for spec in self.specs)
+
     @classmethod
     def from_config(cls, kv_cache_config: KVCacheConfig, num_layers: int) -> LayerGroups:
-        from vllm.v1.kv_cache_interface import SlidingWindowSpec
-
         group = [0] * num_layers
         tensor = list(range(num_layers))
         specs = []
         for g, spec_group in enumerate(kv_cache_config.kv_cache_groups):
             specs.append(spec_group.kv_cache_spec)
             for position, name in enumerate(spec_group.layer_names):
-                match = _LAYER_INDEX.match(name)
-                if match is None or int(match.group(1)) >= num_layers:
+                index = layer_index(name)
+                if index is None or index >= num_layers:
                     continue
-                index = int(match.group(1))
                 group[index] = g
                 tensor[index] = position
         if len(specs) == 1:
             tensor = list(range(num_layers))  # one group: every layer its own tensor
-        main = next(
-            (g for g, spec in enumerate(specs) if not isinstance(spec, SlidingWindowSpec)), 0
-        )
-        reach = tuple(
-            spec.num_retained_tokens if isinstance(spec, SlidingWindowSpec) else 0 for spec in specs
-        )
+        reach = tuple(kinds.reach(spec) for spec in specs)
+        main = next((g for g, r in enumerate(reach) if not r), 0)
         return cls(tuple(group), tuple(tensor), tuple(specs), main, reach)
 
     def describe(self) -> str:
         """`2 KV groups x 2 layers: full attention (1), sliding window 32 (5)`: what the
         start-up log says."""
-        from vllm.v1.kv_cache_interface import SlidingWindowSpec
-
-        kinds: dict[str, int] = {}
+        counts: dict[str, int] = {}
         for spec in self.specs:
-            sliding = isinstance(spec, SlidingWindowSpec)
-            kind = f"sliding window {spec.sliding_window}" if sliding else "full attention"
-            kinds[kind] = kinds.get(kind, 0) + 1
-        which = ", ".join(f"{kind} ({count})" for kind, count in kinds.items())
+            kind = kinds.describe(spec)
+            counts[kind] = counts.get(kind, 0) + 1
+        which = ", ".join(f"{kind} ({count})" for kind, count in counts.items())
         return f"{self.num_groups} KV group{'s' if self.num_groups > 1 else ''}: {which}"

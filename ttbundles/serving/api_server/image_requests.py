@@ -22,7 +22,7 @@ does, including vLLM's own choice to answer an unreachable http URL with a 500 (
 transient failure a client may retry), is left as it is.
 
 **Inside addresses.** An http(s) `image_url` is fetched only from public addresses
-unless the operator allows more (`serving.media_urls`, TTB220): every `MediaConnector`
+unless the operator allows more (`serving.api_server.media_urls`, TTB220): every `MediaConnector`
 that would fetch through vLLM's global connection fetches through a guarded one instead.
 
 `install()` wraps the private methods once per process, and sets the URL policy each
@@ -92,7 +92,7 @@ def check_placeholders(
 def install(allow_private_media_urls: bool | list[str] = False) -> None:
     """Put the checks in place in this process, with `allow_private_media_urls`
     (`ServerOptions`) as the policy for image URLs."""
-    from ttbundles.serving import media_urls
+    from ttbundles.serving.api_server import media_urls
 
     media_urls.set_policy(media_urls.MediaURLPolicy.from_option(allow_private_media_urls))
     if _state.get("installed"):

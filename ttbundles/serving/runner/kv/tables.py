@@ -3,7 +3,7 @@ per slot, as vLLM's own runner keeps them (`vllm/v1/worker/gpu/block_table.py`,
 `BlockTables`: one table per KV-cache group).
 
 A model whose layers are all paged alike has one KV-cache group. A hybrid model
-(sliding-window layers beside full-attention ones, `serving.kv_layout`) served on vLLM's
+(sliding-window layers beside full-attention ones, `runner.kv.groups`) served on vLLM's
 hybrid manager has several, each with its own block ids per request (vLLM's
 `block_ids[group]`) and so its own table here. A sliding group's row is indexed by
 absolute position like every other (column `p // block_size` holds position p's block);
@@ -23,15 +23,16 @@ import numpy as np
 import torch
 
 if TYPE_CHECKING:
-    from ttbundles.serving.kv_layout import LayerGroups
+    from ttbundles.serving.runner.kv.groups import LayerGroups
     from ttbundles.serving.runner.step import Layout
 
 
 class BlockTables:
-    """`num_groups` tables of `[capacity, ceil(max_model_len / block_size)]` int32 block
-    ids by slot, and how many columns of each row are live; with the engine's KV groups
-    (`groups`), what a step sends of them: each sliding group's window, the main table,
-    the per-layer tables."""
+    """`num_groups` tables of `[capacity, width]` int32 block ids by slot (a group's
+    width its spec's `max_num_blocks_per_req`, else `ceil(max_model_len / block_size)`),
+    and how many columns of each row are live; with the engine's KV groups (`groups`),
+    what a step sends of them: each sliding group's window, the main table, the
+    per-layer tables."""
 
     def __init__(
         self,
@@ -40,6 +41,7 @@ class BlockTables:
         block_size: int,
         num_groups: int = 1,
         groups: LayerGroups | None = None,
+        widths: Sequence[int] = (),
     ):
         width = -(-max_model_len // block_size)
         self.capacity = capacity
@@ -47,7 +49,10 @@ class BlockTables:
         self.num_groups = groups.num_groups if groups is not None else num_groups
         self.groups = groups
         num_groups = self.num_groups
-        self.tables = [torch.zeros((capacity, width), dtype=torch.int32) for _ in range(num_groups)]
+        # Each group's row as wide as its spec asks (`LayerGroups.table_widths`), else a
+        # column per block of the longest request.
+        widths = tuple(widths) or (width,) * num_groups
+        self.tables = [torch.zeros((capacity, w), dtype=torch.int32) for w in widths]
         # numpy views of the same memory: row writes without a torch call per row.
         self.tables_np = [table.numpy() for table in self.tables]
         self.counts = [np.zeros(capacity, dtype=np.int64) for _ in range(num_groups)]

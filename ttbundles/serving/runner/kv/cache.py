@@ -1,0 +1,113 @@
+"""The generator's KV cache: the engine's KV groups taken on, and the cache allocated.
+
+vLLM's runner keeps this apart from the step loop too (`initialize_kv_cache`): the
+groups come once, from the engine's `KVCacheConfig` (`runner.kv.groups.LayerGroups`),
+before any request, and the cache is allocated once after them. What does not yet follow
+several groups is refused here, before a request could be served wrong. The one
+allocator (`Allocator`) serves both runners: generation over vLLM's blocks, pooling over
+a cache of its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ttbundles.format import contract
+from ttbundles.serving.binding import BoundMethod, GeneratorContractError, bind
+
+if TYPE_CHECKING:
+    import torch
+
+    from ttbundles.serving.runner.kv.groups import LayerGroups
+
+HYBRID_HINT = "--disable-hybrid-kv-cache-manager"
+
+
+def refuse_unserved_groups(groups: LayerGroups, *, speculating: bool, lanes: int) -> None:
+    """TTB262 where several groups meet what reads one table: the early-exit drafter and
+    verify read one, and lanes split one block pool by lane."""
+    if groups.num_groups <= 1:
+        return
+    unserved = []
+    if speculating:
+        unserved.append("speculative decoding")
+    if lanes > 1:
+        unserved.append("in-process data-parallel lanes")
+    if unserved:
+        raise GeneratorContractError.single(
+            "TTB262",
+            f"{' and '.join(unserved)} with {groups.describe()} (hybrid KV cache) is "
+            "not supported yet",
+            hint=f"serve with {HYBRID_HINT} (every layer keeps the whole context), or "
+            "without the feature",
+        )
+
+
+@dataclass(frozen=True)
+class Allocator:
+    """The generator's cache allocation methods, bound once: the per-layer one (hybrid
+    attention: a (shape, dtype, tensor_idx) per layer) preferred where the class has it."""
+
+    per_layer: BoundMethod | None
+    whole: BoundMethod | None
+
+    @classmethod
+    def bind(cls, model: Any, class_name: str, *, needed_by: str = "") -> Allocator:
+        """Both methods of `model`, TTB053 when it has neither (`needed_by`: what needs
+        them, for the message)."""
+        per_layer, whole = (
+            bind(model, method, method.passes, class_name=class_name, optional=True)
+            for method in (contract.ALLOCATE_KV_CACHE_PER_LAYER, contract.ALLOCATE_KV_CACHE)
+        )
+        if per_layer is None and whole is None:
+            raise GeneratorContractError.single(
+                "TTB053",
+                f"{class_name} has neither allocate_kv_cache nor allocate_kv_cache_per_layer"
+                + (f", which {needed_by} needs" if needed_by else ""),
+                hint="implement one of them",
+            )
+        return cls(per_layer, whole)
+
+    def allocate(
+        self,
+        shape: tuple[int, ...],
+        dtype: Any,
+        num_layers: int,
+        tensors: Sequence[int] | None = None,
+    ) -> tuple[Any, int]:
+        """The KV cache, and its layers when it was allocated per layer (then every
+        step passes `page_tables_per_layer`; 0 otherwise). `tensors[i]` is layer i's
+        `tensor_idx` (layers with the same one share one allocation: vLLM's KV groups
+        overlay one block pool), each layer its own without it."""
+        if self.per_layer is not None:
+            indices = list(tensors) if tensors is not None else list(range(num_layers))
+            specs = [(shape, dtype, indices[layer]) for layer in range(num_layers)]
+            return self.per_layer(per_layer_specs=specs), num_layers
+        assert self.whole is not None
+        return self.whole(kv_cache_shape=shape, dtype=dtype, num_layers=num_layers), 0
+
+
+def allocate_cache(
+    allocator: Allocator,
+    class_name: str,
+    groups: LayerGroups | None,
+    shape: tuple[int, int, int, int],
+    dtype: torch.dtype,
+    num_layers: int,
+) -> tuple[Any, int]:
+    """The generator's cache (`shape`: one lane's blocks) and how many layers it holds
+    one tensor each (0: one tensor for every layer). Several groups need the per-layer
+    allocation: layers that share one tensor cannot be allocated in one piece (TTB261)."""
+    if groups is not None and groups.num_groups > 1 and allocator.per_layer is None:
+        raise GeneratorContractError.single(
+            "TTB261",
+            f"{class_name} declares {groups.num_groups} KV groups "
+            "(get_kv_cache_spec) but has no allocate_kv_cache_per_layer: layers that "
+            "share one tensor cannot be allocated through allocate_kv_cache",
+            hint=f"implement allocate_kv_cache_per_layer(per_layer_specs), or serve with "
+            f"{HYBRID_HINT}",
+        )
+    tensors = groups.tensor if groups is not None else None
+    return allocator.allocate(shape, dtype, num_layers, tensors)
