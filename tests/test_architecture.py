@@ -461,3 +461,33 @@ def test_the_wing_check_sees_an_import_across_wings():
     runner = {target for _, target, _ in _wing_imports("runner")}
     assert "ttbundles.serving.lane_output" in runner
     assert "ttbundles.serving.planning.plan" in runner
+
+
+def test_only_the_kv_package_asks_a_spec_its_class():
+    """A KV kind is known in `serving/runner/kv/` alone: elsewhere a spec is asked through
+    the package (`kinds`, `sizing`, `groups`), never `isinstance(spec, SlidingWindowSpec)`,
+    so a new kind is one new case there."""
+    kinds = {"SlidingWindowSpec", "FullAttentionSpec", "MambaSpec", "AttentionSpec"}
+    found = []
+    for path in _python_files(PACKAGE):
+        if "kv" in path.relative_to(PACKAGE).parts[:-1] or "_data" in path.parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if (
+                isinstance(node, ast.Call)
+                and getattr(node.func, "id", None) == "isinstance"
+                and len(node.args) == 2
+                and (
+                    {n.id for n in ast.walk(node.args[1]) if isinstance(n, ast.Name)}
+                    | {n.attr for n in ast.walk(node.args[1]) if isinstance(n, ast.Attribute)}
+                )
+                & kinds
+            ):
+                found.append(f"{path.relative_to(PACKAGE)}:{node.lineno}")
+    assert found == []
+
+
+def test_the_worker_drives_one_runner_surface():
+    """The worker hands every call to its runner: no branch on the runner's kind."""
+    source = (SERVING / "worker.py").read_text(encoding="utf-8")
+    assert "pools" not in source and "TTPoolingRunner" not in source

@@ -517,3 +517,37 @@ def test_prompt_logits_in_chunks_through_shared_tensors_are_transformers(gemma3_
         )
         chunks.append(out[0, : end - start])
     torch.testing.assert_close(torch.cat(chunks), hf_logits(model, ids), atol=1e-4, rtol=0)
+
+
+def test_the_layer_names_are_the_classs_own(gemma3_checkpoint):
+    """A class may name a layer's cache by its own module (a recurrent layer is not
+    `self_attn`): the name it gives is the name vLLM groups; layers it does not name keep
+    the default name; a layer named twice is refused (TTB260)."""
+    window = SlidingWindowSpec(
+        block_size=BLOCK, num_kv_heads=2, head_size=16, dtype=torch.float32, sliding_window=16
+    )
+
+    class Named(ReferenceLlamaGenerator):
+        @classmethod
+        def get_kv_cache_spec(cls, vllm_config):
+            return {"model.layers.1.linear_attn": window}
+
+    class Twice(ReferenceLlamaGenerator):
+        @classmethod
+        def get_kv_cache_spec(cls, vllm_config):
+            return {"model.layers.1.linear_attn": window, "model.layers.1.self_attn": None}
+
+    config = vllm_config(
+        gemma3_checkpoint,
+        max_num_seqs=2,
+        max_num_batched_tokens=64,
+        max_model_len=64,
+        block_size=BLOCK,
+    )
+    default = FullAttentionSpec(block_size=BLOCK, num_kv_heads=2, head_size=16, dtype=torch.float32)
+    specs = layer_specs(Named, config, LAYERS, default)
+    assert list(specs)[:2] == ["model.layers.0.self_attn", "model.layers.1.linear_attn"]
+    assert specs["model.layers.1.linear_attn"] is window and len(specs) == LAYERS
+    with pytest.raises(ConfigurationError) as info:
+        layer_specs(Twice, config, LAYERS, default)
+    assert info.value.diagnostics[0].code == "TTB260"
