@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from ttbundles.errors import ConfigurationError, Diagnostic, Severity
+from ttbundles.format import capabilities as catalogue
 from ttbundles.format.contract import unservable_reason
 from ttbundles.format.meshes import is_host
 from ttbundles.format.metadata import BundleMetadata, Target, tt_arch_name
@@ -307,10 +308,7 @@ def _pooling_asked_by(model_config: Any) -> str:
 # model, which also answers per-token embeddings; `classify` a classifier, whose /score
 # and /rerank are classification of a pair). "none" (a checkpoint vLLM pools natively)
 # asks for no task in particular: every task the bundle declares.
-CONVERT_TASKS: dict[str, tuple[str, ...]] = {
-    "embed": ("embed", "token_embed"),
-    "classify": ("classify",),
-}
+CONVERT_TASKS: dict[str, tuple[str, ...]] = catalogue.CONVERT_TASKS
 
 
 def _plan_runner(vllm_config: VllmConfig, plan: Plan, meta: BundleMetadata) -> None:
@@ -484,11 +482,8 @@ def _plan_features(vllm_config: VllmConfig, plan: Plan, meta: BundleMetadata) ->
     sched = vllm_config.scheduler_config
     plan.async_decode = bool(caps.async_decode)
     # Each feature stays on only when the bundle declares the capability it needs.
-    for config, setting, capability in (
-        (vllm_config.cache_config, "enable_prefix_caching", "prefix_caching"),
-        (sched, "async_scheduling", "async_decode"),
-        (sched, "enable_chunked_prefill", "chunked_prefill"),
-    ):
+    for section, setting, capability in catalogue.TURNED_OFF:
+        config = getattr(vllm_config, section)
         requested = bool(getattr(config, setting))
         if requested and plan.pooling is not None:
             # The pooling runner pools whole prompts in the step they are scheduled, with
