@@ -42,6 +42,7 @@ LIGHT = [
     "ttbundles.format.metadata",
     "ttbundles.hub",
     "ttbundles.format.contract",
+    "ttbundles.format.capabilities",
     "ttbundles.format.speculative",
     "ttbundles.format.parse",
     "ttbundles.format.schema",

@@ -20,22 +20,23 @@ from typing import Any
 from ttbundles.archive.evidence import Evidence, mesh_status, read_evidence
 from ttbundles.archive.evidence import evidence_status as evidence_status  # list, inspect
 from ttbundles.check.tests_section import POOLING_PATHS, generates
-from ttbundles.format.contract import POOLING_TASKS, SPEC_METHODS
+from ttbundles.format.capabilities import CAPABILITIES, Capability
 from ttbundles.format.metadata import BundleMetadata
 
 ANY_MESH = "any"
 TT_METAL_STATUS = "x-tt-metal-status"
-# Feature -> the `ttbundle test` paths whose passing proves it (all of them).
+# Feature -> the `ttbundle test` paths whose passing proves it (all of them); a
+# `sample_on_device` mode: `device_sampling` run in that mode (`_tested`).
 _TEST_PATHS: dict[str, tuple[str, ...]] = {
     "text generation": ("prefill", "decode"),
-    "prefix_caching": ("prefix_cache",),
-    "chunked_prefill": ("chunked_prefill",),
+    **{c.card: (c.test_path,) for c in CAPABILITIES if c.card and c.test_path and not c.choices},
     **{f"pooling: {task}": (path,) for path, task in POOLING_PATHS.items()},
 }
 
 
 def _features(meta: BundleMetadata) -> list[tuple[str, bool, str, str]]:
-    """(feature, admitted, code when not, what the plan does) for every feature."""
+    """(feature, admitted, code when not, what the plan does) for every feature: text
+    generation, then each capability with a card row, in the catalogue's order."""
     caps = meta.capabilities
     pooling = caps.pooling
     only_pools = pooling is not None and pooling.form == "forward"
@@ -47,34 +48,26 @@ def _features(meta: BundleMetadata) -> list[tuple[str, bool, str, str]]:
             "refused by the plan" if only_pools else "a classifier: vLLM pools it",
         )
     ]
-    tasks = pooling.tasks if pooling is not None else []
-    for task in POOLING_TASKS:
-        out.append((f"pooling: {task}", task in tasks, "TTB270", "refused by the plan"))
-    for key in ("prefix_caching", "chunked_prefill", "async_decode"):
-        out.append((key, bool(getattr(caps, key)), "TTB203", "turned off by the plan"))
-    for mode in ("decode_only", "all"):
-        out.append(
-            (
-                f"sample_on_device: {mode}",
-                mode in caps.sample_on_device,
-                "TTB204",
-                "refused by the plan",
-            )
-        )
-    for method in SPEC_METHODS:
-        out.append(
-            (
-                f"spec_decode: {method}",
-                method in caps.spec_decode,
-                "TTB235",
-                "refused by the plan",
-            )
-        )
-    out.append(("prompt_logprobs", caps.prompt_logprobs, "TTB206", "refused per request"))
-    out.append(("lanes", caps.execution == "single", "TTB202", "one engine per submesh"))
-    limits = caps.input_limits()
-    out.append(("images", "image" in limits, "TTB215", "text only"))
+    for entry in CAPABILITIES:
+        if entry.card is not None:
+            for feature, admitted in _declared(entry, meta):
+                out.append((feature, admitted, entry.refusal or "", entry.plan_note))
     return out
+
+
+def _declared(entry: Capability, meta: BundleMetadata) -> list[tuple[str, bool]]:
+    """(feature, declared) for the card rows of one capability: one per choice of a list."""
+    caps = meta.capabilities
+    value = getattr(caps, entry.name)
+    if entry.name == "pooling":
+        value = value.tasks if value is not None else []
+    elif entry.name == "execution":
+        value = value == "single"  # lanes: one engine over the whole mesh
+    elif entry.name == "modalities":
+        value = "image" in caps.input_limits()  # images: with `multimodal` alone too
+    if entry.choices:
+        return [(f"{entry.card}: {choice}", choice in value) for choice in entry.choices]
+    return [(entry.card or entry.name, bool(value))]
 
 
 def _tested(feature: str, evidence: Evidence | None) -> bool:

@@ -1,9 +1,10 @@
 """The `tests` section's rules beyond the schema: each path it names is one the bundle's
 capabilities declare (TTB110), its prompt file and recorded golden read cleanly.
 
-The pooling paths (`POOLING_PATHS`) are not in the schema's `tests.paths`: `ttbundle test`
-runs them for every pooling task the bundle declares, and `--path` may name them. A
-bundle of the pooling form 'forward' has no generation contract, so no generation path.
+The pooling paths (`POOLING_PATHS`: path -> task, from the catalogue's record of each
+pooling task) are not in the schema's `tests.paths`: `ttbundle test` runs them for every
+pooling task the bundle declares, and `--path` may name them. A bundle of the pooling form
+'forward' has no generation contract, so no generation path.
 
 `ttbundle validate` runs them; `ttbundle test` resolves its plan with the same
 `path_problems`, so both refuse the same paths with the same words.
@@ -14,12 +15,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from ttbundles.errors import Diagnostic, Severity
+from ttbundles.format.capabilities import POOLING_PATHS as POOLING_PATHS
 from ttbundles.format.golden_file import GoldenFile, GoldenFileError
 from ttbundles.format.metadata import PATH_CAPABILITY, BundleMetadata
 from ttbundles.format.prompts import PromptFileError, image_problems, read_prompt_file
-
-# `ttbundle test`'s pooling paths -> the pooling task each checks.
-POOLING_PATHS: dict[str, str] = {"pooling_embed": "embed", "pooling_classify": "classify"}
 
 
 def generates(metadata: BundleMetadata) -> bool:

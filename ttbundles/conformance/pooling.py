@@ -31,6 +31,7 @@ import numpy as np
 
 from ttbundles.conformance import metrics
 from ttbundles.conformance.compare import CaseResult, StepResult, _fail
+from ttbundles.format.capabilities import POOLING_MISMATCH, POOLING_VECTORS
 
 COSINE_MIN = 0.99999
 """The least cosine of a served embedding (either vector) with the golden's."""
@@ -42,12 +43,10 @@ TOLERANCES: dict[str, tuple[float, float]] = {
     "probs": (1e-5, 0.0),
     "logits": (1e-5, 1e-4),
 }
-# The vectors each pooling task serves, in the order they are compared.
-KINDS: dict[str, tuple[str, ...]] = {
-    "embed": ("embedding", "raw"),
-    "classify": ("probs", "logits"),
-}
-CODES = {"embed": "TTB128", "classify": "TTB129"}
+# The vectors each pooling task serves, in the order they are compared, and the code of
+# a mismatch (`format.capabilities.POOLING`).
+KINDS: dict[str, tuple[str, ...]] = POOLING_VECTORS
+CODES: dict[str, str] = POOLING_MISMATCH
 DEFAULT_POOLING = "LAST"  # vLLM's for a decoder under --convert embed
 
 

@@ -34,6 +34,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from ttbundles.format import capabilities as catalogue
+
 # --- versions of the decode call -----------------------------------------------------
 
 CONTRACT_MARKER = "decode_input_update_contract"
@@ -59,14 +61,10 @@ def contract_version(generator_cls: type) -> int:
 # --- capabilities --------------------------------------------------------------------
 
 CAPABILITIES_ATTRIBUTE = "model_capabilities"
-CAPABILITY_KEYS: dict[str, str] = {
-    "supports_prefix_caching": "prefix_caching",
-    "supports_async_decode": "async_decode",
-    "supports_sample_on_device": "sample_on_device",
-    "supports_chunked_prefill": "chunked_prefill",
-}
-"""TT-Metal `model_capabilities` keys that a bundle's `capabilities` mirror. TT-Metal's rule:
-a subclass dict replaces the inherited one, so an absent key means "not supported"."""
+CAPABILITY_KEYS: dict[str, str] = catalogue.TT_METAL_KEYS
+"""TT-Metal `model_capabilities` keys that a bundle's `capabilities` mirror (from the
+catalogue, `format.capabilities`). TT-Metal's rule: a subclass dict replaces the inherited
+one, so an absent key means "not supported"."""
 DEVICE_PENALTIES_KEY = "supports_device_penalties"
 """The generator applies presence/frequency/repetition penalties on the device, from the
 `prompt_tokens` / `output_tokens` history the worker passes. Absent means True (the
@@ -99,17 +97,12 @@ ASYNC_SPEC_DECODE_KEY = "supports_async_spec_decode"
 speculation may run with asynchronous scheduling."""
 SPEC_REQUIREMENTS_KEY = "spec_requirements"
 SPEC_HIDDEN_HANDOFF_KEY = "spec_hidden_handoff"
-SPEC_KEYS: dict[str, str] = {
-    SPEC_DECODE_KEY: "spec_decode",
-    ASYNC_SPEC_DECODE_KEY: "async_spec_decode",
-    SPEC_REQUIREMENTS_KEY: "spec_requirements",
-    SPEC_HIDDEN_HANDOFF_KEY: "spec_hidden_handoff",
-}
+SPEC_KEYS: dict[str, str] = catalogue.PLUGIN_KEYS
 """The plugin's speculative `model_capabilities` keys and the bundle capability mirroring
-each (schema 3). `spec_decode` is a list of methods where the class has a flag, as
-`sample_on_device` lists modes where the class has `supports_sample_on_device`."""
+each (schema 3; from the catalogue). `spec_decode` is a list of methods where the class has
+a flag, as `sample_on_device` lists modes where the class has `supports_sample_on_device`."""
 SPEC_LIST_KEYS = (SPEC_REQUIREMENTS_KEY, SPEC_HIDDEN_HANDOFF_KEY)
-SPEC_METHODS = ("ngram", "custom_class")
+SPEC_METHODS = catalogue.BY_NAME["spec_decode"].choices
 """vLLM's speculative methods a bundle may serve: `ngram` drafts on the host and asks the
 model for nothing; `custom_class` is the model's own drafter (`propose_draft_tokens`),
 selected by vLLM's custom-proposer method with the marker below as its `model`."""
@@ -145,10 +138,9 @@ would); vLLM's prompt-logprobs processing does the rest on the host."""
 
 # --- pooling (schema 5: vLLM's --runner pooling) -----------------------------------------
 
-POOLING_TASKS = ("embed", "classify", "token_embed")
+POOLING_TASKS = catalogue.POOLING_TASKS
 """vLLM 0.34's pooling tasks a bundle may serve (`vllm.tasks.PoolingTask`, less
-token_classify): `score` was folded into `classify` (/score and /rerank are classification
-of a pair), `embed` also answers /pooling."""
+token_classify), one record each in `format.capabilities.POOLING`."""
 POOLING_FORMS = ("forward", "prefill_hidden")
 """The two pooling forms of the contract. `forward`: the reference plugin's
 (`TTPoolingModelRunner`): `forward(input_ids, attention_mask)` on a right-padded batch,

@@ -25,6 +25,7 @@ from pydantic import (
 from pydantic.json_schema import SkipJsonSchema
 from pydantic_core import PydanticCustomError
 
+from ttbundles.format import capabilities as catalogue
 from ttbundles.format.contract import (
     POOLING_FORMS,
     POOLING_TASKS,
@@ -58,21 +59,25 @@ SUPPORTED_SCHEMA_VERSIONS: dict[int, str] = {
     "answers get_kv_cache_spec (hybrid KV groups); capabilities.pooling: the pooling "
     "tasks (embed, classify, token_embed) and the contract form that serves them",
 }
-# What each version added, as (object, key) pairs: a document of a lower version using
-# one is refused with the version it needs (TTB020), and the schema says the same.
-ADDED_IN: dict[int, tuple[tuple[str, str], ...]] = {
-    2: (("capabilities", "modalities"), ("tests", "image_prompts")),
-    3: (
-        ("capabilities", "spec_decode"),
-        ("capabilities", "async_spec_decode"),
-        ("capabilities", "spec_requirements"),
-        ("capabilities", "spec_hidden_handoff"),
-        ("capabilities", "spec_plan"),
-        ("capabilities", "prompt_logprobs"),
-    ),
-    # An owner "" is the document itself: the whole `serving` object is new in 4.
+# What each version added besides capabilities (those: `format.capabilities`), as
+# (object, key) pairs; an owner "" is the document itself (the whole `serving` object is
+# new in 4).
+_ADDED_BESIDES_CAPABILITIES: dict[int, tuple[tuple[str, str], ...]] = {
+    2: (("tests", "image_prompts"),),
     4: (("", "serving"),),
-    5: (("", "performance"), ("capabilities", "kv_cache_spec"), ("capabilities", "pooling")),
+    5: (("", "performance"),),
+}
+# What each version added, as (object, key) pairs by owner (the document's own first): a
+# document of a lower version using one is refused with the version it needs (TTB020),
+# and the schema says the same.
+ADDED_IN: dict[int, tuple[tuple[str, str], ...]] = {
+    version: tuple(
+        sorted(
+            (*catalogue.added_in().get(version, ()), *_ADDED_BESIDES_CAPABILITIES.get(version, ())),
+            key=lambda pair: pair[0],
+        )
+    )
+    for version in range(2, LATEST_SCHEMA_VERSION + 1)
 }
 # Input modalities vLLM's multimodal processors know; a bundle lists those it serves.
 Modality = Literal["image", "video", "audio"]
@@ -525,11 +530,7 @@ TEST_PATHS: tuple[str, ...] = (
     "device_sampling",
 )
 # The capability a path exercises; a path the bundle does not declare cannot run.
-PATH_CAPABILITY: dict[str, str] = {
-    "chunked_prefill": "chunked_prefill",
-    "prefix_cache": "prefix_caching",
-    "device_sampling": "sample_on_device",
-}
+PATH_CAPABILITY: dict[str, str] = catalogue.PATH_CAPABILITY
 DEFAULT_PERPLEXITY_TEXT = (
     "The quick brown fox jumps over the lazy dog. The capital of France is Paris, "
     "and the sky is blue."
@@ -1013,26 +1014,27 @@ def input_limits(capabilities: dict[str, Any]) -> dict[str, int]:
 
 
 def capability_flags(capabilities: dict[str, Any] | None) -> list[str]:
-    """Capabilities in a few words, for the startup table, `list` and `inspect`."""
+    """Capabilities in a few words, for the startup table, `list` and `inspect`: each as
+    its catalogue entry says (`format.capabilities.Capability.summary`)."""
     if not capabilities:
         return []
-    flags = [
-        k for k in ("prefix_caching", "async_decode", "chunked_prefill") if capabilities.get(k)
-    ]
-    if capabilities.get("sample_on_device"):
-        flags.append("sample_on_device=" + "+".join(capabilities["sample_on_device"]))
-    if capabilities.get("execution") == "single":
-        flags.append("single-execute")
-    if capabilities.get("spec_decode"):
-        flags.append("spec_decode=" + "+".join(capabilities["spec_decode"]))
-    if capabilities.get("prompt_logprobs"):
-        flags.append("prompt_logprobs")
-    pooling = capabilities.get("pooling")
-    if pooling:
-        flags.append("pooling=" + "+".join(pooling["tasks"]))
-    limits = input_limits(capabilities)
-    if limits:
-        flags.append("inputs=text+" + "+".join(f"{m}:{n}" for m, n in limits.items()))
+    flags = []
+    for entry in catalogue.CAPABILITIES:
+        value = capabilities.get(entry.name)
+        if entry.summary == "inputs":
+            limits = input_limits(capabilities)
+            if limits:
+                flags.append("inputs=text+" + "+".join(f"{m}:{n}" for m, n in limits.items()))
+        elif not value:
+            continue
+        elif entry.summary == "flag":
+            flags.append(entry.name)
+        elif entry.summary == "values":
+            flags.append(f"{entry.name}=" + "+".join(value))
+        elif entry.summary == "tasks":
+            flags.append(f"{entry.name}=" + "+".join(value["tasks"]))
+        elif entry.summary == "single" and value == "single":
+            flags.append("single-execute")
     return flags
 
 

@@ -69,6 +69,7 @@ _CHECKER_FILES = (
     "codes.py",
     "envs.py",
     "errors.py",
+    "format/capabilities.py",
     "format/contract.py",
     "format/jsonpos.py",
     "format/meshes.py",

@@ -19,6 +19,7 @@ Pure text; neither torch nor vLLM is imported here (the family list is checked a
 from __future__ import annotations
 
 from ttbundles.check.reference_archs import TEXT_ARCHITECTURES
+from ttbundles.format import capabilities as catalogue
 
 # The Hugging Face architectures whose checkpoints the reference generator reads, with
 # the class an adapter builds on (module, class).
@@ -31,14 +32,16 @@ REFERENCE_BASES: dict[str, tuple[str, str]] = {
 # reference bundles declare KV groups even when init reads no config.json.
 HYBRID_FAMILIES = frozenset({"Gemma3ForCausalLM"})
 
-# What the reference generator implements: the bundle declares all of it (the class's
-# model_capabilities below say the same, so validate finds them in agreement).
-REFERENCE_CAPABILITIES: dict = {
-    "prefix_caching": True,
-    "chunked_prefill": True,
-    "async_decode": True,
-    "sample_on_device": ["decode_only", "all"],
-}
+# What the reference generator implements (the catalogue's `reference` facts): the
+# bundle declares all of it (the class's model_capabilities below say the same, so
+# validate finds them in agreement).
+REFERENCE_CAPABILITIES: dict = catalogue.REFERENCE
+# The class keys mirroring them, as the template's model_capabilities lines.
+_REFERENCE_KEYS = "".join(
+    f'        "{c.class_key}": True,\n'
+    for c in catalogue.CAPABILITIES
+    if c.class_key and c.name in REFERENCE_CAPABILITIES
+)
 
 # The reference returns the final hidden states from prefill when asked (the pooling form
 # `prefill_hidden`): vLLM's pooler finishes on the host. A decoder checkpoint serves
@@ -91,11 +94,7 @@ class {class_name}({base}):
     # TT-Metal reads this dict from the class; keep it equal to "capabilities" in
     # vllm_metadata.json (ttbundle validate compares them).
     model_capabilities = {{
-        "supports_prefix_caching": True,
-        "supports_async_decode": True,
-        "supports_sample_on_device": True,
-        "supports_chunked_prefill": True,
-        "supports_device_penalties": True,
+{reference_keys}        "supports_device_penalties": True,
         "max_device_logprobs": 20,
         # The reference masks keys older than the checkpoint's sliding window (Mistral,
         # Qwen2/Qwen3 use_sliding_window, Gemma 3's local layers). Keep this only while
@@ -251,4 +250,5 @@ def reference_adapter_source(
         base=base,
         folder=folder,
         kv_spec=_KV_SPEC if kv_groups else "",
+        reference_keys=_REFERENCE_KEYS,
     )

@@ -43,9 +43,11 @@ from typing import Any
 
 import numpy as np
 
+from ttbundles.format.capabilities import POOLING_PATHS
+
 HOST_RUNS = ("prefill", "decode", "prefix_cache", "perplexity")
 # The pooling paths -> the task each asks of vLLM's pooling runner.
-POOLING_RUNS = {"pooling_embed": "embed", "pooling_classify": "classify"}
+POOLING_RUNS = POOLING_PATHS
 
 
 class Events:

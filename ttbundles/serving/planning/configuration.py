@@ -13,6 +13,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from ttbundles.errors import ConfigurationError, Diagnostic, Severity
+from ttbundles.format import capabilities as catalogue
 from ttbundles.format.contract import unservable_reason
 from ttbundles.format.meshes import is_host
 from ttbundles.format.metadata import BundleMetadata, Target, tt_arch_name
@@ -324,11 +325,8 @@ def _plan_features(vllm_config: VllmConfig, plan: Plan, meta: BundleMetadata) ->
     sched = vllm_config.scheduler_config
     plan.async_decode = bool(caps.async_decode)
     # Each feature stays on only when the bundle declares the capability it needs.
-    for config, setting, capability in (
-        (vllm_config.cache_config, "enable_prefix_caching", "prefix_caching"),
-        (sched, "async_scheduling", "async_decode"),
-        (sched, "enable_chunked_prefill", "chunked_prefill"),
-    ):
+    for section, setting, capability in catalogue.TURNED_OFF:
+        config = getattr(vllm_config, section)
         requested = bool(getattr(config, setting))
         if requested and plan.pooling is not None:
             # The pooling runner pools whole prompts in the step they are scheduled, with

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ttbundles.errors import ConfigurationError, Diagnostic, Severity
+from ttbundles.format import capabilities as catalogue
 from ttbundles.serving.checkpoint_files import (
     SCORE_WEIGHT,
     checkpoint_folder,
@@ -57,10 +58,7 @@ def _pooling_asked_by(model_config: Any) -> str:
 # model, which also answers per-token embeddings; `classify` a classifier, whose /score
 # and /rerank are classification of a pair). "none" (a checkpoint vLLM pools natively)
 # asks for no task in particular: every task the bundle declares.
-CONVERT_TASKS: dict[str, tuple[str, ...]] = {
-    "embed": ("embed", "token_embed"),
-    "classify": ("classify",),
-}
+CONVERT_TASKS: dict[str, tuple[str, ...]] = catalogue.CONVERT_TASKS
 
 
 def plan_runner(vllm_config: VllmConfig, plan: Plan, meta: BundleMetadata) -> None:
