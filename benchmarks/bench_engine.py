@@ -116,7 +116,10 @@ class GeneratorAlone:
 
         from ttbundles.format.contract import HostMesh
         from ttbundles.reference.generator import ReferenceLlamaGenerator
-        from ttbundles.serving.runner.sampling_path import device_params
+        try:
+            from ttbundles.serving.runner.sampling_path import device_params
+        except ModuleNotFoundError:  # a tree before serving/ was in wings (bench_commits)
+            from ttbundles.serving.sampling_path import device_params
 
         self.torch = torch
         hf = AutoConfig.from_pretrained(checkpoint)
