@@ -64,6 +64,7 @@ from ttbundles.reference.attention import (
     rope_cos_sin,
 )
 from ttbundles.reference.config import ModelDims, ModelRope, ModelStyle
+from ttbundles.reference.families import style_of
 from ttbundles.reference.readback import DeviceOutput, HostOutput, ReadEvent
 from ttbundles.reference.sampling import MAX_DEVICE_TOP_K, DeviceSampler
 from ttbundles.reference.weights import LlamaWeights, checkpoint_dir, load_safetensors
@@ -237,7 +238,7 @@ class ReferenceLlamaGenerator:
         `n_layers` keeps only the first layers (as TT-Metal's generators do, for tests).
         """
         dims = ModelDims.from_hf_config(hf_config)
-        style = ModelStyle.from_hf_config(hf_config, dims)
+        style = style_of(hf_config, dims)
         rope = ModelRope.from_hf_config(hf_config, dims, style)
         state = load_safetensors(checkpoint_dir(hf_config))
         weights = LlamaWeights.from_state_dict(
