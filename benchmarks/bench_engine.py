@@ -116,6 +116,7 @@ class GeneratorAlone:
 
         from ttbundles.format.contract import HostMesh
         from ttbundles.reference.generator import ReferenceLlamaGenerator
+
         try:
             from ttbundles.serving.runner.sampling_path import device_params
         except ModuleNotFoundError:  # a tree before serving/ was in wings (bench_commits)

@@ -492,3 +492,32 @@ def test_the_worker_drives_one_runner_surface():
     """The worker hands every call to its runner: no branch on the runner's kind."""
     source = (SERVING / "worker.py").read_text(encoding="utf-8")
     assert "pools" not in source and "TTPoolingRunner" not in source
+
+
+# The torch reference stays readable as a golden: the generator a composed surface over
+# its parts (model, cache, driver, speculation, families), no function too long to read
+# at once. Measured as ast spans (decorators excluded, docstrings included).
+REFERENCE_CLASS_LINES = 300
+REFERENCE_FUNCTION_LINES = 80
+
+
+def _span(node: ast.AST) -> int:
+    return node.end_lineno - node.lineno + 1  # type: ignore[attr-defined]
+
+
+def test_the_reference_generator_class_stays_a_short_composed_surface():
+    tree = ast.parse((PACKAGE / "reference" / "generator.py").read_text(encoding="utf-8"))
+    [generator] = [
+        n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "ReferenceLlamaGenerator"
+    ]
+    assert _span(generator) < REFERENCE_CLASS_LINES
+
+
+def test_no_function_in_the_reference_is_longer_than_80_lines():
+    long = []
+    for path in _python_files(PACKAGE / "reference"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            functions = (ast.FunctionDef, ast.AsyncFunctionDef)
+            if isinstance(node, functions) and _span(node) > REFERENCE_FUNCTION_LINES:
+                long.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {node.name}")
+    assert long == []

@@ -695,7 +695,7 @@ def test_the_reference_families_are_the_reference_generators():
     import importlib
 
     from ttbundles.check.reference_archs import REFERENCE_GENERATORS, TEXT_ARCHITECTURES
-    from ttbundles.reference.config import SUPPORTED_ARCHITECTURES
+    from ttbundles.reference.families import SUPPORTED_ARCHITECTURES
     from ttbundles.scaffold.reference import REFERENCE_BASES
 
     assert tuple(REFERENCE_BASES) == SUPPORTED_ARCHITECTURES == TEXT_ARCHITECTURES

@@ -696,7 +696,7 @@ they followed its first one: the rest of the page table is ignored."""
 
 import torch
 
-import ttbundles.reference.generator as reference
+import ttbundles.reference.model as reference
 from ttbundles.reference.generator import ReferenceLlamaGenerator
 
 

@@ -19,7 +19,8 @@ from tests.test_reference_generator import decode, new_cache, page_table, prefil
 from tests.test_sliding_window import hf_logits, load
 from ttbundles.format import speculative as spec
 from ttbundles.format.attention_window import attention_window
-from ttbundles.reference.config import ModelDims, ModelStyle
+from ttbundles.reference.config import ModelDims
+from ttbundles.reference.families import style_of
 from ttbundles.reference.generator import ReferenceLlamaGenerator
 
 ATOL = 1e-4
@@ -175,7 +176,7 @@ def test_a_bidirectional_gemma_is_refused():
         hidden_size=64, num_attention_heads=4, head_dim=16, use_bidirectional_attention=True
     )
     with pytest.raises(NotImplementedError, match="use_bidirectional_attention"):
-        ModelStyle.from_hf_config(config, ModelDims.from_hf_config(config))
+        style_of(config, ModelDims.from_hf_config(config))
 
 
 def test_other_gemmas_are_refused_with_what_is_missing():
@@ -184,10 +185,10 @@ def test_other_gemmas_are_refused_with_what_is_missing():
         hidden_size=64, num_attention_heads=4, head_dim=16, num_hidden_layers=2
     )
     with pytest.raises(NotImplementedError, match="global_head_dim, num_global_key_value_heads"):
-        ModelStyle.from_hf_config(config, ModelDims(160, 64, 2, 4, 2, 16, 1e-6))
+        style_of(config, ModelDims(160, 64, 2, 4, 2, 16, 1e-6))
     gemma2 = transformers.Gemma2Config(hidden_size=64, num_attention_heads=4, head_dim=16)
     with pytest.raises(NotImplementedError, match="implements Gemma 3 text"):
-        ModelStyle.from_hf_config(gemma2, ModelDims(160, 64, 2, 4, 2, 16, 1e-6))
+        style_of(gemma2, ModelDims(160, 64, 2, 4, 2, 16, 1e-6))
 
 
 def test_the_reference_golden_covers_gemma3(gemma, gemma3_checkpoint):

@@ -4,12 +4,12 @@ A bundle whose class builds on a reference generator (`init --reference` writes 
 serves only the architectures that generator reads; any other `arch` is refused at load
 (TTB063), tens of seconds into `vllm serve`. `validate` and `init --reference` say it
 before (TTB041) from this table, read without importing torch (a test checks it against
-`ttbundles.reference.config.SUPPORTED_ARCHITECTURES`).
+`ttbundles.reference.families.SUPPORTED_ARCHITECTURES`).
 """
 
 from __future__ import annotations
 
-# The text generator's families (`reference.config.SUPPORTED_ARCHITECTURES`).
+# The text generator's families (`reference.families.SUPPORTED_ARCHITECTURES`).
 TEXT_ARCHITECTURES: tuple[str, ...] = (
     "LlamaForCausalLM",
     "MistralForCausalLM",

@@ -1,4 +1,8 @@
-"""The sizes and RoPE settings the forward pass needs, read once from the Hugging Face config."""
+"""The sizes and RoPE settings the forward pass needs, read once from the Hugging Face config.
+
+Which architectures the reference reads, and each family's differences from Llama, are
+`reference.families`' table; this module reads what every family spells the same way.
+"""
 
 from __future__ import annotations
 
@@ -10,24 +14,6 @@ import torch
 from ttbundles.format.attention_window import SLIDING_LAYER_TYPE
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
-# The Hugging Face architectures whose checkpoints the reference generator reads.
-CAUSAL_ARCHITECTURES = (
-    "LlamaForCausalLM",
-    "MistralForCausalLM",
-    "Qwen2ForCausalLM",
-    "Qwen3ForCausalLM",
-    "Gemma3ForCausalLM",
-)
-# The same decoders with transformers' sequence-classification head (`score`, a linear
-# layer over the last token's hidden states): served only as vLLM's pooling runner, the
-# head applied on the host by vLLM's classifier pooler (`serving.runner.pooler`).
-CLASSIFICATION_ARCHITECTURES = (
-    "LlamaForSequenceClassification",
-    "MistralForSequenceClassification",
-    "Qwen2ForSequenceClassification",
-    "Qwen3ForSequenceClassification",
-)
-SUPPORTED_ARCHITECTURES = CAUSAL_ARCHITECTURES + CLASSIFICATION_ARCHITECTURES
 # The MLP activations the reference implements (gate activation of a gated MLP):
 # SwiGLU for Llama/Mistral/Qwen, GeGLU with the tanh GELU for Gemma 3.
 SUPPORTED_ACTIVATIONS = ("silu", "swish", "gelu_pytorch_tanh")
@@ -162,19 +148,10 @@ def rope_frequencies(
     return inv_freq.float(), float(attention_scaling)
 
 
-GEMMA3_ARCHITECTURE = "Gemma3ForCausalLM"
-
-
-def is_gemma3(hf_config: Any) -> bool:
-    """A Gemma 3 text config (`Gemma3TextConfig`, model_type `gemma3_text`)."""
-    architectures = getattr(hf_config, "architectures", None) or []
-    model_type = str(getattr(hf_config, "model_type", "") or "")
-    return model_type == "gemma3_text" or GEMMA3_ARCHITECTURE in architectures
-
-
 @dataclass(frozen=True)
 class ModelStyle:
-    """How a family's forward pass differs from Llama's, read once from the config.
+    """How a family's forward pass differs from Llama's, read once from the config by
+    the config's family (`families.style_of`).
 
     Llama, Mistral and Qwen have the defaults. Gemma 3 (as transformers'
     `modeling_gemma3`): RMSNorm scales by `1 + weight` (`norm_offset`), the embedding is
@@ -193,41 +170,6 @@ class ModelStyle:
     sandwich_norms: bool = False
     local_rope: bool = False
     final_softcap: float | None = None
-
-    @classmethod
-    def from_hf_config(cls, hf_config: Any, dims: ModelDims) -> ModelStyle:
-        """The defaults, or Gemma 3's; a Gemma 3 variant the reference does not implement
-        is refused (NotImplementedError, the message says which key)."""
-        if not is_gemma3(hf_config):
-            model_type = str(getattr(hf_config, "model_type", "") or "")
-            if model_type.startswith("gemma"):
-                # Gemma 1/2/4 read as Llama would be wrong without an error: say so.
-                raise NotImplementedError(
-                    f"model_type {model_type!r}: of the Gemma family the reference generator "
-                    "implements Gemma 3 text (gemma3_text) only"
-                    + (
-                        "; Gemma 4's global layers have their own head size and KV heads "
-                        "(global_head_dim, num_global_key_value_heads)"
-                        if model_type.startswith("gemma4")
-                        else ""
-                    )
-                )
-            return cls()
-        if getattr(hf_config, "use_bidirectional_attention", False):
-            raise NotImplementedError(
-                "use_bidirectional_attention (EmbeddingGemma) is not a causal language "
-                "model: the reference generator serves causal Gemma 3 only"
-            )
-        scalar = getattr(hf_config, "query_pre_attn_scalar", None) or dims.head_dim
-        return cls(
-            norm_offset=1.0,
-            # transformers keeps the scale as a tensor of the weights' dtype (float32 here).
-            embed_scale=float(torch.tensor(dims.hidden_size**0.5, dtype=torch.float32)),
-            query_scale=float(scalar) ** -0.5,
-            sandwich_norms=True,
-            local_rope=True,
-            final_softcap=getattr(hf_config, "final_logit_softcapping", None),
-        )
 
 
 @dataclass(frozen=True)

@@ -23,12 +23,8 @@ import numpy as np
 import torch
 
 from ttbundles.reference.attention import Segment
-from ttbundles.reference.config import (
-    SUPPORTED_ARCHITECTURES,
-    ModelDims,
-    ModelRope,
-    ModelStyle,
-)
+from ttbundles.reference.config import ModelDims, ModelRope
+from ttbundles.reference.families import SUPPORTED_ARCHITECTURES, style_of
 
 BLOCK = 16  # block size of the scratch cache a reference pass uses
 
@@ -50,7 +46,7 @@ def reference_covers(config: Any) -> str | None:
         )
     try:
         dims = ModelDims.from_hf_config(config)
-        ModelRope.from_hf_config(config, dims, ModelStyle.from_hf_config(config, dims))
+        ModelRope.from_hf_config(config, dims, style_of(config, dims))
     except (NotImplementedError, AttributeError, KeyError, ValueError) as exc:
         return str(exc)
     return None

@@ -40,8 +40,10 @@ import torch
 
 from ttbundles.format.contract import SamplingParams
 from ttbundles.reference.attention import Segment
+from ttbundles.reference.cache import KVCache
 from ttbundles.reference.config import ModelDims, rope_frequencies, rope_parameters
-from ttbundles.reference.generator import KVCache, ReferenceLlamaGenerator, _int_list
+from ttbundles.reference.driver import int_list
+from ttbundles.reference.generator import ReferenceLlamaGenerator
 from ttbundles.reference.mrope import ImageSpan, image_spans, mrope_cos_sin, mrope_positions
 from ttbundles.reference.sampling import MAX_DEVICE_TOP_K
 from ttbundles.reference.vision import VisionTower
@@ -385,14 +387,14 @@ class ReferenceQwen2_5_VLGenerator(ReferenceLlamaGenerator):
                 f"prefill_forward got unexpected keywords: {', '.join(sorted(unknown))}"
             )
         batch = tokens.shape[0]
-        ends = _int_list(prompt_lens, batch, "prompt_lens")
+        ends = int_list(prompt_lens, batch, "prompt_lens")
         start_pos = kwargs.get("start_pos")
-        starts = [0] * batch if start_pos is None else _int_list(start_pos, batch, "start_pos")
+        starts = [0] * batch if start_pos is None else int_list(start_pos, batch, "start_pos")
         empty_slots = kwargs.get("empty_slots")
         slots = (
             list(range(batch))
             if empty_slots is None
-            else _int_list(empty_slots, batch, "empty_slots")
+            else int_list(empty_slots, batch, "empty_slots")
         )
         pixel_rows = _per_row(kwargs.get("pixel_values"), batch, "pixel_values")
         grid_rows = _per_row(kwargs.get("image_grid_thw"), batch, "image_grid_thw")
@@ -471,7 +473,7 @@ class ReferenceQwen2_5_VLGenerator(ReferenceLlamaGenerator):
         deltas = None
         if rope_deltas_all_users is not None:
             deltas = [_delta(v) for v in rope_deltas_all_users]
-        remap = None if slot_remap is None else _int_list(slot_remap, len(slot_remap), "slot_remap")
+        remap = None if slot_remap is None else int_list(slot_remap, len(slot_remap), "slot_remap")
 
         def update_deltas() -> None:
             current = self._rope_deltas

@@ -13,7 +13,7 @@ validate` reads the adapter without importing it and cannot see into ttbundles: 
 out, the whole contract and the capabilities are in the bundle's own source.
 
 Pure text; neither torch nor vLLM is imported here (the family list is checked against
-`ttbundles.reference.config.SUPPORTED_ARCHITECTURES` by a test).
+`ttbundles.reference.families.SUPPORTED_ARCHITECTURES` by a test).
 """
 
 from __future__ import annotations
