@@ -27,6 +27,7 @@ from ttbundles.format import contract
 from ttbundles.serving import compat
 from ttbundles.serving.binding import GeneratorContractError, bind
 from ttbundles.serving.runner.kv.cache import Allocator
+from ttbundles.serving.runner.kv.tables import prefill_table
 from ttbundles.serving.runner.pooler import build_pooler, pooling_metadata
 
 if TYPE_CHECKING:  # vLLM's types, for annotations only
@@ -267,13 +268,13 @@ class HiddenStates:
         lengths = [len(r) for r in rows]
         longest = max(lengths)
         tokens = torch.zeros((len(rows), longest), dtype=torch.int64)
-        counts = [-(-n // self.runner.block_size) for n in lengths]
-        page_table = torch.zeros((len(rows), max(counts)), dtype=torch.int32)
-        first = 0
-        for i, (prompt, count) in enumerate(zip(rows, counts)):
+        blocks: list[list[int]] = []
+        for i, prompt in enumerate(rows):
             tokens[i, : len(prompt)] = torch.tensor(prompt, dtype=torch.int64)
-            page_table[i, :count] = torch.arange(first, first + count, dtype=torch.int32)
-            first += count
+            first = sum(len(b) for b in blocks)  # each row's blocks follow the last row's
+            blocks.append(list(range(first, first + -(-len(prompt) // self.runner.block_size))))
+        # The generation runner's table builder: row r the r-th prompt's blocks.
+        page_table = prefill_table(blocks)
         extra = {"page_tables_per_layer": [page_table] * self.per_layer} if self.per_layer else {}
         hidden = self.prefill(
             **extra,
