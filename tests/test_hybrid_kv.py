@@ -445,20 +445,22 @@ def test_a_class_is_asked_for_its_specs_only_where_its_groups_are_served(window_
     assert all(s is default for s in unasked.values())
 
 
+def _small_config(checkpoint):
+    """A small configuration of the tiny Gemma 3, and its full-attention default spec."""
+    config = vllm_config(
+        checkpoint, max_num_seqs=2, max_num_batched_tokens=64, max_model_len=64, block_size=BLOCK
+    )
+    default = FullAttentionSpec(block_size=BLOCK, num_kv_heads=2, head_size=16, dtype=torch.float32)
+    return config, default
+
+
 def test_a_spec_for_a_layer_the_model_lacks_is_refused(gemma3_checkpoint):
     class Stray(ReferenceLlamaGenerator):
         @classmethod
         def get_kv_cache_spec(cls, vllm_config):
             return {"model.layers.12.self_attn": None, "layers.0": None}
 
-    config = vllm_config(
-        gemma3_checkpoint,
-        max_num_seqs=2,
-        max_num_batched_tokens=64,
-        max_model_len=64,
-        block_size=BLOCK,
-    )
-    default = FullAttentionSpec(block_size=BLOCK, num_kv_heads=2, head_size=16, dtype=torch.float32)
+    config, default = _small_config(gemma3_checkpoint)
     with pytest.raises(ConfigurationError) as info:
         layer_specs(Stray, config, LAYERS, default)
     diagnostic = info.value.diagnostics[0]
@@ -537,14 +539,7 @@ def test_the_layer_names_are_the_classs_own(gemma3_checkpoint):
         def get_kv_cache_spec(cls, vllm_config):
             return {"model.layers.1.linear_attn": window, "model.layers.1.self_attn": None}
 
-    config = vllm_config(
-        gemma3_checkpoint,
-        max_num_seqs=2,
-        max_num_batched_tokens=64,
-        max_model_len=64,
-        block_size=BLOCK,
-    )
-    default = FullAttentionSpec(block_size=BLOCK, num_kv_heads=2, head_size=16, dtype=torch.float32)
+    config, default = _small_config(gemma3_checkpoint)
     specs = layer_specs(Named, config, LAYERS, default)
     assert list(specs)[:2] == ["model.layers.0.self_attn", "model.layers.1.linear_attn"]
     assert specs["model.layers.1.linear_attn"] is window and len(specs) == LAYERS
