@@ -137,10 +137,11 @@ def test_the_pooling_tables_are_derived_from_one_record_per_task():
 
 
 def test_the_harness_and_the_planner_read_the_same_records():
-    from ttbundles.serving import configuration, harness
+    from ttbundles.serving import harness
+    from ttbundles.serving.planning import pooling
 
     assert harness.POOLING_RUNS is tests_section.POOLING_PATHS
-    assert configuration.CONVERT_TASKS is catalogue.CONVERT_TASKS
+    assert pooling.CONVERT_TASKS is catalogue.CONVERT_TASKS
 
 
 def _bundle(capabilities: dict) -> BundleMetadata:
