@@ -221,3 +221,42 @@ def test_slot_remap_moves_the_states_once(gen, tiny):
     gen.note_state_slots_moved({1: 3})
     rows = decode(gen, kv, [0, 0, 0, 7], [-1, -1, -1, 12], [1, 0, 2, 0])
     torch.testing.assert_close(rows[3], hf_logits(model, a + [na, ma, 7])[-1], atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("arch", ["Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration"])
+def test_init_reference_makes_a_qwen3_5_bundle_that_validates(run_cli, tmp_path, arch):
+    """`init --reference` builds on the Qwen3.5 generator: attention-only KV spec, the
+    state's lifecycle spelled out, no prefix caching; it validates strictly."""
+    import json
+
+    done = run_cli("init", tmp_path / "q", "--arch", arch, "--reference")
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    source = (tmp_path / "q" / "adapter.py").read_text()
+    assert "from ttbundles.reference.qwen3_5 import ReferenceQwen3_5Generator" in source
+    assert "def release_request" in source and "def note_state_slots_moved" in source
+    assert "supports_prefix_caching" not in source
+    caps = json.loads((tmp_path / "q" / "vllm_metadata.json").read_text())["capabilities"]
+    assert caps["prefix_caching"] is False and caps["kv_cache_spec"] is True
+    done = run_cli("validate", "--strict", tmp_path / "q")
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stdout + done.stderr
+
+
+def test_init_reference_refuses_qwen3_next_and_says_what_is_missing(run_cli, tmp_path):
+    done = run_cli("init", tmp_path / "n", "--arch", "Qwen3NextForCausalLM", "--reference")
+    assert done.returncode == 1 and not (tmp_path / "n").exists()
+    assert "error TTB041 the torch reference generator does not cover Qwen3NextForCausalLM" in (
+        done.stderr
+    )
+    assert "mixture-of-experts" in done.stderr and "in_proj_qkvz" in done.stderr
+
+
+def test_the_golden_reads_qwen3_5_with_its_own_generator(tiny, tmp_path):
+    from ttbundles.reference.golden import ReferenceGolden, reference_covers
+
+    model, config = tiny
+    assert reference_covers(config) is None
+    golden = ReferenceGolden(config._name_or_path, config)
+    ids = prompt(9, 14, VOCAB)
+    torch.testing.assert_close(
+        torch.from_numpy(golden.sequence_logits(ids)), hf_logits(model, ids), atol=ATOL, rtol=0
+    )

@@ -189,6 +189,7 @@ class ReferenceQwen3_5Generator(ReferenceLlamaGenerator):  # noqa: N801 (Qwen3_5
         optimizations: str | None = None,
     ) -> ReferenceQwen3_5Generator:
         """Load the checkpoint named by `hf_config._name_or_path`, float32 (see the base)."""
+        cls.check_config(hf_config)
         config = text_config(hf_config)
         dims = ModelDims.from_hf_config(config)
         kinds = layer_types(config)
@@ -205,6 +206,17 @@ class ReferenceQwen3_5Generator(ReferenceLlamaGenerator):  # noqa: N801 (Qwen3_5
         return cls(
             weights, dims, config, kinds, max_batch_size, max_seq_len, lanes=tt_data_parallel
         )
+
+    @classmethod
+    def check_config(cls, hf_config: Any) -> None:
+        """Refuse (NotImplementedError) a config this generator does not compute, before
+        any weight is read: what `initialize_vllm_model` reads of it."""
+        config = text_config(hf_config)
+        partial_rope(config, ModelDims.from_hf_config(config))
+        GdnDims.from_config(config)
+        unknown = set(layer_types(config)) - {LINEAR_ATTENTION, FULL_ATTENTION}
+        if unknown:
+            raise NotImplementedError(f"layer_types {sorted(unknown)}: not a Qwen3.5 layer kind")
 
     # ---- the cache: attention layers only ---------------------------------------------
 
