@@ -694,11 +694,21 @@ def test_the_reference_families_are_the_reference_generators():
     must stay the same, and name classes that exist."""
     import importlib
 
-    from ttbundles.check.reference_archs import REFERENCE_GENERATORS, TEXT_ARCHITECTURES
-    from ttbundles.reference.families import SUPPORTED_ARCHITECTURES
+    from ttbundles.check.reference_archs import (
+        QWEN3_5_ARCHITECTURES,
+        REFERENCE_GENERATORS,
+        TEXT_ARCHITECTURES,
+    )
+    from ttbundles.reference.families import FAMILIES, SUPPORTED_ARCHITECTURES
     from ttbundles.scaffold.reference import REFERENCE_BASES
 
-    assert tuple(REFERENCE_BASES) == SUPPORTED_ARCHITECTURES == TEXT_ARCHITECTURES
+    static = TEXT_ARCHITECTURES + QWEN3_5_ARCHITECTURES
+    assert sorted(REFERENCE_BASES) == sorted(SUPPORTED_ARCHITECTURES) == sorted(static)
+    # Each family's generator is the class validate and init name for its architectures.
+    for family in FAMILIES:
+        assert set(family.architectures) <= set(REFERENCE_GENERATORS[family.generator])
+        for arch in family.architectures:
+            assert ":".join(REFERENCE_BASES[arch]) == family.generator, arch
     for name in REFERENCE_GENERATORS:
         module, cls = name.split(":")
         assert isinstance(getattr(importlib.import_module(module), cls), type), name

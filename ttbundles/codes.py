@@ -241,10 +241,11 @@ WHAT_TO_DO: dict[str, str] = {
     "TTB040": "Nothing is wrong: the value is computed, so only running code knows it. "
     "`ttbundle validate --import` checks it where the class imports.",
     "TTB041": "The torch reference generator reads Llama, Mistral, Qwen2, Qwen3 and Gemma 3 "
-    "(text) and Qwen2.5-VL / Qwen3-VL (its VL classes): set arch to one it reads, or write "
-    "the generator for this architecture (`ttbundle init --arch ARCH` gives the TT-NN "
-    "template). `validate` says it of the metadata; `vllm serve` and `ttbundle plan` refuse "
-    "such a bundle at configuration. See docs/authors/generator-contract.md.",
+    "(text), Qwen3.5 (text; its own class) and Qwen2.5-VL / Qwen3-VL (its VL classes): "
+    "set arch to one it reads, or write the generator for this architecture (`ttbundle "
+    "init --arch ARCH` gives the TT-NN template). `validate` says it of the metadata; "
+    "`vllm serve` and `ttbundle plan` refuse such a bundle at configuration. See "
+    "docs/authors/generator-contract.md.",
     "TTB050": "Add the module main_class names to the bundle (`adapter:Gen` is "
     "adapter.py or adapter/__init__.py), or correct main_class.",
     "TTB051": "Fix the Python syntax at the line given.",

@@ -23,6 +23,10 @@ TEXT_ARCHITECTURES: tuple[str, ...] = (
     "Qwen3ForSequenceClassification",
 )
 
+# The Qwen3.5 generator's (`reference.families.qwen3_5`): gated delta net hybrids, whose
+# recurrent state the generator keeps per slot.
+QWEN3_5_ARCHITECTURES: tuple[str, ...] = ("Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration")
+
 # Families the reference does not cover yet, with what it lacks: `init --reference` and
 # the configuration of a bundle built on the reference say this rather than only listing
 # the families it does cover.
@@ -44,6 +48,12 @@ REFERENCE_MISSING: dict[str, str] = {
             "XLMRobertaForSequenceClassification",
         )
     },
+    "Qwen3NextForCausalLM": (
+        "Qwen3-Next is Qwen3.5's gated delta net hybrid with a mixture-of-experts MLP "
+        "(routed and shared experts) and GDN projections packed per key head "
+        "(in_proj_qkvz, in_proj_ba); the reference implements Qwen3.5's dense MLP and "
+        "its separate in_proj_qkv/z/b/a only"
+    ),
     "Gemma4ForCausalLM": (
         "Gemma 4's global layers have their own head size and KV heads "
         "(global_head_dim, num_global_key_value_heads), which need a KV cache shape per "
@@ -57,6 +67,7 @@ REFERENCE_MISSING: dict[str, str] = {
 REFERENCE_GENERATORS: dict[str, tuple[str, ...]] = {
     "ttbundles.reference.generator:ReferenceLlamaGenerator": TEXT_ARCHITECTURES,
     "ttbundles.reference.generator:ReferenceLlamaGeneratorLegacy": TEXT_ARCHITECTURES,
+    "ttbundles.reference.qwen3_5:ReferenceQwen3_5Generator": QWEN3_5_ARCHITECTURES,
     "ttbundles.reference.vl_generator:ReferenceQwen2_5_VLGenerator": (
         "Qwen2_5_VLForConditionalGeneration",
     ),

@@ -110,6 +110,9 @@ class Segment:
     row: int
     tokens: torch.Tensor  # [L] int64
     start: int
+    # The batch slot whose recurrent state the row continues (a GDN hybrid's,
+    # `reference.gdn`): prefill's `empty_slots[row]`; None: the row is its slot (decode).
+    slot: int | None = None
 
     @property
     def end(self) -> int:

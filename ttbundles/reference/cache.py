@@ -67,6 +67,11 @@ class PagedCache:
     dims: ModelDims
     lanes: int
 
+    def kv_layer_count(self) -> int:
+        """How many layers keep KV in the paged cache: every layer here; a hybrid with
+        recurrent layers (`reference.qwen3_5`) only its attention layers."""
+        return self.dims.num_layers
+
     def allocate_kv_cache(
         self, kv_cache_shape: tuple[int, int, int, int], dtype: Any, num_layers: int
     ) -> KVCache:
@@ -76,8 +81,10 @@ class PagedCache:
         whatever `dtype` asks: the reference keeps full precision so differences from it
         are the TT generator's own."""
         _check_fits(kv_cache_shape, self.dims)
-        if num_layers != self.dims.num_layers:
-            raise ValueError(f"num_layers {num_layers} != the model's {self.dims.num_layers}")
+        if num_layers != self.kv_layer_count():
+            raise ValueError(
+                f"num_layers {num_layers} != the model's {self.kv_layer_count()} KV layers"
+            )
         shape = tuple(kv_cache_shape)
 
         def one_cache() -> KVCache:
@@ -123,10 +130,10 @@ class PagedCache:
         groups overlay one block pool: a block id belongs to one group at a time), so a
         hybrid model's cache is the size of its groups' pool, not of every layer's
         context. With lanes, one such cache per lane. Float32, as `allocate_kv_cache`."""
-        if len(per_layer_specs) != self.dims.num_layers:
+        if len(per_layer_specs) != self.kv_layer_count():
             raise ValueError(
                 f"per_layer_specs has {len(per_layer_specs)} layers; the model has "
-                f"{self.dims.num_layers}"
+                f"{self.kv_layer_count()} KV layers"
             )
         for shape, _, _ in per_layer_specs:
             _check_fits(shape, self.dims)

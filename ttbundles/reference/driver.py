@@ -102,7 +102,9 @@ class PrefillBatch:
                     f"tokens up to position {ends[row] - 1} but tokens has width "
                     f"{tokens.shape[1]} (tokens hold the row from position 0)"
                 )
-            segments.append(Segment(row, tokens[row, starts[row] : ends[row]].long(), starts[row]))
+            segments.append(
+                Segment(row, tokens[row, starts[row] : ends[row]].long(), starts[row], slots[row])
+            )
         live = [slot if ends[row] > starts[row] else -1 for row, slot in enumerate(slots)]
         history = tokens.long().clone()
         for row, end in enumerate(ends):

@@ -24,7 +24,7 @@ import torch
 
 from ttbundles.reference.attention import Segment
 from ttbundles.reference.config import ModelDims, ModelRope
-from ttbundles.reference.families import SUPPORTED_ARCHITECTURES, style_of
+from ttbundles.reference.families import BASE, SUPPORTED_ARCHITECTURES, family_of, style_of
 
 BLOCK = 16  # block size of the scratch cache a reference pass uses
 
@@ -44,7 +44,11 @@ def reference_covers(config: Any) -> str | None:
             f"architecture {', '.join(architectures) or 'unknown'} is not one the reference "
             f"generator reads ({', '.join(SUPPORTED_ARCHITECTURES)})"
         )
+    family = family_of(config)
     try:
+        if family.generator != BASE.generator:  # a family with its own forward pass
+            family.generator_class().check_config(config)
+            return None
         dims = ModelDims.from_hf_config(config)
         ModelRope.from_hf_config(config, dims, style_of(config, dims))
     except (NotImplementedError, AttributeError, KeyError, ValueError) as exc:
@@ -59,17 +63,21 @@ class ReferenceGolden:
 
     def __init__(self, checkpoint: str | Path, config: Any | None = None):
         from ttbundles.format.contract import HostMesh
-        from ttbundles.reference.generator import ReferenceLlamaGenerator
 
         config = config if config is not None else load_config(checkpoint)
         reason = reference_covers(config)
         if reason is not None:
             raise NotImplementedError(reason)
-        self.generator = ReferenceLlamaGenerator.initialize_vllm_model(
-            hf_config=config,
-            mesh_device=HostMesh(),
-            max_batch_size=1,
-            max_seq_len=getattr(config, "max_position_embeddings", 2048),
+        # The family's generator: a recurrent hybrid's is its own (`families.qwen3_5`).
+        self.generator = (
+            family_of(config)
+            .generator_class()
+            .initialize_vllm_model(
+                hf_config=config,
+                mesh_device=HostMesh(),
+                max_batch_size=1,
+                max_seq_len=getattr(config, "max_position_embeddings", 2048),
+            )
         )
         self.vocab_size = self.generator.dims.vocab_size
 
@@ -77,7 +85,9 @@ class ReferenceGolden:
         dims = self.generator.dims
         blocks = max(1, math.ceil(tokens / BLOCK))
         cache = self.generator.allocate_kv_cache(
-            (blocks, dims.num_kv_heads, BLOCK, dims.head_dim), torch.float32, dims.num_layers
+            (blocks, dims.num_kv_heads, BLOCK, dims.head_dim),
+            torch.float32,
+            self.generator.kv_layer_count(),
         )
         return cache, torch.arange(blocks, dtype=torch.int64)[None, :]
 

@@ -154,3 +154,105 @@ def load_safetensors(folder: Path) -> dict[str, torch.Tensor]:
     for file in files:
         state.update(load_file(str(file)))
     return state
+
+
+@dataclass
+class GdnWeights:
+    """A gated delta net layer's mixer (Qwen3.5's `linear_attn`, `reference.gdn`)."""
+
+    in_proj_qkv: Linear  # [2 * Hk * Dk + Hv * Dv, hidden]: q | k | v before the conv
+    in_proj_z: Linear  # [Hv * Dv, hidden]: the output gate
+    in_proj_b: Linear  # [Hv, hidden]: beta = sigmoid(b)
+    in_proj_a: Linear  # [Hv, hidden]: the decay's input
+    conv: torch.Tensor  # [C, K]: the depthwise causal conv's kernel (no bias)
+    dt_bias: torch.Tensor  # [Hv]
+    A_log: torch.Tensor  # [Hv]  # noqa: N815 (transformers' name)
+    norm: torch.Tensor  # [Dv]: the gated RMSNorm's weight (plain, not 1 + w)
+    out_proj: Linear  # [hidden, Hv * Dv]
+
+
+@dataclass
+class GatedAttentionWeights:
+    """A gated full-attention layer's mixer (Qwen3.5's `self_attn`): `q_proj` emits each
+    head's query and its output gate, side by side."""
+
+    q_proj: Linear  # [H * D * 2, hidden]
+    k_proj: Linear  # [KV * D, hidden]
+    v_proj: Linear  # [KV * D, hidden]
+    o_proj: Linear  # [hidden, H * D]
+    q_norm: torch.Tensor  # [D], 1 + w folded in
+    k_norm: torch.Tensor  # [D]
+
+
+@dataclass
+class HybridLayerWeights:
+    """One decoder layer of a hybrid (Qwen3.5): its mixer (GDN or gated attention), then
+    the gated MLP; the norms with `1 + w` folded in."""
+
+    input_norm: torch.Tensor  # [hidden]
+    mixer: GdnWeights | GatedAttentionWeights
+    post_attention_norm: torch.Tensor  # [hidden]
+    gate_proj: Linear
+    up_proj: Linear
+    down_proj: Linear
+
+
+# The Qwen3.5 norms that scale by `1 + w` (`Qwen3_5RMSNorm`); the GDN's gated norm does not.
+_OFFSET_NORMS = ("layernorm.weight", "q_norm.weight", "k_norm.weight", "model.norm.weight")
+
+
+def hybrid_state_dict(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A Qwen3.5 checkpoint's text weights, float32, under `Qwen3_5ForCausalLM`'s names
+    (`Qwen3_5ForConditionalGeneration` keeps them under `model.language_model.`; its
+    vision tower and the MTP head are dropped), `1 + w` folded into the norms that use it."""
+    out = {}
+    for name, tensor in state.items():
+        if name.startswith("model.language_model."):
+            name = "model." + name[len("model.language_model.") :]
+        if name.startswith(("model.visual.", "mtp.")):
+            continue
+        tensor = tensor.float()
+        out[name] = tensor + 1.0 if name.endswith(_OFFSET_NORMS) else tensor
+    return out
+
+
+def hybrid_layers(state: dict[str, torch.Tensor], layer_types: list[str]) -> list:
+    """Each layer's `HybridLayerWeights` from `hybrid_state_dict`'s names."""
+
+    def take(name: str) -> torch.Tensor:
+        if name not in state:
+            raise KeyError(f"checkpoint lacks {name}")
+        return state[name]
+
+    def linear(name: str) -> Linear:
+        return Linear(take(f"{name}.weight"), state.get(f"{name}.bias"))
+
+    layers = []
+    for i, kind in enumerate(layer_types):
+        p = f"model.layers.{i}"
+        if kind == "linear_attention":
+            g = f"{p}.linear_attn"
+            mixer: GdnWeights | GatedAttentionWeights = GdnWeights(
+                *(linear(f"{g}.in_proj_{part}") for part in ("qkv", "z", "b", "a")),
+                conv=take(f"{g}.conv1d.weight")[:, 0],
+                dt_bias=take(f"{g}.dt_bias"),
+                A_log=take(f"{g}.A_log"),
+                norm=take(f"{g}.norm.weight"),
+                out_proj=linear(f"{g}.out_proj"),
+            )
+        else:
+            a = f"{p}.self_attn"
+            mixer = GatedAttentionWeights(
+                *(linear(f"{a}.{part}_proj") for part in ("q", "k", "v", "o")),
+                q_norm=take(f"{a}.q_norm.weight"),
+                k_norm=take(f"{a}.k_norm.weight"),
+            )
+        layers.append(
+            HybridLayerWeights(
+                take(f"{p}.input_layernorm.weight"),
+                mixer,
+                take(f"{p}.post_attention_layernorm.weight"),
+                *(linear(f"{p}.mlp.{part}_proj") for part in ("gate", "up", "down")),
+            )
+        )
+    return layers

@@ -32,10 +32,11 @@ from ttbundles.fsutil import write_json_atomic
 from ttbundles.scaffold.hf_config import _read_hf_config, architectures_by_model_type
 from ttbundles.scaffold.reference import (
     HYBRID_FAMILIES,
+    RECURRENT_FAMILIES,
     REFERENCE_BASES,
-    REFERENCE_CAPABILITIES,
     REFERENCE_TARGETS,
     reference_adapter_source,
+    reference_capabilities,
     reference_pooling,
 )
 from ttbundles.suggest import did_you_mean
@@ -222,12 +223,14 @@ def init_bundle(
     # A checkpoint with a sliding window (or a family that always has one): the
     # reference's KV groups (its sliding layers keep only their window's blocks), which
     # need schema_version 5.
-    kv_groups = reference and (
-        attention_window(config) is not None if config else arch in HYBRID_FAMILIES
+    kv_groups = (
+        reference
+        and (attention_window(config) is not None if config else arch in HYBRID_FAMILIES)
+        or (reference and arch in RECURRENT_FAMILIES)
     )
     if reference:
         metadata["description"] = f"{bare}, from the torch reference generator (to TT-NN)"
-        capabilities = Capabilities(**REFERENCE_CAPABILITIES, kv_cache_spec=kv_groups)
+        capabilities = Capabilities(**reference_capabilities(arch), kv_cache_spec=kv_groups)
         metadata["targets"] = REFERENCE_TARGETS
     elif adapter.exists():
         from ttbundles.check.static_reader import read_class

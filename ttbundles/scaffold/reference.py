@@ -18,15 +18,27 @@ Pure text; neither torch nor vLLM is imported here (the family list is checked a
 
 from __future__ import annotations
 
-from ttbundles.check.reference_archs import TEXT_ARCHITECTURES
+from ttbundles.check.reference_archs import QWEN3_5_ARCHITECTURES, TEXT_ARCHITECTURES
 from ttbundles.format import capabilities as catalogue
 
 # The Hugging Face architectures whose checkpoints the reference generator reads, with
 # the class an adapter builds on (module, class).
 REFERENCE_BASES: dict[str, tuple[str, str]] = {
-    arch: ("ttbundles.reference.generator", "ReferenceLlamaGenerator")
-    for arch in TEXT_ARCHITECTURES
+    **{
+        arch: ("ttbundles.reference.generator", "ReferenceLlamaGenerator")
+        for arch in TEXT_ARCHITECTURES
+    },
+    **{
+        arch: ("ttbundles.reference.qwen3_5", "ReferenceQwen3_5Generator")
+        for arch in QWEN3_5_ARCHITECTURES
+    },
 }
+
+# Families whose layers keep a recurrent state the generator holds per slot: their
+# reference bundles name only the attention layers to vLLM (get_kv_cache_spec), spell
+# out the state's lifecycle, and declare no prefix caching (a hit would skip tokens
+# whose state was never kept).
+RECURRENT_FAMILIES = frozenset(QWEN3_5_ARCHITECTURES)
 
 # Families whose every checkpoint has sliding-window layers beside global ones: their
 # reference bundles declare KV groups even when init reads no config.json.
@@ -36,12 +48,25 @@ HYBRID_FAMILIES = frozenset({"Gemma3ForCausalLM"})
 # bundle declares all of it (the class's model_capabilities below say the same, so
 # validate finds them in agreement).
 REFERENCE_CAPABILITIES: dict = catalogue.REFERENCE
-# The class keys mirroring them, as the template's model_capabilities lines.
-_REFERENCE_KEYS = "".join(
-    f'        "{c.class_key}": True,\n'
-    for c in catalogue.CAPABILITIES
-    if c.class_key and c.name in REFERENCE_CAPABILITIES
-)
+
+
+def reference_capabilities(arch: str) -> dict:
+    """What a reference bundle for `arch` declares: the reference's capabilities, less
+    prefix caching for a recurrent family."""
+    if arch in RECURRENT_FAMILIES:
+        return {k: v for k, v in REFERENCE_CAPABILITIES.items() if k != "prefix_caching"}
+    return dict(REFERENCE_CAPABILITIES)
+
+
+def _reference_keys(arch: str) -> str:
+    """The template's model_capabilities lines of `reference_capabilities(arch)`."""
+    on = reference_capabilities(arch)
+    return "".join(
+        f'        "{c.class_key}": True,\n'
+        for c in catalogue.CAPABILITIES
+        if c.class_key and c.name in on
+    )
+
 
 # The reference returns the final hidden states from prefill when asked (the pooling form
 # `prefill_hidden`): vLLM's pooler finishes on the host. A decoder checkpoint serves
@@ -236,6 +261,25 @@ _KV_SPEC = '''
 '''
 
 
+_RECURRENT = '''
+    @classmethod
+    def get_kv_cache_spec(cls, vllm_config: Any) -> Any:
+        """The KV layers for vLLM, keyed model.layers.<i>.self_attn: a FullAttentionSpec
+        for each full-attention layer and no entry for a gated delta net layer, whose
+        recurrent state this class keeps itself (one slot per user, max_batch_size)."""
+        return super().get_kv_cache_spec(vllm_config)
+
+    def release_request(self, slot: int | None) -> None:
+        """TT-NN: zero (free) a finished or preempted request's recurrent-state slot."""
+        super().release_request(slot)
+
+    def note_state_slots_moved(self, moves: Any) -> None:
+        """TT-NN: {old: new} slots: settle the moves the last decode's slot_remap made,
+        or move the recurrent states so."""
+        super().note_state_slots_moved(moves)
+'''
+
+
 def reference_adapter_source(
     arch: str, class_name: str, folder: str, *, kv_groups: bool = False
 ) -> str:
@@ -249,6 +293,6 @@ def reference_adapter_source(
         base_module=base_module,
         base=base,
         folder=folder,
-        kv_spec=_KV_SPEC if kv_groups else "",
-        reference_keys=_REFERENCE_KEYS,
+        kv_spec=_RECURRENT if arch in RECURRENT_FAMILIES else _KV_SPEC if kv_groups else "",
+        reference_keys=_reference_keys(arch),
     )

@@ -21,8 +21,9 @@ from ttbundles.reference.families.base import Family
 from ttbundles.reference.families.classifiers import CLASSIFIERS
 from ttbundles.reference.families.gemma3 import GEMMA3, refuse_other_gemma
 from ttbundles.reference.families.llama import LLAMA
+from ttbundles.reference.families.qwen3_5 import QWEN3_5
 
-FAMILIES: tuple[Family, ...] = (LLAMA, GEMMA3, CLASSIFIERS)
+FAMILIES: tuple[Family, ...] = (LLAMA, GEMMA3, QWEN3_5, CLASSIFIERS)
 """Every family, in the order their architectures are listed."""
 
 BASE = LLAMA

@@ -24,7 +24,9 @@ class Family:
     served only by the pooling runner; `claims`: which configs are this family's, None
     for a family that shares the base's forward pass (it claims nothing: what no
     family claims reads as the base); `style`: how its forward pass differs from Llama's,
-    refusing (NotImplementedError) a variant the reference does not implement.
+    refusing (NotImplementedError) a variant the reference does not implement;
+    `generator`: the reference generator ("module:Class") that reads it, the shared
+    forward pass's unless the family's layers need their own (a recurrent hybrid).
     """
 
     name: str
@@ -32,3 +34,11 @@ class Family:
     style: Callable[[Any, ModelDims], ModelStyle] = base_style
     claims: Callable[[Any], bool] | None = None
     pooling_only: bool = False
+    generator: str = "ttbundles.reference.generator:ReferenceLlamaGenerator"
+
+    def generator_class(self) -> type:
+        """The generator class that reads this family's checkpoints (imported here)."""
+        import importlib
+
+        module, name = self.generator.split(":")
+        return getattr(importlib.import_module(module), name)
