@@ -24,6 +24,7 @@ from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, DraftTokenIds, ModelRunne
 
 from ttbundles.format import contract
 from ttbundles.format import speculative as spec
+from ttbundles.format.layer_kinds import layer_kinds
 from ttbundles.serving import compat
 from ttbundles.serving.binding import split_output
 from ttbundles.serving.planning.plan import Plan, effective_options
@@ -129,7 +130,12 @@ class TTModelRunner:
         self.slots = SlotStates(self.max_num_reqs, self.lanes)
         self.tables = BlockTables(self.max_num_reqs, self.max_model_len, self.block_size)
         self.states = RequestStates(
-            self.input_batch, self.slots, self.tables, device=self.device, on_finish=self._forget
+            self.input_batch,
+            self.slots,
+            self.tables,
+            device=self.device,
+            on_finish=self._forget,
+            on_release=self._release_slot_state,
         )
         self.requests = self.states.requests  # compat.request_state(...) by request id
         self.outputs = StepOutputs(
@@ -158,6 +164,12 @@ class TTModelRunner:
         self.lanes = plan.lanes if plan is not None else 1
         # The plan serves the class's KV groups: the class is asked for its layers' specs.
         self.kv_groups_served = bool(plan is not None and plan.kv_groups)
+        # A model whose other layers keep recurrent state the generator owns (a slot per
+        # request, `release_request`): only its attention layers keep vLLM's KV cache.
+        kinds_of_layers = layer_kinds(self.model_config.hf_config)
+        self.kv_layers: tuple[int, ...] | None = (
+            kinds_of_layers.attention_layers if kinds_of_layers.recurrent else None
+        )
         # The bundle serves images (the plan allowed some per prompt): prefill gets them.
         self.image_inputs = bool(plan is not None and plan.inputs.get("image"))
         self.pixels = PixelStore()
@@ -175,6 +187,14 @@ class TTModelRunner:
                 vocab_size=self.model_config.get_vocab_size(),
                 max_model_len=self.max_model_len,
             )
+
+    def _release_slot_state(self, slot: int) -> None:
+        """A slot given back (its request finished or was preempted): a generator that keeps
+        state per slot (recurrent layers: TT-Metal's Qwen classes) releases it there, so
+        the next request in the slot starts from nothing (`release_request(slot)`)."""
+        release = getattr(self.generator, "release_request", None)
+        if callable(release):
+            release(slot)
 
     def _forget(self, req_id: str) -> None:
         """A finished request: what prompt logprobs and speculation keep for it."""
@@ -229,9 +249,15 @@ class TTModelRunner:
     # --- KV cache (`runner.kv`) -----------------------------------------------------------
 
     def _layer_shape(self) -> tuple[int, int, int]:
+        """The model's layers, KV heads and head size, as vLLM's config reads them."""
         config, parallel = self.model_config, self.vllm_config.parallel_config
         num_layers = config.get_num_layers(parallel)
         return num_layers, config.get_num_kv_heads(parallel), config.get_head_size()
+
+    def _kv_layer_count(self, num_layers: int) -> int:
+        """The layers the generator allocates a KV cache for: every layer, or only the
+        attention layers of a model whose other layers keep recurrent state."""
+        return num_layers if self.kv_layers is None else len(self.kv_layers)
 
     def get_kv_cache_spec(self) -> dict[str, KVCacheSpec]:
         """Each layer's cache: what the generator class declares (`get_kv_cache_spec`,
@@ -244,7 +270,12 @@ class TTModelRunner:
         # Asked only where the plan serves the class's groups (it declares them, and
         # the hybrid manager is on): otherwise every layer keeps the whole context.
         return layer_specs(
-            self.generator_cls, self.vllm_config, num_layers, default, ask=self.kv_groups_served
+            self.generator_cls,
+            self.vllm_config,
+            num_layers,
+            default,
+            ask=self.kv_groups_served,
+            kv_layers=self.kv_layers,
         )
 
     def cache_block_size_bytes(self) -> int:
@@ -275,10 +306,14 @@ class TTModelRunner:
     def initialize_kv_cache(self, kv_cache_config: KVCacheConfig) -> None:
         """The engine's KV groups taken on and the cache allocated, before any request."""
         num_layers, kv_heads, head_size = self._layer_shape()
-        groups = LayerGroups.from_config(kv_cache_config, num_layers)
+        groups = LayerGroups.from_config(kv_cache_config, num_layers, self.kv_layers)
         self.use_kv_groups(groups)
         self.allocate_kv_cache(
-            kv_cache_config.num_blocks, kv_heads, head_size, num_layers, self.model_config.dtype
+            kv_cache_config.num_blocks,
+            kv_heads,
+            head_size,
+            self._kv_layer_count(num_layers),
+            self.model_config.dtype,
         )
         lanes = self.lanes
         logger.info(

@@ -46,12 +46,16 @@ class RequestStates:
         *,
         device: torch.device,
         on_finish: Callable[[str], None] = lambda req_id: None,
+        on_release: Callable[[int], None] = lambda slot: None,
     ):
         self.batch = batch
         self.slots = slots
         self.tables = tables
         self.device = device
         self.on_finish = on_finish
+        # A slot given back (finished, preempted): the generator's per-slot state there is
+        # released (`release_request`, a generator that owns recurrent state).
+        self.on_release = on_release
         self.requests: dict[str, Any] = {}
         # Vision-language prefills return one RoPE delta per request, which its decodes send.
         self.rope_deltas: dict[str, int] = {}
@@ -74,6 +78,7 @@ class RequestStates:
         slot = self.slots.release(req_id)
         if slot is not None:
             self.tables.clear(slot)
+            self.on_release(slot)
         self.rope_deltas.pop(req_id, None)
 
     def stage_blocks(self, req_id: str) -> None:

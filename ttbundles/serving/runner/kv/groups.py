@@ -15,6 +15,7 @@ id is owned by one group at a time, so the groups overlay one pool
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -50,24 +51,29 @@ def layer_specs(
     default: KVCacheSpec,
     *,
     ask: bool = True,
+    kv_layers: Sequence[int] | None = None,
 ) -> dict[str, KVCacheSpec]:
     """Every layer's spec: the class's answer where it gives one, `default` (full
     attention with the model's shape) for None, for a class without the method, and
     without `ask` (the launch does not serve the class's groups: a sliding spec vLLM
     would keep even with its hybrid manager off, when every layer slides).
 
-    A name that is not one of the model's layers is refused (TTB260): vLLM would keep a
-    cache no layer reads, and the layer it meant would get none."""
+    `kv_layers`: the layers that keep a KV cache at all, where others keep a state of
+    their generator's own (recurrent layers): those get no spec, named or not. A name
+    that is not one of the model's KV layers is refused (TTB260): vLLM would keep a cache
+    no layer reads, and the layer it meant would get none."""
+    layers = list(range(num_layers)) if kv_layers is None else list(kv_layers)
     declared: dict[str, Any] | None = None
     if ask and declares_layout(generator_cls):
         declared = getattr(generator_cls, SPEC_METHOD)(vllm_config)
     if declared is None:
-        return {LAYER_NAME.format(i): default for i in range(num_layers)}
+        return {LAYER_NAME.format(i): default for i in layers}
+    allowed = set(layers)
     named: dict[int, str] = {}
     unknown = []
     for name in declared:
         index = layer_index(name)
-        if index is None or index >= num_layers or index in named:
+        if index is None or index not in allowed or index in named:
             unknown.append(name)
         else:
             named[index] = name
@@ -79,7 +85,7 @@ def layer_specs(
             f"not one of the model's {num_layers} layers (model.layers.<i>.self_attn)",
             hint=f"key the specs model.layers.<i>.self_attn for i in 0..{num_layers - 1}",
         )
-    names = [named.get(i, LAYER_NAME.format(i)) for i in range(num_layers)]
+    names = [named.get(i, LAYER_NAME.format(i)) for i in layers]
     return {name: declared.get(name) or default for name in names}
 
 
@@ -109,20 +115,30 @@ class LayerGroups:
         return tuple(spec.max_num_blocks_per_req(vllm_config, max_model_len) for spec in self.specs)
 
     @classmethod
-    def from_config(cls, kv_cache_config: KVCacheConfig, num_layers: int) -> LayerGroups:
-        group = [0] * num_layers
-        tensor = list(range(num_layers))
+    def from_config(
+        cls,
+        kv_cache_config: KVCacheConfig,
+        num_layers: int,
+        kv_layers: Sequence[int] | None = None,
+    ) -> LayerGroups:
+        """The groups seen per KV layer: `kv_layers` the model layers that keep a KV cache,
+        in order (every layer without it); entry i of `group` and `tensor` is the i-th of
+        them, as the generator allocates them."""
+        layers = list(range(num_layers)) if kv_layers is None else list(kv_layers)
+        ordinal = {index: i for i, index in enumerate(layers)}
+        group = [0] * len(layers)
+        tensor = list(range(len(layers)))
         specs = []
         for g, spec_group in enumerate(kv_cache_config.kv_cache_groups):
             specs.append(spec_group.kv_cache_spec)
             for position, name in enumerate(spec_group.layer_names):
-                index = layer_index(name)
-                if index is None or index >= num_layers:
+                i = ordinal.get(layer_index(name))  # type: ignore[arg-type]
+                if i is None:
                     continue
-                group[index] = g
-                tensor[index] = position
+                group[i] = g
+                tensor[i] = position
         if len(specs) == 1:
-            tensor = list(range(num_layers))  # one group: every layer its own tensor
+            tensor = list(range(len(layers)))  # one group: every layer its own tensor
         reach = tuple(kinds.reach(spec) for spec in specs)
         main = next((g for g, r in enumerate(reach) if not r), 0)
         return cls(tuple(group), tuple(tensor), tuple(specs), main, reach)

@@ -1,0 +1,132 @@
+"""A recurrent-state hybrid (Qwen3.5: gated delta net layers beside full attention) served
+by the runner in the generator-owned form, in-process: vLLM's scheduler and KV manager
+see only the attention layers; the generator keeps one state slot per request, filled by
+prefill (`empty_slots`), continued across chunks, read by decode, released when the slot
+is given back (`release_request`). Greedy tokens equal transformers' for prompts longer
+than two prefill chunks, with requests arriving mid-way and under KV pressure."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+from vllm.v1.attention.backends.utils import resolve_kv_cache_layout
+from vllm.v1.core.kv_cache_planning import get_global_kv_cache_groups, get_kv_cache_configs
+from vllm.v1.structured_output import StructuredOutputManager
+
+from tests.test_qwen3_5_reference import VOCAB, write_tiny_qwen3_5
+from tests.test_runner_steps import request, run
+from tests.vllm_config import vllm_config
+from ttbundles.format.contract import HostMesh
+from ttbundles.reference.qwen3_5 import ReferenceQwen3_5Generator
+from ttbundles.serving.runner import TTModelRunner
+from ttbundles.serving.scheduler import TTScheduler
+
+BLOCK = 16
+CHUNK = 24  # --max-num-batched-tokens: a 60-token prompt takes three prefill steps
+
+
+class Releases(ReferenceQwen3_5Generator):
+    """The reference, counting the slots the runner gives back."""
+
+    def release_request(self, slot):
+        self.released = [*getattr(self, "released", []), slot]
+        super().release_request(slot)
+
+
+@pytest.fixture(scope="module")
+def qwen(tmp_path_factory):
+    folder = write_tiny_qwen3_5(tmp_path_factory.mktemp("qwen3_5_serving"))
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+
+    def greedy(prompt: list[int], n: int) -> list[int]:
+        with torch.no_grad():
+            out = model.generate(
+                torch.tensor([prompt]), max_new_tokens=n, do_sample=False, min_new_tokens=n
+            )
+        return out[0, len(prompt) :].tolist()
+
+    return folder, greedy
+
+
+def build(checkpoint, *, blocks: int = 64, max_num_seqs: int = 4):
+    """The scheduler and runner as the engine core builds them, through the runner's own
+    interface (its specs, vLLM's groups, `initialize_kv_cache`)."""
+    config = vllm_config(
+        checkpoint,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=CHUNK,
+        max_model_len=128,
+        block_size=BLOCK,
+    )
+    runner = TTModelRunner(config, Releases, HostMesh())
+    runner.load_model()
+    specs = runner.get_kv_cache_spec()
+    resolve_kv_cache_layout(config, [["LBHNC"]], specs.values())
+    groups = get_global_kv_cache_groups(config, [specs])
+    page = next(iter(specs.values())).page_size_bytes
+    kv_config = get_kv_cache_configs(config, [specs], [blocks * page * len(specs)], groups)[0]
+    config.cache_config.num_gpu_blocks = kv_config.num_blocks
+    runner.initialize_kv_cache(kv_config)
+    scheduler = TTScheduler(
+        vllm_config=config,
+        kv_cache_config=kv_config,
+        structured_output_manager=StructuredOutputManager(config),
+        block_size=BLOCK,
+    )
+    return scheduler, runner, specs
+
+
+def prompt(seed: int, n: int) -> list[int]:
+    return torch.randint(1, VOCAB, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def test_only_the_attention_layers_reach_vllms_kv_manager(qwen):
+    _, runner, specs = build(qwen[0])
+    assert list(specs) == ["model.layers.3.self_attn", "model.layers.7.self_attn"]
+    assert runner.kv_layers == (3, 7) and len(runner.kv_cache) == 2
+
+
+def test_chunked_prompts_and_a_late_arrival_give_transformers_tokens(qwen):
+    checkpoint, greedy = qwen
+    scheduler, runner, _ = build(checkpoint)
+    a, b = prompt(1, 60), prompt(2, 41)
+    out = run(
+        scheduler,
+        runner,
+        {0: [request("a", a, 16, temperature=0.0)], 2: [request("b", b, 12, temperature=0.0)]},
+    )
+    assert out["a"] == greedy(a, 16)
+    assert out["b"] == greedy(b, 12)
+    # Each finished request's slot was given back to the generator.
+    assert sorted(runner.generator.released) == sorted({0, 1})
+
+
+def test_a_slot_reused_after_a_request_starts_from_nothing(qwen):
+    """One slot: the second request prefills into the slot the first held."""
+    checkpoint, greedy = qwen
+    scheduler, runner, _ = build(checkpoint, max_num_seqs=1)
+    a, b = prompt(3, 30), prompt(4, 30)
+    out = run(
+        scheduler,
+        runner,
+        {0: [request("a", a, 6, temperature=0.0), request("b", b, 6, temperature=0.0)]},
+    )
+    assert out["a"] == greedy(a, 6) and out["b"] == greedy(b, 6)
+    assert runner.generator.released == [0, 0]
+
+
+def test_kv_pressure_preempts_and_every_request_gets_transformers_tokens(qwen):
+    """A pool too small for four long requests at once: vLLM preempts, the preempted
+    request's slot is released and it re-prefills into a zeroed one."""
+    checkpoint, greedy = qwen
+    scheduler, runner, _ = build(checkpoint, blocks=12)
+    prompts = {f"r{i}": prompt(10 + i, 40) for i in range(4)}
+    out = run(
+        scheduler,
+        runner,
+        {0: [request(name, p, 20, temperature=0.0) for name, p in prompts.items()]},
+    )
+    for name, p in prompts.items():
+        assert out[name] == greedy(p, 20), name
+    assert len(runner.generator.released) > len(prompts)  # preemptions released slots too
