@@ -517,6 +517,20 @@ def test_list_piped_is_plain(make_bundle, run_cli, tmp_path):
     assert whole[6] == str(models / "demo")
 
 
+def test_a_shortened_path_keeps_whole_folder_names():
+    """A path too long for its column loses its first folders, never part of a name:
+    the bundle's own folder always shows whole."""
+    from cli.output import short_path
+
+    long = "/opt/site-packages/ttbundles/_data/bundles/tt-gemma-4-26b-a4b"
+    assert short_path(long) == ".../_data/bundles/tt-gemma-4-26b-a4b"
+    assert short_path("/x/" + "a-very-long-bundle-folder-name-" * 2) == (
+        ".../" + "a-very-long-bundle-folder-name-" * 2
+    )
+    assert short_path("/opt/b/demo") == "/opt/b/demo"
+    assert short_path(long, verbose=True) == long
+
+
 def test_list_on_an_80_column_terminal(run_cli):
     """The built-ins' table on a terminal 80 wide: no line longer, no word split."""
     env = {"TTY_COMPATIBLE": "1", "COLUMNS": "80", "NO_COLOR": "1"}
