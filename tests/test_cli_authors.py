@@ -636,9 +636,13 @@ def test_init_reference_validates_strictly_and_packs(run_cli, tmp_path):
     bundle = tmp_path / "my-llama"
     source = (bundle / "adapter.py").read_text()
     assert "from ttbundles.reference.generator import ReferenceLlamaGenerator" in source
-    assert source.count('"""TT-NN: ') == 9 and "NotImplementedError" not in source
+    assert source.count('"""TT-NN: ') == 10 and "NotImplementedError" not in source
     meta = json.loads((bundle / META).read_text())
     assert meta["capabilities"]["sample_on_device"] == ["decode_only", "all"]
+    # what the reference serves beyond TT-Metal's keys, as the demo bundle declares it
+    assert meta["capabilities"]["spec_decode"] == ["ngram"]
+    assert meta["capabilities"]["prompt_logprobs"] is True
+    assert "return_prompt_logits=return_prompt_logits" in source and "spec_mode=" in source
     assert list(meta["targets"]) == ["HOST"]
     done = no_traceback(run_cli("validate", "--strict", "-v", bundle))
     assert done.returncode == 0 and "(0 errors, 0 warnings;" in done.stdout, done.stdout
