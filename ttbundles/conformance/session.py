@@ -666,13 +666,21 @@ def compare_pooling(
             continue
         pooler = served.get("pooler", {}).get(task, {})
         for item in served["runs"].get(path, []):
+            pair = item.get("pair")  # a reranker's query/document pair (two prompts)
+            label = (
+                f"{item['prompt']} (query {labels[pair[0]]}, document {labels[pair[1]]})"
+                if pair
+                else labels[item["prompt"]]
+            )
             case = compare.CaseResult(
-                path=path, prompt=item["prompt"], label=labels[item["prompt"]], golden=golden.name
+                path=path, prompt=item["prompt"], label=label, golden=golden.name
             )
             case.details.update(
                 prompt_tokens=len(item["context"]),
                 pooling=pooler.get("seq_pooling_type"),
             )
+            if pair:
+                case.details["pair"] = list(pair)
             served_vectors = {kind: arrays[key] for kind, key in item["vectors"].items()}
             wanted = pooling.golden_vectors(task, golden, item["context"], pooler)
             pooling.compare_pooled(
