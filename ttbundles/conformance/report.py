@@ -26,6 +26,7 @@ def to_json(report: TestReport) -> dict[str, Any]:
         "sampling": plan.tests.sampling.model_dump(),
         "served": {k: v for k, v in report.served.items() if k != "prompts"},
         "passed": report.passed,
+        "window": plan.window.to_dict() if plan.window is not None else None,
         "cases": [case.to_dict() for case in report.cases],
         "perplexity": [result.to_dict() for result in report.perplexity],
         "recorded": str(report.recorded) if report.recorded else None,
@@ -76,6 +77,9 @@ def to_evidence(report: TestReport) -> dict[str, Any]:
         "max_tokens": plan.max_tokens,
         "thresholds": plan.thresholds.model_dump(),
         "passed": report.passed,
+        # The checkpoint's sliding window, and whether a prompt crossed it (None: none):
+        # evidence of a run that stayed inside it does not prove the windowed layers.
+        "window": plan.window.to_dict() if plan.window is not None else None,
         "cases": [
             {
                 "path": case.path,

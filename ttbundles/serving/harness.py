@@ -588,6 +588,15 @@ class Session:
         if count != 1 or len(texts) < 2:
             return
         (query_name, query), documents = texts[0], texts[1:]
+        # A pair is the two prompts and a separator: the documents it fits with.
+        room = self.llm.llm_engine.vllm_config.model_config.max_model_len
+        documents = [
+            (name, text)
+            for name, text in documents
+            if len(self.ids[query_name]) + len(self.ids[name]) + 8 <= room
+        ]
+        if not documents:
+            return
         docs = [text for _, text in documents]
         probs = self.llm.score(query, docs, use_tqdm=False)
         logits = self.llm.score(
