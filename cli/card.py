@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -13,7 +12,14 @@ from .output import Format, Output
 
 
 def card(
-    bundle: Annotated[Path, typer.Argument(help="A bundle folder.", show_default=False)],
+    bundle: Annotated[
+        str,
+        typer.Argument(
+            help="A bundle folder, or a bundle's name as `ttbundle list` shows it (demo, "
+            "demo@1.0.0).",
+            show_default=False,
+        ),
+    ],
     fmt: FormatOption = Format.human,
 ) -> None:
     """Print the bundle's support card: per target mesh and feature, tested (its evidence
@@ -23,17 +29,19 @@ def card(
     human: Markdown with Hugging Face model-card front matter (a README.md for the hub);
     json: the same as data. Evidence comes from ttbundle test --keep-evidence.
 
-    Example: ttbundle card bundles/demo > README.md
+    Example: ttbundle card demo > README.md
     """
     from ttbundles.check.support import support_card, to_markdown
     from ttbundles.errors import TTBundleError
     from ttbundles.format.parse import load_metadata
+    from ttbundles.registry.registry import bundle_folder
 
     out = Output(fmt)
-    loaded = load_metadata(bundle)
+    folder = bundle_folder(bundle)
+    loaded = load_metadata(folder)
     if loaded.metadata is None:
         raise TTBundleError([d for d in loaded.diagnostics if d.is_error] or loaded.diagnostics)
-    data = support_card(bundle, loaded.metadata)
+    data = support_card(folder, loaded.metadata)
     problems = data.pop("diagnostics")
     if out.is_json:
         out.result(True, problems, **data)

@@ -216,6 +216,11 @@ def render(report: Any, out: Output, *, every_step: bool) -> None:
     lengths = {p["name"]: len(p["token_ids"]) for p in report.served.get("prompts", [])}
     for prompt in plan.prompts:
         out.line(f"  {prompt.label(60)} ({lengths.get(prompt.name, '?')} tokens)")
+    if plan.window is not None:
+        out.line(
+            f"sliding window {plan.window.describe()}",
+            style=None if plan.window.crossed else "yellow",
+        )
     columns = ["path", "prompt", "steps", "PCC min", "top-1", "top-5", "max |diff|"]
     columns += ["diverges", "notes", "result"]
     for golden in report.goldens:

@@ -152,11 +152,17 @@ def sign(
             dir_okay=False,
         ),
     ] = None,
+    force: Annotated[
+        bool,
+        typer.Option("--force", help="Replace a signature by another key or certificate (TTB146)."),
+    ] = False,
     fmt: FormatOption = Format.human,
 ) -> None:
     """Sign a bundle (OpenSSF model signing): writes model.sig into it.
 
-    An archive is rewritten with its signature inside.
+    An archive is rewritten with its signature inside. Signing again with the same key
+    replaces the signature; a bundle signed by another key or certificate is refused
+    (TTB146) unless --force.
 
     Example: ttbundle sign my-bundle --key signing-key.pem
     """
@@ -164,7 +170,7 @@ def sign(
     from ttbundles.trust.signing import sign as sign_bundle
 
     out = Output(fmt)
-    written = sign_bundle(path, key, certificate=certificate, chain=chain or ())
+    written = sign_bundle(path, key, certificate=certificate, chain=chain or (), force=force)
     if out.is_json:
         out.result(True, [], path=str(written))
         return

@@ -58,7 +58,9 @@ def envelope(ok: bool, diagnostics: Iterable[Diagnostic] = (), **data: Any) -> d
 
 def short_path(path: str | Path, *, verbose: bool = False, limit: int = 40) -> str:
     """A path as a table shows it: relative to the current folder or `~` when shorter,
-    and at most `limit` characters (its start and its end kept); whole with `verbose`."""
+    and at most `limit` characters: its last folders whole after ".../" (the bundle's own
+    folder always whole, however long), never a name cut in the middle; whole with
+    `verbose`."""
     text = str(path)
     if verbose or not text:
         return text
@@ -71,8 +73,14 @@ def short_path(path: str | Path, *, verbose: bool = False, limit: int = 40) -> s
     text = min(candidates, key=len)
     if len(text) <= limit:
         return text
-    keep = limit - 3
-    return text[: keep // 4] + "..." + text[-(keep - keep // 4) :]
+    parts = Path(text).parts
+    kept = parts[-1]
+    for part in reversed(parts[:-1]):
+        longer = os.path.join(part, kept)
+        if len(longer) + 4 > limit:
+            break
+        kept = longer
+    return os.path.join("...", kept)
 
 
 class Output:

@@ -45,8 +45,9 @@ def test_each_record_states_facts_that_hold(entry):
         assert entry.refusal is not None and entry.plan_note
     if entry.summary in ("values", "tasks") or entry.choices:
         assert entry.card is not None
-    if entry.reference is not None:  # the reference declares what the model accepts
-        Capabilities(**{entry.name: entry.reference})
+    if entry.reference is not None:  # the reference declares what the model accepts,
+        # beside its other facts (spec_plan needs spec_decode, its master gate)
+        Capabilities(**catalogue.REFERENCE)
 
 
 def test_a_list_capabilitys_choices_are_the_values_its_field_takes():
@@ -108,6 +109,10 @@ def test_class_keys_paths_and_reference_are_derived_as_they_were():
         "chunked_prefill": True,
         "async_decode": True,
         "sample_on_device": ["decode_only", "all"],
+        "spec_decode": ["ngram"],
+        "async_spec_decode": True,
+        "spec_plan": True,
+        "prompt_logprobs": True,
     }
 
 

@@ -517,6 +517,20 @@ def test_list_piped_is_plain(make_bundle, run_cli, tmp_path):
     assert whole[6] == str(models / "demo")
 
 
+def test_a_shortened_path_keeps_whole_folder_names():
+    """A path too long for its column loses its first folders, never part of a name:
+    the bundle's own folder always shows whole."""
+    from cli.output import short_path
+
+    long = "/opt/site-packages/ttbundles/_data/bundles/tt-gemma-4-26b-a4b"
+    assert short_path(long) == ".../_data/bundles/tt-gemma-4-26b-a4b"
+    assert short_path("/x/" + "a-very-long-bundle-folder-name-" * 2) == (
+        ".../" + "a-very-long-bundle-folder-name-" * 2
+    )
+    assert short_path("/opt/b/demo") == "/opt/b/demo"
+    assert short_path(long, verbose=True) == long
+
+
 def test_list_on_an_80_column_terminal(run_cli):
     """The built-ins' table on a terminal 80 wide: no line longer, no word split."""
     env = {"TTY_COMPATIBLE": "1", "COLUMNS": "80", "NO_COLOR": "1"}
@@ -622,9 +636,13 @@ def test_init_reference_validates_strictly_and_packs(run_cli, tmp_path):
     bundle = tmp_path / "my-llama"
     source = (bundle / "adapter.py").read_text()
     assert "from ttbundles.reference.generator import ReferenceLlamaGenerator" in source
-    assert source.count('"""TT-NN: ') == 9 and "NotImplementedError" not in source
+    assert source.count('"""TT-NN: ') == 10 and "NotImplementedError" not in source
     meta = json.loads((bundle / META).read_text())
     assert meta["capabilities"]["sample_on_device"] == ["decode_only", "all"]
+    # what the reference serves beyond TT-Metal's keys, as the demo bundle declares it
+    assert meta["capabilities"]["spec_decode"] == ["ngram"]
+    assert meta["capabilities"]["prompt_logprobs"] is True
+    assert "return_prompt_logits=return_prompt_logits" in source and "spec_mode=" in source
     assert list(meta["targets"]) == ["HOST"]
     done = no_traceback(run_cli("validate", "--strict", "-v", bundle))
     assert done.returncode == 0 and "(0 errors, 0 warnings;" in done.stdout, done.stdout

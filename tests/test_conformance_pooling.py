@@ -223,6 +223,63 @@ def test_classify_compares_the_logits_and_vllms_activation_of_them():
     assert one["logits"] == pytest.approx([1.0]) and one["probs"] == pytest.approx([0.7310586])
 
 
+def test_a_one_label_score_has_no_pcc_only_its_difference():
+    """A reranker's score is one number: a correlation of it is no figure (it read
+    `PCC 0.000000 ... pass`), so its steps and the vector table carry none."""
+    from ttbundles.conformance.report import vector_lines
+
+    golden = golden_vectors("classify", Golden([1.5]), [1, 2], {})
+    result = case("pooling_classify")
+    served = {"probs": golden["probs"] + 1e-7, "logits": golden["logits"] + 1e-7}
+    compare_pooled(result, "classify", served, golden)
+    assert result.passed and [s.pcc for s in result.steps] == [None, None]
+    assert result.summary()["pcc_min"] is None
+    lines = vector_lines(result)
+    assert "PCC" not in lines[0] and "0.000000" not in "\n".join(lines), lines
+    wrong = case("pooling_classify")
+    compare_pooled(
+        wrong, "classify", {"probs": golden["probs"] + 0.1, "logits": golden["logits"]}, golden
+    )
+    assert [d.code for d in wrong.failures] == ["TTB129"]
+    three = case("pooling_classify")
+    golden3 = golden_vectors("classify", Golden(), [1], {})
+    compare_pooled(three, "classify", dict(golden3), golden3)
+    assert three.steps[0].pcc == pytest.approx(1.0) and "PCC" in vector_lines(three)[0]
+
+
+def test_a_rerankers_pair_is_a_case_named_by_its_query_and_document():
+    """The harness's pair cases (query p0, document p1, on the ids vLLM made of the
+    pair) are compared on those ids and labelled with both prompts."""
+    from types import SimpleNamespace
+
+    from ttbundles.conformance.session import TestReport, compare_pooling
+
+    prompts = [SimpleNamespace(name=n, label=lambda n=n: f"{n} 'text'") for n in ("p0", "p1")]
+    plan = SimpleNamespace(paths=["pooling_classify"], prompts=prompts)
+    served = {
+        "pooler": {"classify": {}},
+        "runs": {
+            "pooling_classify": [
+                {
+                    "prompt": "p0+p1",
+                    "pair": ["p0", "p1"],
+                    "context": [1, 2, 3, 4],
+                    "vectors": {"probs": "a", "logits": "b"},
+                }
+            ]
+        },
+    }
+    golden = Golden([0.25])
+    wanted = golden_vectors("classify", golden, [1, 2, 3, 4], {})
+    report = TestReport.__new__(TestReport)
+    report.cases = []
+    compare_pooling(report, plan, served, {"a": wanted["probs"], "b": wanted["logits"]}, golden)
+    (result,) = report.cases
+    assert result.passed and result.prompt == "p0+p1"
+    assert result.label == "p0+p1 (query p0 'text', document p1 'text')"
+    assert result.details["pair"] == ["p0", "p1"] and result.details["prompt_tokens"] == 4
+
+
 def test_a_vector_of_the_wrong_width_is_a_failure_of_its_own():
     golden = golden_vectors("embed", Golden(), [1, 2], {})
     result = case()
@@ -255,7 +312,9 @@ def assert_passed(done, path: str, vectors: list[str]) -> dict:
     report = json.loads(done.stdout)
     assert done.returncode == 0 and report["passed"], report["diagnostics"]
     assert report["paths"] == [path] and report["goldens"] == ["transformers"]
-    assert [c["prompt"] for c in report["cases"]] == ["p0", "p1", "p2"]
+    # each prompt, then a reranker's query/document pairs (the first prompt the query)
+    singles = [c["prompt"] for c in report["cases"] if "pair" not in c["details"]]
+    assert singles == ["p0", "p1", "p2"]
     for case in report["cases"]:
         assert case["path"] == path
         assert [s["note"] for s in case["steps"]] == vectors
@@ -289,6 +348,15 @@ def test_the_classifier_bundle_passes(tmp_path, classifier_checkpoint):
     )
     # vLLM pools a *ForSequenceClassification by itself: no --convert.
     assert "convert" not in report["served"]["engines"][0]["options"]
+    # A reranker: scored on query/document pairs too, as /score and /rerank ask it; a
+    # score is one number, with no PCC.
+    pairs = [c for c in report["cases"] if "pair" in c["details"]]
+    assert [c["prompt"] for c in pairs] == ["p0+p1", "p0+p2"]
+    singles = {c["prompt"]: c["details"]["prompt_tokens"] for c in report["cases"]}
+    for case in pairs:
+        query, document = case["details"]["pair"]
+        assert case["details"]["prompt_tokens"] >= singles[document]  # the pair's ids
+        assert all(s["pcc"] is None for s in case["steps"]), case["steps"]
 
 
 @pytest.mark.server

@@ -69,6 +69,8 @@ def test_mesh_values_parse_case_insensitively_and_as_grids(value, name, shape):
         ("p150a", "P150"),
         ("N3000", "N300"),
         ("HSOT", "HOST"),
+        ("N150X", "N150"),  # one slip from N150 and from N150x4: the plain preset first
+        ("P150X", "P150"),
         ("BOGUS", None),
         ("galaxy-of-doom", None),
     ],

@@ -387,6 +387,7 @@ def test_pep440_messages_name_the_value():
         ({"targets": {"N15O": {}}}, "TTB035", "/targets/N15O", "N150"),
         ({"targets": {"t3k": {}}}, "TTB035", "/targets/t3k", "T3K"),
         ({"targets": {"P150X4": {}}}, "TTB035", "/targets/P150X4", "P150x4"),
+        ({"targets": {"N150X": {}}}, "TTB035", "/targets/N150X", "N150"),
         ({"targets": {"BH_Galaxy": {}}}, "TTB035", "/targets/BH_Galaxy", "BH-Galaxy"),
     ],
 )

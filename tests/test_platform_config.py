@@ -433,8 +433,30 @@ def test_no_bundle_for_the_architecture_lists_what_is_registered(models_dir, dem
     assert any(line.strip().startswith("TTQwen2ForCausalLM (qwen@1.0.0") for line in listed)
     assert "TTQwen3ForCausalLM" not in message
     assert "1 more registered but not servable here: 1 not importable here (TTB058)" in message
-    assert "docs/operators/installing.md" in excinfo.value.diagnostics[0].hint
+    hint = excinfo.value.diagnostics[0].hint
+    assert "docs/operators/installing.md" in hint
+    # a checkpoint the torch reference reads: the bundle init --reference makes
+    assert "ttbundle init models/NAME --reference --from-hf MODEL" in hint
     assert str(models_dir) not in message
+
+
+@pytest.mark.parametrize(
+    ("architecture", "fix"),
+    [
+        ("LlamaForSequenceClassification", "ttbundle init models/NAME --reference"),
+        ("XLMRobertaForSequenceClassification", "pooling form 'forward'"),
+        ("BertModel", "generator-contract.md#pooling"),
+        ("FalconForCausalLM", "add a bundle for it into a folder named by EXTRA_MODELS_DIR"),
+    ],
+)
+def test_no_bundle_says_which_bundle_would_serve_the_checkpoint(architecture, fix):
+    """TTB200's fix by what the checkpoint is: a reranker the reference reads gets the
+    init --reference step, an encoder the pooling form 'forward' (it has no reference)."""
+    from ttbundles.serving.planning.configuration import _bundle_for
+
+    hint = _bundle_for([architecture])
+    assert fix in hint, hint
+    assert ("--reference" in hint) == architecture.startswith("Llama")
 
 
 def test_single_execute_data_parallel_becomes_lanes(models_dir, demo_checkpoint):

@@ -68,3 +68,25 @@ def test_an_architecture_the_reference_reads_is_planned(models_dir, demo_checkpo
     init_bundle(models_dir / "llama", arch="LlamaForCausalLM", reference=True)
     _, decisions, _ = configure(demo_checkpoint)
     assert "llama@0.1.0" in decisions["architecture"]["reason"]
+
+
+def test_a_reference_bundle_serves_what_the_demo_does_on_the_same_reference(
+    models_dir, demo_checkpoint
+):
+    """`init --reference` declares what the reference serves: n-gram speculation is
+    admitted by spec_plan (not TTB235) and prompt logprobs are served (not TTB206), as
+    with the demo bundle; the declaration is the demo's, less what only the demo's own
+    name or pooling choice adds."""
+    from ttbundles.paths import builtin_bundles_dir
+
+    init_bundle(models_dir / "llama", arch="LlamaForCausalLM", reference=True)
+    written = json.loads((models_dir / "llama" / "vllm_metadata.json").read_text())
+    demo = json.loads((builtin_bundles_dir() / "demo" / "vllm_metadata.json").read_text())
+    assert written["capabilities"] == demo["capabilities"]
+    ngram = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}
+    _, decisions, plan = configure(
+        demo_checkpoint, speculative_config=ngram, async_scheduling=False
+    )
+    assert plan["bundle"]["name"] == "llama"
+    assert decisions["speculative"]["effective"] == "ngram, k=3", decisions["speculative"]
+    assert plan["prompt_logprobs"] is True

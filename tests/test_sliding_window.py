@@ -6,6 +6,8 @@ prefill, a prefix-cache hit, decode, the speculative verify, prompt logits, the 
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 import transformers  # required: a missing or broken transformers fails, never skips
@@ -345,3 +347,126 @@ def test_a_miss_past_the_window_names_the_window():
     )
     assert hint.endswith(general)
     assert window_hint(general, 3, None, 6) == general
+
+
+# --- ttbundle test reaches past the window ------------------------------------------------
+
+
+def _reference_plan(tmp_path, arch="Gemma3ForCausalLM", **tests):
+    from ttbundles.conformance.plan import resolve_plan
+    from ttbundles.format.parse import load_metadata
+    from ttbundles.scaffold.init import init_bundle
+
+    folder = tmp_path / "b"
+    init_bundle(folder, arch=arch, reference=True)
+    if tests:
+        document = json.loads((folder / "vllm_metadata.json").read_text())
+        document.setdefault("tests", {}).update(tests.pop("section", {}))
+        for mesh, target in tests.pop("targets", {}).items():
+            document["targets"][mesh].update(target)
+        (folder / "vllm_metadata.json").write_text(json.dumps(document))
+    loaded = load_metadata(folder)
+    assert loaded.metadata is not None, loaded.diagnostics
+    return resolve_plan(folder, loaded.metadata)
+
+
+def _window(size):
+    return attention_window(
+        {"model_type": "gemma3", "sliding_window": size, "num_hidden_layers": 6}
+    )
+
+
+def test_ttbundle_test_adds_a_prompt_past_the_window(tmp_path):
+    """The default prompts (5, 8 and 14 tokens) all fit in a window of 16: the plan adds
+    one longer than it, and the run reports which prompts crossed."""
+    plan = _reference_plan(tmp_path)
+    before = [p.name for p in plan.prompts]
+    plan.cover_window(_window(16), max_positions=1024)
+    assert [p.name for p in plan.prompts] == [*before, "window"]
+    added = plan.prompts[-1]
+    assert len(added.text.split()) >= 16 + 8 and plan.window.added == "window"
+    plan.window.served({"p0": 5, "p1": 8, "p2": 14, "window": 25})
+    assert plan.window.crossed and plan.window.crossed_by == ["window"]
+    assert "crossed by window (longest prompt 25 tokens)" in plan.window.describe()
+    record = plan.window.to_dict()
+    assert record["size"] == 16 and record["crossed"] is True and record["reason"] is None
+    assert (
+        plan.harness_spec(models_dir=tmp_path, checkpoint="c", out_dir=tmp_path)["prompts"][-1][
+            "name"
+        ]
+        == "window"
+    )
+    # no window: nothing added, nothing said
+    again = _reference_plan(tmp_path / "2")
+    again.cover_window(None)
+    assert again.window is None and "window" not in [p.name for p in again.prompts]
+
+
+def test_a_window_the_run_cannot_cross_is_said_with_its_reason(tmp_path):
+    """A window the target's length leaves no room past (a real Gemma 3's 512 on a HOST
+    target of 512), or a recorded golden: no prompt is added, and the run says it did
+    not cross and why, in its output and its evidence."""
+    plan = _reference_plan(tmp_path)
+    plan.cover_window(_window(512), max_positions=8192)
+    assert [p.name for p in plan.prompts] == ["p0", "p1", "p2"]
+    assert "HOST target (max_model_len) allows 512" in plan.window.reason
+    plan.window.served({"p0": 5, "p1": 8, "p2": 14})
+    assert not plan.window.crossed
+    line = plan.window.describe()
+    assert "NOT crossed (longest prompt 14 tokens)" in line and "does not prove" in line
+    recorded = _reference_plan(tmp_path / "2")
+    recorded.cover_window(_window(16), max_positions=1024, recorded=True)
+    assert "recorded golden" in recorded.window.reason and len(recorded.prompts) == 3
+    # a prompt surely longer than the window already: nothing added
+    long = " ".join(["word"] * 30)
+    mine = _reference_plan(tmp_path / "3", section={"prompts": ["Hi there", long]})
+    mine.cover_window(_window(16), max_positions=1024)
+    assert [p.name for p in mine.prompts] == ["p0", "p1"] and mine.window.reason is None
+
+
+def test_the_card_says_when_the_evidence_did_not_cross_the_window(tmp_path):
+    from ttbundles.archive.evidence import write_evidence
+    from ttbundles.check.support import support_card, to_markdown
+
+    plan = _reference_plan(tmp_path)
+    plan.cover_window(_window(512), max_positions=8192)
+    plan.window.served({"p0": 5})
+    write_evidence(
+        plan.bundle_dir,
+        {"mesh": "HOST", "passed": True, "paths": ["prefill"], "window": plan.window.to_dict()},
+    )
+    card = support_card(plan.bundle_dir, plan.metadata)
+    assert card["meshes"]["HOST"]["evidence"]["window"]["crossed"] is False
+    text = to_markdown(card)
+    assert "sliding window (512 tokens) was not crossed by the tested prompts" in text
+
+
+@pytest.mark.server
+def test_ttbundle_test_of_a_gemma3_bundle_crosses_its_window(tmp_path, gemma3_checkpoint):
+    """A real run on a Gemma 3 bundle (window 32): the added prompt crosses the window
+    in prefill, matches transformers there, and the evidence says so."""
+    from tests.conftest import _run_cli_process
+
+    bundle = tmp_path / "g3"
+    made = _run_cli_process("init", bundle, "--reference", "--from-hf", gemma3_checkpoint)
+    assert made.returncode == 0, made.stderr
+    done = _run_cli_process(
+        "test", bundle, "--model", gemma3_checkpoint, "--path", "prefill",
+        "--keep-evidence", "--format", "json", timeout=900,
+    )  # fmt: skip
+    assert done.stdout.strip(), done.stderr[-3000:]
+    report = json.loads(done.stdout)
+    assert done.returncode == 0 and report["passed"], report["diagnostics"]
+    window = report["window"]
+    assert window["size"] == 32 and window["crossed"] and window["crossed_by"] == ["window"]
+    assert window["longest_prompt"] > 32
+    cases = {c["prompt"] for c in report["cases"]}
+    assert "window" in cases
+    evidence = json.loads((bundle / "evidence" / "HOST.json").read_text())
+    assert evidence["window"]["crossed"] is True
+    human = _run_cli_process(
+        "test", bundle, "--model", gemma3_checkpoint, "--path", "prefill", timeout=900
+    )
+    assert "sliding window sliding_window=32" in human.stdout and "crossed by window" in (
+        human.stdout
+    ), human.stdout

@@ -697,6 +697,21 @@ def test_a_refusal_names_what_the_client_sent_in_one_short_line(fields, names):
     assert "Params(" not in message, message
 
 
+def test_a_choice_made_a_grammar_by_vllms_check_is_named_choice():
+    """vLLM's xgrammar check replaces `choice` with its grammar before the platform
+    sees the request: the refusal still names the field the client sent."""
+    from vllm.v1.structured_output.backend_xgrammar import validate_xgrammar_grammar
+
+    params = _chat_params(structured_outputs={"choice": ["yes", 'say "no"']})
+    validate_xgrammar_grammar(params)
+    assert params.structured_outputs.choice is None and params.structured_outputs.grammar
+    message = refusal_message(SPECULATING, request_refusal(SPECULATING, params))
+    assert "structured_outputs.choice" in message and "grammar" not in message, message
+    written = _chat_params(structured_outputs={"grammar": 'root ::= "a" | b\nb ::= "c"'})
+    message = refusal_message(SPECULATING, request_refusal(SPECULATING, written))
+    assert "structured_outputs.grammar" in message, message
+
+
 def test_sampled_requests_need_the_logits_accept_mode():
     greedy_only = replace(SPECULATING, accept_modes=("argmax_ids",))
     assert request_refusal(greedy_only, SamplingParams(temperature=0.7))[:2] == (

@@ -108,3 +108,19 @@ def test_the_plan_says_when_the_mesh_has_no_evidence(run_cli, demo, demo_checkpo
     done = run_cli(*args, timeout=300)
     assert done.returncode == 0, done.stderr
     assert "evidence:" not in done.stdout
+
+
+def test_the_card_takes_a_bundle_name_as_list_shows_it(run_cli, demo, tmp_path):
+    """`ttbundle card demo` names the bundle as `list` does: the installed one first
+    (EXTRA_MODELS_DIR), as the server would pick it; a path still works; an unknown name
+    is TTB001 with the closest name."""
+    write_evidence(demo, {"mesh": "HOST", "passed": True, "paths": EVERY_PATH})
+    env = {"EXTRA_MODELS_DIR": str(demo.parent)}
+    for given in ("demo", "demo@1.0.0"):
+        card = _json(run_cli("card", given, "-f", "json", env=env))
+        assert card["meshes"]["HOST"]["status"] == "tested", given  # the installed copy
+    builtin = _json(run_cli("card", "demo-drafter", "-f", "json", env=env))
+    assert builtin["bundle"]["name"] == "demo-drafter", builtin
+    done = run_cli("card", "dmeo", env=env)
+    assert done.returncode == 1 and "TTB001" in done.stderr and "'demo'" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -102,6 +102,27 @@ def test_sign_archive_in_place(run_cli, tmp_path, keys):
     assert shown["signer"].startswith("key sha256:")
 
 
+def test_signing_over_another_signer_needs_force(run_cli, tmp_path, keys):
+    """An archive signed by alice is not re-signed by mallory in silence: TTB146 and the
+    archive untouched; again by alice is fine; --force replaces the signature."""
+    archive = _signed_archive(tmp_path, keys["alice"].private)
+    before = archive.read_bytes()
+    done = run_cli("sign", archive, "--key", keys["mallory"].private)
+    assert done.returncode == 1 and "TTB146" in done.stderr, done.stdout + done.stderr
+    assert "--force" in done.stderr and "Traceback" not in done.stderr
+    assert archive.read_bytes() == before
+    assert run_cli("sign", archive, "--key", keys["alice"].private).returncode == 0
+    assert run_cli("verify", archive, "--key", keys["alice"].public).returncode == 0
+    done = run_cli("sign", archive, "--key", keys["mallory"].private, "--force")
+    assert done.returncode == 0, done.stderr
+    assert run_cli("verify", archive, "--key", keys["mallory"].public).returncode == 0
+    folder = _bundle(tmp_path / "folder")
+    sign(folder, keys["alice"].private)
+    done = run_cli("sign", folder, "--key", keys["mallory"].private)
+    assert done.returncode == 1 and "TTB146" in done.stderr
+    assert not list(folder.glob(".model.sig.*"))  # no temporary file left behind
+
+
 def test_changed_or_added_file_fails(run_cli, tmp_path, keys):
     folder = _bundle(tmp_path)
     sign(folder, keys["alice"].private)
@@ -476,8 +497,10 @@ def test_every_key_model_signing_refuses_is_one_line_with_the_recipe(run_cli, tm
     # the recipe's key, P-384 and P-521 sign, and the public key verifies
     for curve in ("secp384r1", "secp521r1"):
         openssl("ecparam", "-name", curve, "-genkey", "-noout", "-out", f"{curve}.pem")
-        assert run_cli("sign", folder, "--key", tmp_path / f"{curve}.pem").returncode == 0
-    done = run_cli("sign", folder, "--key", tmp_path / "key.pem")
+        # each key signs over the last one's signature: --force (TTB146 otherwise)
+        done = run_cli("sign", folder, "--key", tmp_path / f"{curve}.pem", "--force")
+        assert done.returncode == 0, done.stderr
+    done = run_cli("sign", folder, "--key", tmp_path / "key.pem", "--force")
     assert done.returncode == 0, done.stderr
     assert run_cli("verify", folder, "--key", tmp_path / "key.pub").returncode == 0
 

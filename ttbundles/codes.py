@@ -120,6 +120,7 @@ CODES: dict[str, str] = {
     "TTB143": "trust policy (TT_BUNDLES_TRUST) unreadable or invalid",
     "TTB145": "the trust policy requires evidence on the serving mesh; the bundle has none "
     "fresh and passed",
+    "TTB146": "the bundle is already signed by another key or certificate",
     # Installing (continued)
     "TTB144": (
         "old version kept after a replace for readers inside it (the next install removes it)"
@@ -381,12 +382,19 @@ WHAT_TO_DO: dict[str, str] = {
     "TTB145": "Prove the bundle on that mesh (ttbundle test BUNDLE --model CKPT --mesh MESH "
     "--keep-evidence), sign it again (the evidence is a file the signature covers) and "
     "reinstall; or remove require_evidence from the policy file.",
+    "TTB146": "Nothing was changed. Sign with the key that signed it, or add --force to "
+    "replace that signature with yours (the old signer's trust in the bundle is lost).",
     "TTB144": "Informational: a replace keeps the version it replaced for readers that were "
     "inside it at the swap; the next `ttbundle install` or `uninstall` in that folder "
     "removes it (no sooner than 0.5 s after the replace). vLLM ignores it meanwhile.",
     "TTB200": "Install or enable a bundle for the checkpoint's architecture (`ttbundle "
     "list` shows what is servable here and why not the rest), or check the checkpoint's "
-    "config.json architectures. See docs/operators/installing.md.",
+    "config.json architectures. For one the torch reference reads (Llama, Mistral, Qwen2, "
+    "Qwen3, Gemma 3, and their sequence classifiers), `ttbundle init models/NAME "
+    "--reference --from-hf CKPT` writes a bundle that serves on the host mesh at once "
+    "(EXTRA_MODELS_DIR=models); an encoder (BERT, XLM-RoBERTa) needs a bundle of the "
+    "pooling form `forward` over your own generator (docs/operators/pooling.md). See "
+    "docs/operators/installing.md.",
     "TTB201": "Drop --tensor-parallel-size/--pipeline-parallel-size: on Tenstorrent the "
     "mesh (MESH_DEVICE) provides that parallelism.",
     "TTB202": "Not supported yet: drop the option or feature the message names.",

@@ -8,9 +8,39 @@ from collections.abc import Iterable
 
 def did_you_mean(word: str, candidates: Iterable[str]) -> str | None:
     """The closest candidate, compared case-insensitively, or None when nothing is close."""
-    pool = {c.lower(): c for c in candidates}
-    match = difflib.get_close_matches(word.lower(), list(pool), n=1, cutoff=0.6)
-    return pool[match[0]] if match else None
+    ranked = close_names(word, candidates)
+    return ranked[0] if ranked else None
+
+
+def close_names(word: str, candidates: Iterable[str], *, n: int = 3) -> list[str]:
+    """Up to `n` candidates close to `word` (case-insensitively), closest first.
+
+    difflib decides what is close, but its ratio favours the longer of two names one
+    keystroke away (`N150X` is nearer `N150x4` than `N150` by it): the order is the
+    number of typing slips instead, and at equal slips the candidates' own order, which
+    lists the plain name before its variants."""
+    pool: dict[str, tuple[int, str]] = {}
+    for index, candidate in enumerate(candidates):
+        pool.setdefault(candidate.lower(), (index, candidate))
+    typed = word.lower()
+    close = difflib.get_close_matches(typed, list(pool), n=len(pool) or 1, cutoff=0.6)
+    close.sort(key=lambda name: (slips(typed, name), pool[name][0]))
+    return [pool[name][1] for name in close[:n]]
+
+
+def slips(word: str, other: str) -> int:
+    """The typing slips between two words: characters wrong, missing or extra, and two
+    neighbours swapped, each one (the optimal string alignment distance)."""
+    rows = [list(range(len(other) + 1))]
+    for i, a in enumerate(word, 1):
+        row = [i]
+        for j, b in enumerate(other, 1):
+            cost = min(rows[-1][j] + 1, row[j - 1] + 1, rows[-1][j - 1] + (a != b))
+            if i > 1 and j > 1 and a == other[j - 2] and word[i - 2] == b:
+                cost = min(cost, rows[-2][j - 2] + 1)
+            row.append(cost)
+        rows.append(row)
+    return rows[-1][-1]
 
 
 def hint_for(word: str, candidates: Iterable[str], *, what: str = "") -> str:

@@ -122,6 +122,8 @@ def support_card(bundle_dir: Path, meta: BundleMetadata) -> dict[str, Any]:
                 "stale": evidence.stale,
                 "recorded_at": evidence.record.get("recorded_at"),
                 "versions": evidence.record.get("versions"),
+                # The checkpoint's sliding window and whether the run crossed it.
+                "window": evidence.record.get("window"),
             },
             "features": features,
             "performance": _performance(bundle_dir, figures.get(mesh)),
@@ -186,6 +188,14 @@ def to_markdown(card: dict[str, Any]) -> str:
                 f"vLLM {versions.get('vllm')}, ttbundles {versions.get('ttbundles')}"
                 + (" (stale: the bundle changed since)" if evidence["stale"] else "")
             )
+            window = evidence.get("window")
+            if isinstance(window, dict) and not window.get("crossed"):
+                lines.append(
+                    f"The checkpoint's sliding window ({window.get('size')} tokens) was not "
+                    "crossed by the tested prompts: its windowed layers are not proven"
+                    + (f" ({window['reason']})" if window.get("reason") else "")
+                    + "."
+                )
             lines.append("")
         lines += ["| feature | status |", "|---|---|"]
         for f in entry["features"]:

@@ -8,11 +8,17 @@ and the thresholds. The serving side (`serving.harness`) gets it as one JSON doc
 A bundle that pools (`capabilities.pooling`) gets a pooling path per task it declares
 (`pooling_embed`, `pooling_classify`), whatever `tests.paths` says (the schema's list
 names generation paths only); one of the form 'forward' has no generation path at all.
+
+A checkpoint with a sliding window is tested past it (`cover_window`): short prompts
+attend in full whatever the generator does with the window, so a run whose prompts all
+fit in it proves nothing of the windowed layers. Unless a prompt is surely longer, the
+plan adds one (`window`, of `WINDOW_WORDS` repeated), or says why it cannot (the
+target's length, a recorded golden); the run then reports which prompts crossed it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +60,59 @@ def pooling_paths(metadata: BundleMetadata) -> list[str]:
     return [p for p in POOLING_PATHS if declares(metadata, p)]
 
 
+WINDOW_PROMPT = "window"
+WINDOW_WORDS = ("the", "cat", "sat", "on", "a", "mat", "and", "the", "dog", "ran", "to", "it")
+"""The window prompt's words, repeated: short common words, each one token or more in
+the tokenizers of the families that have windows (a word is never merged with its
+neighbour), so `size + WINDOW_MARGIN` words are at least that many tokens."""
+WINDOW_MARGIN = 8
+
+
+@dataclass
+class WindowCoverage:
+    """Whether a run reaches past the checkpoint's sliding window: the plan's side (the
+    prompt it added, or why it could not) and, once served, the prompts that crossed."""
+
+    size: int
+    layers: str  # `AttentionWindow.describe()`
+    added: str | None = None  # the prompt added to cross it
+    reason: str | None = None  # why no prompt was added (none may cross)
+    longest: int | None = None  # the longest served prompt, in tokens
+    crossed_by: list[str] = field(default_factory=list)  # prompts longer than the window
+
+    @property
+    def crossed(self) -> bool:
+        return bool(self.crossed_by)
+
+    def served(self, lengths: dict[str, int]) -> None:
+        """The served prompts' lengths in tokens: which crossed the window in prefill."""
+        self.longest = max(lengths.values(), default=None)
+        self.crossed_by = [name for name, length in lengths.items() if length > self.size]
+
+    def describe(self) -> str:
+        """One line for the report: crossed by which prompts, or not and why."""
+        if self.crossed:
+            names = ", ".join(self.crossed_by)
+            return f"{self.layers}: crossed by {names} (longest prompt {self.longest} tokens)"
+        why = f": {self.reason}" if self.reason else ""
+        longest = f"longest prompt {self.longest} tokens" if self.longest else "no prompt"
+        return (
+            f"{self.layers}: NOT crossed ({longest}), so the windowed layers attended in "
+            f"full and this run does not prove them{why}"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "size": self.size,
+            "layers": self.layers,
+            "crossed": self.crossed,
+            "crossed_by": list(self.crossed_by),
+            "longest_prompt": self.longest,
+            "added_prompt": self.added,
+            "reason": self.reason,
+        }
+
+
 @dataclass
 class TestPlan:
     """One resolved `ttbundle test` run."""
@@ -68,6 +127,50 @@ class TestPlan:
     max_tokens: int
     mesh: str
     device_mode: str | None
+    window: WindowCoverage | None = None
+
+    def cover_window(
+        self, window: Any, *, max_positions: int | None = None, recorded: bool = False
+    ) -> None:
+        """Reach past the checkpoint's sliding window (`format.attention_window`; None:
+        none): add the window prompt unless a text prompt is surely longer, or record why
+        it cannot be added (`WindowCoverage.reason`)."""
+        if window is None:
+            return
+        coverage = WindowCoverage(size=window.size, layers=window.describe())
+        self.window = coverage
+        words = window.size + WINDOW_MARGIN
+        if any(p.text and len(p.text.split()) >= words for p in self.prompts):
+            return  # a prompt crosses it already (the run says which)
+        if recorded:
+            coverage.reason = (
+                "a recorded golden (--golden FILE) holds its own prompts; record one with "
+                "a prompt longer than the window"
+            )
+            return
+        target = self.metadata.target(self.mesh)
+        # The harness's room: the prompt, decoding after it twice over, one more.
+        need = words + 2 + (2 * self.max_tokens if self.generation_paths else 0)
+        caps = {
+            f"the bundle's {self.mesh} target (max_model_len)": target.max_model_len
+            if target
+            else None,
+            "the checkpoint's positions": max_positions,
+        }
+        for where, cap in caps.items():
+            if cap and need > cap:
+                coverage.reason = (
+                    f"a prompt past the window needs about {need} tokens and {where} "
+                    f"allows {cap}; raise it, or add a prompt longer than the window"
+                )
+                return
+        name = WINDOW_PROMPT
+        taken = {p.name for p in self.prompts}
+        while name in taken:
+            name += "_"
+        text = " ".join(WINDOW_WORDS[i % len(WINDOW_WORDS)] for i in range(words))
+        self.prompts.append(Prompt(name, text=text.capitalize()))
+        coverage.added = name
 
     @property
     def thresholds(self):  # noqa: ANN201 - format.metadata.Thresholds

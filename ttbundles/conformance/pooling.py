@@ -14,7 +14,13 @@ served for it, each checked on its own:
   one label, softmax for more, after the checkpoint's logit calibration), and `logits`,
   with `use_activation` false. The golden is transformers' sequence classifier's logits,
   calibrated and activated the same way here. Each within its tolerance; with more than
-  one label the most likely label must also be the golden's.
+  one label the most likely label must also be the golden's. A one-label classifier (a
+  reranker) is also asked for query/document pairs as `/score` and `/rerank` ask it
+  (`LLM.score`: the first prompt the query, each other prompt a document), on the token
+  ids vLLM made of the pair, which the golden reads too.
+
+A one-value vector has no PCC (a correlation of one number with another is no figure):
+its step carries the difference alone.
 
 The tolerances are float32's (`TOLERANCES`: an absolute part, and a part relative to the
 golden's largest component): the served side and the golden compute the same function
@@ -121,7 +127,7 @@ def compare_pooled(
             token=int(metrics.top_ids(mine, 1)[0]) if labels else None,
             golden_token=int(metrics.top_ids(theirs, 1)[0]) if labels else None,
             compared=True,
-            pcc=metrics.pcc(mine, theirs),
+            pcc=metrics.pcc(mine, theirs) if mine.size > 1 else None,
             max_abs_diff=metrics.max_abs_diff(mine, theirs),
             note=kind,
         )

@@ -26,6 +26,7 @@ def to_json(report: TestReport) -> dict[str, Any]:
         "sampling": plan.tests.sampling.model_dump(),
         "served": {k: v for k, v in report.served.items() if k != "prompts"},
         "passed": report.passed,
+        "window": plan.window.to_dict() if plan.window is not None else None,
         "cases": [case.to_dict() for case in report.cases],
         "perplexity": [result.to_dict() for result in report.perplexity],
         "recorded": str(report.recorded) if report.recorded else None,
@@ -76,6 +77,9 @@ def to_evidence(report: TestReport) -> dict[str, Any]:
         "max_tokens": plan.max_tokens,
         "thresholds": plan.thresholds.model_dump(),
         "passed": report.passed,
+        # The checkpoint's sliding window, and whether a prompt crossed it (None: none):
+        # evidence of a run that stayed inside it does not prove the windowed layers.
+        "window": plan.window.to_dict() if plan.window is not None else None,
         "cases": [
             {
                 "path": case.path,
@@ -117,12 +121,16 @@ def step_lines(case: Any) -> list[str]:
 def vector_lines(case: Any) -> list[str]:
     """A pooling case's vectors (`conformance.pooling`) as plain text."""
     vectors = case.details["vectors"]
-    lines = ["vector     size  cosine     PCC        max|diff|  allowed    label  golden"]
+    # One-value vectors (a reranker's score) have no PCC: no column for it then.
+    correlated = any(s.pcc is not None for s in case.steps)
+    pcc_head = "PCC        " if correlated else ""
+    lines = [f"vector     size  cosine     {pcc_head}max|diff|  allowed    label  golden"]
     for s in case.steps:
         known = vectors.get(s.note, {})
+        pcc = f"{fmt(s.pcc, '.6f'):<9}  " if correlated else ""
         lines.append(
             f"{s.note:<9}  {_opt(known.get('size')):>4}  {fmt(s.cosine, '.7f'):<9}  "
-            f"{fmt(s.pcc, '.6f'):<9}  {fmt(s.max_abs_diff, '.3g'):<9}  "
+            f"{pcc}{fmt(s.max_abs_diff, '.3g'):<9}  "
             f"{fmt(known.get('allowed'), '.3g'):<9}  {_opt(s.token):>5}  {_opt(s.golden_token):>6}"
         )
     return lines

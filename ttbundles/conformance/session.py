@@ -168,21 +168,39 @@ def generator_is_reference(plan: TestPlan) -> bool:
 REFERENCE_PACKAGE = "ttbundles.reference."
 
 
+def checkpoint_config(checkpoint: str) -> Any:
+    """The checkpoint's config (its config.json, else as transformers loads it from the
+    hub's cache), None when it cannot be read (the golden says why)."""
+    try:
+        return json.loads((Path(checkpoint) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        try:
+            from ttbundles.reference.golden import load_config
+
+            return load_config(checkpoint)
+        except Exception:  # noqa: BLE001 - nothing known: hints stay general
+            return None
+
+
 def checkpoint_window(checkpoint: str) -> Any:
     """The checkpoint's sliding window (`format.attention_window`), None without one or
     when its config.json cannot be read (the golden says why)."""
     from ttbundles.format.attention_window import attention_window
 
-    try:
-        config = json.loads((Path(checkpoint) / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        try:
-            from ttbundles.reference.golden import load_config
+    config = checkpoint_config(checkpoint)
+    return attention_window(config) if config is not None else None
 
-            config = load_config(checkpoint)
-        except Exception:  # noqa: BLE001 - no window known: hints stay general
-            return None
-    return attention_window(config)
+
+def max_positions(config: Any) -> int | None:
+    """The positions the checkpoint's text model has (`max_position_embeddings`)."""
+    if config is None:
+        return None
+    get = config.get if isinstance(config, dict) else lambda k: getattr(config, k, None)
+    text = get("text_config")
+    if text is not None:
+        return max_positions(text)
+    value = get("max_position_embeddings")
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def load_live(kind: str, checkpoint: str, *, tested_is_reference: bool = False) -> Any:
@@ -437,6 +455,9 @@ def run_test(
         for choice in choices:
             if choice not in LIVE and choice != AUTO:
                 files[choice] = GoldenFile.read(_golden_path(choice, goldens or []))
+        config = checkpoint_config(str(checkpoint))
+        window = checkpoint_window(str(checkpoint))
+        plan.cover_window(window, max_positions=max_positions(config), recorded=bool(files))
         live_kinds = [c for c in choices if c in LIVE or c == AUTO]
         if plan.has_images and (files or record is not None):
             raise TTBundleError.single(
@@ -504,6 +525,8 @@ def run_test(
         progress("advance", label="golden loaded")
         report.served = {k: v for k, v in served.items() if k not in ("runs", "model")}
         report.served["model"] = model_identity(served.get("model", {}))
+        if plan.window is not None:
+            plan.window.served({p["name"]: len(p["token_ids"]) for p in served["prompts"]})
         from ttbundles.conformance.compare import FileSource, LiveSource
 
         sources = []
@@ -514,7 +537,6 @@ def run_test(
                 sources.append(FileSource(golden, f"{Path(choice).name} ({golden.golden})"))
             else:
                 sources.append(LiveSource(loaded[choice]))
-        window = checkpoint_window(str(checkpoint))
         begun = time.perf_counter()
         for source in sources:
             progress("progress", label=f"comparing with {source.name}")
@@ -666,13 +688,21 @@ def compare_pooling(
             continue
         pooler = served.get("pooler", {}).get(task, {})
         for item in served["runs"].get(path, []):
+            pair = item.get("pair")  # a reranker's query/document pair (two prompts)
+            label = (
+                f"{item['prompt']} (query {labels[pair[0]]}, document {labels[pair[1]]})"
+                if pair
+                else labels[item["prompt"]]
+            )
             case = compare.CaseResult(
-                path=path, prompt=item["prompt"], label=labels[item["prompt"]], golden=golden.name
+                path=path, prompt=item["prompt"], label=label, golden=golden.name
             )
             case.details.update(
                 prompt_tokens=len(item["context"]),
                 pooling=pooler.get("seq_pooling_type"),
             )
+            if pair:
+                case.details["pair"] = list(pair)
             served_vectors = {kind: arrays[key] for kind, key in item["vectors"].items()}
             wanted = pooling.golden_vectors(task, golden, item["context"], pooler)
             pooling.compare_pooled(

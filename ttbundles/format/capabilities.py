@@ -188,6 +188,9 @@ CAPABILITIES: tuple[Capability, ...] = (
         plan_note="refused by the plan",
         card="spec_decode",
         choices=("ngram", "custom_class"),
+        # n-gram drafts on the host, verified by the reference (`reference.drafter`);
+        # custom_class needs a drafter class of the bundle's own (the demo-drafter's).
+        reference=["ngram"],
         summary="values",
     ),
     Capability(
@@ -197,6 +200,7 @@ CAPABILITIES: tuple[Capability, ...] = (
         key_from="plugin",
         gates="scheduler_config.async_scheduling",
         refusal="TTB236",
+        reference=True,
     ),
     Capability(
         "spec_requirements",
@@ -212,7 +216,7 @@ CAPABILITIES: tuple[Capability, ...] = (
         key_from="plugin",
         refusal="TTB235",
     ),
-    Capability("spec_plan", added_in=3, refusal="TTB235"),
+    Capability("spec_plan", added_in=3, refusal="TTB235", reference=True),
     Capability(
         "prompt_logprobs",
         added_in=3,
@@ -220,6 +224,7 @@ CAPABILITIES: tuple[Capability, ...] = (
         refusal="TTB206",
         plan_note="refused per request",
         card="prompt_logprobs",
+        reference=True,
         summary="flag",
     ),
     Capability(

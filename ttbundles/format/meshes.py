@@ -18,6 +18,7 @@ import re
 from dataclasses import dataclass
 
 from ttbundles.errors import ConfigurationError, Diagnostic, Severity
+from ttbundles.suggest import did_you_mean
 
 HOST = "HOST"
 
@@ -131,10 +132,9 @@ def suggest(value: str) -> str | None:
     key = _key(value)
     if key in ALIASES:
         return ALIASES[key]
-    names = {name.lower(): name for name in MESH_NAMES}
-    match = difflib.get_close_matches(value.strip().lower(), list(names), n=1, cutoff=0.6)
-    if match:
-        return names[match[0]]
+    best = did_you_mean(value.strip(), MESH_NAMES)
+    if best is not None:
+        return best
     match = difflib.get_close_matches(key, list(ALIASES), n=1, cutoff=0.8)
     return ALIASES[match[0]] if match else None
 

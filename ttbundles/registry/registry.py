@@ -21,7 +21,7 @@ from __future__ import annotations
 import gc
 import os
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -683,11 +683,47 @@ def table(registry: Registry, *, signer: bool = True) -> list[dict]:
     return [e.to_dict(signer=signer) for e in rows]
 
 
+def bundle_folder(given: str | Path, environ: Mapping[str, str] | None = None) -> Path:
+    """The bundle folder `given` names: a path, else a bundle's name as `ttbundle list`
+    shows it (`demo`, or `demo@1.0.0` for one version), looked up where the server
+    looks (EXTRA_MODELS_DIR first, then the built-ins); the first folder holding it wins,
+    as the registry's order does.
+
+    Raises ConfigurationError TTB001 when it is neither, with the closest name."""
+    from ttbundles.errors import missing_path
+    from ttbundles.suggest import did_you_mean
+
+    path = Path(given)
+    text = str(given)
+    if path.exists() or os.sep in text or "/" in text:
+        if not path.exists():
+            raise ConfigurationError([missing_path(path, what="bundle folder")])
+        return path
+    name, _, version = text.partition("@")
+    known: dict[str, Path] = {}
+    for entry in compute(environ).entries:
+        facts = entry.facts
+        if facts is None or entry.override is not None:
+            continue
+        for label in (facts.name, f"{facts.name}@{facts.version}"):
+            known.setdefault(label, entry.path)
+    found = known.get(f"{name}@{version}" if version else name)
+    if found is not None:
+        return found
+    diagnostic = missing_path(
+        path, what="bundle folder or bundle name (as `ttbundle list` shows them)"
+    )
+    best = did_you_mean(text, [label for label in known if "@" not in label])
+    hint = (f"did you mean {best!r}? " if best else "") + (diagnostic.hint or "")
+    raise ConfigurationError([replace(diagnostic, hint=hint)])
+
+
 __all__ = [
     "Entry",
     "Registry",
     "Source",
     "Status",
+    "bundle_folder",
     "check_selectors",
     "compute",
     "override_entry",

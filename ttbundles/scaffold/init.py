@@ -241,7 +241,10 @@ def init_bundle(
             on = [k for k, v in capabilities.model_dump(exclude_defaults=True).items() if v]
             if on:
                 notes.append(f"capabilities from the class: {', '.join(on)}")
-    metadata["capabilities"] = capabilities.model_dump(include=set(CAPABILITY_KEYS.values()))
+    # A reference bundle declares all the reference serves (speculation, prompt logprobs
+    # too), as the demo bundle on the same reference does.
+    declared = set(CAPABILITY_KEYS.values()) | (set(REFERENCE_CAPABILITIES) if reference else set())
+    metadata["capabilities"] = capabilities.model_dump(include=declared)
     if kv_groups:
         metadata["capabilities"]["kv_cache_spec"] = True
     if reference:

@@ -154,6 +154,15 @@ class {class_name}({base}):
             optimizations=optimizations,
         )
 
+    @classmethod
+    def spec_plan(cls, vllm_config: Any, max_num_seqs: int, requested_k: int) -> Any:
+        """TT-NN: what speculative decoding with `requested_k` n-gram drafts costs and
+        how the verify answers (ttbundles.format.speculative.SpecPlan), or a SpecReject
+        saying why not; the reference verifies up to 8 drafts, greedily or by logits.
+        While your decode_forward cannot verify, drop spec_decode, spec_plan and
+        async_spec_decode from vllm_metadata.json and supports_spec_decode here."""
+        return super().spec_plan(vllm_config, max_num_seqs, requested_k)
+
     def allocate_kv_cache(self, kv_cache_shape: Any, dtype: Any, num_layers: int) -> Any:
         """TT-NN: the paged KV cache on the device, per layer [k_cache, v_cache]."""
         return super().allocate_kv_cache(
@@ -176,12 +185,14 @@ class {class_name}({base}):
         enable_trace: bool = True,
         sampling_params: Any = None,
         start_pos: Any = None,
+        return_prompt_logits: bool = False,
         **kwargs: Any,
     ) -> Any:
         """TT-NN: fill the KV cache for the prompts; return the last token's logits
-        [B, 1, V] (or sampled tokens with sampling_params). With return_hidden_states=True
-        (in kwargs; a pooling server): the final hidden states after the last norm,
-        [B, L, hidden], which vLLM's pooler finishes on the host."""
+        [B, 1, V] (or sampled tokens with sampling_params). With return_prompt_logits
+        (a request's prompt_logprobs): the logits at every prompt position too. With
+        return_hidden_states=True (in kwargs; a pooling server): the final hidden states
+        after the last norm, [B, L, hidden], which vLLM's pooler finishes on the host."""
         return super().prefill_forward(
             tokens=tokens,
             page_table=page_table,
@@ -191,6 +202,7 @@ class {class_name}({base}):
             enable_trace=enable_trace,
             sampling_params=sampling_params,
             start_pos=start_pos,
+            return_prompt_logits=return_prompt_logits,
             **kwargs,
         )
 
@@ -211,10 +223,15 @@ class {class_name}({base}):
         reload_page_table: bool = False,
         reload_sampling_params: bool = False,
         reset_sampling_state: bool = False,
+        num_valid_drafts: Any = None,
+        accepted_counts: Any = None,
+        spec_mode: str | None = None,
         **kwargs: Any,
     ) -> Any:
         """TT-NN: one decode step for the batch; return the device output that
-        read_decode_output reads back."""
+        read_decode_output reads back. With spec_mode (speculative decoding, n-gram
+        drafts from vLLM): the verify of each row's drafts (num_valid_drafts), as
+        spec_plan planned it; accepted_counts: what the last verify committed."""
         return super().decode_forward(
             tokens,
             start_pos,
@@ -230,6 +247,9 @@ class {class_name}({base}):
             reload_page_table=reload_page_table,
             reload_sampling_params=reload_sampling_params,
             reset_sampling_state=reset_sampling_state,
+            num_valid_drafts=num_valid_drafts,
+            accepted_counts=accepted_counts,
+            spec_mode=spec_mode,
             **kwargs,
         )
 

@@ -155,7 +155,10 @@ def engine_plan(
     need = longest + (2 * spec["max_tokens"] if decodes else 0) + 1
     if spec.get("perplexity_ids"):
         need = max(need, len(spec["perplexity_ids"]) + 1)
-    max_model_len = max(128, 64 * math.ceil(need / 64))
+    # A reranker's pairs (`Session.scored_pairs`) are two prompts and a separator long:
+    # room for them where the caps allow (a pair that does not fit fails on its own).
+    room = max(need, 2 * longest + 8) if "pooling_classify" in paths else need
+    max_model_len = max(128, 64 * math.ceil(room / 64))
     caps = [c for c in (spec.get("max_model_len"), max_positions) if c]
     if caps:
         if need > min(caps):
@@ -566,6 +569,55 @@ class Session:
                 "logits": [o.outputs.probs for o in logits],
             },
         )
+        self.scored_pairs()
+
+    def scored_pairs(self) -> None:
+        """A one-label classifier (a reranker) as `/score` and `/rerank` ask it: the first
+        text prompt the query, each other one a document, through vLLM's own pairing
+        (`LLM.score`: its separator or concatenation, its template), twice as above. Each
+        pair is a case on the token ids vLLM made of it, which the golden reads too."""
+        from vllm import PoolingParams
+
+        labels = self.out["model"].get("id2label") or {}
+        count = int(self.out["model"].get("num_labels") or len(labels) or 2)
+        texts = [
+            (p["name"], p["text"])
+            for p in self.spec["prompts"]
+            if p.get("text") and not p.get("images") and p["name"] in self.ids
+        ]
+        if count != 1 or len(texts) < 2:
+            return
+        (query_name, query), documents = texts[0], texts[1:]
+        # A pair is the two prompts and a separator: the documents it fits with.
+        room = self.llm.llm_engine.vllm_config.model_config.max_model_len
+        documents = [
+            (name, text)
+            for name, text in documents
+            if len(self.ids[query_name]) + len(self.ids[name]) + 8 <= room
+        ]
+        if not documents:
+            return
+        docs = [text for _, text in documents]
+        probs = self.llm.score(query, docs, use_tqdm=False)
+        logits = self.llm.score(
+            query, docs, use_tqdm=False, pooling_params=PoolingParams(use_activation=False)
+        )
+        cases = self.out["runs"]["pooling_classify"]
+        for (name, _), prob, logit in zip(documents, probs, logits):
+            pair = f"{query_name}+{name}"
+            vectors = {}
+            for kind, output in (("probs", prob), ("logits", logit)):
+                key = f"pooling_classify/{pair}/{kind}"
+                self.arrays[key] = np.asarray([output.outputs.score], dtype=np.float32)
+                vectors[kind] = key
+            cases.append(
+                {
+                    "prompt": pair,
+                    "pair": [query_name, name],
+                    "context": list(prob.prompt_token_ids),
+                    "vectors": vectors,
+                }
+            )
 
     def run_device_sampling(self) -> None:
         """Greedy on the device (with the device's top log-probabilities where it returns

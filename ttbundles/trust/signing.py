@@ -111,8 +111,12 @@ def sign_folder(
     certificate: Path | None = None,
     chain: Sequence[Path] = (),
     password: str | None = None,
+    force: bool = False,
 ) -> Path:
-    """Sign the bundle folder; the signature file's path."""
+    """Sign the bundle folder; the signature file's path.
+
+    A signature by another key or certificate is replaced only with `force` (TTB146
+    otherwise): signing over it silently would swap whom the bundle's users trust."""
     from model_signing import hashing, signing
 
     from ttbundles.errors import missing_path
@@ -155,8 +159,35 @@ def sign_folder(
         raise TTBundleError.single(
             "TTB142", f"signing {folder} failed: {exc}", file=folder
         ) from None
+    if not force:
+        try:
+            _refuse_another_signer(target, tmp)
+        except TTBundleError:
+            tmp.unlink(missing_ok=True)
+            raise
     os.replace(tmp, target)
     return target
+
+
+def _refuse_another_signer(old: Path, new: Path) -> None:
+    """TTB146 when `old` (the signature in place, if any) names another signer than
+    `new`. An unreadable old signature is replaced: it trusts nobody."""
+    from ttbundles.trust.signature import read_claim
+
+    if not old.is_file():
+        return
+    before = read_claim(old.read_bytes())
+    after = read_claim(new.read_bytes())
+    if before is None or after is None:
+        return
+    if (before.kind, before.fingerprint) != (after.kind, after.fingerprint):
+        raise TTBundleError.single(
+            "TTB146",
+            f"{old.parent} is signed by {before.short}, not by this {after.kind} "
+            f"({after.short}); not replaced",
+            file=old,
+            hint="sign with the key that signed it, or add --force to replace its signature",
+        )
 
 
 def sign(
@@ -166,11 +197,15 @@ def sign(
     certificate: Path | None = None,
     chain: Sequence[Path] = (),
     password: str | None = None,
+    force: bool = False,
 ) -> Path:
-    """Sign a bundle folder (writes `model.sig`) or an archive (rewritten, signed)."""
+    """Sign a bundle folder (writes `model.sig`) or an archive (rewritten, signed); one
+    signed by another signer only with `force` (TTB146)."""
     path = Path(path)
     if path.is_dir():
-        return sign_folder(path, key, certificate=certificate, chain=chain, password=password)
+        return sign_folder(
+            path, key, certificate=certificate, chain=chain, password=password, force=force
+        )
     if not path.is_file():
         raise TTBundleError.single("TTB001", f"{path} does not exist", file=path)
     from ttbundles.archive.reader import extract_verified
@@ -178,7 +213,9 @@ def sign(
 
     with tempfile.TemporaryDirectory(prefix="ttbundle-sign-", dir=path.parent) as tmp:
         folder = extract_verified(path, Path(tmp))
-        sign_folder(folder, key, certificate=certificate, chain=chain, password=password)
+        sign_folder(
+            folder, key, certificate=certificate, chain=chain, password=password, force=force
+        )
         out = Path(tmp) / "out"
         out.mkdir()
         written = write_archive(folder, out)

@@ -81,9 +81,36 @@ def _none_serves(architectures: list[str], registry: Registry) -> tuple[str, str
         f"no TT architecture servable here serves {wanted} "
         f"(looked for {', '.join(tt_arch_name(a) for a in architectures)}); "
         f"servable:{listing or ' none'}{rest}",
-        "add a bundle for it to EXTRA_MODELS_DIR (ttbundle list shows what is servable "
-        "and why not; docs/operators/installing.md)",
+        _bundle_for(architectures),
     )
+
+
+def _bundle_for(architectures: list[str]) -> str:
+    """TTB200's fix: the bundle that would serve the checkpoint, by what it is. One the
+    torch reference reads: `init --reference` makes it, serving on the host mesh at once;
+    an encoder has no reference: a bundle of the pooling form `forward` over the author's
+    own generator; anything else: a bundle of one's own."""
+    from ttbundles.check.reference_archs import REFERENCE_MISSING, TEXT_ARCHITECTURES
+
+    install = (
+        "into a folder named by EXTRA_MODELS_DIR (ttbundle list shows what is servable and "
+        "why not; docs/operators/installing.md)"
+    )
+    read = [a for a in architectures if a in TEXT_ARCHITECTURES]
+    if read:
+        return (
+            f"make a bundle on the torch reference ({read[0]}), which serves on the host "
+            "mesh at once: ttbundle init models/NAME --reference --from-hf MODEL, then "
+            "EXTRA_MODELS_DIR=models; or add a bundle of your own " + install
+        )
+    if any(a in REFERENCE_MISSING and "encoder" in REFERENCE_MISSING[a] for a in architectures):
+        return (
+            "an encoder has no torch reference: write a bundle of the pooling form "
+            "'forward' (capabilities.pooling: {tasks, form: forward}) over your own "
+            "generator's forward(input_ids, attention_mask) (docs/authors/"
+            "generator-contract.md#pooling), and add it " + install
+        )
+    return "add a bundle for it " + install
 
 
 def plan_config(vllm_config: VllmConfig, registry: Registry) -> Plan | None:

@@ -24,6 +24,7 @@ speculates, because only the class can answer `spec_plan`.
 from __future__ import annotations
 
 import json
+import re
 from typing import TYPE_CHECKING, Any
 
 from ttbundles.errors import ConfigurationError
@@ -298,8 +299,17 @@ def client_field(parameter: str, value: Any) -> str:
         return "response_format structural_tag"
     for kind in ("choice", "regex", "grammar"):
         if getattr(value, kind, None) is not None:
+            if kind == "grammar" and _CHOICE_GRAMMAR.match(value.grammar):
+                return "structured_outputs.choice"
             return f"structured_outputs.{kind}"
     return "structured_outputs"
+
+
+_CHOICE_GRAMMAR = re.compile(r'root ::= "(?:[^"\\]|\\.)*"(?: \| "(?:[^"\\]|\\.)*")*\Z')
+"""The grammar vLLM's xgrammar check makes of `choice` (`choice_as_grammar`: `root ::=
+"a" | "b"`), replacing the choice before the platform sees the request: that shape
+names `choice`, the field the client sent (a grammar written as that exact list of
+literals is the same constraint)."""
 
 
 def _is_tool_call_array(schema: Any) -> bool:
