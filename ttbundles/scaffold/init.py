@@ -220,8 +220,8 @@ def init_bundle(
     # what a kept class declares (read from source, as `migrate` reads it).
     capabilities = Capabilities()
     # A checkpoint with a sliding window (or a family that always has one): the
-    # reference's KV groups (its sliding layers keep only their window's blocks), which
-    # need schema_version 5.
+    # reference's KV groups (its sliding layers keep their window and the tokens in
+    # flight), which need schema_version 5.
     kv_groups = reference and (
         attention_window(config) is not None if config else arch in HYBRID_FAMILIES
     )

@@ -228,8 +228,8 @@ _KV_SPEC = '''
     @classmethod
     def get_kv_cache_spec(cls, vllm_config: Any) -> Any:
         """Each layer's KV cache for vLLM, keyed model.layers.<i>.self_attn: a
-        SlidingWindowSpec for the checkpoint's sliding layers (they keep only their
-        window's blocks), None (full attention) for the others. Keep it while your
+        SlidingWindowSpec for the checkpoint's sliding layers (they keep their window
+        and the tokens in flight), None (full attention) for the others. Keep it while your
         attention masks the window and reads each layer's page_tables_per_layer entry
         (its KV group's table); capabilities.kv_cache_spec in vllm_metadata.json says so."""
         return super().get_kv_cache_spec(vllm_config)
