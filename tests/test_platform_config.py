@@ -556,6 +556,30 @@ def test_max_logprobs_is_clamped_to_20(models_dir, demo_checkpoint, requested, e
     assert decisions["max_logprobs"]["effective"] == effective
 
 
+def test_the_length_decision_names_where_the_length_came_from(
+    models_dir, demo_checkpoint, tmp_path, monkeypatch
+):
+    """Not "as requested" for a length nobody asked for: a sentence-transformers
+    checkpoint's `sentence_bert_config.json` sets it, and the command line's is named
+    as the command line's."""
+    import shutil
+
+    from ttbundles.serving.planning import command_line
+
+    bundle(models_dir, "plain")
+    checkpoint = shutil.copytree(demo_checkpoint, tmp_path / "sentence")
+    (checkpoint / "sentence_bert_config.json").write_text('{"max_seq_length": 256}')
+    monkeypatch.setattr(command_line, "COMMAND_LINE", {})
+    config, decisions, plan = configure(checkpoint, max_model_len=None)
+    assert config.model_config.max_model_len == 256
+    assert decisions["max_model_len"]["reason"] == (
+        "the checkpoint's sentence_bert_config.json (max_seq_length)"
+    )
+    monkeypatch.setattr(command_line, "COMMAND_LINE", {"max_model_len": 128})
+    _, decisions, _ = configure(checkpoint, max_model_len=128)
+    assert decisions["max_model_len"]["reason"] == "as requested (--max-model-len)"
+
+
 def test_decisions_say_default_where_nothing_was_requested(models_dir, demo_checkpoint):
     bundle(models_dir, "full", capabilities={"prefix_caching": True, "chunked_prefill": True})
     _config, decisions, _plan = configure(demo_checkpoint, max_model_len=None)

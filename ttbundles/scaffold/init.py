@@ -34,9 +34,9 @@ from ttbundles.scaffold.reference import (
     HYBRID_FAMILIES,
     REFERENCE_BASES,
     REFERENCE_CAPABILITIES,
-    REFERENCE_TARGETS,
     reference_adapter_source,
     reference_pooling,
+    reference_targets,
 )
 from ttbundles.suggest import did_you_mean
 
@@ -228,7 +228,8 @@ def init_bundle(
     if reference:
         metadata["description"] = f"{bare}, from the torch reference generator (to TT-NN)"
         capabilities = Capabilities(**REFERENCE_CAPABILITIES, kv_cache_spec=kv_groups)
-        metadata["targets"] = REFERENCE_TARGETS
+        metadata["targets"], length_note = reference_targets(config)
+        notes.append(length_note)
     elif adapter.exists():
         from ttbundles.check.static_reader import read_class
 
