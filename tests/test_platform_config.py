@@ -717,6 +717,39 @@ def test_a_prompt_over_a_lowered_limit_is_refused_with_the_reason(
     )
 
 
+def test_a_prompt_over_a_cap_nobody_asked_past_names_the_bundles_cap(
+    models_dir, demo_checkpoint, monkeypatch
+):
+    """The checkpoint's own 512 positions capped to the target's 128 without a request
+    for more (a pooling server's usual case): the refusal still names the bundle's cap."""
+    import inspect
+
+    from vllm.v1.engine.input_processor import InputProcessor
+
+    from ttbundles.serving import api_server, compat
+    from ttbundles.serving.planning import command_line
+    from ttbundles.serving.planning.plan import Plan
+
+    for owner, name in compat.prompt_length_checks():  # restored after the test
+        monkeypatch.setattr(owner, name, inspect.unwrap(getattr(owner, name)))
+    monkeypatch.setattr(command_line, "COMMAND_LINE", {})
+    bundle(models_dir, "targeted", targets={"HOST": {"max_model_len": 128}})
+    config, _, plan_dict = configure(demo_checkpoint, max_model_len=None)
+    plan = Plan.from_dict(plan_dict)
+    assert plan.lowered_length() is None and plan.capped_length() == (512, 128)
+    api_server.install(plan, planning=True)
+    processor = object.__new__(InputProcessor)  # only its length check is called
+    processor.model_config = config.model_config
+    processor.supports_mm_inputs = False
+    processor.skip_prompt_length_check = False
+    with pytest.raises(Exception, match="maximum model length of 128") as excinfo:
+        InputProcessor._validate_prompt_len(processor, 200, "decoder")
+    assert str(excinfo.value.args[0]).endswith(
+        "(ttbundles: max_model_len is 128 on this server, under the checkpoint's 512: "
+        "bundle targeted@1.0.0's target HOST supports at most 128.)"
+    )
+
+
 def test_the_plan_says_dtype_has_no_effect_on_the_host_and_image_urls_only_for_images(
     demo_checkpoint, vision_checkpoint
 ):
