@@ -144,34 +144,33 @@ def _plan_budget(vllm_config: VllmConfig, plan: Plan) -> RequestBlocks | None:
         and sched.max_num_scheduled_tokens is None
     )
     if chosen:
-        old = sizes
+        old, sizes = sizes, request_blocks(vllm_config, window.size, sliding, budget)
         sched.max_num_batched_tokens = plan.decide(
             "max_num_batched_tokens",
             old.budget,
             budget,
             f"hybrid KV groups on {plan.mesh}: at {old.budget} tokens a step a sliding layer "
             f"holds {old.sliding} blocks a request against a full layer's {old.full} "
-            f"({old.gain():.2f}x the requests of one group); at {budget} a sliding layer "
-            "holds at most half, and the reference prefills longer prompts in chunks",
+            f"({old.gain():.2f}x the requests of one group), at {budget} it holds "
+            f"{sizes.sliding} ({sizes.gain():.2f}x); the reference prefills longer prompts "
+            "in chunks",
         )
-        return request_blocks(vllm_config, window.size, sliding, budget)
+        return sizes
     if budget is not None:
-        flag = (
-            f"--max-num-batched-tokens {budget}"
-            if sched.enable_chunked_prefill
-            else f"--enable-chunked-prefill --max-num-batched-tokens {budget}"
-        )
         at = request_blocks(vllm_config, window.size, sliding, budget)
         fix = (
-            f"serve with {flag} (then {at.gain():.2f}x), or with --disable-hybrid-kv-cache-manager"
+            f"serve with --max-num-batched-tokens {budget} ({at.gain():.2f}x the requests), "
+            "or with --disable-hybrid-kv-cache-manager"
         )
-    else:
+    elif sched.enable_chunked_prefill:
         fix = (
             "serve with --disable-hybrid-kv-cache-manager: no step budget makes a sliding "
             "layer hold less than a full one here"
-            if sched.enable_chunked_prefill
-            else "serve with --disable-hybrid-kv-cache-manager (the bundle prefills prompts "
-            "whole: the step budget holds the longest prompt)"
+        )
+    else:
+        fix = (
+            "serve with --disable-hybrid-kv-cache-manager (prompts prefill whole here: the "
+            "step budget holds the longest prompt)"
         )
     plan.warnings.append(
         Diagnostic(
