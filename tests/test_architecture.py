@@ -171,8 +171,8 @@ def test_no_module_imports_itself_through_others():
 LAYERS: list[set[str]] = [
     # The base: small utilities every layer uses (codes, errors, environment, paths,
     # writes, did-you-mean, where TT-Metal is, the torchvision import step, whether the
-    # model hub answers, the tested vLLM window, the parser names vLLM has); they import
-    # only each other.
+    # model hub answers, the tested vLLM window, the parser names vLLM has, sizes in
+    # words); they import only each other.
     {
         "codes",
         "errors",
@@ -183,6 +183,7 @@ LAYERS: list[set[str]] = [
         "suggest",
         "tt_metal",
         "torchvision_compat",
+        "units",
         "vllm_window",
         "vllm_parsers",
     },

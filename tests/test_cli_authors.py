@@ -650,6 +650,38 @@ def test_init_reference_validates_strictly_and_packs(run_cli, tmp_path):
     assert packed.returncode == 0, packed.stderr
 
 
+def test_init_reference_gives_the_host_mesh_the_checkpoints_own_length(
+    run_cli, tmp_path, models_dir, gemma3_checkpoint, monkeypatch
+):
+    """The host target's max_model_len is the checkpoint's own (1,024 positions), so
+    `--max-model-len 1024` is served as asked, not lowered to 512 (TTB246); the note says
+    where the number comes from, and why 512 where no checkpoint was read."""
+    from tests.test_platform_config import configure
+    from ttbundles.serving.planning import command_line
+
+    done = no_traceback(
+        run_cli("init", models_dir / "g3", "--reference", "--from-hf", gemma3_checkpoint)
+    )
+    assert done.returncode == 0, done.stderr
+    meta = json.loads((models_dir / "g3" / META).read_text())
+    assert meta["targets"]["HOST"]["max_model_len"] == 1024
+    assert "targets.HOST.max_model_len is 1,024, the checkpoint's own" in done.stderr
+    monkeypatch.setattr(command_line, "COMMAND_LINE", {"max_model_len": 1024})
+    config, decisions, plan = configure(gemma3_checkpoint, max_model_len=1024)
+    assert config.model_config.max_model_len == 1024
+    assert decisions["max_model_len"]["effective"] == 1024
+    assert not [w for w in plan["warnings"] if w["code"] == "TTB246"]
+
+    bare = no_traceback(
+        run_cli("init", tmp_path / "bare", "--arch", "LlamaForCausalLM", "--reference")
+    )
+    assert json.loads((tmp_path / "bare" / META).read_text())["targets"]["HOST"] == {
+        "max_model_len": 512,
+        "max_num_seqs": 32,
+    }
+    assert "max_model_len is 512: no checkpoint was read (--arch alone)" in bare.stderr
+
+
 def test_init_reference_names_the_families_it_covers(run_cli, tmp_path):
     done = no_traceback(
         run_cli("init", tmp_path / "g", "--arch", "GemmaForCausalLM", "--reference")

@@ -253,14 +253,16 @@ class Generator:
 """
 
 
-def gemma_bundle(models_dir, name: str, *, declared: bool):
+def gemma_bundle(models_dir, name: str, *, declared: bool, chunked: bool = False):
     """An environment bundle for Gemma 3 whose class answers get_kv_cache_spec; its
-    metadata declares the KV groups (schema 5) or not."""
+    metadata declares the KV groups (schema 5) or not, and chunked prefill or not."""
     folder = models_dir.parent / "lib" / "tt_gemma"
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "__init__.py").touch()
     (folder / f"{name}.py").write_text(GEMMA_CLASS)
     extra: dict = {"capabilities": {"kv_cache_spec": True}, "schema_version": 5} if declared else {}
+    if chunked:
+        extra.setdefault("capabilities", {})["chunked_prefill"] = True
     document = metadata(
         name,
         arch="Gemma3ForCausalLM",
@@ -282,6 +284,91 @@ def test_a_bundle_declaring_kv_groups_turns_the_hybrid_manager_on(models_dir, ge
     assert decision["effective"] == "hybrid groups"
     assert "10 sliding-window layers (window 32), 2 full-attention" in decision["reason"]
     assert f"blocks of {config.cache_config.block_size} tokens" in decision["reason"]
+
+
+def _sliding_holds(config) -> int:
+    """What vLLM admits a sliding layer of the fixture for, at the budget served."""
+    spec = SlidingWindowSpec(
+        block_size=BLOCK,
+        num_kv_heads=2,
+        head_size=16,
+        dtype=config.model_config.dtype,
+        sliding_window=GEMMA3_WINDOW,
+    )
+    return spec.max_admission_blocks_per_request(config.max_in_flight_tokens, MAX_MODEL_LEN)
+
+
+def test_the_plan_says_what_a_sliding_layer_holds_with_the_tokens_in_flight(
+    models_dir, gemma3_checkpoint, monkeypatch
+):
+    """vLLM sizes a sliding group for its window plus every token in flight: asked for a
+    budget as large as the context, the groups hold more than one group (17 blocks a
+    sliding layer against 16), and the plan says so with the flag that pays (TTB264),
+    not "only their window's blocks"."""
+    from ttbundles.serving.planning import command_line
+
+    monkeypatch.setattr(command_line, "COMMAND_LINE", {"max_num_batched_tokens": 256})
+    gemma_bundle(models_dir, "groups", declared=True, chunked=True)
+    config, decisions, plan = configure(
+        gemma3_checkpoint,
+        max_model_len=MAX_MODEL_LEN,
+        block_size=BLOCK,
+        max_num_batched_tokens=256,
+        max_num_seqs=4,
+    )
+    reason = decisions["kv_cache"]["reason"]
+    assert "only their window" not in reason
+    held = _sliding_holds(config)
+    assert held == 17 and config.scheduler_config.max_num_batched_tokens == 256
+    assert f"holds 16 blocks per full-attention layer, {held} per sliding layer" in reason
+    # 2 full and 10 sliding layers: 2*16 + 10*17 blocks a request against 12*16.
+    assert f"({12 * 16 / (2 * 16 + 10 * 17):.2f}x the requests)" in reason
+    [warning] = [w for w in plan["warnings"] if w["code"] == "TTB264"]
+    # A sliding layer holds at most half a full one's 16 blocks up to 80 tokens a step.
+    assert "--max-num-batched-tokens 80" in warning["hint"]
+
+
+def test_on_the_host_mesh_the_plan_chooses_a_budget_at_which_the_groups_pay(
+    models_dir, gemma3_checkpoint, monkeypatch
+):
+    """Left to vLLM's budget, the host mesh (whose reference prefills in chunks) serves the
+    groups at the largest budget where a sliding layer holds at most half a full layer's
+    blocks, and says so in a decision line."""
+    from ttbundles.serving.planning import command_line
+
+    monkeypatch.setattr(command_line, "COMMAND_LINE", {})
+    gemma_bundle(models_dir, "groups", declared=True, chunked=True)
+    config, decisions, plan = configure(
+        gemma3_checkpoint, max_model_len=MAX_MODEL_LEN, block_size=BLOCK, max_num_seqs=4
+    )
+    budget = config.scheduler_config.max_num_batched_tokens
+    decision = decisions["max_num_batched_tokens"]
+    assert decision["effective"] == budget and decision["requested"] > budget
+    assert "hybrid KV groups on HOST" in decision["reason"]
+    held = _sliding_holds(config)
+    assert 2 * held <= MAX_MODEL_LEN // BLOCK
+    # One block more a step and a sliding layer would hold more than half.
+    config.scheduler_config.max_num_batched_tokens = budget + BLOCK
+    assert 2 * _sliding_holds(config) > MAX_MODEL_LEN // BLOCK
+    assert f"{held} per sliding layer" in decisions["kv_cache"]["reason"]
+    assert not [w for w in plan["warnings"] if w["code"] == "TTB264"]
+
+
+def test_without_chunked_prefill_the_groups_that_cost_capacity_are_a_warning(
+    models_dir, gemma3_checkpoint, monkeypatch
+):
+    """A bundle that prefills prompts whole keeps a budget of the longest prompt: no budget
+    pays, and the warning names the flag that does."""
+    from ttbundles.serving.planning import command_line
+
+    monkeypatch.setattr(command_line, "COMMAND_LINE", {})
+    gemma_bundle(models_dir, "groups", declared=True)
+    config, decisions, plan = configure(
+        gemma3_checkpoint, max_model_len=MAX_MODEL_LEN, block_size=BLOCK, max_num_seqs=4
+    )
+    assert config.scheduler_config.max_num_batched_tokens >= MAX_MODEL_LEN
+    [warning] = [w for w in plan["warnings"] if w["code"] == "TTB264"]
+    assert "--disable-hybrid-kv-cache-manager" in warning["hint"]
 
 
 def test_disable_hybrid_kv_cache_manager_still_works(models_dir, gemma3_checkpoint):
@@ -418,6 +505,45 @@ def test_the_generators_capacity_becomes_blocks_per_group(gemma3_checkpoint):
     # Without the hybrid manager: one group of every layer, each the whole context.
     config.scheduler_config.disable_hybrid_kv_cache_manager = True
     assert pool_bytes(config, specs, tokens, users) == (tokens // BLOCK + 1) * page * LAYERS
+
+
+def test_the_start_up_line_gives_bytes_per_request_blocks_and_both_capacities(
+    gemma3_checkpoint, caplog
+):
+    """The KV line says the pool's bytes, what one request of max_model_len holds in each
+    kind of group (a sliding one: its window plus the 48 tokens in flight, vLLM's bound)
+    and the requests the bytes hold with the groups and without (every layer the whole
+    context): 96 blocks over 16 + 5 x 6 a request, against 16 blocks of all 12 layers."""
+    import logging
+
+    from vllm.v1.core.kv_cache_utils import get_max_concurrency_for_kv_cache_config
+
+    from ttbundles.serving.runner.kv.sizing import capacity
+
+    _, runner, kv_config = build(gemma3_checkpoint)
+    config = runner.vllm_config
+    held = capacity(config, kv_config, LAYERS)
+    page = FullAttentionSpec(
+        block_size=BLOCK, num_kv_heads=2, head_size=16, dtype=config.model_config.dtype
+    ).page_size_bytes
+    assert held.bytes == 96 * 2 * page
+    sliding = -(-(GEMMA3_WINDOW - 1 + 48) // BLOCK) + 1
+    assert dict(held.per_request) == {
+        "full attention": MAX_MODEL_LEN // BLOCK,
+        f"sliding window {GEMMA3_WINDOW}": sliding,
+    }
+    assert held.with_groups == get_max_concurrency_for_kv_cache_config(config, kv_config)
+    assert held.with_groups == pytest.approx(96 / (16 + 5 * sliding))
+    assert held.without_groups == pytest.approx(96 * 2 / LAYERS / 16)
+    with caplog.at_level(logging.INFO, logger="vllm.ttbundles"):
+        runner.initialize_kv_cache(kv_config)
+    [line] = [r.getMessage() for r in caplog.records if "KV cache of" in r.getMessage()]
+    assert f"({96 * 2 * page / 1024:,.0f} KiB)" in line
+    assert (
+        f"a {MAX_MODEL_LEN}-token request holds 16 blocks of a full attention group, "
+        f"{sliding} of a sliding window {GEMMA3_WINDOW} group: {held.with_groups:.2f}x "
+        f"concurrency ({held.without_groups:.2f}x without KV groups)"
+    ) in line
 
 
 def test_a_class_is_asked_for_its_specs_only_where_its_groups_are_served(window_checkpoint):

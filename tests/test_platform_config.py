@@ -578,6 +578,30 @@ def test_max_logprobs_is_clamped_to_20(models_dir, demo_checkpoint, requested, e
     assert decisions["max_logprobs"]["effective"] == effective
 
 
+def test_the_length_decision_names_where_the_length_came_from(
+    models_dir, demo_checkpoint, tmp_path, monkeypatch
+):
+    """Not "as requested" for a length nobody asked for: a sentence-transformers
+    checkpoint's `sentence_bert_config.json` sets it, and the command line's is named
+    as the command line's."""
+    import shutil
+
+    from ttbundles.serving.planning import command_line
+
+    bundle(models_dir, "plain")
+    checkpoint = shutil.copytree(demo_checkpoint, tmp_path / "sentence")
+    (checkpoint / "sentence_bert_config.json").write_text('{"max_seq_length": 256}')
+    monkeypatch.setattr(command_line, "COMMAND_LINE", {})
+    config, decisions, plan = configure(checkpoint, max_model_len=None)
+    assert config.model_config.max_model_len == 256
+    assert decisions["max_model_len"]["reason"] == (
+        "the checkpoint's sentence_bert_config.json (max_seq_length)"
+    )
+    monkeypatch.setattr(command_line, "COMMAND_LINE", {"max_model_len": 128})
+    _, decisions, _ = configure(checkpoint, max_model_len=128)
+    assert decisions["max_model_len"]["reason"] == "as requested (--max-model-len)"
+
+
 def test_decisions_say_default_where_nothing_was_requested(models_dir, demo_checkpoint):
     bundle(models_dir, "full", capabilities={"prefix_caching": True, "chunked_prefill": True})
     _config, decisions, _plan = configure(demo_checkpoint, max_model_len=None)
@@ -712,6 +736,39 @@ def test_a_prompt_over_a_lowered_limit_is_refused_with_the_reason(
     assert str(excinfo.value.args[0]).endswith(
         "(ttbundles: max_model_len is 128 on this server, not 256: bundle "
         "targeted@1.0.0's target HOST supports at most 128.)"
+    )
+
+
+def test_a_prompt_over_a_cap_nobody_asked_past_names_the_bundles_cap(
+    models_dir, demo_checkpoint, monkeypatch
+):
+    """The checkpoint's own 512 positions capped to the target's 128 without a request
+    for more (a pooling server's usual case): the refusal still names the bundle's cap."""
+    import inspect
+
+    from vllm.v1.engine.input_processor import InputProcessor
+
+    from ttbundles.serving import api_server, compat
+    from ttbundles.serving.planning import command_line
+    from ttbundles.serving.planning.plan import Plan
+
+    for owner, name in compat.prompt_length_checks():  # restored after the test
+        monkeypatch.setattr(owner, name, inspect.unwrap(getattr(owner, name)))
+    monkeypatch.setattr(command_line, "COMMAND_LINE", {})
+    bundle(models_dir, "targeted", targets={"HOST": {"max_model_len": 128}})
+    config, _, plan_dict = configure(demo_checkpoint, max_model_len=None)
+    plan = Plan.from_dict(plan_dict)
+    assert plan.lowered_length() is None and plan.capped_length() == (512, 128)
+    api_server.install(plan, planning=True)
+    processor = object.__new__(InputProcessor)  # only its length check is called
+    processor.model_config = config.model_config
+    processor.supports_mm_inputs = False
+    processor.skip_prompt_length_check = False
+    with pytest.raises(Exception, match="maximum model length of 128") as excinfo:
+        InputProcessor._validate_prompt_len(processor, 200, "decoder")
+    assert str(excinfo.value.args[0]).endswith(
+        "(ttbundles: max_model_len is 128 on this server, under the checkpoint's 512: "
+        "bundle targeted@1.0.0's target HOST supports at most 128.)"
     )
 
 

@@ -176,6 +176,8 @@ CODES: dict[str, str] = {
     "TTB262": "a feature that does not follow several KV groups yet, with hybrid KV groups",
     "TTB263": "the class answers get_kv_cache_spec but the bundle does not declare "
     "capabilities.kv_cache_spec (a warning)",
+    "TTB264": "hybrid KV groups hold more per request than one group at the step budget "
+    "served (a warning)",
     "TTB270": "a pooling server (--runner pooling, --convert embed|classify, or a checkpoint "
     "vLLM pools by default) asked of a bundle that does not declare the pooling task asked "
     "for (no pooling at all, or not the task --convert names)",
@@ -493,6 +495,11 @@ WHAT_TO_DO: dict[str, str] = {
     "TTB263": "Declare `capabilities.kv_cache_spec: true` (schema_version 5) so the platform "
     "serves the class's KV groups on vLLM's hybrid KV-cache manager, or drop "
     "get_kv_cache_spec from the class. Until then every layer keeps the whole context.",
+    "TTB264": "vLLM sizes a sliding-window layer for its window plus every token in flight "
+    "(the step budget times the batches in flight), so at a budget near max_model_len the "
+    "groups cost capacity. Serve with the --max-num-batched-tokens the warning names (with "
+    "chunked prefill on), or with --disable-hybrid-kv-cache-manager. On the host mesh the "
+    "plan chooses that budget itself unless --max-num-batched-tokens is given.",
     "TTB270": "Serve the checkpoint as a generation model (drop --runner pooling and "
     "--convert, or pass --runner generate where the checkpoint itself asks vLLM to pool), or "
     "serve it with a bundle whose generator pools and declares the tasks asked for. A "

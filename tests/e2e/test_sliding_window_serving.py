@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import time
@@ -96,9 +97,17 @@ def served_tokens(
         text = log.read_text()
         assert f"{bundle}@0.1.0" in text, "the installed bundle serves"
         # Gemma 3's bundle declares its KV groups (init --reference, a hybrid family):
-        # its sliding layers keep only their window's blocks, on vLLM's hybrid manager.
+        # its sliding layers keep their window and the tokens in flight, on vLLM's hybrid
+        # manager, at a step budget the host mesh chose for them to pay; the KV line says
+        # the pool's bytes and the requests it holds with the groups and without.
         lean = "-> 'hybrid groups'" in text
         assert lean is (bundle == "my-gemma3"), text[-4000:]
+        if lean:
+            assert "hybrid KV groups on HOST" in text, text[-4000:]
+            [kv] = [line for line in text.splitlines() if "KV cache of" in line]
+            assert re.search(r"KV cache of \d+ blocks x \d+ tokens \([\d.,]+ [KMG]iB\)", kv), kv
+            held = re.search(r"([\d.]+)x concurrency \(([\d.]+)x without KV groups\)", kv)
+            assert held and float(held[1]) > float(held[2]), kv
         assert "results past the window differ" not in text
         for prompt in prompts:
             for _ in range(2):

@@ -266,7 +266,8 @@ KV_CACHE_SPEC = Method(
 )
 """`get_kv_cache_spec(vllm_config)`, asked by the worker before the KV cache is sized
 (`serving.runner.kv.groups`): sliding-window layers answer vLLM's `SlidingWindowSpec`, and on
-vLLM's hybrid KV-cache manager keep only their window's blocks."""
+vLLM's hybrid KV-cache manager keep their window and the tokens in flight
+(`serving.planning.kv_capacity`)."""
 PREFILL = Method(
     "prefill_forward",
     "method",

@@ -355,7 +355,8 @@ class Capabilities(_Strict):
         description="Schema 5: the class answers the classmethod get_kv_cache_spec(vllm_config) "
         "with each layer's KV cache spec, keyed model.layers.<i>.self_attn (None: full "
         "attention), and allocates through allocate_kv_cache_per_layer; served on vLLM's "
-        "hybrid KV-cache manager, sliding-window layers keep only their window's blocks and "
+        "hybrid KV-cache manager, sliding-window layers keep their window and the tokens in "
+        "flight (a step budget well under max_model_len makes that pay), and "
         "each prefill and decode gets page_tables_per_layer (each layer its KV group's).",
     )
     pooling: Pooling | None = Field(

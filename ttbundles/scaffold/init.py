@@ -34,10 +34,10 @@ from ttbundles.scaffold.reference import (
     HYBRID_FAMILIES,
     RECURRENT_FAMILIES,
     REFERENCE_BASES,
-    REFERENCE_TARGETS,
     reference_adapter_source,
     reference_capabilities,
     reference_pooling,
+    reference_targets,
 )
 from ttbundles.suggest import did_you_mean
 
@@ -221,8 +221,8 @@ def init_bundle(
     # what a kept class declares (read from source, as `migrate` reads it).
     capabilities = Capabilities()
     # A checkpoint with a sliding window (or a family that always has one): the
-    # reference's KV groups (its sliding layers keep only their window's blocks), which
-    # need schema_version 5.
+    # reference's KV groups (its sliding layers keep their window and the tokens in
+    # flight), which need schema_version 5; a recurrent family's attention layers too.
     kv_groups = (
         reference
         and (attention_window(config) is not None if config else arch in HYBRID_FAMILIES)
@@ -231,7 +231,8 @@ def init_bundle(
     if reference:
         metadata["description"] = f"{bare}, from the torch reference generator (to TT-NN)"
         capabilities = Capabilities(**reference_capabilities(arch), kv_cache_spec=kv_groups)
-        metadata["targets"] = REFERENCE_TARGETS
+        metadata["targets"], length_note = reference_targets(config)
+        notes.append(length_note)
     elif adapter.exists():
         from ttbundles.check.static_reader import read_class
 

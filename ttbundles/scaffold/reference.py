@@ -81,9 +81,33 @@ def reference_pooling(arch: str) -> dict:
     return {"tasks": tasks, "form": "prefill_hidden"}
 
 
-# The reference runs in float32 on the host: small contexts keep a CPU run quick. Raise
-# them, and add a target per Tenstorrent mesh, as the TT-NN code comes.
+# The host mesh's target without a checkpoint to read (`init --arch` alone): a small
+# context keeps a CPU run quick. Add a target per Tenstorrent mesh as the TT-NN code comes.
 REFERENCE_TARGETS: dict = {"HOST": {"max_model_len": 512, "max_num_seqs": 32}}
+
+
+def reference_targets(config: dict) -> tuple[dict, str]:
+    """The targets of a reference bundle for the checkpoint `config` (its config.json)
+    and the note that says where the host mesh's `max_model_len` comes from: the
+    checkpoint's own length (`max_position_embeddings`, of its text config where it
+    nests one), since the reference computes any context the checkpoint has and a
+    smaller cap would lower every longer `--max-model-len` (TTB246); 512 only when the
+    checkpoint is not read or states no length, and the note says so."""
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else None
+    length = (text or {}).get("max_position_embeddings") or config.get("max_position_embeddings")
+    host = dict(REFERENCE_TARGETS["HOST"])
+    if isinstance(length, int) and not isinstance(length, bool) and length > 0:
+        host["max_model_len"] = length
+        return {"HOST": host}, (
+            f"targets.HOST.max_model_len is {length:,}, the checkpoint's own "
+            "(max_position_embeddings); lower it in vllm_metadata.json to cap the host mesh"
+        )
+    why = "no checkpoint was read (--arch alone)" if not config else "config.json states none"
+    return {"HOST": host}, (
+        f"targets.HOST.max_model_len is {host['max_model_len']}: {why}; set it to the "
+        "checkpoint's length in vllm_metadata.json"
+    )
+
 
 _TEMPLATE = '''"""{class_name}: {arch} for vLLM on Tenstorrent hardware, starting from the torch
 reference generator ({base_module}.{base}).
@@ -273,8 +297,8 @@ _KV_SPEC = '''
     @classmethod
     def get_kv_cache_spec(cls, vllm_config: Any) -> Any:
         """Each layer's KV cache for vLLM, keyed model.layers.<i>.self_attn: a
-        SlidingWindowSpec for the checkpoint's sliding layers (they keep only their
-        window's blocks), None (full attention) for the others. Keep it while your
+        SlidingWindowSpec for the checkpoint's sliding layers (they keep their window
+        and the tokens in flight), None (full attention) for the others. Keep it while your
         attention masks the window and reads each layer's page_tables_per_layer entry
         (its KV group's table); capabilities.kv_cache_spec in vllm_metadata.json says so."""
         return super().get_kv_cache_spec(vllm_config)

@@ -43,8 +43,8 @@ def install(plan: Plan, *, planning: bool = False) -> None:
         from ttbundles.serving.api_server import chat_defaults
 
         chat_defaults.install(plan.chat)
-    lowered = plan.lowered_length()
-    if lowered is not None:
+    capped = plan.capped_length()
+    if capped is not None:
         from ttbundles.serving.api_server import length_limits
 
-        length_limits.explain_lowered_length(plan, *lowered)
+        length_limits.explain_lowered_length(plan, *capped)

@@ -1,11 +1,12 @@
 """A request refused for the context length says why the limit is what it is.
 
-When the plan lowers `max_model_len` below what the user asked for (the bundle's target
-supports less: TTB246 at start-up), vLLM's later refusals name only the number ("This
+When the plan lowers `max_model_len` (the bundle's target supports less than the user
+asked for, TTB246 at start-up, or than the checkpoint's own length), vLLM's later
+refusals, of a generation or a pooling request alike, name only the number ("This
 model's maximum context length is 512 tokens"): a client, or the operator reading its
-error, cannot tell that the server was started with 2048. The refusals get one sentence
-more, naming the bundle and its target. Installed in the API server, which checks
-prompts and max_tokens before anything reaches the engine.
+error, cannot tell that the server was started with 2048 or the model reads 8,192. The
+refusals get one sentence more, naming the bundle and its target. Installed in the API
+server, which checks prompts and max_tokens before anything reaches the engine.
 """
 
 from __future__ import annotations
@@ -23,11 +24,17 @@ _installed: dict[str, str] = {}
 
 
 def note(plan: Plan, asked: int, effective: int) -> str:
-    """The sentence a length refusal ends with."""
+    """The sentence a length refusal ends with: the bundle's cap, and what it lowered
+    (the length the user asked for, or the checkpoint's own when nobody asked)."""
     bundle = plan.bundle.label
+    if "max_model_len" in plan.lowered_settings:
+        return (
+            f" (ttbundles: max_model_len is {effective} on this server, not {asked}: bundle "
+            f"{bundle}'s target {plan.mesh} supports at most {effective}.)"
+        )
     return (
-        f" (ttbundles: max_model_len is {effective} on this server, not {asked}: bundle "
-        f"{bundle}'s target {plan.mesh} supports at most {effective}.)"
+        f" (ttbundles: max_model_len is {effective} on this server, under the checkpoint's "
+        f"{asked}: bundle {bundle}'s target {plan.mesh} supports at most {effective}.)"
     )
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 # Setting name -> the value the command line gave (`vllm serve --max-model-len 2048`).
 COMMAND_LINE: dict[str, Any] = {}
-ASKED_SETTINGS = ("max_model_len", "max_num_seqs")
+ASKED_SETTINGS = ("max_model_len", "max_num_seqs", "max_num_batched_tokens")
 # vllm serve's chat settings: what the operator passed wins over the bundle's serving
 # defaults. Unset is None, False or "" (vLLM's defaults); each parse says them afresh.
 CHAT_SETTINGS = ("tool_call_parser", "enable_auto_tool_choice", "chat_template", "reasoning_parser")

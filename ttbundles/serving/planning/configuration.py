@@ -471,37 +471,56 @@ def _plan_logprobs(vllm_config: VllmConfig, plan: Plan, prompt_logprobs: bool) -
 
 
 def _plan_lengths(vllm_config: VllmConfig, plan: Plan, target: Any) -> None:
+    """max_model_len within the bundle's target, with where the length came from: the
+    command line (`--max-model-len`), the checkpoint (its config's own limit, or a
+    sentence-transformers `sentence_bert_config.json`), or vLLM's configuration as given
+    in-process. A length the checkpoint set is lowered without a warning: nobody asked."""
     model_config = vllm_config.model_config
     sched = vllm_config.scheduler_config
-    if (
-        target is not None
-        and target.max_model_len is not None
-        and (model_config.max_model_len > target.max_model_len)
-    ):
-        asked = model_config.max_model_len
-        limit = getattr(model_config.hf_text_config, "max_position_embeddings", None)
-        if "max_model_len" in command_line.COMMAND_LINE or asked != limit:
+    length = model_config.max_model_len
+    source = _length_source(model_config, length)
+    if target is not None and target.max_model_len is not None and length > target.max_model_len:
+        if source is None or source.startswith("as requested"):
             model_config.max_model_len = plan.lowered(
-                "max_model_len", asked, target.max_model_len, "max_model_len"
+                "max_model_len", length, target.max_model_len, "max_model_len"
             )
-        else:  # the model's own limit, not asked for: the plan says so, no warning
+        else:  # the checkpoint's own length, not asked for: the plan says so, no warning
             model_config.max_model_len = plan.decide(
                 "max_model_len",
-                asked,
+                length,
                 target.max_model_len,
-                f"the bundle's target {plan.mesh} supports at most {target.max_model_len}",
+                f"the bundle's target {plan.mesh} supports at most {target.max_model_len} "
+                f"({length} is {source})",
             )
         if hasattr(sched, "max_model_len"):
             sched.max_model_len = target.max_model_len
     else:
-        length = model_config.max_model_len
-        limit = getattr(model_config.hf_text_config, "max_position_embeddings", None)
-        plan.decide(
-            "max_model_len",
-            length,
-            length,
-            "the model's own limit (default)" if length == limit else "as requested",
-        )
+        plan.decide("max_model_len", length, length, source or "as requested")
+
+
+def _length_source(model_config: Any, length: int) -> str | None:
+    """Where vLLM's max_model_len came from, in the plan's words; None when only vLLM's
+    configuration says (a length given in-process, as `LLM(max_model_len=...)` gives it)."""
+    if command_line.COMMAND_LINE.get("max_model_len") == length:
+        return "as requested (--max-model-len)"
+    encoder = getattr(model_config, "encoder_config", None) or {}
+    if encoder.get("max_seq_length") == length:
+        return f"the checkpoint's {_sentence_config(model_config.model)} (max_seq_length)"
+    if getattr(model_config.hf_text_config, "max_position_embeddings", None) == length:
+        return "the model's own limit (default)"
+    return None
+
+
+def _sentence_config(model: str) -> str:
+    """The sentence-transformers file vLLM read the length from (it reads the first of
+    several names, `sentence_bert_config.json` the common one)."""
+    from pathlib import Path
+
+    names = ("bert", "roberta", "distilbert", "camembert", "albert", "xlm-roberta", "xlnet")
+    for name in names:
+        if (Path(model) / f"sentence_{name}_config.json").is_file():
+            return f"sentence_{name}_config.json"
+    return "sentence-transformers config"
 
 
 # The modalities vLLM's processors take; each is capped explicitly (vLLM's default is 999).

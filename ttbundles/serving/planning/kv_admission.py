@@ -4,17 +4,23 @@ checkpoint's layers and what the operator asked.
 
 vLLM asks the platform (`support_hybrid_kv_cache`) while it builds its configuration,
 right after the platform's hook planned the launch: the plan's `kv_groups` is the
-answer. Off (not declared, `--disable-hybrid-kv-cache-manager`, or a feature that does
-not follow several groups yet), vLLM turns sliding-window specs into full attention and
-every layer keeps the whole context; the generator still masks its window.
+answer. On, a sliding layer holds its window plus the tokens in flight
+(`planning.kv_capacity`): the plan says what a request holds with and without the
+groups, and picks the step budget at which they pay where it may. Off (not declared,
+`--disable-hybrid-kv-cache-manager`, or a feature that does not follow several groups
+yet), vLLM turns sliding-window specs into full attention and every layer keeps the
+whole context; the generator still masks its window.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ttbundles.errors import ConfigurationError
+from ttbundles.errors import ConfigurationError, Diagnostic, Severity
 from ttbundles.format.attention_window import attention_window
+from ttbundles.format.meshes import is_host
+from ttbundles.serving.planning import command_line
+from ttbundles.serving.planning.kv_capacity import RequestBlocks, paying_budget, request_blocks
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -98,11 +104,81 @@ def plan_kv_groups(vllm_config: VllmConfig, plan: Plan, declared: bool) -> None:
         )
         return
     plan.kv_groups = True
+    sizes = _plan_budget(vllm_config, plan)
     plan.decide(
         "kv_cache",
         requested,
         "hybrid groups",
         f"{kinds}, blocks of {block} tokens; the bundle declares kv_cache_spec: vLLM's "
-        "hybrid KV-cache manager gives sliding-window layers only their window's blocks "
-        "(the groups and capacity are in the start-up log's KV cache line)",
+        "hybrid KV-cache manager gives a sliding-window layer its window and the tokens in "
+        "flight"
+        + (f"; {sizes.describe()}" if sizes else "")
+        + " (the groups and capacity are in the start-up log's KV cache line)",
     )
+
+
+def _plan_budget(vllm_config: VllmConfig, plan: Plan) -> RequestBlocks | None:
+    """What a request holds with the groups at the step budget served (None: no sliding
+    layer), after choosing a budget at which they pay where the budget is the plan's to
+    choose: on the host mesh (the reference prefills in chunks at any budget), with
+    chunked prefill on and no --max-num-batched-tokens given. Elsewhere a budget at
+    which the groups cost capacity is a warning (TTB264) naming the flag that pays."""
+    model = vllm_config.model_config
+    sched = vllm_config.scheduler_config
+    window = attention_window(model.hf_config)
+    if window is None:
+        return None
+    sliding = len(window.layers)
+    sizes = request_blocks(vllm_config, window.size, sliding, sched.max_num_batched_tokens)
+    if sizes.pays or not sizes.full_layers:
+        return sizes
+    budget = (
+        paying_budget(vllm_config, window.size, sliding, sched.max_num_batched_tokens)
+        if sched.enable_chunked_prefill
+        else None
+    )
+    chosen = (
+        budget is not None
+        and is_host(plan.mesh)
+        and "max_num_batched_tokens" not in command_line.COMMAND_LINE
+        and sched.max_num_scheduled_tokens is None
+    )
+    if chosen:
+        old, sizes = sizes, request_blocks(vllm_config, window.size, sliding, budget)
+        sched.max_num_batched_tokens = plan.decide(
+            "max_num_batched_tokens",
+            old.budget,
+            budget,
+            f"hybrid KV groups on {plan.mesh}: at {old.budget} tokens a step a sliding layer "
+            f"holds {old.sliding} blocks a request against a full layer's {old.full} "
+            f"({old.gain():.2f}x the requests of one group), at {budget} it holds "
+            f"{sizes.sliding} ({sizes.gain():.2f}x); the reference prefills longer prompts "
+            "in chunks",
+        )
+        return sizes
+    if budget is not None:
+        at = request_blocks(vllm_config, window.size, sliding, budget)
+        fix = (
+            f"serve with --max-num-batched-tokens {budget} ({at.gain():.2f}x the requests), "
+            "or with --disable-hybrid-kv-cache-manager"
+        )
+    elif sched.enable_chunked_prefill:
+        fix = (
+            "serve with --disable-hybrid-kv-cache-manager: no step budget makes a sliding "
+            "layer hold less than a full one here"
+        )
+    else:
+        fix = (
+            "serve with --disable-hybrid-kv-cache-manager (prompts prefill whole here: the "
+            "step budget holds the longest prompt)"
+        )
+    plan.warnings.append(
+        Diagnostic(
+            "TTB264",
+            Severity.WARNING,
+            f"hybrid KV groups hold more per request than one group at a step budget of "
+            f"{sizes.budget} tokens: {sizes.describe()}",
+            hint=fix,
+        )
+    )
+    return sizes

@@ -273,6 +273,15 @@ class Plan:
         d = next(d for d in self.decisions if d.setting == "max_model_len")
         return d.requested, d.effective
 
+    def capped_length(self) -> tuple[int, int] | None:
+        """(vLLM's max_model_len, the bundle target's cap) when the target lowered it,
+        whether the user asked for more (`lowered_length`) or the checkpoint allows more:
+        every length refusal names the cap then."""
+        d = next((d for d in self.decisions if d.setting == "max_model_len"), None)
+        if d is None or not isinstance(d.requested, int) or d.effective >= d.requested:
+            return None
+        return d.requested, d.effective
+
     @property
     def server_options(self) -> ServerOptions:
         """The API server's options in force (image URL fetching)."""

@@ -41,7 +41,7 @@ from ttbundles.serving.runner.images import prefill_image_inputs
 from ttbundles.serving.runner.kv import kinds
 from ttbundles.serving.runner.kv.cache import allocate_cache, refuse_unserved_groups
 from ttbundles.serving.runner.kv.groups import LayerGroups, layer_specs
-from ttbundles.serving.runner.kv.sizing import block_bytes, pool_bytes
+from ttbundles.serving.runner.kv.sizing import block_bytes, capacity, pool_bytes
 from ttbundles.serving.runner.kv.tables import BlockTables
 from ttbundles.serving.runner.outputs import StepOutputs
 from ttbundles.serving.runner.pixel_store import PixelStore
@@ -59,6 +59,7 @@ from ttbundles.serving.runner.speculation import Speculation, read_back_verify, 
 from ttbundles.serving.runner.states import RequestStates
 from ttbundles.serving.runner.step import EMPTY_POSITION, Layout, StepObserver, StepState, rows_of
 from ttbundles.serving.stats import STATS
+from ttbundles.units import byte_size
 
 if TYPE_CHECKING:  # vLLM's config and scheduler types are only needed for annotations
     from vllm.config import VllmConfig
@@ -316,14 +317,17 @@ class TTModelRunner:
             self.model_config.dtype,
         )
         lanes = self.lanes
+        held = capacity(self.vllm_config, kv_cache_config, num_layers)
         logger.info(
-            "ttbundles: KV cache of %d blocks x %d tokens, %s%s",
+            "ttbundles: KV cache of %d blocks x %d tokens (%s), %s%s; %s",
             kv_cache_config.num_blocks,
             self.block_size,
+            byte_size(held.bytes),
             groups.describe(),
             f" ({kv_cache_config.num_blocks // lanes} per lane, {lanes} lanes)"
             if lanes > 1
             else "",
+            held.describe(),
         )
 
     def use_kv_groups(self, groups: LayerGroups) -> None:

@@ -4,10 +4,10 @@ declares it, and how vLLM's KV groups map back onto layers.
 A generator class may answer `get_kv_cache_spec(vllm_config)` (TT-Metal's
 `HybridAttentionForCausalLM`, the reference plugin's worker): `{"model.layers.<i>.<module>":
 KVCacheSpec or None}` (`self_attn` for attention; the module name is the class's), None
-meaning full attention with the model's shape. Sliding-window
-layers then get a `SlidingWindowSpec`, and vLLM's hybrid KV-cache manager gives them only
-the blocks their window needs. vLLM groups layers of one kind (a group: one block table),
-and layers at the same index in their groups share one allocation (`tensor_idx`): a block
+meaning full attention with the model's shape. Sliding-window layers then get a
+`SlidingWindowSpec`, and vLLM's hybrid KV-cache manager gives them the blocks of their
+window and of the tokens in flight. vLLM groups layers of one kind (a group: one block
+table), and layers at the same index in their groups share one allocation (`tensor_idx`): a block
 id is owned by one group at a time, so the groups overlay one pool
 (`vllm/v1/core/kv_cache_planning.py`, `get_kv_cache_config_from_groups`).
 """
