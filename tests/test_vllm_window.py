@@ -179,3 +179,71 @@ def test_the_scripts_name_the_same_window():
     assert f'TESTED_VLLM_VERSIONS="{" ".join(vllm_window.TESTED_VLLM)}"' in script
     assert f"DEFAULT_VLLM_VERSION={vllm_window.DEFAULT_VLLM}" in script
     assert '"vllm>=0.33.0,<0.35",' in (root / "pyproject.toml").read_text()
+
+
+def _vllm_imports() -> dict[str, str]:
+    """Every vLLM module ttbundles imports outside `serving/compat` (which looks before
+    it imports), at module level or in a function, type-checking imports aside: module ->
+    one file importing it."""
+    import ast
+
+    root = Path(__file__).resolve().parents[1] / "ttbundles"
+    found: dict[str, str] = {}
+    for file in sorted(root.rglob("*.py")):
+        if "compat" in file.relative_to(root).parts:
+            continue
+        tree = ast.parse(file.read_text())
+        typing_only = {
+            id(inner)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+            for inner in ast.walk(node)
+        }
+        for node in ast.walk(tree):
+            if id(node) in typing_only:
+                continue
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            else:
+                continue
+            for name in names:
+                if name.split(".")[0] == "vllm":
+                    found.setdefault(name, str(file.relative_to(root)))
+    return found
+
+
+def test_every_vllm_module_ttbundles_imports_is_looked_for_before_an_engine_starts():
+    """A vLLM outside the window that lacks one (0.32.0: `vllm.v1.core.kv_cache_planning`,
+    imported by the KV sizing in the engine core) is refused at configuration with TTB216
+    (`compat.require_modules`), never with a ModuleNotFoundError after the engine started.
+    So every import is declared, and on each release of the window every declared module
+    is there (CI runs this on both)."""
+    from ttbundles.serving import compat
+
+    imported = _vllm_imports()
+    undeclared = {m: f for m, f in imported.items() if m not in compat.VLLM_MODULES}
+    assert undeclared == {}, "add them to compat.VLLM_MODULES"
+    assert "vllm.v1.core.kv_cache_planning" in imported  # the walk sees function imports
+    assert compat.absent_modules() == []
+
+
+def test_a_vllm_lacking_a_module_is_refused_first_in_one_line(demo_checkpoint, monkeypatch):
+    """The parse hook looks for the modules before it refuses any flag or imports
+    anything of vLLM's that may be missing: TTB216 is the first and only line."""
+    from vllm.entrypoints.common.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    from ttbundles.errors import TTBundleError
+    from ttbundles.serving import compat
+
+    gone = ("vllm.v1.core.kv_cache_planning", "vllm.v1.core.no_such_module")
+    assert compat.absent_modules(gone) == ["vllm.v1.core.no_such_module"]
+    monkeypatch.setattr(compat, "VLLM_MODULES", (*compat.VLLM_MODULES, gone[1]))
+    parser = make_arg_parser(FlexibleArgumentParser())
+    with pytest.raises(TTBundleError) as excinfo:
+        parser.parse_args([str(demo_checkpoint), "--enable-lora"])
+    (diagnostic,) = excinfo.value.diagnostics
+    assert diagnostic.code == "TTB216"
+    assert f"lacks {gone[1]}, which ttbundles serves with" in diagnostic.message

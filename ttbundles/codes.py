@@ -169,6 +169,7 @@ CODES: dict[str, str] = {
     "TTB241": "prefill_forward did not return the logits of every prompt position it was asked for",
     "TTB245": "no Tenstorrent device and MESH_DEVICE unset: vLLM has no platform to serve on",
     "TTB246": "a setting asked for was lowered to what the bundle's target supports (a warning)",
+    "TTB247": "--max-model-len beyond the positions the checkpoint has",
     "TTB250": "the checkpoint's sliding window is shorter than max_model_len and the "
     "generator does not mask it",
     "TTB260": "get_kv_cache_spec names a layer the model does not have",
@@ -477,6 +478,11 @@ WHAT_TO_DO: dict[str, str] = {
     "supports (the warning names the option and the value), or serve on a mesh whose "
     "target in the bundle's vllm_metadata.json allows more. Requests over the limit are "
     "refused with a note naming the bundle and its target.",
+    "TTB247": "Ask for at most what the message names (the checkpoint's positions, and the "
+    "bundle's target cap where it is lower), or drop --max-model-len: the server then "
+    "takes the lower of the two by itself. A checkpoint whose positions stretch (RoPE "
+    "scaling) says so in its config.json; VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 leaves the "
+    "length to vLLM, at the model's risk.",
     "TTB250": "Serve with --max-model-len at most the window (the message names it), where "
     "every query sees its whole context; or with a generator that masks keys older than the "
     "window and declares model_capabilities['supports_sliding_window'] = True (the torch "

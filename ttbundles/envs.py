@@ -91,6 +91,9 @@ _VARIABLES: dict[str, Callable[[str | None], Any]] = {
     "XDG_CACHE_HOME": _text,
     # vLLM's: DEBUG shows the engine's tracebacks (as TT_BUNDLES_DEBUG=1 does).
     "VLLM_LOGGING_LEVEL": _text,
+    # vLLM's: 1 lets --max-model-len exceed the checkpoint's positions (the platform then
+    # leaves that to vLLM instead of refusing it, TTB247).
+    "VLLM_ALLOW_LONG_MAX_MODEL_LEN": _flag(False),
     # vLLM's: which plugins vLLM loads; when set it must name tt and tt_model_registry
     # (read by `ttbundle doctor`, TTB108).
     "VLLM_PLUGINS": _text,

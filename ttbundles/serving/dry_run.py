@@ -124,6 +124,8 @@ def make_plan(
     from ttbundles.serving import compat
     from ttbundles.serving.platform import TTPlatform
 
+    # A vLLM lacking a module the plan imports: TTB216, as vllm serve says it.
+    compat.require_modules()
     # Planning for a mesh that is not attached here: the TT platform decides regardless.
     TTPlatform.planning = True
     compat.set_current_platform(TTPlatform())

@@ -60,6 +60,12 @@ class TTPlatform(Platform):
     planning: bool = False
     served: ClassVar[Served] = Served()
 
+    def is_sleep_mode_available(self) -> bool:
+        """True so that vLLM's model config lets `enable_sleep_mode` through to the
+        planner, which refuses it in one line with its fix (TTB202); vLLM's own refusal
+        is a pydantic traceback that names no flag."""
+        return True
+
     def uses_host_device_handling(self) -> bool:
         return True
 
@@ -86,10 +92,12 @@ class TTPlatform(Platform):
         """With `vllm serve`'s parser: check the parsed command line as soon as it is
         parsed, before vLLM builds (and checks) its configuration from it.
 
-        vLLM checks `--tensor-parallel-size 2` against the checkpoint (attention heads
-        divisible by 2) before `check_and_update_config` could say that TT does not use
-        vLLM's parallelism (TTB201): the documented refusal comes first this way. The
-        settings the user asked for are recorded too (a lowered one is then a warning).
+        What the flags alone refuse is refused here (`planning.flag_refusals`), in
+        `vllm serve` and `ttbundle plan` alike, before vLLM's own checks and its engine:
+        vLLM checks `--tensor-parallel-size 2` against the checkpoint's heads and
+        `--enable-sleep-mode` against the platform in tracebacks, and an engine's
+        start-up costs 17-35 s before the planner could say it. The settings the user
+        asked for are recorded too (a lowered one is then a warning).
         """
         if parser is None or getattr(parser, "_ttbundles", False):
             return
@@ -98,11 +106,18 @@ class TTPlatform(Platform):
         def checked(*args: Any, **kwargs: Any) -> Any:
             parsed, rest = parse_known_args(*args, **kwargs)
             from ttbundles import envs
+            from ttbundles.serving import compat
             from ttbundles.serving.planning.command_line import record_command_line
-            from ttbundles.serving.planning.configuration import refuse_vllm_parallelism
+            from ttbundles.serving.planning.flag_refusals import (
+                refuse_checkpoint_length,
+                refuse_flags,
+            )
 
             report_errors_cleanly()
-            refuse_vllm_parallelism(parsed, envs.MESH_DEVICE)
+            # A vLLM outside the window that lacks a module we import: TTB216 first.
+            compat.require_modules()
+            refuse_flags(parsed, envs.MESH_DEVICE)
+            refuse_checkpoint_length(parsed, envs.MESH_DEVICE)
             record_command_line(parsed)
             return parsed, rest
 

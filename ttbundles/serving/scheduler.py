@@ -247,8 +247,8 @@ class PhaseSchedulingMixin:
             raise ConfigurationError.single(
                 "TTB202",
                 f"the phase-based Tenstorrent scheduler does not support {', '.join(unsupported)}",
-                hint="remove those options, or set scheduler_cls to vLLM's Scheduler "
-                "(steps will then mix prefill and decode, which TT generators cannot run)",
+                hint="drop those options (the platform refuses the flags before this; "
+                "the scheduler keeps the check for configurations built otherwise)",
             )
 
     def demand(self) -> PhaseDemand:

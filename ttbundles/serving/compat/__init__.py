@@ -198,9 +198,84 @@ def _parts() -> dict[str, Any]:
     return _PARTS
 
 
+# Every vLLM module ttbundles imports outside this package (at module level or in a
+# function), on every release of the window: `require_modules` looks for each before an
+# engine starts, so a vLLM without one (0.32.0 has no `vllm.v1.core.kv_cache_planning`
+# nor `vllm.entrypoints.common.cli_args`) is refused at configuration with TTB216, not
+# with a ModuleNotFoundError in the engine core after its start-up. This package imports
+# its own after looking. tests/test_vllm_window.py holds the list to the imports.
+VLLM_MODULES: tuple[str, ...] = (
+    "vllm",
+    "vllm.benchmarks.serve",
+    "vllm.config",
+    "vllm.engine.arg_utils",
+    "vllm.entrypoints.common.cli_args",
+    "vllm.exceptions",
+    "vllm.model_executor.layers.pooler",
+    "vllm.model_executor.layers.pooler.activations",
+    "vllm.model_executor.layers.pooler.seqwise.heads",
+    "vllm.model_executor.models.registry",
+    "vllm.multimodal",
+    "vllm.platforms.interface",
+    "vllm.reasoning",
+    "vllm.sampling_params",
+    "vllm.tokenizers",
+    "vllm.tool_parsers",
+    "vllm.usage.usage_lib",
+    "vllm.utils.argparse_utils",
+    "vllm.v1.core.kv_cache_planning",
+    "vllm.v1.core.sched.async_scheduler",
+    "vllm.v1.core.sched.interface",
+    "vllm.v1.core.sched.output",
+    "vllm.v1.core.sched.request_queue",
+    "vllm.v1.core.sched.scheduler",
+    "vllm.v1.engine",
+    "vllm.v1.engine.exceptions",
+    "vllm.v1.kv_cache_interface",
+    "vllm.v1.metrics.loggers",
+    "vllm.v1.metrics.stats",
+    "vllm.v1.outputs",
+    "vllm.v1.pool.metadata",
+    "vllm.v1.spec_decode.metrics",
+    "vllm.v1.worker.worker_base",
+)
+
+
+def absent_modules(names: tuple[str, ...] | None = None) -> list[str]:
+    """Those of `names` (default `VLLM_MODULES`) the installed vLLM does not have, looked
+    for as files in its package folder: nothing is imported (an engine-side module
+    imports vLLM's platform and kernels; the API server would pay for them)."""
+    from pathlib import Path
+
+    names = VLLM_MODULES if names is None else names
+
+    spec = importlib.util.find_spec("vllm")
+    roots = [Path(p) for p in (spec.submodule_search_locations or [])] if spec else []
+    absent = []
+    for name in names:
+        parts = name.split(".")[1:]
+        if not roots or not any(
+            (root.joinpath(*parts).with_suffix(".py") if parts else root / "__init__.py").is_file()
+            or root.joinpath(*parts, "__init__.py").is_file()
+            for root in roots
+        ):
+            absent.append(name)
+    return absent
+
+
+def require_modules() -> None:
+    """TTB216 for a vLLM that lacks a module ttbundles imports (`VLLM_MODULES`), before
+    any of them is imported."""
+    absent = absent_modules()
+    if absent:
+        raise missing_part(ModuleNotFoundError(absent[0], name=", ".join(absent)))
+
+
 def require_parts() -> None:
-    """Import what the worker will serve with now, so that a vLLM lacking a part ends
-    `vllm serve` at configuration time with TTB216 (the platform calls this)."""
+    """Look for every module ttbundles imports and import what the worker will serve
+    with now, so that a vLLM lacking a part ends `vllm serve` at configuration time with
+    TTB216 (the platform calls this), before an engine starts."""
+    require_modules()
     _parts()
 
 
@@ -216,9 +291,12 @@ __all__ = [
     "OUTPUT_INDEX",
     "RESUMED_IN_CACHED",
     "V1_RUNNER_PARTS",
+    "VLLM_MODULES",
+    "absent_modules",
     "host_batch",
     "missing_part",
     "request_state",
+    "require_modules",
     "require_parts",
     "runner_protocol_env",
     "speculative_method",

@@ -227,38 +227,12 @@ def _plan_evidence(plan: Plan, bundle_dir: Any) -> None:
 
 
 def _refuse_unsupported(vllm_config: VllmConfig, mesh: str | None) -> None:
-    """What Tenstorrent does not do (yet): vLLM's own parallelism, LoRA (TTB201,
-    TTB202). Speculative decoding is admitted or refused by `serving.planning.spec_admission`."""
-    parallel = vllm_config.parallel_config
-    refuse_vllm_parallelism(parallel, mesh)
-    if parallel.data_parallel_size > 1 and parallel.data_parallel_backend == "ray":
-        raise _error(
-            "TTB202",
-            "--data-parallel-backend ray is not supported on Tenstorrent: Ray starts every "
-            "rank from the head with the head's configuration, so a host could not split "
-            "its own mesh, and it places ranks by one device count per node, while a TT "
-            "rank is a submesh",
-            "use the default backend (mp): the head with --data-parallel-size-local, the "
-            "other hosts with vllm serve --headless (docs/operators/several-hosts.md)",
-        )
-    if vllm_config.lora_config is not None:
-        raise _error("TTB202", "LoRA is not supported yet on Tenstorrent", "drop --enable-lora")
+    """What Tenstorrent does not do (yet), read from vLLM's config: the lines the parse
+    hook gives a command line (`serving.planning.flag_refusals`), for configurations built
+    without one."""
+    from ttbundles.serving.planning.flag_refusals import refuse_flags, settings_of
 
-
-def refuse_vllm_parallelism(settings: Any, mesh: str | None) -> None:
-    """TTB201 for vLLM's tensor or pipeline parallelism, read from `settings` (vLLM's
-    parallel config, or the parsed command line: see `TTPlatform.pre_register_and_update`,
-    which refuses before vLLM checks, say, that the heads divide by the size asked)."""
-    for name in ("tensor_parallel_size", "pipeline_parallel_size"):
-        value = getattr(settings, name, None)
-        if value is not None and value != 1:
-            raise _error(
-                "TTB201",
-                f"--{name.replace('_', '-')}={value}: on Tenstorrent the "
-                f"mesh (MESH_DEVICE={mesh or 'unset'}) and the model implementation provide "
-                "the parallelism",
-                f"drop --{name.replace('_', '-')} and choose the mesh with MESH_DEVICE",
-            )
+    refuse_flags(settings_of(vllm_config), mesh)
 
 
 def _plan_options(
@@ -332,16 +306,36 @@ def _plan_server(vllm_config: VllmConfig, plan: Plan, images: bool) -> None:
 def _plan_dtype(vllm_config: VllmConfig, plan: Plan) -> None:
     """On the host mesh the generator is the torch reference, which loads and computes in
     float32 whatever vLLM's `--dtype` says: vLLM logs its own choice (a downcast to
-    bfloat16 of a float32 checkpoint), so the plan says which one is true."""
-    if not is_host(plan.mesh) or vllm_config.model_config is None:
+    bfloat16 of a float32 checkpoint), so the plan says which one is true.
+
+    vLLM's `--quantization` (or a checkpoint's own quantization config) is a method of
+    vLLM's model layers, which no Tenstorrent engine runs: the generator loads the
+    checkpoint's weights itself. vLLM serves on without a word; the plan says what the
+    weights really are."""
+    model_config = vllm_config.model_config
+    if model_config is None:
         return
-    vllm_dtype = str(vllm_config.model_config.dtype).removeprefix("torch.")
-    plan.decide(
-        "dtype",
-        vllm_dtype,
-        "float32",
-        "the host mesh computes in float32: --dtype has no effect on HOST",
-    )
+    host = is_host(plan.mesh)
+    if host:
+        vllm_dtype = str(model_config.dtype).removeprefix("torch.")
+        plan.decide(
+            "dtype",
+            vllm_dtype,
+            "float32",
+            "the host mesh computes in float32: --dtype has no effect on HOST",
+        )
+    quantization = getattr(model_config, "quantization", None)
+    if quantization:
+        plan.decide(
+            "quantization",
+            str(quantization),
+            "float32, not quantized" if host else "the generator's own precision",
+            "the host mesh loads the checkpoint's weights in float32: --quantization has no "
+            "effect on HOST"
+            if host
+            else "vLLM's quantization methods run in vLLM's model layers, which Tenstorrent "
+            "does not run: the generator loads the weights in the precision it chooses",
+        )
 
 
 def _plan_features(vllm_config: VllmConfig, plan: Plan, meta: BundleMetadata) -> None:
