@@ -9,12 +9,11 @@ import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ttbundles.check.reference_archs import REFERENCE_MISSING
+from ttbundles.check.reference_archs import missing_reason
 from ttbundles.errors import TTBundleError
 from ttbundles.format.attention_window import attention_window
 from ttbundles.format.contract import (
     CAPABILITIES_ATTRIBUTE,
-    CAPABILITY_KEYS,
     CONTRACT_MARKER,
     CONTRACT_V1,
     DECODE,
@@ -24,6 +23,7 @@ from ttbundles.format.contract import (
     KEYWORD_DEFAULTS,
     LEGACY_RESET_KEYWORD,
     METHODS,
+    TT_METAL_FLAGS,
     Method,
     decode_keywords,
 )
@@ -73,7 +73,7 @@ class {class_name}:
 def adapter_source(arch: str, class_name: str) -> str:
     """The adapter template: the contract's methods, with the signatures the worker
     calls (`ttbundles.format.contract`), every capability off, decode contract v1."""
-    keys = [*CAPABILITY_KEYS, DEVICE_PENALTIES_KEY]
+    keys = [*TT_METAL_FLAGS, DEVICE_PENALTIES_KEY]
     text = _ADAPTER_HEADER.format(
         arch=arch,
         class_name=class_name,
@@ -238,7 +238,7 @@ def init_bundle(
             on = [k for k, v in capabilities.model_dump(exclude_defaults=True).items() if v]
             if on:
                 notes.append(f"capabilities from the class: {', '.join(on)}")
-    metadata["capabilities"] = capabilities.model_dump(include=set(CAPABILITY_KEYS.values()))
+    metadata["capabilities"] = capabilities.model_dump(include=set(TT_METAL_FLAGS.values()))
     if kv_groups:
         metadata["capabilities"]["kv_cache_spec"] = True
     if reference:
@@ -287,7 +287,7 @@ def _check_reference_family(arch: str) -> None:
     if arch in REFERENCE_BASES:
         return
     families = ", ".join(REFERENCE_BASES)
-    missing = REFERENCE_MISSING.get(arch)
+    missing = missing_reason(arch)
     raise TTBundleError.single(
         "TTB041",
         f"the torch reference generator does not cover {arch} (it reads {families})"
