@@ -35,7 +35,7 @@ def test_each_record_states_facts_that_hold(entry):
     if entry.added_in > 1:  # the version's description names what it added
         assert entry.name in SUPPORTED_SCHEMA_VERSIONS[entry.added_in]
     if entry.class_key is not None:
-        assert entry.key_from in ("tt_metal", "plugin")
+        assert entry.key_from in ("tt_metal", "ttbundles", "plugin")
         assert entry.class_key in contract.KNOWN_CAPABILITY_KEYS
     if entry.refusal is not None:
         assert entry.refusal in CODES
@@ -82,6 +82,7 @@ def test_schema_additions_are_derived_as_they_were():
         ),
         4: (("", "serving"),),
         5: (("", "performance"), ("capabilities", "kv_cache_spec"), ("capabilities", "pooling")),
+        6: (("capabilities", "recurrent_state"),),
     }
 
 
@@ -91,6 +92,7 @@ def test_class_keys_paths_and_reference_are_derived_as_they_were():
         ("supports_async_decode", "async_decode"),
         ("supports_sample_on_device", "sample_on_device"),
         ("supports_chunked_prefill", "chunked_prefill"),
+        ("recurrent_state", "recurrent_state"),  # ttbundles' own key: the owner
     ]
     assert list(contract.SPEC_KEYS.items()) == [
         ("supports_spec_decode", "spec_decode"),

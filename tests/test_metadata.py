@@ -473,7 +473,7 @@ def test_schema_version_must_be_the_number_1(value):
 # --- schema_version ----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("version", [0, 6, 99])
+@pytest.mark.parametrize("version", [0, 7, 99])
 def test_unsupported_schema_version(version):
     d = only(with_(schema_version=version, unknown_key_ignored="x"))
     assert (d.code, d.pointer, d.line) == ("TTB020", "/schema_version", 2)
@@ -729,7 +729,7 @@ INVALID_CORPUS = {
     "bad main_class": with_(main_class="adapter.Gen"),
     "bad env name": with_(targets={"N150": {"env": {"1BAD": "x"}}}),
     "bad when env name": with_(when={"env": {"A-B": "x"}}),
-    "unsupported version": with_(schema_version=6),
+    "unsupported version": with_(schema_version=7),
     "modalities in schema 1": with_(capabilities={"modalities": {"image": 1}}),
 }
 

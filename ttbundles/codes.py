@@ -31,6 +31,10 @@ CODES: dict[str, str] = {
     # The adapter, checked statically (never imported by validate)
     "TTB040": "a value in the class is computed, not a literal, and was not checked statically",
     "TTB041": "the arch is not one the torch reference generator (the class's base) reads",
+    "TTB042": "the arch keeps recurrent state (gated delta net, Mamba, short convolution) "
+    "that the metadata does not declare (capabilities.recurrent_state; a warning)",
+    "TTB043": "capabilities.recurrent_state names layers other than those the checkpoint's "
+    "config gives recurrent state",
     "TTB050": "adapter module not found in the bundle",
     "TTB051": "adapter module has a syntax error",
     "TTB052": "main class not defined in the adapter module",
@@ -188,6 +192,8 @@ CODES: dict[str, str] = {
     "'forward': no prefill or decode)",
     "TTB273": "classification of the pooling form 'prefill_hidden' but the checkpoint has no "
     "classification head (score.weight) for vLLM's classifier to apply on the host",
+    "TTB274": "recurrent state (gated delta net, Mamba, short convolution layers) is not "
+    "served yet: the generator contract passes attention KV caches only",
 }
 
 
@@ -250,6 +256,14 @@ WHAT_TO_DO: dict[str, str] = {
     "init --arch ARCH` gives the TT-NN template). `validate` says it of the metadata; "
     "`vllm serve` and `ttbundle plan` refuse such a bundle at configuration. See "
     "docs/authors/generator-contract.md.",
+    "TTB042": "Declare the state: `capabilities.recurrent_state` (schema_version 6) with "
+    "its owner, 'generator' when the class keeps a state slot per request (TT-Metal's "
+    "Qwen3.5/3.6 classes) or 'vllm' when vLLM's KV manager holds it (MambaSpec groups), "
+    "and `model_capabilities['recurrent_state']` naming the same owner in the class. "
+    "Such a bundle is still refused at configuration (TTB274) until a release serves it; "
+    "plan then says its state per request and its capacity.",
+    "TTB043": "List the layers the checkpoint's config gives recurrent state (the message "
+    'names them), or write `"layers": "from_config"`.',
     "TTB050": "Add the module main_class names to the bundle (`adapter:Gen` is "
     "adapter.py or adapter/__init__.py), or correct main_class.",
     "TTB051": "Fix the Python syntax at the line given.",
@@ -522,6 +536,12 @@ WHAT_TO_DO: dict[str, str] = {
     "TTB273": "Serve a *ForSequenceClassification checkpoint (its score.weight is the head "
     "vLLM's classifier applies to the pooled hidden state), or ask this one for "
     "embeddings (--convert embed). A *ForCausalLM checkpoint has no classification head.",
+    "TTB274": "Serve a checkpoint whose layers are all attention. This release plans and "
+    "describes recurrent-state models (the layer kinds, the state bytes per request) but "
+    "serves neither owner yet: the generator contract hands the class the KV caches of "
+    "attention layers only, with no state slot, remap or release per request, so a "
+    "generator could not keep each request's state across steps. Declare "
+    "`capabilities.recurrent_state` so that validate and plan say what the bundle needs.",
 }
 
 

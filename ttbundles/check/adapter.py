@@ -16,9 +16,9 @@ import functools
 from pathlib import Path
 
 from ttbundles.check import kv_layout
-from ttbundles.check.capabilities import ClassCapabilities, agreement, key_notes
+from ttbundles.check.capabilities import ClassCapabilities, agreement, key_notes, owner_agreement
 from ttbundles.check.pooling import static_pooling_diagnostics
-from ttbundles.check.reference_archs import covers, reference_of
+from ttbundles.check.reference_archs import covers, missing_reason, reference_of
 from ttbundles.check.speculative import spec_agreement, static_method_diagnostics
 from ttbundles.check.static_reader import (
     ClassInfo,
@@ -152,13 +152,15 @@ def _reference_arch(info: ClassInfo, metadata: BundleMetadata, meta_file: str) -
     if found is None or covers(found[1], metadata.arch):
         return []
     base, archs = found
+    missing = missing_reason(metadata.arch)
     return [
         Diagnostic(
             "TTB041",
             Severity.ERROR,
             f"arch {metadata.arch} is not one the torch reference generator this class builds "
-            f"on ({base.replace(':', '.')}) reads ({', '.join(archs)}): it would be refused "
-            "at load",
+            f"on ({base.replace(':', '.')}) reads ({', '.join(archs)})"
+            + (f"; {missing}" if missing else "")
+            + "; it would be refused at load",
             file=meta_file,
             pointer="/arch",
             hint=f"set arch to one of {', '.join(archs)}, or write the generator for "
@@ -353,6 +355,7 @@ def _contract_diagnostics(
             )
         )
     out.extend(agreement(class_caps, caps, name, meta_file))
+    out.extend(owner_agreement(class_caps, caps, name, meta_file))
     out.extend(spec_agreement(class_caps, caps, name, meta_file))
     return out
 

@@ -28,6 +28,7 @@ from ttbundles.format.contract import (
     CAPABILITY_KEYS,
     KNOWN_CAPABILITY_KEYS,
     OUTPUT_TOKENS_PER_STEP_KEY,
+    RECURRENT_STATE_KEY,
 )
 from ttbundles.format.metadata import Capabilities
 
@@ -147,6 +148,31 @@ def agreement(
     return out
 
 
+def owner_agreement(
+    caps: ClassCapabilities, declared: Capabilities, class_name: str, meta_file: str
+) -> list[Diagnostic]:
+    """TTB056 when the class names another owner of the recurrent state than the bundle:
+    the two forms hand the class different things (its own slots, or vLLM's state
+    indices), so a mismatch would feed it the wrong one. Whether the key is there at all
+    is `agreement`'s."""
+    state = declared.recurrent_state
+    owner = caps.literals.get(RECURRENT_STATE_KEY)
+    if state is None or not isinstance(owner, str) or owner == state.owner:
+        return []
+    return [
+        Diagnostic(
+            "TTB056",
+            Severity.ERROR,
+            f"capabilities.recurrent_state.owner is {state.owner!r}, but "
+            f"{class_name}.{CAPABILITIES_ATTRIBUTE}[{RECURRENT_STATE_KEY!r}] is {owner!r}",
+            file=meta_file,
+            pointer="/capabilities/recurrent_state/owner",
+            hint=f"name one owner in both: the class keeps the state ('generator') or "
+            f"vLLM's KV manager does ('vllm'){f' ({caps.where})' if caps.where else ''}",
+        )
+    ]
+
+
 def key_notes(caps: ClassCapabilities, class_name: str, meta_file: str) -> list[Diagnostic]:
     """What the class's other keys mean here (`contract.KNOWN_CAPABILITY_KEYS`): block
     output refused (TTB202, as at load), a `fabric_config` not applied (warning), a key
@@ -201,4 +227,5 @@ def from_mapping(
     return ClassCapabilities(
         values={key: bool(values[key]) for key in CAPABILITY_KEYS if key in values},
         where=where,
+        literals={key: values[key] for key in CAPABILITY_KEYS if key in values},
     )

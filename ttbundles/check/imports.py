@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from ttbundles.check import kv_layout
-from ttbundles.check.capabilities import agreement, from_mapping
+from ttbundles.check.capabilities import agreement, from_mapping, owner_agreement
 from ttbundles.check.pooling import imported_pooling_problems
 from ttbundles.check.speculative import (
     imported_method_problems,
@@ -111,7 +111,9 @@ def import_check(
     if capabilities is not None or result.get("has_capabilities") is False:
         meta_file = str(bundle_dir / METADATA_FILE)
         name = metadata.class_name
-        out.extend(agreement(from_mapping(capabilities), metadata.capabilities, name, meta_file))
+        class_caps = from_mapping(capabilities)
+        out.extend(agreement(class_caps, metadata.capabilities, name, meta_file))
+        out.extend(owner_agreement(class_caps, metadata.capabilities, name, meta_file))
         speculative = result.get("speculative") if capabilities is not None else None
         out.extend(
             spec_agreement(spec_from_mapping(speculative), metadata.capabilities, name, meta_file)

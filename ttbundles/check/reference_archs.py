@@ -9,6 +9,8 @@ before (TTB041) from this table, read without importing torch (a test checks it 
 
 from __future__ import annotations
 
+from ttbundles.format.layer_kinds import kind_name, recurrent_kind_of_architecture
+
 # The text generator's families (`reference.families.SUPPORTED_ARCHITECTURES`).
 TEXT_ARCHITECTURES: tuple[str, ...] = (
     "LlamaForCausalLM",
@@ -89,3 +91,19 @@ def reference_of(ancestors: list[str] | tuple[str, ...]) -> tuple[str, tuple[str
 def covers(architectures: tuple[str, ...], arch: str) -> bool:
     """Whether `arch` is one of them (a `TT` prefix, as TT-Metal names its classes, aside)."""
     return arch in architectures or (arch.startswith("TT") and arch[2:] in architectures)
+
+
+def missing_reason(arch: str) -> str | None:
+    """Why the reference does not read `arch`, when it is known: `REFERENCE_MISSING`, or
+    the recurrent layers a state-space or linear-attention family keeps, which no
+    reference family computes (a state per request, not a KV cache)."""
+    if arch in REFERENCE_MISSING:
+        return REFERENCE_MISSING[arch]
+    kind = recurrent_kind_of_architecture(arch)
+    if kind is None:
+        return None
+    return (
+        f"its {kind_name(kind)} layers keep recurrent state (a fixed-size state per "
+        "request, not a KV cache), which the reference does not compute: it implements "
+        "attention decoders"
+    )

@@ -27,7 +27,6 @@ from ttbundles.errors import Diagnostic, Severity
 from ttbundles.format.contract import (
     ASYNC_SPEC_DECODE_KEY,
     CAPABILITIES_ATTRIBUTE,
-    CAPABILITY_KEYS,
     CONTRACT_MARKER,
     CONTRACT_V1,
     METHODS_BY_NAME,
@@ -35,6 +34,7 @@ from ttbundles.format.contract import (
     SPEC_KEYS,
     SPEC_LIST_KEYS,
     SPEC_METHODS_OF_CLASS,
+    TT_METAL_FLAGS,
 )
 from ttbundles.format.metadata import BundleMetadata, Capabilities
 from ttbundles.format.modules import module_file
@@ -452,7 +452,7 @@ class StaticClass:
         class has `propose_draft_tokens`; left off when the keys contradict themselves.
         """
         caps = self.model_capabilities or {}
-        supported = {name: caps.get(key) is True for key, name in CAPABILITY_KEYS.items()}
+        supported = {name: caps.get(key) is True for key, name in TT_METAL_FLAGS.items()}
         sample = supported.pop("sample_on_device")
         plain = Capabilities(**supported, sample_on_device=["decode_only", "all"] if sample else [])
         spec = self._speculative(caps)

@@ -17,6 +17,7 @@ from ttbundles.check.serving_defaults import check_serving
 from ttbundles.check.tests_section import check_tests
 from ttbundles.errors import Diagnostic, Report, Severity
 from ttbundles.format.contract import unservable_reason
+from ttbundles.format.layer_kinds import kind_name, recurrent_kind_of_architecture
 from ttbundles.format.metadata import METADATA_FILE, BundleMetadata
 from ttbundles.format.parse import load_metadata
 from ttbundles.format.selection import overlaps
@@ -158,6 +159,7 @@ def semantic_checks(metadata: BundleMetadata, file: str) -> list[Diagnostic]:
                 "Gemma 3); the worker refuses this one before loading weights",
             )
         )
+    out.extend(_undeclared_recurrent_state(metadata, file))
     declared = metadata.capabilities.sample_on_device
     for mesh, target in metadata.targets.items():
         mode = target.additional_config.sample_on_device_mode
@@ -174,6 +176,30 @@ def semantic_checks(metadata: BundleMetadata, file: str) -> list[Diagnostic]:
                 )
             )
     return out
+
+
+def _undeclared_recurrent_state(metadata: BundleMetadata, file: str) -> list[Diagnostic]:
+    """TTB042: the architecture's checkpoints keep recurrent state (a gated delta net,
+    Mamba or short-convolution layer) and the metadata says nothing of it, so neither
+    validate nor plan can say what the bundle's class owns (the template `init` writes is
+    such a bundle)."""
+    kind = recurrent_kind_of_architecture(metadata.arch)
+    if kind is None or metadata.capabilities.recurrent_state is not None:
+        return []
+    return [
+        Diagnostic(
+            "TTB042",
+            Severity.WARNING,
+            f"{metadata.arch} keeps recurrent state ({kind_name(kind)} layers: a fixed-size "
+            "state per request, not a KV cache), which the metadata does not declare; "
+            "such a checkpoint is refused at configuration (TTB274: not served yet)",
+            file=file,
+            pointer="/capabilities",
+            hint='declare "recurrent_state": {"owner": "generator"} (the class keeps a state '
+            'slot per request) or {"owner": "vllm"} in capabilities, with schema_version 6, '
+            "and the same owner in the class's model_capabilities['recurrent_state']",
+        )
+    ]
 
 
 def _locate(diagnostics: list[Diagnostic], file: str) -> list[Diagnostic]:

@@ -24,8 +24,8 @@ from typing import Any, Literal
 # How `list`, `inspect` and the startup table summarise a capability
 # (`metadata.capability_flags`): "flag" its name when on; "values" name=a+b; "single"
 # `single-execute` for execution "single"; "inputs" the input modalities (multimodal and
-# modalities together); "tasks" the pooling tasks.
-Summary = Literal["flag", "values", "single", "inputs", "tasks"]
+# modalities together); "tasks" the pooling tasks; "owner" name=owner.
+Summary = Literal["flag", "values", "single", "inputs", "tasks", "owner"]
 
 
 @dataclass(frozen=True)
@@ -38,10 +38,10 @@ class Capability:
     """The schema version that added it (a lower version using it is refused, TTB020)."""
     class_key: str | None = None
     """The generator's `model_capabilities` key it mirrors (None: not a class key)."""
-    key_from: Literal["tt_metal", "plugin"] | None = None
-    """Who defines `class_key`: TT-Metal's classes (`contract.CAPABILITY_KEYS`, compared
-    one to one by validate) or the reference plugin's speculative contract
-    (`contract.SPEC_KEYS`)."""
+    key_from: Literal["tt_metal", "ttbundles", "plugin"] | None = None
+    """Who defines `class_key`: TT-Metal's classes or ttbundles itself (both in
+    `contract.CAPABILITY_KEYS`, compared one to one by validate) or the reference
+    plugin's speculative contract (`contract.SPEC_KEYS`)."""
     gates: str | None = None
     """The vLLM setting (`section.setting` of `VllmConfig`, or the request field) it
     gates: asked of a bundle without the capability, the plan refuses or turns it off."""
@@ -243,14 +243,27 @@ CAPABILITIES: tuple[Capability, ...] = (
         choices=POOLING_TASKS,
         summary="tasks",
     ),
+    Capability(
+        "recurrent_state",
+        added_in=6,
+        class_key="recurrent_state",
+        key_from="ttbundles",
+        refusal="TTB274",
+        plan_note="refused by the plan (not served yet)",
+        summary="owner",
+    ),
 )
 """Every capability, in the order of the `Capabilities` model's fields."""
 
 BY_NAME: dict[str, Capability] = {c.name: c for c in CAPABILITIES}
 
 TT_METAL_KEYS: dict[str, str] = {
-    c.class_key: c.name for c in CAPABILITIES if c.class_key and c.key_from == "tt_metal"
+    c.class_key: c.name
+    for c in CAPABILITIES
+    if c.class_key and c.key_from in ("tt_metal", "ttbundles")
 }
+"""The class keys a bundle mirrors one to one: TT-Metal's, and ttbundles' own for what
+TT-Metal's classes do without a key (`recurrent_state`: the owner of the state)."""
 PLUGIN_KEYS: dict[str, str] = {
     c.class_key: c.name for c in CAPABILITIES if c.class_key and c.key_from == "plugin"
 }

@@ -65,6 +65,18 @@ CAPABILITY_KEYS: dict[str, str] = catalogue.TT_METAL_KEYS
 """TT-Metal `model_capabilities` keys that a bundle's `capabilities` mirror (from the
 catalogue, `format.capabilities`). TT-Metal's rule: a subclass dict replaces the inherited
 one, so an absent key means "not supported"."""
+RECURRENT_STATE_KEY = catalogue.BY_NAME["recurrent_state"].class_key
+"""ttbundles' own key (TT-Metal's Qwen3.5/3.6 classes keep GDN state without one): who
+keeps the recurrent state of the class's recurrent layers, "generator" (a state slot per
+request, sized by the batch) or "vllm" (MambaSpec groups in vLLM's KV manager), as the
+bundle's capabilities.recurrent_state.owner says."""
+TT_METAL_FLAGS: dict[str, str] = {
+    key: name
+    for key, name in CAPABILITY_KEYS.items()
+    if catalogue.BY_NAME[name].key_from == "tt_metal"
+}
+"""TT-Metal's own flags among them (`supports_*`: True or False), which the template
+lists and a legacy class's capabilities are read from; ttbundles' keys are no flags."""
 DEVICE_PENALTIES_KEY = "supports_device_penalties"
 """The generator applies presence/frequency/repetition penalties on the device, from the
 `prompt_tokens` / `output_tokens` history the worker passes. Absent means True (the

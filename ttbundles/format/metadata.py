@@ -1,4 +1,4 @@
-"""The bundle format: `vllm_metadata.json`, schema versions 1 to 5, as a pydantic model.
+"""The bundle format: `vllm_metadata.json`, schema versions 1 to 6, as a pydantic model.
 
 This model is the single source of truth: `schemas/vllm_metadata.schema.json` is generated
 from it (`ttbundle schema`), and a test fails when the checked-in file drifts. It imports
@@ -43,7 +43,7 @@ METADATA_FILE = "vllm_metadata.json"
 # every ttbundles release reads it. A document needs a higher one only for what that
 # version added (see `needs_version`).
 SCHEMA_VERSION = 1
-LATEST_SCHEMA_VERSION = 5
+LATEST_SCHEMA_VERSION = 6
 # Every schema version this release reads, with what it changed.
 SUPPORTED_SCHEMA_VERSIONS: dict[int, str] = {
     1: "first versioned format: identity, capabilities, targets, when, requires",
@@ -58,6 +58,8 @@ SUPPORTED_SCHEMA_VERSIONS: dict[int, str] = {
     "output throughput) under a declared workload; capabilities.kv_cache_spec: the class "
     "answers get_kv_cache_spec (hybrid KV groups); capabilities.pooling: the pooling "
     "tasks (embed, classify, token_embed) and the contract form that serves them",
+    6: "capabilities.recurrent_state: the layers that keep recurrent state (gated delta "
+    "net, Mamba, short convolution) and who owns it, the generator or vLLM's KV manager",
 }
 # What each version added besides capabilities (those: `format.capabilities`), as
 # (object, key) pairs; an owner "" is the document itself (the whole `serving` object is
@@ -274,6 +276,59 @@ class Pooling(_Strict):
         return self
 
 
+RECURRENT_STATE_OWNERS = ("generator", "vllm")
+LAYERS_FROM_CONFIG = "from_config"
+
+
+class RecurrentState(_Strict):
+    """Which layers keep recurrent state, and who owns it (schema 6).
+
+    A gated delta net, Mamba or short-convolution layer remembers the context as a
+    fixed-size state per request (a convolution's last K-1 inputs, a recurrent matrix)
+    rather than a KV cache that grows with it: its memory is counted per request, not per
+    token, and a prefix-cache hit can only skip tokens whose state was saved.
+    """
+
+    owner: Literal[RECURRENT_STATE_OWNERS] = Field(  # type: ignore[valid-type]
+        description="Who keeps the state. 'generator': the class (TT-Metal's Qwen3.5/3.6 "
+        "classes today): vLLM is given the attention layers' KV specs only, and the class "
+        "sizes a state slot per request by the batch (prefill writes empty_slots, decode "
+        "applies slot_remap, release_request frees a slot). 'vllm': vLLM's KV manager holds "
+        "it as MambaSpec groups beside the attention groups, and the class is handed each "
+        "row's state indices. Mirrors the class's model_capabilities['recurrent_state'] "
+        "(ttbundles' own key), which names the same owner.",
+    )
+    layers: Literal["from_config"] | list[Annotated[int, Field(ge=0)]] = Field(  # type: ignore[valid-type]
+        LAYERS_FROM_CONFIG,
+        description="The layers that keep recurrent state: 'from_config' (the checkpoint's "
+        "config says, e.g. layer_types 'linear_attention', as transformers derives them) or "
+        "their indices, which validate and the plan check against the checkpoint's config.",
+    )
+
+    @field_validator("layers", mode="before")
+    @classmethod
+    def _layers_are_indices_or_from_config(cls, value: Any) -> Any:
+        """One message for what the union's two branches would each refuse."""
+        if value == LAYERS_FROM_CONFIG:
+            return value
+        hint = 'list the layer indices (each once, from 0), or write "from_config"'
+        if not isinstance(value, list) or not all(
+            isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in value
+        ):
+            raise PydanticCustomError(
+                "TTB033",
+                'recurrent_state.layers {shown} is not "from_config" nor a list of layer indices',
+                {"shown": repr(value), "hint": hint},
+            )
+        if not value:
+            raise PydanticCustomError("TTB033", "recurrent_state.layers is empty", {"hint": hint})
+        if len(set(value)) != len(value):
+            raise PydanticCustomError(
+                "TTB033", "recurrent_state.layers lists a layer twice", {"hint": hint}
+            )
+        return value
+
+
 class Capabilities(_Strict):
     """What the generator can do; every flag defaults to off.
 
@@ -364,6 +419,14 @@ class Capabilities(_Strict):
         description="Schema 5: the pooling tasks the generator serves under vLLM's pooling "
         "runner, and the contract form; absent: it only generates (--runner pooling is "
         "refused, TTB270).",
+    )
+    recurrent_state: RecurrentState | None = Field(
+        None,
+        description="Schema 6: the layers that keep recurrent state and who owns it "
+        "(RecurrentState); absent: every layer is attention. A checkpoint with recurrent "
+        "layers (Qwen3.5's gated delta net, Mamba, Jamba, Falcon-H1, ...) is refused at "
+        "configuration until a release of ttbundles serves its owner (TTB274); plan says "
+        "the state per request and the capacity.",
     )
 
     @property
@@ -823,7 +886,7 @@ class PerformanceTarget(_Strict):
 
 
 class BundleMetadata(_Strict):
-    """`vllm_metadata.json`, schema versions 1 to 5 (`SUPPORTED_SCHEMA_VERSIONS`)."""
+    """`vllm_metadata.json`, schema versions 1 to 6 (`SUPPORTED_SCHEMA_VERSIONS`)."""
 
     model_config = ConfigDict(
         title="ttbundles vllm_metadata.json",
@@ -838,7 +901,7 @@ class BundleMetadata(_Strict):
     schema_uri: str | None = Field(
         None, alias="$schema", description="Schema URI, so editors can validate the file."
     )
-    schema_version: Literal[1, 2, 3, 4, 5] = Field(description="Version of this format.")
+    schema_version: Literal[1, 2, 3, 4, 5, 6] = Field(description="Version of this format.")
     name: str = Field(
         pattern=NAME_PATTERN, max_length=64, description="Bundle name, unique in a folder."
     )
@@ -927,7 +990,7 @@ class BundleMetadata(_Strict):
         if isinstance(value, bool):
             raise PydanticCustomError(
                 "TTB032",
-                "schema_version must be a number (1 to 5), not a boolean",
+                "schema_version must be a number (1 to 6), not a boolean",
                 {"hint": f'write "schema_version": {SCHEMA_VERSION}'},
             )
         return value
@@ -1034,6 +1097,8 @@ def capability_flags(capabilities: dict[str, Any] | None) -> list[str]:
             flags.append(f"{entry.name}=" + "+".join(value))
         elif entry.summary == "tasks":
             flags.append(f"{entry.name}=" + "+".join(value["tasks"]))
+        elif entry.summary == "owner":
+            flags.append(f"{entry.name}={value['owner']}")
         elif entry.summary == "single" and value == "single":
             flags.append("single-execute")
     return flags

@@ -72,6 +72,7 @@ _CHECKER_FILES = (
     "format/capabilities.py",
     "format/contract.py",
     "format/jsonpos.py",
+    "format/layer_kinds.py",
     "format/meshes.py",
     "format/metadata.py",
     "format/modules.py",

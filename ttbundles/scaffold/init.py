@@ -9,12 +9,11 @@ import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ttbundles.check.reference_archs import REFERENCE_MISSING
+from ttbundles.check.reference_archs import missing_reason
 from ttbundles.errors import TTBundleError
 from ttbundles.format.attention_window import attention_window
 from ttbundles.format.contract import (
     CAPABILITIES_ATTRIBUTE,
-    CAPABILITY_KEYS,
     CONTRACT_MARKER,
     CONTRACT_V1,
     DECODE,
@@ -24,6 +23,7 @@ from ttbundles.format.contract import (
     KEYWORD_DEFAULTS,
     LEGACY_RESET_KEYWORD,
     METHODS,
+    TT_METAL_FLAGS,
     Method,
     decode_keywords,
 )
@@ -74,7 +74,7 @@ class {class_name}:
 def adapter_source(arch: str, class_name: str) -> str:
     """The adapter template: the contract's methods, with the signatures the worker
     calls (`ttbundles.format.contract`), every capability off, decode contract v1."""
-    keys = [*CAPABILITY_KEYS, DEVICE_PENALTIES_KEY]
+    keys = [*TT_METAL_FLAGS, DEVICE_PENALTIES_KEY]
     text = _ADAPTER_HEADER.format(
         arch=arch,
         class_name=class_name,
@@ -244,7 +244,9 @@ def init_bundle(
                 notes.append(f"capabilities from the class: {', '.join(on)}")
     # A reference bundle declares all the reference serves (speculation, prompt logprobs
     # too), as the demo bundle on the same reference does.
-    declared = set(CAPABILITY_KEYS.values()) | (set(REFERENCE_CAPABILITIES) if reference else set())
+    declared = set(TT_METAL_FLAGS.values())
+    if reference:
+        declared |= set(reference_capabilities(arch))
     metadata["capabilities"] = capabilities.model_dump(include=declared)
     if kv_groups:
         metadata["capabilities"]["kv_cache_spec"] = True
@@ -294,7 +296,7 @@ def _check_reference_family(arch: str) -> None:
     if arch in REFERENCE_BASES:
         return
     families = ", ".join(REFERENCE_BASES)
-    missing = REFERENCE_MISSING.get(arch)
+    missing = missing_reason(arch)
     raise TTBundleError.single(
         "TTB041",
         f"the torch reference generator does not cover {arch} (it reads {families})"

@@ -189,6 +189,9 @@ def plan_config(vllm_config: VllmConfig, registry: Registry) -> Plan | None:
     from ttbundles.serving.planning.kv_admission import plan_kv_groups
 
     plan_kv_groups(vllm_config, plan, caps.kv_cache_spec)
+    from ttbundles.serving.planning.recurrent import plan_recurrent_state
+
+    plan_recurrent_state(vllm_config, plan, meta)  # recurrent layers: TTB274 (not served yet)
     from ttbundles.serving.planning.chat_defaults import plan_chat_defaults
 
     plan_chat_defaults(vllm_config, plan, meta, entry.path, command_line.COMMAND_LINE)
@@ -378,6 +381,10 @@ def _plan_features(vllm_config: VllmConfig, plan: Plan, meta: BundleMetadata) ->
                 requested,
                 "on: vLLM's default" if requested else "off, as requested",
             )
+    if not vllm_config.cache_config.enable_prefix_caching:
+        from ttbundles.serving.planning.recurrent import settle_mamba_cache
+
+        settle_mamba_cache(vllm_config)  # vLLM's hybrid hook set it for caching on
     if not sched.enable_chunked_prefill and (
         sched.max_num_batched_tokens < model_config.max_model_len
     ):

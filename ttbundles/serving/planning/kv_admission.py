@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from ttbundles.errors import ConfigurationError, Diagnostic, Severity
 from ttbundles.format.attention_window import attention_window
+from ttbundles.format.layer_kinds import layer_kinds as read_layer_kinds
 from ttbundles.format.meshes import is_host
 from ttbundles.serving.planning import command_line
 from ttbundles.serving.planning.kv_capacity import RequestBlocks, paying_budget, request_blocks
@@ -30,9 +31,13 @@ if TYPE_CHECKING:
 
 def layer_kinds(hf_config: Any) -> str:
     """`10 sliding-window layers (window 32), 2 full-attention`, or `12 full-attention`:
-    the checkpoint's layers as the reference reads their windows."""
-    text = getattr(hf_config, "text_config", None) or hf_config
-    layers = int(getattr(text, "num_hidden_layers", 0) or 0)
+    the checkpoint's layers as the reference reads their windows; a checkpoint with
+    recurrent layers as `format.layer_kinds` counts them (`6 linear-attention (gated
+    delta net) layers with recurrent state, 2 full-attention layers`)."""
+    kinds = read_layer_kinds(hf_config)
+    if kinds.recurrent:  # never "full attention" for a Mamba or gated delta net layer
+        return kinds.describe()
+    layers = kinds.num_layers
     window = attention_window(hf_config)
     if window is None:
         return f"{layers} full-attention layers"

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ttbundles.check.reference_archs import REFERENCE_MISSING, covers, reference_of
+from ttbundles.check.reference_archs import covers, missing_reason, reference_of
 from ttbundles.errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -29,7 +29,7 @@ def refuse_unread_architecture(entry: Entry) -> None:
     if found is None or covers(found[1], meta.arch):
         return
     base, archs = found
-    missing = REFERENCE_MISSING.get(meta.arch)
+    missing = missing_reason(meta.arch)
     raise ConfigurationError.single(
         "TTB041",
         f"{meta.name}@{meta.version} serves {meta.arch} with {meta.main_class}, which builds "

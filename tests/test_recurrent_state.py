@@ -1,0 +1,253 @@
+"""Recurrent-state and SSM checkpoints, as a new user meets them: described truly and
+refused with a code (never a traceback, never a plan that calls a Mamba layer full
+attention), and the format's `capabilities.recurrent_state` (schema 6), checked by
+`validate` against the class."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.bundle_factory import contract_adapter, metadata, write_bundle
+from tests.recurrent_checkpoints import BUILDERS, write_recurrent_checkpoint
+from ttbundles.check.validate import validate_bundle
+from ttbundles.format.metadata import capability_flags, needs_version
+from ttbundles.format.parse import parse_metadata
+
+STATE = {"recurrent_state": {"owner": "generator"}}
+
+
+def _codes(report) -> list[str]:
+    return [d.code for d in report.diagnostics]
+
+
+def _parse(document: dict):
+    """(the model or None, the diagnostics' "CODE message" lines)."""
+    loaded = parse_metadata(json.dumps(document), file=Path("vllm_metadata.json"))
+    return loaded.metadata, [f"{d.code} {d.message}" for d in loaded.diagnostics]
+
+
+def _no_traceback(done):
+    assert "Traceback" not in done.stdout + done.stderr, done.stdout + done.stderr
+    return done
+
+
+# --- the format --------------------------------------------------------------------------
+
+
+def test_recurrent_state_is_schema_6_and_listed_with_its_owner():
+    meta, problems = _parse(metadata("gdn", schema_version=6, capabilities=STATE))
+    assert problems == []
+    assert meta.capabilities.recurrent_state.owner == "generator"
+    assert meta.capabilities.recurrent_state.layers == "from_config"
+    assert needs_version(meta) == 6
+    flags = capability_flags(meta.model_dump(mode="json")["capabilities"])
+    assert "recurrent_state=generator" in flags
+
+
+def test_a_lower_schema_version_with_recurrent_state_is_refused():
+    meta, problems = _parse(metadata("gdn", schema_version=5, capabilities=STATE))
+    assert meta is None and any(p.startswith("TTB020") and "6" in p for p in problems), problems
+
+
+@pytest.mark.parametrize(
+    ("state", "words"),
+    [
+        ({"owner": "device"}, "owner"),
+        ({"owner": "vllm", "layers": [0, 0]}, "lists a layer twice"),
+        ({"owner": "vllm", "layers": []}, "is empty"),
+        ({"owner": "vllm", "layers": [-1]}, "recurrent_state.layers [-1] is not"),
+        ({"owner": "vllm", "layers": "all"}, "recurrent_state.layers 'all' is not"),
+    ],
+)
+def test_a_bad_declaration_is_refused_by_the_format(state, words):
+    meta, problems = _parse(
+        metadata("gdn", schema_version=6, capabilities={"recurrent_state": state})
+    )
+    assert meta is None and any(words in p for p in problems), problems
+
+
+# --- validate ------------------------------------------------------------------------------
+
+
+def _bundle(tmp_path: Path, capabilities: dict, class_caps: str | None, **fields) -> Path:
+    attributes = f"    model_capabilities = {class_caps}\n" if class_caps is not None else ""
+    document = metadata("gdn", arch="Qwen3_5ForCausalLM", capabilities=capabilities, **fields)
+    return write_bundle(
+        tmp_path / "gdn",
+        document=document,
+        files={"adapter.py": contract_adapter(attributes=attributes)},
+    )
+
+
+def test_validate_warns_that_a_recurrent_architecture_keeps_undeclared_state(tmp_path):
+    report = validate_bundle(_bundle(tmp_path, {}, None))
+    [warning] = [d for d in report.diagnostics if d.code == "TTB042"]
+    assert "Qwen3_5ForCausalLM keeps recurrent state" in warning.message
+    assert "gated delta net" in warning.message and "TTB274" in warning.message
+    assert not report.errors
+
+
+def test_validate_takes_a_declaration_the_class_mirrors(tmp_path):
+    folder = _bundle(tmp_path, STATE, '{"recurrent_state": "generator"}', schema_version=6)
+    report = validate_bundle(folder, import_check=True)
+    assert not report.errors, report.errors
+    assert "TTB042" not in _codes(report)
+
+
+def test_a_class_without_the_key_is_an_error(tmp_path):
+    folder = _bundle(tmp_path, STATE, "{}", schema_version=6)
+    [error] = validate_bundle(folder).errors
+    assert error.code == "TTB056" and "'recurrent_state'" in error.message
+    assert error.pointer == "/capabilities/recurrent_state"
+
+
+@pytest.mark.parametrize("import_check", [False, True], ids=["static", "import"])
+def test_a_class_naming_the_other_owner_is_an_error(tmp_path, import_check):
+    folder = _bundle(tmp_path, STATE, '{"recurrent_state": "vllm"}', schema_version=6)
+    errors = validate_bundle(folder, import_check=import_check).errors
+    assert [e.code for e in errors] == ["TTB056"], errors
+    assert "owner is 'generator'" in errors[0].message and "'vllm'" in errors[0].message
+    assert errors[0].pointer == "/capabilities/recurrent_state/owner"
+
+
+def test_init_reference_gives_the_reason_for_a_recurrent_architecture(run_cli, tmp_path):
+    done = _no_traceback(
+        run_cli("init", tmp_path / "b", "--arch", "JambaForCausalLM", "--reference")
+    )
+    assert done.returncode != 0
+    out = done.stdout + done.stderr
+    assert "TTB041" in out and "Mamba layers keep recurrent state" in out
+
+
+def test_a_template_for_a_recurrent_architecture_validates_with_a_warning(run_cli, tmp_path):
+    folder = tmp_path / "qwen"
+    assert _no_traceback(run_cli("init", folder, "--arch", "Qwen3_5ForCausalLM")).returncode == 0
+    done = _no_traceback(run_cli("validate", folder))
+    assert done.returncode == 0 and "TTB042" in done.stdout + done.stderr
+
+
+def test_migrate_keeps_the_version_recurrent_state_needs(run_cli, tmp_path):
+    folder = write_bundle(
+        tmp_path / "gdn",
+        document=metadata("gdn", schema_version=6, capabilities=STATE),
+    )
+    _no_traceback(run_cli("migrate", folder))
+    document = json.loads((folder / "vllm_metadata.json").read_text())
+    assert document["schema_version"] == 6
+    assert document["capabilities"]["recurrent_state"] == {"owner": "generator"}
+
+
+# --- vLLM's Mamba cache fields when caching is off --------------------------------------------
+
+
+def test_caching_off_sets_vllms_mamba_fields_back_so_its_check_passes():
+    """vLLM's hybrid hook chose "align" and a block of 16 for caching on; the planner
+    turned caching off: the three fields go back to vLLM's caching-off values, and
+    vLLM's own validator takes the pair it refused before (TTB209)."""
+    from types import SimpleNamespace
+
+    from vllm.config import CacheConfig, VllmConfig
+
+    from ttbundles.serving.planning.recurrent import settle_mamba_cache
+
+    cache = CacheConfig(block_size=16, enable_prefix_caching=False)
+    cache.mamba_cache_mode, cache.mamba_block_size, cache.mamba_page_size_padded = (
+        "align",
+        16,
+        4096,
+    )
+    config = SimpleNamespace(cache_config=cache, model_config=SimpleNamespace(max_model_len=256))
+    check = VllmConfig.validate_mamba_block_size
+    check = getattr(check, "__func__", check)
+    with pytest.raises(ValueError, match="mamba-block-size"):
+        check(config)
+    settle_mamba_cache(config)
+    assert (cache.mamba_cache_mode, cache.mamba_block_size, cache.mamba_page_size_padded) == (
+        "none",
+        256,
+        None,
+    )
+    assert check(config) is config
+
+
+# --- ttbundle plan, through the CLI in process ---------------------------------------------
+
+KINDS = {
+    "Qwen3_5ForCausalLM": "6 linear-attention (gated delta net) layers with recurrent state, "
+    "2 full-attention layers",
+    "Qwen3NextForCausalLM": "6 linear-attention (gated delta net) layers with recurrent "
+    "state, 2 full-attention layers",
+    "JambaForCausalLM": "2 Mamba layers with recurrent state, 2 full-attention layers",
+    "FalconH1ForCausalLM": "4 parallel attention + Mamba2 layers (a KV cache and recurrent "
+    "state each)",
+    "MambaForCausalLM": "4 Mamba layers with recurrent state",
+}
+
+
+@pytest.fixture(scope="module")
+def recurrent_checkpoints(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("recurrent")
+    return {arch: write_recurrent_checkpoint(arch, root / arch) for arch in BUILDERS}
+
+
+def _plan(run_cli, models: Path, checkpoint: Path, *extra: str):
+    env = {"EXTRA_MODELS_DIR": str(models), "MESH_DEVICE": "HOST", "TT_VLLM_BUILTIN_MODELS": "0"}
+    args = ["plan", "--model", checkpoint, "--max-model-len", "256", "--max-num-seqs", "8"]
+    return _no_traceback(run_cli(*args, *extra, env=env, timeout=300))
+
+
+@pytest.mark.parametrize("arch", list(BUILDERS))
+def test_plan_of_a_template_bundle_says_the_layer_kinds_and_refuses(
+    run_cli, recurrent_checkpoints, tmp_path, arch
+):
+    """`ttbundle init --arch ARCH` then `ttbundle plan`: one line, TTB274, the true
+    layer kinds (not vLLM's "--mamba-block-size can only be set with
+    --enable-prefix-caching", TTB209, and not "full-attention layers" for Mamba)."""
+    models = tmp_path / "models"
+    models.mkdir()
+    assert run_cli("init", models / "t", "--arch", arch).returncode == 0
+    done = _plan(run_cli, models, recurrent_checkpoints[arch])
+    out = done.stdout + done.stderr
+    assert done.returncode == 1, out
+    assert "TTB274" in out and "TTB209" not in out, out
+    assert f"serves {arch}: {KINDS[arch]};" in out
+    assert "does not declare capabilities.recurrent_state" in out
+    assert "not served yet" in out
+
+
+def test_plan_of_a_declared_state_says_its_bytes_and_capacity(
+    run_cli, recurrent_checkpoints, tmp_path
+):
+    """Qwen3.5 (6 GDN layers of conv 3 x 64 and state 4 x 8 x 8, float32 on the host):
+    (192 + 256) x 4 B x 6 = 10,752 B a request; 8 requests; 2 attention layers of 2 KV
+    heads x 16 x 4 B x 2 = 512 B a token."""
+    models = tmp_path / "models"
+    document = metadata("gdn", arch="Qwen3_5ForCausalLM", schema_version=6, capabilities=STATE)
+    write_bundle(models / "gdn", document=document)
+    done = _plan(
+        run_cli, models, recurrent_checkpoints["Qwen3_5ForCausalLM"],
+        "--kv-cache-memory-bytes", "1000000",
+    )  # fmt: skip
+    out = done.stdout + done.stderr
+    assert done.returncode == 1 and "TTB274" in out, out
+    assert "state 10,752 B per request (1,792 B per recurrent layer)" in out
+    assert "8 requests (max_num_seqs) hold 86,016 B" in out
+    # (1,000,000 - 86,016) // 512 tokens
+    assert "capacity 8 requests, 1,785 tokens of attention KV in 1,000,000 B" in out
+    assert "declares capabilities.recurrent_state (owner generator)" in out
+
+
+def test_plan_refuses_declared_layers_the_checkpoint_does_not_keep_state_in(
+    run_cli, recurrent_checkpoints, tmp_path
+):
+    models = tmp_path / "models"
+    state = {"recurrent_state": {"owner": "vllm", "layers": [0, 1, 2, 3]}}
+    document = metadata("gdn", arch="Qwen3_5ForCausalLM", schema_version=6, capabilities=state)
+    write_bundle(models / "gdn", document=document)
+    done = _plan(run_cli, models, recurrent_checkpoints["Qwen3_5ForCausalLM"])
+    out = done.stdout + done.stderr
+    assert done.returncode == 1 and "TTB043" in out, out
+    assert "layers 0, 1, 2, 3" in out and "layers 0, 1, 2, 4, 5, 6" in out

@@ -1,0 +1,171 @@
+"""Recurrent state at configuration: what a checkpoint's recurrent layers hold, and
+whether this release serves them.
+
+A gated delta net, Mamba or short-convolution layer keeps a fixed-size state per request
+(`format.layer_kinds`). vLLM plans such a model as a hybrid (its hook has already set
+the Mamba cache mode and block size when the platform's hook runs), but the generator
+contract passes the KV caches of attention layers only: no state slot per request, no
+remap, no release. So every checkpoint with recurrent layers is refused here (TTB274),
+with its layers, its state per request and the capacity it would have said in the one
+line, by `ttbundle plan` and `vllm serve` alike: never a plan that calls a Mamba layer
+full attention, never vLLM's traceback.
+
+`plan_recurrent_state` is where the serving forms plug in (the bundle's
+`capabilities.recurrent_state.owner`: the generator's own slots, or vLLM's MambaSpec
+groups): admit the owner a release serves instead of refusing it.
+
+`settle_mamba_cache` undoes what vLLM's hybrid hook set for prefix caching when the plan
+turns prefix caching off (vLLM's own rule for caching off, `vllm/model_executor/models/
+config.py`, `HybridAttentionMambaModelConfig`; the same three fields in 0.33 and 0.34).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ttbundles.errors import ConfigurationError
+from ttbundles.format.layer_kinds import LayerKinds, layer_kinds
+from ttbundles.format.meshes import is_host
+from ttbundles.format.metadata import LAYERS_FROM_CONFIG, BundleMetadata
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+
+    from ttbundles.serving.planning.plan import Plan
+
+SERVED_OWNERS: frozenset[str] = frozenset()
+"""The owners of recurrent state this release serves: none yet."""
+
+_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp32": 4, "bf16": 2, "fp16": 2}
+
+
+def settle_mamba_cache(vllm_config: VllmConfig) -> None:
+    """Prefix caching was turned off after vLLM's hybrid hook chose "align" mode and a
+    Mamba block of one KV block: set what vLLM sets for caching off ("none", a block of
+    the whole context, no page padding), or its config check refuses the pair
+    ("--mamba-block-size can only be set with --enable-prefix-caching")."""
+    cache = vllm_config.cache_config
+    model = vllm_config.model_config
+    if model is None or getattr(cache, "mamba_block_size", None) is None:
+        return
+    cache.mamba_cache_mode = "none"
+    cache.mamba_block_size = model.max_model_len
+    cache.mamba_page_size_padded = None
+
+
+def plan_recurrent_state(vllm_config: VllmConfig, plan: Plan, meta: BundleMetadata) -> None:
+    """Refuse a checkpoint with recurrent layers (TTB274), saying its layers, its state
+    per request and the capacity; refuse a declaration that names other layers than the
+    checkpoint's (TTB043). Nothing to do for a checkpoint of attention layers only."""
+    kinds = layer_kinds(vllm_config.model_config.hf_config)
+    declared = meta.capabilities.recurrent_state
+    bundle = f"{meta.name}@{meta.version}"
+    if declared is not None:
+        _check_declared_layers(kinds, declared.layers, bundle)
+    if not kinds.recurrent:
+        return
+    capacity = _state_and_capacity(vllm_config, plan, kinds)
+    summary = f"{bundle} serves {meta.arch}: {kinds.describe()}; {capacity}"
+    if declared is None:
+        why = "the bundle does not declare capabilities.recurrent_state, and"
+        fix = (
+            "serve a checkpoint whose layers are all attention; to ready this bundle for a "
+            "release that serves it, declare capabilities.recurrent_state (schema_version 6: "
+            "its owner, 'generator' or 'vllm')"
+        )
+    elif declared.owner in SERVED_OWNERS:
+        return  # the serving form of this owner plans it (none yet)
+    else:
+        why = f"the bundle declares capabilities.recurrent_state (owner {declared.owner}), but"
+        fix = (
+            "serve a checkpoint whose layers are all attention; this bundle is served once "
+            f"a release of ttbundles serves state owned by the {declared.owner}"
+        )
+    raise ConfigurationError.single(
+        "TTB274",
+        f"{summary}; {why} recurrent state is not served yet on this release of "
+        "ttbundles: the generator contract passes the KV caches of attention layers only "
+        "(no state slot, remap or release per request)",
+        hint=fix + " (docs/authors/generator-contract.md#recurrent-state)",
+    )
+
+
+def _check_declared_layers(kinds: LayerKinds, layers: Any, bundle: str) -> None:
+    """TTB043: the declared layers are not the checkpoint's recurrent ones."""
+    actual = kinds.recurrent_layers
+    if layers == LAYERS_FROM_CONFIG:
+        if actual:
+            return
+        listed = "from_config"
+    elif tuple(sorted(layers)) == actual:
+        return
+    else:
+        listed = ", ".join(str(i) for i in sorted(layers))
+    found = ", ".join(str(i) for i in actual) or "none (every layer is attention)"
+    raise ConfigurationError.single(
+        "TTB043",
+        f"{bundle} declares capabilities.recurrent_state.layers {listed}, but the "
+        f"checkpoint's config gives recurrent state to layers {found} ({kinds.describe()})",
+        hint='list the checkpoint\'s recurrent layers, or write "layers": "from_config"'
+        if actual
+        else "drop capabilities.recurrent_state: this checkpoint keeps no recurrent state",
+    )
+
+
+def _state_and_capacity(vllm_config: VllmConfig, plan: Plan, kinds: LayerKinds) -> str:
+    """`state 10,752 B per request (1,344 B per recurrent layer); 8 requests hold 86,016 B;
+    capacity 8 requests, 12,000 tokens of attention KV in 1,000,000 B`."""
+    conv, ssm = _state_dtype_bytes(vllm_config, plan)
+    per_request = kinds.state_bytes_per_request(conv, ssm)
+    requests = vllm_config.scheduler_config.max_num_seqs
+    if per_request is None:
+        state = "state per request not computed for this family"
+        held = None
+    else:
+        per_layer = per_request // len(kinds.recurrent_layers)
+        held = requests * per_request
+        state = (
+            f"state {per_request:,} B per request ({per_layer:,} B per recurrent layer); "
+            f"{requests} requests (max_num_seqs) hold {held:,} B"
+        )
+    per_token = _attention_bytes_per_token(vllm_config, plan, kinds)
+    memory = getattr(vllm_config.cache_config, "kv_cache_memory_bytes", None)
+    if per_token == 0:
+        tokens = "no attention KV cache: the context is bounded by max_model_len only"
+    elif memory and held is not None:
+        left = max(memory - held, 0)
+        tokens = (
+            f"{left // per_token:,} tokens of attention KV in {memory:,} B "
+            f"({per_token:,} B a token)"
+        )
+    else:
+        tokens = f"tokens: the attention KV pool sized at start-up ({per_token:,} B a token)"
+    return f"{state}; capacity {requests} requests, {tokens}"
+
+
+def _state_dtype_bytes(vllm_config: VllmConfig, plan: Plan) -> tuple[int, int]:
+    """The element sizes of the conv and the recurrent state: the host mesh computes in
+    float32; elsewhere vLLM's rule (the model dtype, a set `mamba_ssm_cache_dtype` or the
+    checkpoint's `mamba_ssm_dtype` for the recurrent part)."""
+    if is_host(plan.mesh):
+        return 4, 4
+    model = vllm_config.model_config
+    conv = _DTYPE_BYTES.get(str(model.dtype).removeprefix("torch."), 2)
+    cache = vllm_config.cache_config
+    ssm_name = getattr(cache, "mamba_ssm_cache_dtype", "auto")
+    if ssm_name == "auto":
+        ssm_name = str(getattr(model.hf_config, "mamba_ssm_dtype", None) or "auto")
+    return conv, _DTYPE_BYTES.get(ssm_name, conv)
+
+
+def _attention_bytes_per_token(vllm_config: VllmConfig, plan: Plan, kinds: LayerKinds) -> int:
+    """K and V of every attention layer for one token."""
+    config = vllm_config.model_config.hf_config
+    config = getattr(config, "text_config", None) or config
+    heads = int(getattr(config, "num_attention_heads", 0) or 0)
+    kv_heads = int(getattr(config, "num_key_value_heads", 0) or heads)
+    head_dim = getattr(config, "head_dim", None) or (
+        int(getattr(config, "hidden_size", 0) or 0) // heads if heads else 0
+    )
+    element = 4 if is_host(plan.mesh) else _state_dtype_bytes(vllm_config, plan)[0]
+    return len(kinds.attention_layers) * 2 * kv_heads * int(head_dim) * element
