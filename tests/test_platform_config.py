@@ -452,7 +452,7 @@ def test_no_bundle_for_the_architecture_lists_what_is_registered(models_dir, dem
 def test_no_bundle_says_which_bundle_would_serve_the_checkpoint(architecture, fix):
     """TTB200's fix by what the checkpoint is: a reranker the reference reads gets the
     init --reference step, an encoder the pooling form 'forward' (it has no reference)."""
-    from ttbundles.serving.planning.configuration import _bundle_for
+    from ttbundles.serving.planning.selection import _bundle_for
 
     hint = _bundle_for([architecture])
     assert fix in hint, hint

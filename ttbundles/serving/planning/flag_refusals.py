@@ -179,7 +179,7 @@ def refuse_checkpoint_length(parsed: Any, mesh: str | None) -> None:
 def _target_cap(architectures: list[str], mesh: str | None) -> tuple[str, int] | None:
     """(the bundle, its target's `max_model_len`) of the bundle that would serve these
     architectures on `mesh`, or None (no bundle, no target, no cap: the planner says)."""
-    from ttbundles.serving.planning.configuration import select_entry
+    from ttbundles.serving.planning.selection import select_entry
     from ttbundles.serving.registration import current_registry
 
     try:
