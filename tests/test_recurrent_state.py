@@ -218,26 +218,69 @@ def test_plan_of_a_template_bundle_says_the_layer_kinds_and_refuses(
     assert "not served yet" in out
 
 
-def test_plan_of_a_declared_state_says_its_bytes_and_capacity(
+def test_plan_of_a_generator_owned_state_says_its_bytes_and_capacity(
     run_cli, recurrent_checkpoints, tmp_path
 ):
     """Qwen3.5 (6 GDN layers of conv 3 x 64 and state 4 x 8 x 8, float32 on the host):
     (192 + 256) x 4 B x 6 = 10,752 B a request; 8 requests; 2 attention layers of 2 KV
-    heads x 16 x 4 B x 2 = 512 B a token."""
+    heads x 16 x 4 B x 2 = 512 B a token. The generator's slots are served: a plan."""
     models = tmp_path / "models"
     document = metadata("gdn", arch="Qwen3_5ForCausalLM", schema_version=6, capabilities=STATE)
     write_bundle(models / "gdn", document=document)
     done = _plan(
         run_cli, models, recurrent_checkpoints["Qwen3_5ForCausalLM"],
-        "--kv-cache-memory-bytes", "1000000",
+        "--kv-cache-memory-bytes", "1000000", "--format", "json",
     )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    [decision] = [
+        d for d in json.loads(done.stdout)["decisions"] if d["setting"] == "recurrent_state"
+    ]
+    reason = decision["reason"]
+    assert (decision["requested"], decision["effective"]) == ("generator", "the generator's slots")
+    assert "state 10,752 B per request (1,792 B per recurrent layer)" in reason
+    assert "8 requests (max_num_seqs) hold 86,016 B" in reason
+    # (1,000,000 - 86,016) // 512 tokens
+    assert "capacity 8 requests, 1,785 tokens of attention KV in 1,000,000 B" in reason
+
+
+@pytest.mark.parametrize(
+    "capabilities,extra,words",
+    [
+        pytest.param(
+            {"recurrent_state": {"owner": "vllm"}},
+            [],
+            "declares capabilities.recurrent_state (owner vllm), but recurrent state is not "
+            "served yet",
+            id="vllm-owned",
+        ),
+        pytest.param(
+            {**STATE, "prefix_caching": True},
+            [],
+            "prefix caching (a hit would skip tokens whose state was never saved) is not "
+            "served yet",
+            id="prefix-caching",
+        ),
+        pytest.param(
+            {**STATE, "spec_decode": ["ngram"], "spec_plan": True},
+            ["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 2, '
+             '"prompt_lookup_max": 3}'],
+            "speculative decoding (a verify would advance the state",
+            id="speculation",
+        ),
+    ],
+)  # fmt: skip
+def test_plan_refuses_what_a_state_slot_cannot_follow(
+    run_cli, recurrent_checkpoints, tmp_path, capabilities, extra, words
+):
+    models = tmp_path / "models"
+    document = metadata(
+        "gdn", arch="Qwen3_5ForCausalLM", schema_version=6, capabilities=capabilities
+    )
+    write_bundle(models / "gdn", document=document)
+    done = _plan(run_cli, models, recurrent_checkpoints["Qwen3_5ForCausalLM"], *extra)
     out = done.stdout + done.stderr
     assert done.returncode == 1 and "TTB274" in out, out
-    assert "state 10,752 B per request (1,792 B per recurrent layer)" in out
-    assert "8 requests (max_num_seqs) hold 86,016 B" in out
-    # (1,000,000 - 86,016) // 512 tokens
-    assert "capacity 8 requests, 1,785 tokens of attention KV in 1,000,000 B" in out
-    assert "declares capabilities.recurrent_state (owner generator)" in out
+    assert words in out, out
 
 
 def test_plan_refuses_declared_layers_the_checkpoint_does_not_keep_state_in(

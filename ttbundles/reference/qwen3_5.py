@@ -134,6 +134,8 @@ class ReferenceQwen3_5Generator(ReferenceLlamaGenerator):  # noqa: N801 (Qwen3_5
     forward pass and the GDN state per slot (see the module docstring)."""
 
     model_capabilities = {
+        # The class keeps each request's GDN state in its own slot (release_request).
+        "recurrent_state": "generator",
         # A prefix-cache hit would skip tokens whose recurrent state was never saved.
         "supports_prefix_caching": False,
         # The state advances on the device queue in submission order, as the tokens do.

@@ -42,6 +42,7 @@ from ttbundles.scaffold.reference import (
 from ttbundles.suggest import did_you_mean
 
 LATEST_FEATURES_SCHEMA_VERSION = 5  # kv_cache_spec and pooling (format.metadata.ADDED_IN)
+RECURRENT_SCHEMA_VERSION = 6  # capabilities.recurrent_state
 
 _ADAPTER_HEADER = '''"""Generator for {arch}, served by vLLM on Tenstorrent hardware.
 
@@ -252,8 +253,13 @@ def init_bundle(
         metadata["capabilities"]["kv_cache_spec"] = True
     if reference:
         # Schema 5: pooling (and the KV groups above).
-        metadata["capabilities"]["pooling"] = reference_pooling(arch)
-        metadata["schema_version"] = LATEST_FEATURES_SCHEMA_VERSION
+        # Schema 6: a recurrent family's state, owned by the class (no pooling yet: the
+        # pooling runner hands out no state slots).
+        if arch in RECURRENT_FAMILIES:
+            metadata["schema_version"] = RECURRENT_SCHEMA_VERSION
+        else:
+            metadata["capabilities"]["pooling"] = reference_pooling(arch)
+            metadata["schema_version"] = LATEST_FEATURES_SCHEMA_VERSION
     folder.mkdir(parents=True, exist_ok=True)
     if reference:
         adapter.write_text(

@@ -113,15 +113,16 @@ def plan_config(vllm_config: VllmConfig, registry: Registry) -> Plan | None:
 
     _plan_features(vllm_config, plan, meta)
     _plan_scheduler(vllm_config, plan)
+    from ttbundles.serving.planning.recurrent import plan_recurrent_state
+
+    # Before speculation is admitted: a state slot refuses it whatever the class says.
+    plan_recurrent_state(vllm_config, plan, meta)  # the generator's slots, or TTB274
     from ttbundles.serving.planning.spec_admission import plan_speculative
 
     plan_speculative(vllm_config, plan, meta)
     from ttbundles.serving.planning.kv_admission import plan_kv_groups
 
     plan_kv_groups(vllm_config, plan, caps.kv_cache_spec)
-    from ttbundles.serving.planning.recurrent import plan_recurrent_state
-
-    plan_recurrent_state(vllm_config, plan, meta)  # recurrent layers: TTB274 (not served yet)
     from ttbundles.serving.planning.chat_defaults import plan_chat_defaults
 
     plan_chat_defaults(vllm_config, plan, meta, entry.path, command_line.COMMAND_LINE)

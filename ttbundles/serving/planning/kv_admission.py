@@ -71,7 +71,7 @@ def plan_kv_groups(vllm_config: VllmConfig, plan: Plan, declared: bool) -> None:
             requested,
             "one group",
             f"{kinds}, blocks of {block} tokens; the bundle does not declare "
-            "capabilities.kv_cache_spec: every layer keeps the whole context",
+            "capabilities.kv_cache_spec: every attention layer keeps the whole context",
         )
         return
     if asked:
@@ -79,7 +79,7 @@ def plan_kv_groups(vllm_config: VllmConfig, plan: Plan, declared: bool) -> None:
             "kv_cache",
             requested,
             "one group",
-            f"{kinds}, blocks of {block} tokens; --disable-hybrid-kv-cache-manager: every "
+            f"{kinds}, blocks of {block} tokens; --disable-hybrid-kv-cache-manager: every attention "
             "layer keeps the whole context (the generator still masks its window)",
         )
         return
@@ -105,7 +105,7 @@ def plan_kv_groups(vllm_config: VllmConfig, plan: Plan, declared: bool) -> None:
             requested,
             "one group",
             f"{kinds}, blocks of {block} tokens; hybrid KV groups do not serve "
-            f"{' and '.join(unserved)} yet (TTB262): every layer keeps the whole context",
+            f"{' and '.join(unserved)} yet (TTB262): every attention layer keeps the whole context",
         )
         return
     plan.kv_groups = True

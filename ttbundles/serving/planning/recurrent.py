@@ -3,16 +3,21 @@ whether this release serves them.
 
 A gated delta net, Mamba or short-convolution layer keeps a fixed-size state per request
 (`format.layer_kinds`). vLLM plans such a model as a hybrid (its hook has already set
-the Mamba cache mode and block size when the platform's hook runs), but the generator
-contract passes the KV caches of attention layers only: no state slot per request, no
-remap, no release. So every checkpoint with recurrent layers is refused here (TTB274),
-with its layers, its state per request and the capacity it would have said in the one
-line, by `ttbundle plan` and `vllm serve` alike: never a plan that calls a Mamba layer
-full attention, never vLLM's traceback.
+the Mamba cache mode and block size when the platform's hook runs).
 
-`plan_recurrent_state` is where the serving forms plug in (the bundle's
-`capabilities.recurrent_state.owner`: the generator's own slots, or vLLM's MambaSpec
-groups): admit the owner a release serves instead of refusing it.
+The generator-owned form is served (TT-Metal's Qwen3.5/3.6 classes): the class keeps a
+state slot per user; vLLM's KV manager sees the attention layers only; the runner keeps
+one slot per request for its life and calls `release_request(slot)` when it is given
+back. The plan says the layers, the state per request and the capacity. What a state
+slot cannot follow is refused here with a code (TTB274): pooling (the pooling runner
+hands out no slots), speculation (a verify would advance the state over drafts that may
+be rejected), prefix caching (a hit would skip tokens whose state was never saved; a
+bundle that declares it is refused, one that does not has it turned off).
+
+vLLM's KV manager owning the state (MambaSpec groups, `owner: vllm`) is not served yet:
+refused with TTB274, with its layers, state and capacity in the one line, by `ttbundle
+plan` and `vllm serve` alike; so is a checkpoint whose bundle declares no state. Never a
+plan that calls a Mamba layer full attention, never vLLM's traceback.
 
 `settle_mamba_cache` undoes what vLLM's hybrid hook set for prefix caching when the plan
 turns prefix caching off (vLLM's own rule for caching off, `vllm/model_executor/models/
@@ -33,8 +38,8 @@ if TYPE_CHECKING:
 
     from ttbundles.serving.planning.plan import Plan
 
-SERVED_OWNERS: frozenset[str] = frozenset()
-"""The owners of recurrent state this release serves: none yet."""
+SERVED_OWNERS: frozenset[str] = frozenset({"generator"})
+"""The owners of recurrent state this release serves: the generator's own slots."""
 
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp32": 4, "bf16": 2, "fp16": 2}
 
@@ -74,7 +79,15 @@ def plan_recurrent_state(vllm_config: VllmConfig, plan: Plan, meta: BundleMetada
             "its owner, 'generator' or 'vllm')"
         )
     elif declared.owner in SERVED_OWNERS:
-        return  # the serving form of this owner plans it (none yet)
+        _refuse_what_a_slot_cannot_follow(vllm_config, plan, summary)
+        plan.decide(
+            "recurrent_state",
+            declared.owner,
+            "the generator's slots",
+            f"{kinds.describe()}; {capacity}; a slot per request for its life, given "
+            "back with release_request on finish and preemption",
+        )
+        return
     else:
         why = f"the bundle declares capabilities.recurrent_state (owner {declared.owner}), but"
         fix = (
@@ -88,6 +101,41 @@ def plan_recurrent_state(vllm_config: VllmConfig, plan: Plan, meta: BundleMetada
         "(no state slot, remap or release per request)",
         hint=fix + " (docs/authors/generator-contract.md#recurrent-state)",
     )
+
+
+def _refuse_what_a_slot_cannot_follow(vllm_config: VllmConfig, plan: Plan, summary: str) -> None:
+    """TTB274 for what the generator's state slots cannot serve yet: pooling,
+    speculation, a prefix cache (asked for: the plan has turned it off otherwise)."""
+    unserved = [
+        (what, fix)
+        for what, on, fix in (
+            (
+                "pooling",
+                plan.pooling is not None,
+                "serve it for generation (drop --runner pooling / --convert)",
+            ),
+            (
+                "speculative decoding (a verify would advance the state over drafts that "
+                "may be rejected)",
+                vllm_config.speculative_config is not None,
+                "drop --speculative-config",
+            ),
+            (
+                "prefix caching (a hit would skip tokens whose state was never saved)",
+                bool(vllm_config.cache_config.enable_prefix_caching),
+                "drop capabilities.prefix_caching from the bundle, or serve with "
+                "--no-enable-prefix-caching",
+            ),
+        )
+        if on
+    ]
+    if unserved:
+        what, fix = unserved[0]
+        raise ConfigurationError.single(
+            "TTB274",
+            f"{summary}; {what} is not served yet with recurrent state the generator owns",
+            hint=fix + " (docs/authors/generator-contract.md#recurrent-state)",
+        )
 
 
 def _check_declared_layers(kinds: LayerKinds, layers: Any, bundle: str) -> None:

@@ -1,0 +1,160 @@
+"""A gated delta net hybrid as a new user meets it: a tiny random `Qwen3_5ForCausalLM` (8
+layers, 3 GDN : 1 full attention, conv kernel 4) goes `ttbundle init --reference`,
+`validate --strict`, `ttbundle test` (against transformers), `pack`, `install`, then plain
+`vllm serve`, its recurrent state owned by the generator (a slot per request, given back
+with `release_request`). Greedy tokens equal transformers' for prompts longer than two
+prefill chunks (`--max-num-batched-tokens 64`), eight requests at once in a KV pool small
+enough that vLLM preempts (re-prefill into a zeroed slot), and `n=2` whose children each
+keep their own slot."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+import urllib.request
+
+import pytest
+
+from tests.e2e.conftest import Reference
+from tests.e2e.test_first_bundle import shell_environment, typed
+from tests.recurrent_checkpoints import write_recurrent_checkpoint
+from ttbundles.demo.server import free_port
+
+pytestmark = pytest.mark.server
+
+MAX_TOKENS = 64
+STORY = (
+    "Once upon a time, there was a little girl who lived in a village near the forest. "
+    "Whenever she went out, the little girl wore a red riding cloak "
+)
+# 100 to 194 tokens: two to four chunks of 64. The pool holds 576 tokens (a request of
+# max_model_len and a block): the first three or four prompts fill it, and each
+# crosses a block boundary in its 64 tokens of decode (blocks of 64 tokens on vLLM 0.34,
+# whose hybrid hook picks them, 16 on 0.33), so vLLM must preempt.
+PROMPTS = [STORY * k + f" number {i}" for i, k in enumerate([1, 2, 1, 2, 1, 1, 2, 1])]
+SERVE = (
+    "--max-num-batched-tokens 64 --max-model-len 512 --max-num-seqs 8 "
+    "--kv-cache-memory-bytes 147456"
+)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """The user's whole path, then one `vllm serve` of the installed bundle: (port, the
+    server's log file, transformers on the checkpoint, what `ttbundle test` printed)."""
+    home = tmp_path_factory.mktemp("gdn")
+    env = shell_environment(home)
+    write_recurrent_checkpoint("Qwen3_5ForCausalLM", home / "ckpt")
+    created = typed("ttbundle init my-qwen --reference --from-hf ckpt", home, env)
+    assert created.strip().splitlines()[-1] == "my-qwen", created
+    assert "valid (0 errors, 0 warnings" in typed("ttbundle validate --strict my-qwen", home, env)
+    tested = typed("ttbundle test my-qwen --model ckpt", home, env, timeout=900)
+    typed("ttbundle pack my-qwen -o dist", home, env)
+    typed("ttbundle install dist/my-qwen-0.1.0.ttbundle --models-dir models", home, env)
+    port = free_port()
+    log = home / "serve.log"
+    line = f"EXTRA_MODELS_DIR=models vllm serve ckpt --served-model-name ckpt --port {port} {SERVE}"
+    with log.open("w") as sink:
+        server = subprocess.Popen(
+            ["bash", "-c", line],
+            cwd=home,
+            env=env,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + 600
+        while True:
+            assert server.poll() is None, log.read_text()[-4000:]
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
+                    break
+            except OSError:
+                assert time.monotonic() < deadline, log.read_text()[-4000:]
+                time.sleep(1)
+        yield port, log, Reference(home / "ckpt"), tested
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(30)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+
+
+def _complete(port: int, prompt: str, n: int = 1) -> list[dict]:
+    """The choices of one completion, greedy as vLLM allows it for `n > 1` (top_k 1)."""
+    body = {
+        "model": "ckpt",
+        "prompt": prompt,
+        "max_tokens": MAX_TOKENS,
+        "temperature": 1.0,
+        "top_k": 1,
+        "n": n,
+        "ignore_eos": True,
+        "return_token_ids": True,
+    }
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=300) as answer:
+        return json.load(answer)["choices"]
+
+
+def _preemptions(port: int) -> float:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as answer:
+        text = answer.read().decode()
+    [count] = re.findall(r"^vllm:num_preemptions_total\{[^}]*\} ([\d.]+)$", text, re.M)
+    return float(count)
+
+
+def test_ttbundle_test_passes_the_gdn_reference_against_transformers(served):
+    *_, tested = served
+    assert "PASSED" in tested and "FAIL" not in tested, tested
+    assert "vs transformers" in tested, tested
+    # Prompts split into several chunks: one slot carries the state across them.
+    assert re.search(r"chunked_prefill\s+p2\s.*[3-9] chunks\s+pass", tested), tested
+
+
+def test_the_plan_serves_the_generators_slots_and_only_attention_keeps_kv(served):
+    _, log, _, _ = served
+    text = log.read_text()
+    assert "recurrent_state: 'generator' -> \"the generator's slots\"" in text, text[-4000:]
+    assert "6 linear-attention (gated delta net) layers with recurrent state" in text
+    assert "state 10,752 B per request" in text
+    [kv] = [line for line in text.splitlines() if "KV cache of" in line]
+    assert "1 KV group: full attention" in kv, kv
+    assert "Traceback" not in text
+
+
+def test_eight_chunked_requests_under_kv_pressure_give_transformers_tokens(served):
+    port, _, reference, _ = served
+    before = _preemptions(port)
+    with concurrent.futures.ThreadPoolExecutor(len(PROMPTS)) as pool:
+        answers = list(pool.map(lambda p: _complete(port, p), PROMPTS))
+    for prompt, [choice] in zip(PROMPTS, answers, strict=True):
+        ids = list(choice["prompt_token_ids"])
+        assert len(ids) > 64, len(ids)  # more than one prefill chunk
+        assert choice["token_ids"] == reference.greedy(ids, MAX_TOKENS), prompt
+    assert max(len(c[0]["prompt_token_ids"]) for c in answers) > 128  # over two chunks
+    assert _preemptions(port) > before, "the pool was meant to preempt"
+
+
+def test_two_children_each_in_its_own_slot_give_transformers_tokens(served):
+    port, _, reference, _ = served
+    choices = _complete(port, PROMPTS[1], n=2)
+    assert len(choices) == 2
+    ids = list(choices[0]["prompt_token_ids"])
+    for choice in choices:
+        assert choice["token_ids"] == reference.greedy(ids, MAX_TOKENS)
