@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from ttbundles.format.contract import CAPABILITY_KEYS
+from ttbundles.format.contract import TT_METAL_FLAGS
 from ttbundles.format.metadata import (
     METADATA_FILE,
     BundleMetadata,
@@ -145,6 +145,7 @@ TT_PREFIXED_ARCH = {"tt-qwen3.8-27b"}
 SOD_ALL = ["decode_only", "all"]
 # TT-Metal's vision classes cap images at one per prompt (get_supported_mm_limits).
 ONE_IMAGE = {"image": 1}
+GENERATOR_STATE = {"owner": "generator"}
 TEXT = {"prefix_caching": True, "async_decode": True, "sample_on_device": SOD_ALL}
 # name -> capabilities that differ from the defaults (checked against x-tt-metal below).
 CAPABILITIES: dict[str, dict] = {
@@ -154,7 +155,11 @@ CAPABILITIES: dict[str, dict] = {
     "tt-qwen2": {**TEXT, "chunked_prefill": True},
     "tt-qwen3": {**TEXT, "chunked_prefill": True},
     "tt-qwen3-galaxy": {"execution": "single"},
-    "tt-qwen3.5": {"sample_on_device": ["decode_only"], "modalities": ONE_IMAGE},
+    "tt-qwen3.5": {
+        "sample_on_device": ["decode_only"],
+        "modalities": ONE_IMAGE,
+        "recurrent_state": GENERATOR_STATE,
+    },
     "tt-qwen2.5-vl": {
         "async_decode": True,
         "sample_on_device": ["decode_only"],
@@ -179,7 +184,7 @@ CAPABILITIES: dict[str, dict] = {
         "sample_on_device": ["all"],
         "kv_cache_spec": True,
     },
-    "tt-qwen3.6-27b": {"sample_on_device": SOD_ALL},
+    "tt-qwen3.6-27b": {"sample_on_device": SOD_ALL, "recurrent_state": GENERATOR_STATE},
     "tt-qwen3.8-27b": {"async_decode": True, "sample_on_device": ["all"]},
 }
 
@@ -193,10 +198,12 @@ def excess_capabilities(caps: Capabilities, class_capabilities: dict) -> list[st
     TT-Metal's rule: a subclass dict replaces the inherited one, so an absent key means
     "not supported". Only the JSON literal `true` counts as supported; a value recorded as
     Python source (an environment-dependent expression) does not.
+    TT-Metal's flags only: ttbundles' own keys (the owner of a recurrent state) are none
+    of the class dicts x-tt-metal records.
     """
     return [
         name
-        for key, name in CAPABILITY_KEYS.items()
+        for key, name in TT_METAL_FLAGS.items()
         if getattr(caps, name) and class_capabilities.get(key) is not True
     ]
 
@@ -205,7 +212,7 @@ def lowered_capabilities(caps: Capabilities, class_capabilities: dict) -> list[s
     """The capabilities the class dict declares `true` that `caps` leaves off."""
     return [
         name
-        for key, name in CAPABILITY_KEYS.items()
+        for key, name in TT_METAL_FLAGS.items()
         if class_capabilities.get(key) is True and not getattr(caps, name)
     ]
 

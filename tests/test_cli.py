@@ -503,10 +503,10 @@ def test_init_template_follows_the_contract(run_cli, tmp_path):
     }
     assert attributes[contract.CONTRACT_MARKER] == contract.CONTRACT_V1
     capabilities = attributes[contract.CAPABILITIES_ATTRIBUTE]
-    assert set(contract.CAPABILITY_KEYS) <= set(capabilities)
+    assert set(contract.TT_METAL_FLAGS) <= set(capabilities)
     assert not any(capabilities.values())
     meta = json.loads((folder / META).read_text())
-    assert set(contract.CAPABILITY_KEYS.values()) <= set(meta["capabilities"])
+    assert set(contract.TT_METAL_FLAGS.values()) <= set(meta["capabilities"])
     assert not any(meta["capabilities"].values())
 
     methods = {n.name: n for n in cls.body if isinstance(n, ast.FunctionDef)}

@@ -223,7 +223,8 @@ def test_plan_of_a_generator_owned_state_says_its_bytes_and_capacity(
 ):
     """Qwen3.5 (6 GDN layers of conv 3 x 64 and state 4 x 8 x 8, float32 on the host):
     (192 + 256) x 4 B x 6 = 10,752 B a request; 8 requests; 2 attention layers of 2 KV
-    heads x 16 x 4 B x 2 = 512 B a token. The generator's slots are served: a plan."""
+    heads x 16 x 2 B x 2 = 256 B a token (vLLM's spec counts the model's bfloat16; the
+    reference keeps float32 beside it). The generator's slots are served: a plan."""
     models = tmp_path / "models"
     document = metadata("gdn", arch="Qwen3_5ForCausalLM", schema_version=6, capabilities=STATE)
     write_bundle(models / "gdn", document=document)
@@ -239,8 +240,9 @@ def test_plan_of_a_generator_owned_state_says_its_bytes_and_capacity(
     assert (decision["requested"], decision["effective"]) == ("generator", "the generator's slots")
     assert "state 10,752 B per request (1,792 B per recurrent layer)" in reason
     assert "8 requests (max_num_seqs) hold 86,016 B" in reason
-    # (1,000,000 - 86,016) // 512 tokens
-    assert "capacity 8 requests, 1,785 tokens of attention KV in 1,000,000 B" in reason
+    # (1,000,000 - 86,016) // 256 tokens
+    assert "capacity 8 requests, 3,570 tokens of attention KV in 1,000,000 B" in reason
+    assert "(256 B a token)" in reason
 
 
 @pytest.mark.parametrize(

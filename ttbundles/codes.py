@@ -192,8 +192,9 @@ CODES: dict[str, str] = {
     "'forward': no prefill or decode)",
     "TTB273": "classification of the pooling form 'prefill_hidden' but the checkpoint has no "
     "classification head (score.weight) for vLLM's classifier to apply on the host",
-    "TTB274": "recurrent state (gated delta net, Mamba, short convolution layers) is not "
-    "served yet: the generator contract passes attention KV caches only",
+    "TTB274": "recurrent state (gated delta net, Mamba, short convolution layers) not "
+    "served in this form: vLLM-owned state, an undeclared state, or a feature a state "
+    "slot cannot follow",
 }
 
 
@@ -260,8 +261,8 @@ WHAT_TO_DO: dict[str, str] = {
     "its owner, 'generator' when the class keeps a state slot per request (TT-Metal's "
     "Qwen3.5/3.6 classes) or 'vllm' when vLLM's KV manager holds it (MambaSpec groups), "
     "and `model_capabilities['recurrent_state']` naming the same owner in the class. "
-    "Such a bundle is still refused at configuration (TTB274) until a release serves it; "
-    "plan then says its state per request and its capacity.",
+    "The generator-owned form is served; plan says the state per request and the "
+    "capacity.",
     "TTB043": "List the layers the checkpoint's config gives recurrent state (the message "
     'names them), or write `"layers": "from_config"`.',
     "TTB050": "Add the module main_class names to the bundle (`adapter:Gen` is "
@@ -536,12 +537,12 @@ WHAT_TO_DO: dict[str, str] = {
     "TTB273": "Serve a *ForSequenceClassification checkpoint (its score.weight is the head "
     "vLLM's classifier applies to the pooled hidden state), or ask this one for "
     "embeddings (--convert embed). A *ForCausalLM checkpoint has no classification head.",
-    "TTB274": "Serve a checkpoint whose layers are all attention. This release plans and "
-    "describes recurrent-state models (the layer kinds, the state bytes per request) but "
-    "serves neither owner yet: the generator contract hands the class the KV caches of "
-    "attention layers only, with no state slot, remap or release per request, so a "
-    "generator could not keep each request's state across steps. Declare "
-    "`capabilities.recurrent_state` so that validate and plan say what the bundle needs.",
+    "TTB274": "Declare capabilities.recurrent_state with owner 'generator' (schema_version "
+    "6) for a class that keeps a state slot per request, as TT-Metal's Qwen3.5/3.6 classes "
+    "do: that form is served. The vLLM-owned form (MambaSpec groups) is not served yet. "
+    "With generator-owned state, serve without what a slot cannot follow: pooling, "
+    "speculative decoding (--speculative-config), prefix caching (drop "
+    "capabilities.prefix_caching). See docs/authors/generator-contract.md#recurrent-state.",
 }
 
 

@@ -224,6 +224,7 @@ VLLM_MODULES: tuple[str, ...] = (
     "vllm.usage.usage_lib",
     "vllm.utils.argparse_utils",
     "vllm.v1.core.kv_cache_planning",
+    "vllm.v1.core.kv_cache_utils",
     "vllm.v1.core.sched.async_scheduler",
     "vllm.v1.core.sched.interface",
     "vllm.v1.core.sched.output",

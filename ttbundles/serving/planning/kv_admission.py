@@ -79,8 +79,8 @@ def plan_kv_groups(vllm_config: VllmConfig, plan: Plan, declared: bool) -> None:
             "kv_cache",
             requested,
             "one group",
-            f"{kinds}, blocks of {block} tokens; --disable-hybrid-kv-cache-manager: every attention "
-            "layer keeps the whole context (the generator still masks its window)",
+            f"{kinds}, blocks of {block} tokens; --disable-hybrid-kv-cache-manager: every "
+            "attention layer keeps the whole context (the generator still masks its window)",
         )
         return
     unserved = [

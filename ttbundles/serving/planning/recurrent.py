@@ -207,7 +207,7 @@ def _state_dtype_bytes(vllm_config: VllmConfig, plan: Plan) -> tuple[int, int]:
 
 
 def _attention_bytes_per_token(vllm_config: VllmConfig, plan: Plan, kinds: LayerKinds) -> int:
-    """K and V of every attention layer for one token."""
+    """K and V of every attention layer for one token, as vLLM's KV spec counts them."""
     config = vllm_config.model_config.hf_config
     config = getattr(config, "text_config", None) or config
     heads = int(getattr(config, "num_attention_heads", 0) or 0)
@@ -215,5 +215,7 @@ def _attention_bytes_per_token(vllm_config: VllmConfig, plan: Plan, kinds: Layer
     head_dim = getattr(config, "head_dim", None) or (
         int(getattr(config, "hidden_size", 0) or 0) // heads if heads else 0
     )
-    element = 4 if is_host(plan.mesh) else _state_dtype_bytes(vllm_config, plan)[0]
+    # vLLM sizes its pool by the spec's dtype (the model's), on the host mesh too (the
+    # reference keeps float32 beside it): the tokens said are the ones vLLM will admit.
+    element = _DTYPE_BYTES.get(str(vllm_config.model_config.dtype).removeprefix("torch."), 2)
     return len(kinds.attention_layers) * 2 * kv_heads * int(head_dim) * element
