@@ -129,7 +129,9 @@ def test_only_the_attention_layers_keep_kv(gen, tiny):
     assert sorted(specs) == ["model.layers.3.self_attn", "model.layers.7.self_attn"]
     assert all(type(s).__name__ == "FullAttentionSpec" for s in specs.values())
     caps = ReferenceQwen3_5Generator.model_capabilities
-    assert caps["supports_prefix_caching"] is False and caps["supports_spec_decode"] is False
+    assert caps["supports_spec_decode"] is False
+    # A prefix cache of snapshots: a hit restores the state after exactly its tokens.
+    assert caps["supports_prefix_caching"] is True and caps["recurrent_prefix_snapshots"] > 0
 
 
 def test_prefill_logits_equal_transformers_and_two_chunks_equal_one(gen, tiny):
@@ -226,7 +228,8 @@ def test_slot_remap_moves_the_states_once(gen, tiny):
 @pytest.mark.parametrize("arch", ["Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration"])
 def test_init_reference_makes_a_qwen3_5_bundle_that_validates(run_cli, tmp_path, arch):
     """`init --reference` builds on the Qwen3.5 generator: attention-only KV spec, the
-    state's lifecycle spelled out, no prefix caching; it validates strictly."""
+    state's lifecycle spelled out, prefix caching through snapshots of the state; it
+    validates strictly."""
     import json
 
     done = run_cli("init", tmp_path / "q", "--arch", arch, "--reference")
@@ -234,9 +237,11 @@ def test_init_reference_makes_a_qwen3_5_bundle_that_validates(run_cli, tmp_path,
     source = (tmp_path / "q" / "adapter.py").read_text()
     assert "from ttbundles.reference.qwen3_5 import ReferenceQwen3_5Generator" in source
     assert "def release_request" in source and "def note_state_slots_moved" in source
-    assert "supports_prefix_caching" not in source
+    assert '"supports_prefix_caching": True' in source
+    assert '"recurrent_prefix_snapshots": 64' in source
     caps = json.loads((tmp_path / "q" / "vllm_metadata.json").read_text())["capabilities"]
-    assert caps["prefix_caching"] is False and caps["kv_cache_spec"] is True
+    assert caps["prefix_caching"] is True and caps["kv_cache_spec"] is True
+    assert caps["recurrent_state"] == {"owner": "generator", "layers": "from_config"}
     done = run_cli("validate", "--strict", tmp_path / "q")
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stdout + done.stderr
 

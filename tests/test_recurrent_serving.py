@@ -130,3 +130,32 @@ def test_kv_pressure_preempts_and_every_request_gets_transformers_tokens(qwen):
     for name, p in prompts.items():
         assert out[name] == greedy(p, 20), name
     assert len(runner.generator.released) > len(prompts)  # preemptions released slots too
+
+
+# --- the snapshot index of the prefix cache (serving.recurrent_prefix) ----------------------
+
+
+class _Request:
+    """What the index reads of vLLM's Request: its block hashes."""
+
+    def __init__(self, hashes: list[str]):
+        self.block_hashes = hashes
+
+
+def test_the_snapshot_index_finds_the_longest_held_prefix_and_frees_what_it_lets_go():
+    from ttbundles.serving.recurrent_prefix import SnapshotIndex
+
+    index = SnapshotIndex(capacity=2, block_size=16)
+    request = _Request(["a", "b", "c", "d"])
+    index.add(request, 16, 101)
+    index.add(request, 48, 103)
+    assert index.longest(request, 63) == 48 and index.longest(request, 47) == 16
+    assert index.handle(request, 48) == 103 and index.handle(request, 32) is None
+    index.add(request, 40, 104)  # not on a block boundary: not keyable
+    index.add(request, 16, 105)  # already held: the new copy goes, 16 is used last
+    index.add(None, 16, 106)  # the request is gone
+    assert index.take_frees() == [104, 105, 106] and index.take_frees() == []
+    index.add(request, 32, 102)  # a third: the least recently used (48) goes
+    assert index.take_frees() == [103] and len(index) == 2
+    assert index.longest(_Request(["a", "b", "x"]), 47) == 32
+    assert index.longest(_Request(["z"]), 15) == 0

@@ -258,9 +258,9 @@ def test_plan_of_a_generator_owned_state_says_its_bytes_and_capacity(
         pytest.param(
             {**STATE, "prefix_caching": True},
             [],
-            "prefix caching (a hit would skip tokens whose state was never saved) is not "
-            "served yet",
-            id="prefix-caching",
+            "prefix caching without snapshots of the state (a hit would skip tokens whose "
+            "state was never saved) is not served yet",
+            id="prefix-caching-without-snapshots",
         ),
         pytest.param(
             {**STATE, "spec_decode": ["ngram"], "spec_plan": True},

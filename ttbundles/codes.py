@@ -541,8 +541,10 @@ WHAT_TO_DO: dict[str, str] = {
     "6) for a class that keeps a state slot per request, as TT-Metal's Qwen3.5/3.6 classes "
     "do: that form is served. The vLLM-owned form (MambaSpec groups) is not served yet. "
     "With generator-owned state, serve without what a slot cannot follow: pooling, "
-    "speculative decoding (--speculative-config), prefix caching (drop "
-    "capabilities.prefix_caching). See docs/authors/generator-contract.md#recurrent-state.",
+    "speculative decoding (--speculative-config), prefix caching without snapshots (give "
+    "the class recurrent_prefix_snapshots and save/restore/free_recurrent_prefix, or drop "
+    "capabilities.prefix_caching), in-process lanes with prefix caching. See "
+    "docs/authors/generator-contract.md#recurrent-state.",
 }
 
 

@@ -5,7 +5,9 @@ layers, 3 GDN : 1 full attention, conv kernel 4) goes `ttbundle init --reference
 with `release_request`). Greedy tokens equal transformers' for prompts longer than two
 prefill chunks (`--max-num-batched-tokens 64`), eight requests at once in a KV pool small
 enough that vLLM preempts (re-prefill into a zeroed slot), and `n=2` whose children each
-keep their own slot."""
+keep their own slot. The prefix cache is on (the reference keeps snapshots of a slot's
+state): a repeated or shared prefix hits, restores the state a snapshot kept after exactly
+the hit's tokens, and still gives transformers' tokens."""
 
 from __future__ import annotations
 
@@ -112,11 +114,15 @@ def _complete(port: int, prompt: str, n: int = 1) -> list[dict]:
         return json.load(answer)["choices"]
 
 
-def _preemptions(port: int) -> float:
+def _metric(port: int, name: str) -> float:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as answer:
         text = answer.read().decode()
-    [count] = re.findall(r"^vllm:num_preemptions_total\{[^}]*\} ([\d.]+)$", text, re.M)
+    [count] = re.findall(rf"^vllm:{name}\{{[^}}]*\}} ([\d.]+)$", text, re.M)
     return float(count)
+
+
+def _preemptions(port: int) -> float:
+    return _metric(port, "num_preemptions_total")
 
 
 def test_ttbundle_test_passes_the_gdn_reference_against_transformers(served):
@@ -158,3 +164,29 @@ def test_two_children_each_in_its_own_slot_give_transformers_tokens(served):
     ids = list(choices[0]["prompt_token_ids"])
     for choice in choices:
         assert choice["token_ids"] == reference.greedy(ids, MAX_TOKENS)
+
+
+def test_a_repeated_and_a_shared_prefix_hit_a_snapshot_and_give_transformers_tokens(served):
+    """Chunks of 64 end on block boundaries (blocks of 64 tokens on 0.34, 16 on 0.33), so
+    the reference keeps a snapshot at each: the second time, the prompt's chunks come from
+    the cache (attention KV from vLLM's blocks, the GDN state from the snapshot), and so
+    do those another prompt shares."""
+    port, log, reference, _ = served
+    prompt = STORY * 2 + " the first time"
+    shares = STORY * 2 + " and then another ending altogether"
+    common = os.path.commonprefix([
+        reference.tokenizer(prompt)["input_ids"], reference.tokenizer(shares)["input_ids"]
+    ])  # fmt: skip
+    for time_ in range(3):
+        text = shares if time_ == 2 else prompt
+        before = _metric(port, "prefix_cache_hits_total")
+        [choice] = _complete(port, text)
+        ids = list(choice["prompt_token_ids"])
+        assert choice["token_ids"] == reference.greedy(ids, MAX_TOKENS), text
+        hit = _metric(port, "prefix_cache_hits_total") - before
+        if time_ > 0:  # the first time may hit what the tests before left, or not
+            # Snapshots where the 64-token chunks ended (the first time); a hit leaves
+            # at least the prompt's last token to compute.
+            shared = len(ids) - 1 if time_ == 1 else len(common)
+            assert hit == shared // 64 * 64 >= 128, (text, hit, len(ids))
+    assert "prefix_caching: True -> 'snapshots (64)'" in log.read_text()

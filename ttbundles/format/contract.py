@@ -191,6 +191,11 @@ KNOWN_CAPABILITY_KEYS: dict[str, str] = {
     "supports_request_specific_rope": (
         "ignored: request-specific RoPE is recognised from prefill's (logits, rope_deltas)"
     ),
+    "recurrent_prefix_snapshots": (
+        "used: snapshots of recurrent state the class keeps (save/restore/"
+        "free_recurrent_prefix): the prefix cache of a generator-owned state admits only "
+        "hits a snapshot restores; without it prefix caching over recurrent state is refused"
+    ),
     "supports_async_decode_overlap": "ignored: async decode overlaps whenever it is declared",
     "tt_async_decode_allows_overlap": "ignored: async decode overlaps whenever it is declared",
 }

@@ -107,6 +107,15 @@ class GdnState:
         self.conv[layer, index] = conv
         self.recurrent[layer, index] = recurrent
 
+    def snapshot(self, slot: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """A copy of one slot's state (every layer)."""
+        return self.conv[:, slot].clone(), self.recurrent[:, slot].clone()
+
+    def restore(self, slot: int, saved: tuple[torch.Tensor, torch.Tensor]) -> None:
+        """Put a `snapshot` into one slot."""
+        self.conv[:, slot] = saved[0]
+        self.recurrent[:, slot] = saved[1]
+
     def clear(self, slot: int) -> None:
         """Zero one slot (a released request's)."""
         self.conv[:, slot] = 0

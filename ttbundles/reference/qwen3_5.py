@@ -136,8 +136,10 @@ class ReferenceQwen3_5Generator(ReferenceLlamaGenerator):  # noqa: N801 (Qwen3_5
     model_capabilities = {
         # The class keeps each request's GDN state in its own slot (release_request).
         "recurrent_state": "generator",
-        # A prefix-cache hit would skip tokens whose recurrent state was never saved.
-        "supports_prefix_caching": False,
+        # A prefix-cache hit restores the state a snapshot kept after exactly its tokens
+        # (the scheduler admits no other hit): up to this many snapshots, LRU.
+        "supports_prefix_caching": True,
+        "recurrent_prefix_snapshots": 64,
         # The state advances on the device queue in submission order, as the tokens do.
         "supports_async_decode": True,
         "supports_sample_on_device": True,
@@ -178,6 +180,9 @@ class ReferenceQwen3_5Generator(ReferenceLlamaGenerator):  # noqa: N801 (Qwen3_5
         # The moves the last decode's slot_remap made ({old: new}): what
         # note_state_slots_moved settles rather than applies again.
         self._moved: dict[int, int] = {}
+        # Snapshots of one slot's state by handle (save/restore/free_recurrent_prefix).
+        self._snapshots: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._next_snapshot = 0
 
     @classmethod
     def initialize_vllm_model(
@@ -254,6 +259,32 @@ class ReferenceQwen3_5Generator(ReferenceLlamaGenerator):  # noqa: N801 (Qwen3_5
         step queued before). None: nothing is held for an unknown slot."""
         if slot is not None:
             self._device_queue.submit(self.state.clear, int(slot)).result()
+
+    # ---- snapshots for the prefix cache (`serving.recurrent_prefix`) ---------------------
+
+    def save_recurrent_prefix(self, slot: int) -> int:
+        """Keep a copy of `slot`'s state (after every step queued before): its handle."""
+        return self._device_queue.submit(self._save, int(slot)).result()
+
+    def restore_recurrent_prefix(self, slot: int, handle: int) -> bool:
+        """Put snapshot `handle` into `slot` (a prefix-cache hit continues from it);
+        False when no such snapshot is kept."""
+        return self._device_queue.submit(self._restore, int(slot), int(handle)).result()
+
+    def free_recurrent_prefix(self, handle: int) -> None:
+        self._device_queue.submit(self._snapshots.pop, int(handle), None).result()
+
+    def _save(self, slot: int) -> int:
+        self._next_snapshot += 1
+        self._snapshots[self._next_snapshot] = self.state.snapshot(slot)
+        return self._next_snapshot
+
+    def _restore(self, slot: int, handle: int) -> bool:
+        saved = self._snapshots.get(handle)
+        if saved is None:
+            return False
+        self.state.restore(slot, saved)
+        return True
 
     def note_state_slots_moved(self, moves: dict[int, int]) -> None:
         """`{old: new}`: the states now belong to the new slots. The moves the last

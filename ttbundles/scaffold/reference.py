@@ -52,9 +52,9 @@ REFERENCE_CAPABILITIES: dict = catalogue.REFERENCE
 
 def reference_capabilities(arch: str) -> dict:
     """What a reference bundle for `arch` declares: the reference's capabilities; a
-    recurrent family's class owns its state (a slot per request) and has no prefix
-    caching (a hit would skip tokens whose state was never saved) and no speculation (a
-    verify would advance the state over drafts that may be rejected)."""
+    recurrent family's class owns its state (a slot per request), caches prefixes through
+    snapshots of it, and has no speculation (a verify would advance the state over
+    drafts that may be rejected)."""
     if arch in RECURRENT_FAMILIES:
         return {
             **{k: v for k, v in REFERENCE_CAPABILITIES.items() if k not in _NOT_RECURRENT},
@@ -63,13 +63,18 @@ def reference_capabilities(arch: str) -> dict:
     return dict(REFERENCE_CAPABILITIES)
 
 
-_NOT_RECURRENT = frozenset({"prefix_caching", "spec_decode", "async_spec_decode", "spec_plan"})
+_NOT_RECURRENT = frozenset({"spec_decode", "async_spec_decode", "spec_plan"})
 
 
 def _reference_keys(arch: str) -> str:
     """The template's model_capabilities lines of `reference_capabilities(arch)`."""
     on = reference_capabilities(arch)
-    return "".join(
+    snapshots = (
+        '        "recurrent_prefix_snapshots": 64,  # prefix-cache snapshots of the state\n'
+        if arch in RECURRENT_FAMILIES
+        else ""
+    )
+    return snapshots + "".join(
         f'        "{c.class_key}": "generator",\n'
         if c.name == "recurrent_state"
         else f'        "{c.class_key}": True,\n'

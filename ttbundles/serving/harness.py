@@ -183,13 +183,16 @@ def engine_plan(
     engines = []
     host = [r for r in HOST_RUNS if r in paths or (r == "perplexity" and spec["perplexity_ids"])]
     if host:
+        # vLLM's hybrid hook asserts chunked prefill wherever a checkpoint with recurrent
+        # layers caches prefixes (before any plan runs); prompts this short stay whole.
+        recurrent = "prefix_cache" in paths and _keeps_recurrent_state(spec["checkpoint"])
         engines.append(
             (
                 "host",
                 {
                     **base,
                     "enable_prefix_caching": "prefix_cache" in paths,
-                    "enable_chunked_prefill": False,
+                    "enable_chunked_prefill": recurrent,
                     "additional_config": {"tt": {}},
                 },
                 host,
@@ -308,6 +311,16 @@ def pooler_config(llm: Any) -> dict[str, Any]:
         "logit_mean": getattr(config, "logit_mean", None),
         "logit_sigma": getattr(config, "logit_sigma", None),
     }
+
+
+def _keeps_recurrent_state(checkpoint: str) -> bool:
+    """Whether the checkpoint's config.json gives any layer recurrent state."""
+    from ttbundles.format.layer_kinds import layer_kinds
+
+    path = Path(checkpoint) / "config.json"
+    if not path.is_file():
+        return False
+    return bool(layer_kinds(json.loads(path.read_text())).recurrent)
 
 
 def model_config(checkpoint: str) -> dict[str, Any]:
@@ -493,6 +506,13 @@ class Session:
             # `replay_boundaries`), never the blocks a decode filled: the sequences are
             # prefilled once as prompts, so each group caches their blocks, and sent again.
             self.generate(list(sequences.values()), self.greedy(1))
+        if getattr(self.runner, "snapshots", False):
+            # Recurrent state is restored from snapshots taken where a prompt chunk ends
+            # on a block boundary: each sequence's whole blocks are prefilled once as a
+            # prompt (a snapshot at its end), and the sequence sent again hits them.
+            block = self.runner.block_size
+            whole = [s[: len(s) // block * block] for s in sequences.values()]
+            self.generate([s for s in whole if s], self.greedy(1))
         self.out["runs"]["prefix_cache"] = self.host_path(
             "prefix_cache", sequences, self.spec["max_tokens"]
         )

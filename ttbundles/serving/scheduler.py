@@ -51,6 +51,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from ttbundles.errors import ConfigurationError
 from ttbundles.serving import compat
 from ttbundles.serving.planning.plan import effective_options
+from ttbundles.serving.recurrent_prefix import RecurrentPrefixMixin
 
 if TYPE_CHECKING:  # annotations only: these modules are loaded by the base classes
     from vllm.v1.core.sched.output import SchedulerOutput
@@ -473,11 +474,11 @@ def _restore_running(
     return [r for r in original if id(r) not in removed] + appended
 
 
-class TTScheduler(PhaseSchedulingMixin, Scheduler):
+class TTScheduler(RecurrentPrefixMixin, PhaseSchedulingMixin, Scheduler):
     """vLLM's `Scheduler` with one phase per step (see the module docstring)."""
 
 
-class TTAsyncScheduler(PhaseSchedulingMixin, AsyncScheduler):
+class TTAsyncScheduler(RecurrentPrefixMixin, PhaseSchedulingMixin, AsyncScheduler):
     """vLLM's `AsyncScheduler` with one phase per step.
 
     Only `_update_after_schedule` differs in the base (output placeholders, added after

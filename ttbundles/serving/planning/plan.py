@@ -177,6 +177,9 @@ class Plan:
     evidence_note: str = ""
     # What vLLM's pooling runner serves (None: a generation server).
     pooling: PoolingPlan | None = None
+    # Snapshots of recurrent state the generator keeps for the prefix cache (its
+    # `recurrent_prefix_snapshots`; 0: no prefix cache over recurrent state).
+    recurrent_snapshots: int = 0
     # Set by `freeze`: from then on every assignment raises `FrozenPlanError`.
     frozen: bool = field(default=False, init=False, compare=False, repr=False)
 

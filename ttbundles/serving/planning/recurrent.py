@@ -79,6 +79,11 @@ def plan_recurrent_state(vllm_config: VllmConfig, plan: Plan, meta: BundleMetada
             "its owner, 'generator' or 'vllm')"
         )
     elif declared.owner in SERVED_OWNERS:
+        # vLLM holds none of the state: its Mamba cache mode is "none" whatever the
+        # prefix cache (vLLM's hybrid hook chose "align" for caching on).
+        settle_mamba_cache(vllm_config)
+        snapshots = _plan_snapshots(vllm_config, plan, summary)
+        plan.recurrent_snapshots = snapshots
         _refuse_what_a_slot_cannot_follow(vllm_config, plan, summary)
         plan.decide(
             "recurrent_state",
@@ -87,6 +92,15 @@ def plan_recurrent_state(vllm_config: VllmConfig, plan: Plan, meta: BundleMetada
             f"{kinds.describe()}; {capacity}; a slot per request for its life, given "
             "back with release_request on finish and preemption",
         )
+        if snapshots:
+            plan.decide(
+                "prefix_caching",
+                True,
+                f"snapshots ({snapshots})",
+                f"the class keeps up to {snapshots} snapshots of a slot's state "
+                "(recurrent_prefix_snapshots): a hit is admitted only where a snapshot "
+                "restores the state after exactly its tokens",
+            )
         return
     else:
         why = f"the bundle declares capabilities.recurrent_state (owner {declared.owner}), but"
@@ -101,6 +115,32 @@ def plan_recurrent_state(vllm_config: VllmConfig, plan: Plan, meta: BundleMetada
         "(no state slot, remap or release per request)",
         hint=fix + " (docs/authors/generator-contract.md#recurrent-state)",
     )
+
+
+def _plan_snapshots(vllm_config: VllmConfig, plan: Plan, summary: str) -> int:
+    """How many snapshots back the prefix cache: the class's
+    `recurrent_prefix_snapshots`, when prefix caching is on (the bundle declares it) and
+    the class has the three methods; 0 otherwise (the refusal below says why)."""
+    if not vllm_config.cache_config.enable_prefix_caching:
+        return 0
+    from ttbundles.serving.planning.generator_class import load_generator_class
+    from ttbundles.serving.recurrent_prefix import SNAPSHOT_METHODS, SNAPSHOTS_KEY
+
+    cls = load_generator_class(plan.bundle)
+    capacity = (getattr(cls, "model_capabilities", None) or {}).get(SNAPSHOTS_KEY)
+    if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity <= 0:
+        return 0
+    missing = [m for m in SNAPSHOT_METHODS if not callable(getattr(cls, m, None))]
+    if missing:
+        raise ConfigurationError.single(
+            "TTB274",
+            f"{summary}; {plan.bundle.main_class} declares {SNAPSHOTS_KEY} but has no "
+            f"{', '.join(missing)}",
+            hint="give the class save_recurrent_prefix(slot) -> handle, "
+            "restore_recurrent_prefix(slot, handle) -> bool and free_recurrent_prefix"
+            "(handle), or drop the key (docs/authors/generator-contract.md#recurrent-state)",
+        )
+    return capacity
 
 
 def _refuse_what_a_slot_cannot_follow(vllm_config: VllmConfig, plan: Plan, summary: str) -> None:
@@ -121,10 +161,19 @@ def _refuse_what_a_slot_cannot_follow(vllm_config: VllmConfig, plan: Plan, summa
                 "drop --speculative-config",
             ),
             (
-                "prefix caching (a hit would skip tokens whose state was never saved)",
-                bool(vllm_config.cache_config.enable_prefix_caching),
-                "drop capabilities.prefix_caching from the bundle, or serve with "
-                "--no-enable-prefix-caching",
+                "prefix caching without snapshots of the state (a hit would skip tokens "
+                "whose state was never saved)",
+                bool(vllm_config.cache_config.enable_prefix_caching)
+                and not plan.recurrent_snapshots,
+                "give the class recurrent_prefix_snapshots and save/restore/"
+                "free_recurrent_prefix, or drop capabilities.prefix_caching from the "
+                "bundle, or serve with --no-enable-prefix-caching",
+            ),
+            (
+                "prefix caching over in-process data-parallel lanes (their coordinator "
+                "does not carry snapshots yet)",
+                bool(vllm_config.cache_config.enable_prefix_caching) and plan.lanes > 1,
+                "serve with --no-enable-prefix-caching, or without lanes",
             ),
         )
         if on

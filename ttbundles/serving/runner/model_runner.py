@@ -28,6 +28,7 @@ from ttbundles.format.layer_kinds import layer_kinds
 from ttbundles.serving import compat
 from ttbundles.serving.binding import split_output
 from ttbundles.serving.planning.plan import Plan, effective_options
+from ttbundles.serving.recurrent_prefix import SNAPSHOT_FREE, SNAPSHOT_RESTORE, SNAPSHOT_SAVED
 from ttbundles.serving.runner.commands import DecodeCommands
 from ttbundles.serving.runner.contract_binding import (
     GeneratorMethods,
@@ -171,6 +172,11 @@ class TTModelRunner:
         self.kv_layers: tuple[int, ...] | None = (
             kinds_of_layers.attention_layers if kinds_of_layers.recurrent else None
         )
+        # Snapshots of recurrent state back the prefix cache (`serving.recurrent_prefix`):
+        # restored into a hit's slot before its prefill, taken when a prompt chunk ends
+        # on a block boundary, reported to the scheduler with the step's output.
+        self.snapshots = bool(plan is not None and plan.recurrent_snapshots)
+        self._saved: list[tuple[str, int, int]] = []
         # The bundle serves images (the plan allowed some per prompt): prefill gets them.
         self.image_inputs = bool(plan is not None and plan.inputs.get("image"))
         self.pixels = PixelStore()
@@ -379,6 +385,8 @@ class TTModelRunner:
         if not is_steady(scheduler_output, self._async_req_ids, self._async_layout, speculating):
             self.drain(drain_reason(scheduler_output, speculating))
         self.states.update(scheduler_output)
+        if self.snapshots:
+            self._restore_snapshots(scheduler_output)
         if scheduler_output.total_num_scheduled_tokens == 0 or self.input_batch.num_reqs == 0:
             STATS.count("step.empty")
             self._async_req_ids = None
@@ -636,6 +644,8 @@ class TTModelRunner:
             start_pos=torch.tensor(computed),
         )
         self._device_layout = None  # the next decode reloads everything
+        if self.snapshots:
+            self._save_snapshots(step.req_ids, computed, ends)
         primary, extra = split_output(out)
         if primary.is_floating_point():
             prefill_logits(
@@ -666,7 +676,42 @@ class TTModelRunner:
         step, self._step = self._step, None
         if step is None:
             return EMPTY_MODEL_RUNNER_OUTPUT
-        return self._sample(step, grammar_output)
+        output = self._sample(step, grammar_output)
+        # Never on vLLM's shared empty output; a later step's output carries them then.
+        if (
+            self._saved
+            and isinstance(output, ModelRunnerOutput)
+            and output is not EMPTY_MODEL_RUNNER_OUTPUT
+        ):
+            setattr(output, SNAPSHOT_SAVED, self._saved)
+            self._saved = []
+        return output
+
+    # --- snapshots of recurrent state (`serving.recurrent_prefix`) ----------------------
+
+    def _restore_snapshots(self, scheduler_output: SchedulerOutput) -> None:
+        """Each prefix-cache hit's state into its slot (before its prefill continues it),
+        then the snapshots the scheduler let go freed."""
+        for req_id, handle in getattr(scheduler_output, SNAPSHOT_RESTORE, {}).items():
+            slot = self.slots.slot_of[req_id]
+            if not self.generator.restore_recurrent_prefix(slot, handle):
+                raise RuntimeError(
+                    f"{self.class_name}.restore_recurrent_prefix({slot}, {handle}) failed: "
+                    f"request {req_id} would continue a state it does not have"
+                )
+        for handle in getattr(scheduler_output, SNAPSHOT_FREE, ()):
+            self.generator.free_recurrent_prefix(handle)
+
+    def _save_snapshots(self, req_ids: list[str], computed: list[int], ends: list[int]) -> None:
+        """A snapshot of each row whose prompt chunk ended on a block boundary: the state
+        after exactly those tokens, which a later prompt sharing them may restore."""
+        block = self.block_size
+        prompt_lens = self.input_batch.num_prompt_tokens
+        for row, req_id in enumerate(req_ids):
+            end = ends[row]
+            if end > computed[row] and end % block == 0 and end <= prompt_lens[row]:
+                handle = self.generator.save_recurrent_prefix(self.slots.slot_of[req_id])
+                self._saved.append((req_id, end, int(handle)))
 
     def _sample(
         self, step: StepState, grammar_output: GrammarOutput | None
