@@ -245,7 +245,13 @@ def test_plan_cli_matches_the_server_hook(tmp_path, monkeypatch, demo_checkpoint
     )
     assert done.returncode == 0, done.stderr
     planned = json.loads(done.stdout)
-    assert planned["decisions"] == in_process["decisions"]
+    # One difference only: the command line names where max_model_len came from; a
+    # configuration built in code has no command line to name.
+    sources = {"max_model_len": ("as requested (--max-model-len)", "as requested")}
+    for cli, code in zip(planned["decisions"], in_process["decisions"], strict=True):
+        if cli["setting"] in sources:
+            assert (cli.pop("reason"), code.pop("reason")) == sources[cli["setting"]]
+        assert cli == code
     assert planned["bundle"] == in_process["bundle"]
     failed = subprocess.run(
         [ttbundle, "plan", "--model", str(demo_checkpoint), "--tensor-parallel-size", "2"],
