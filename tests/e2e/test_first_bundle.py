@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -51,6 +52,46 @@ def typed(line: str, cwd: Path, env: dict[str, str], timeout: float = 600) -> st
     return done.stdout
 
 
+@contextlib.contextmanager
+def typed_server(cwd: Path, env: dict[str, str], args: str = "") -> Iterator[tuple[int, Path]]:
+    """`vllm serve ckpt` of the bundles in `cwd/models`, typed as a user types it, its
+    output in `cwd/serve.log`: (its port, the log) once it answers /health; stopped
+    (its whole process group) on the way out."""
+    port = free_port()
+    log = cwd / "serve.log"
+    line = f"EXTRA_MODELS_DIR=models vllm serve ckpt --served-model-name ckpt --port {port} {args}"
+    with log.open("w") as sink:
+        server = subprocess.Popen(
+            ["bash", "-c", line],
+            cwd=cwd,
+            env=env,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + 600
+        while True:
+            assert server.poll() is None, log.read_text()[-4000:]
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
+                    break
+            except OSError:
+                assert time.monotonic() < deadline, log.read_text()[-4000:]
+                time.sleep(1)
+        yield port, log
+    finally:
+        # Its own session: the group holds the shell, vllm and the engine core.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(30)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+
+
 def completion(port: int, prompt: str) -> tuple[list[int], list[int] | None]:
     """Greedy token ids of one completion (temperature 0), and the prompt's ids."""
     body = {
@@ -87,41 +128,10 @@ def test_a_reference_bundle_from_init_to_vllm_serve(tmp_path):
     assert "PASSED" in tested and "FAIL" not in tested
     typed("ttbundle install dist/my-llama-0.1.0.ttbundle --models-dir models", tmp_path, env)
 
-    port = free_port()
-    log = tmp_path / "serve.log"
-    line = f"EXTRA_MODELS_DIR=models vllm serve ckpt --served-model-name ckpt --port {port}"
-    with log.open("w") as sink:
-        server = subprocess.Popen(
-            ["bash", "-c", line],
-            cwd=tmp_path,
-            env=env,
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    try:
-        deadline = time.monotonic() + 600
-        while True:
-            assert server.poll() is None, log.read_text()[-4000:]
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
-                    break
-            except OSError:
-                assert time.monotonic() < deadline, log.read_text()[-4000:]
-                time.sleep(1)
+    with typed_server(tmp_path, env) as (port, log):
         assert "my-llama@0.1.0" in log.read_text(), "the installed bundle serves, not the demo"
         reference = Reference(tmp_path / "ckpt")
         for prompt in PROMPTS:
             served, prompt_ids = completion(port, prompt)
             prompt_ids = prompt_ids or reference.tokenizer(prompt)["input_ids"]
             assert served == reference.greedy(list(prompt_ids), MAX_TOKENS), prompt
-    finally:
-        # Its own session: the group holds the shell, vllm and the engine core.
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(30)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(server.pid, signal.SIGKILL)
-            server.wait()

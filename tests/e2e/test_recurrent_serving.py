@@ -12,21 +12,16 @@ the hit's tokens, and still gives transformers' tokens."""
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import json
 import os
 import re
-import signal
-import subprocess
-import time
 import urllib.request
 
 import pytest
 
 from tests.e2e.conftest import Reference
-from tests.e2e.test_first_bundle import shell_environment, typed
+from tests.e2e.test_first_bundle import shell_environment, typed, typed_server
 from tests.recurrent_checkpoints import write_recurrent_checkpoint
-from ttbundles.demo.server import free_port
 
 pytestmark = pytest.mark.server
 
@@ -59,38 +54,8 @@ def served(tmp_path_factory):
     tested = typed("ttbundle test my-qwen --model ckpt", home, env, timeout=900)
     typed("ttbundle pack my-qwen -o dist", home, env)
     typed("ttbundle install dist/my-qwen-0.1.0.ttbundle --models-dir models", home, env)
-    port = free_port()
-    log = home / "serve.log"
-    line = f"EXTRA_MODELS_DIR=models vllm serve ckpt --served-model-name ckpt --port {port} {SERVE}"
-    with log.open("w") as sink:
-        server = subprocess.Popen(
-            ["bash", "-c", line],
-            cwd=home,
-            env=env,
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    try:
-        deadline = time.monotonic() + 600
-        while True:
-            assert server.poll() is None, log.read_text()[-4000:]
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
-                    break
-            except OSError:
-                assert time.monotonic() < deadline, log.read_text()[-4000:]
-                time.sleep(1)
+    with typed_server(home, env, SERVE) as (port, log):
         yield port, log, Reference(home / "ckpt"), tested
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(30)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
 
 
 def _complete(port: int, prompt: str, n: int = 1) -> list[dict]:

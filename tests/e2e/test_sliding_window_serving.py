@@ -9,21 +9,22 @@ it."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
-import signal
 import subprocess
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import GEMMA3_WINDOW, WINDOW
 from tests.e2e.conftest import Reference
-from tests.e2e.test_first_bundle import MAX_TOKENS, completion, shell_environment, typed
-from ttbundles.demo.server import free_port
+from tests.e2e.test_first_bundle import (
+    MAX_TOKENS,
+    completion,
+    shell_environment,
+    typed,
+    typed_server,
+)
 
 # Several windows of tokens each (the demo tokenizer splits words into a few tokens).
 PROMPTS = [
@@ -69,31 +70,7 @@ def served_tokens(
     """Plain `vllm serve` of the installed bundle: each prompt's greedy tokens, twice
     (the second time its full blocks come from the prefix cache), equal transformers';
     Gemma 3's served on hybrid KV groups. Returns the server's log."""
-    port = free_port()
-    log = tmp_path / "serve.log"
-    line = (
-        f"EXTRA_MODELS_DIR=models vllm serve ckpt --served-model-name ckpt --port {port} "
-        + vllm_args
-    )
-    with log.open("w") as sink:
-        server = subprocess.Popen(
-            ["bash", "-c", line],
-            cwd=tmp_path,
-            env=env,
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    try:
-        deadline = time.monotonic() + 600
-        while True:
-            assert server.poll() is None, log.read_text()[-4000:]
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
-                    break
-            except OSError:
-                assert time.monotonic() < deadline, log.read_text()[-4000:]
-                time.sleep(1)
+    with typed_server(tmp_path, env, vllm_args) as (port, log):
         text = log.read_text()
         assert f"{bundle}@0.1.0" in text, "the installed bundle serves"
         # Gemma 3's bundle declares its KV groups (init --reference, a hybrid family):
@@ -119,16 +96,6 @@ def served_tokens(
                 assert len(prompt_ids) >= 3 * window, len(prompt_ids)
                 assert served == reference.greedy(list(prompt_ids), MAX_TOKENS), prompt
         return log.read_text()
-    finally:
-        # Its own session: the group holds the shell, vllm and the engine core.
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(30)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
 
 
 @pytest.mark.server
