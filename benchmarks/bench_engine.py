@@ -207,6 +207,12 @@ class RunnerClock:
         self.decode_own: list[float] = []  # own work so far at those starts
         self.scheduler_own = 0.0  # the part of own work in our scheduler code
         self.decode_scheduler_own: list[float] = []
+        # vLLM's share of the engine thread: its `Scheduler` methods (reached through our
+        # schedulers) and the front end's output processing (detokenizer, request outputs).
+        self.vllm_scheduler = 0.0
+        self.decode_vllm_scheduler: list[float] = []
+        self.output_processing = 0.0
+        self.decode_output_processing: list[float] = []
         self._depth = 0
         self._wrap_instance("execute_model", self._execute)
         self._wrap_instance("sample_tokens", None)
@@ -269,10 +275,13 @@ class RunnerClock:
                         self.scheduler_own += elapsed
             elif kind == "wait":
                 self.wait += elapsed
+            elif kind == "output":
+                self.output_processing += elapsed
             else:
                 self.inside += elapsed
                 if scheduler:
                     self.scheduler_own -= elapsed
+                    self.vllm_scheduler += elapsed
 
     def _wrap_instance(
         self, name: str, before, kind: str = "own", target=None, scheduler: bool = False
@@ -307,13 +316,23 @@ class RunnerClock:
             self.decode_cpu.append(time.thread_time())
             self.decode_own.append(self.own - self.inside)
             self.decode_scheduler_own.append(self.scheduler_own)
+            self.decode_vllm_scheduler.append(self.vllm_scheduler)
+            self.decode_output_processing.append(self.output_processing)
+
+    def wrap_output_processor(self, processor) -> None:
+        """Time the front end's output processing (in `vllm serve` it runs in the API
+        server's process, beside the engine core; in `vllm.LLM`, in this thread)."""
+        self._wrap_instance("process_outputs", None, kind="output", target=processor)
 
     def reset(self) -> None:
         self.own = self.wait = self.inside = self.scheduler_own = 0.0
+        self.vllm_scheduler = self.output_processing = 0.0
         self.decode_starts = []
         self.decode_cpu = []
         self.decode_own = []
         self.decode_scheduler_own = []
+        self.decode_vllm_scheduler = []
+        self.decode_output_processing = []
 
 
 class Engine:
@@ -356,6 +375,7 @@ class Engine:
         self.requests = 0
         self.clock = RunnerClock(self.runner)
         self.clock.wrap_scheduler(core.scheduler)
+        self.clock.wrap_output_processor(self.engine.output_processor)
         self.device = DeviceClock(self.runner.generator)
 
     def round(self, prompts: list[list[int]], steps: int) -> dict:
@@ -389,6 +409,12 @@ class Engine:
         own = self.clock.decode_own
         steady = (own[-1] - own[0]) / intervals
         ours = self.clock.decode_scheduler_own
+        theirs = self.clock.decode_vllm_scheduler
+        processing = self.clock.decode_output_processing
+
+        def per_step(marks: list[float]) -> float:
+            return (marks[-1] - marks[0]) * 1000 / intervals
+
         return {
             "ms_per_step": (starts[-1] - starts[0]) * 1000 / intervals,
             "cpu_ms_per_step": (self.clock.decode_cpu[-1] - self.clock.decode_cpu[0])
@@ -396,7 +422,12 @@ class Engine:
             / intervals,
             "own_ms_per_step": host * 1000 / decodes,
             "own_steady_ms_per_step": steady * 1000,
-            "scheduler_steady_ms_per_step": (ours[-1] - ours[0]) * 1000 / intervals,
+            "scheduler_steady_ms_per_step": per_step(ours),
+            # The steady steps' engine thread CPU split: vLLM's scheduler, vLLM's output
+            # processing, ours (scheduler + runner: own_steady), and the rest (the engine
+            # core's loop, the readback's wait bookkeeping, what no clock names).
+            "vllm_scheduler_steady_ms_per_step": per_step(theirs),
+            "output_processing_steady_ms_per_step": per_step(processing),
             # What the steady steps do not account for (admission, prefill, the last
             # steps' outputs, finishing), per request of the round: paid once a request.
             "own_once_us_per_request": max(host - steady * decodes, 0.0) * 1e6 / len(prompts),
@@ -478,6 +509,29 @@ def summary(raw: dict) -> dict:
         "own_host_ms_per_step": spread([e["own_ms_per_step"] for e in eng]),
         "own_steady_ms_per_step": spread([e["own_steady_ms_per_step"] for e in eng]),
         "scheduler_steady_ms_per_step": spread([e["scheduler_steady_ms_per_step"] for e in eng]),
+        "runner_steady_ms_per_step": spread(
+            [e["own_steady_ms_per_step"] - e["scheduler_steady_ms_per_step"] for e in eng]
+        ),
+        "vllm_scheduler_steady_ms_per_step": spread(
+            [e["vllm_scheduler_steady_ms_per_step"] for e in eng]
+        ),
+        "output_processing_steady_ms_per_step": spread(
+            [e["output_processing_steady_ms_per_step"] for e in eng]
+        ),
+        "rest_steady_ms_per_step": spread(
+            [
+                e["cpu_ms_per_step"]
+                - e["own_steady_ms_per_step"]
+                - e["vllm_scheduler_steady_ms_per_step"]
+                - e["output_processing_steady_ms_per_step"]
+                for e in eng
+            ]
+        ),
+        # The engine core's share (what `vllm serve` runs in the engine-core process):
+        # the whole thread less the front end's output processing.
+        "engine_core_cpu_ms_per_step": spread(
+            [e["cpu_ms_per_step"] - e["output_processing_steady_ms_per_step"] for e in eng]
+        ),
         "own_once_us_per_request": spread([e["own_once_us_per_request"] for e in eng]),
         "engine_cpu_ms_per_step": spread([e["cpu_ms_per_step"] for e in eng]),
         "engine_cpu_over_generator": spread(
@@ -638,6 +692,15 @@ def main() -> None:
             f"{fmt(r['device_idle_ms_per_step'])} ms/step; engine thread CPU "
             f"{fmt(r['engine_cpu_ms_per_step'])} ms/step = "
             f"{fmt(r['engine_cpu_over_generator'])} of the generator's step"
+        )
+        print(
+            f"  engine thread CPU per steady decode step, split (ms): vLLM's scheduler "
+            f"{fmt(r['vllm_scheduler_steady_ms_per_step'], 3)}, our scheduler "
+            f"{fmt(r['scheduler_steady_ms_per_step'], 3)}, the runner "
+            f"{fmt(r['runner_steady_ms_per_step'], 3)}, output processing "
+            f"{fmt(r['output_processing_steady_ms_per_step'], 3)}, the rest "
+            f"{fmt(r['rest_steady_ms_per_step'], 3)}; the engine core's share (no output "
+            f"processing) {fmt(r['engine_core_cpu_ms_per_step'], 3)}"
         )
         if r["profile"]:
             print("  top costs (own time over one round):")
