@@ -119,3 +119,44 @@ def test_the_keys_of_the_newest_classes_are_listed():
         ("method", "release_persistent_capture"),
     ]:
         assert keys.KEYS_BY_KIND[kind][name].handling == "driven", name
+
+
+NEWEST_TWINS = {
+    "KolibriForCausalLM": {
+        "async_decode": True,
+        "chunked_prefill": True,
+        "sample_on_device": ["decode_only", "all"],
+    },
+    "ExecutorLlama3Generator": {
+        "prefix_caching": True,
+        "async_decode": True,
+        "sample_on_device": ["decode_only", "all"],
+    },
+}
+
+
+@pytest.mark.parametrize("name", NEWEST_TWINS)
+def test_the_newest_twins_validate_clean_static_and_imported(tmp_path, name):
+    """The Kolibri autoport and the Llama 3 executor twins, as bundles the server tests
+    serve (`tests/test_contract_twins.py`): nothing to report, read statically or
+    imported."""
+    import json
+
+    from ttbundles.check.validate import validate_bundle
+
+    bundle = tmp_path / f"twin-{name.lower()}"
+    bundle.mkdir()
+    (bundle / "adapter.py").write_text(FAMILIES.read_text())
+    metadata = {
+        "schema_version": 1,
+        "name": bundle.name,
+        "version": "1.0.0",
+        "arch": "LlamaForCausalLM",
+        "main_class": f"adapter:{name}",
+        "capabilities": NEWEST_TWINS[name],
+    }
+    (bundle / "vllm_metadata.json").write_text(json.dumps(metadata))
+    for imported in (False, True):
+        report = validate_bundle(bundle, import_check=imported, timeout=300)
+        problems = [d for d in report.diagnostics if d.severity.name != "INFO"]
+        assert not problems, [f"{d.code} {d.message}" for d in problems]
