@@ -149,3 +149,26 @@ def test_no_warmup_unless_the_class_asks_and_a_class_asking_without_the_method_i
         Lifecycle.bind(Asks(), Asks, "Asks")
     (diagnostic,) = info.value.diagnostics
     assert diagnostic.code == "TTB053" and "warmup_model_prefill" in diagnostic.message
+
+
+def test_validate_import_reports_what_the_worker_refuses_at_load():
+    """`validate --import` reads the same refusals off the imported class."""
+    from ttbundles.check.imports import newest_key_problems
+
+    class Asks(_Generator):
+        requires_prefill_trace_warmup = True
+        model_capabilities = {"supports_intermediate_prefill_output_mask": True}
+
+    problems = newest_key_problems(Asks, "Asks")
+    assert [p["code"] for p in problems] == ["TTB053", "TTB062"]
+    assert "warmup_model_prefill" in problems[0]["message"]
+    assert "prefill_output_mask" in problems[1]["message"]
+
+    class Fine(Asks):
+        def warmup_model_prefill(self, kv_cache, enable_trace, can_sample_on_device):
+            pass
+
+        def prefill_forward(self, tokens, page_table, kv_cache, prompt_lens, **kwargs):
+            return kwargs["prefill_output_mask"]  # read: it takes every keyword
+
+    assert newest_key_problems(Fine, "Fine") == []

@@ -65,6 +65,12 @@ SAMPLING_ORIGINS_KEY = "supports_prefill_sampling_origins"
 request's original prompt, so a request prefilled again (preempted, resumed with its
 output as prompt) draws what it would have drawn."""
 ORIGINAL_PROMPT_LENS_KEYWORD = "original_prompt_lens"
+PREFILL_KEYWORDS_ASKED: dict[str, str] = {
+    PREFILL_OUTPUT_MASK_KEYWORD: PREFILL_OUTPUT_MASK_KEY,
+    ORIGINAL_PROMPT_LENS_KEYWORD: SAMPLING_ORIGINS_KEY,
+}
+"""Prefill keywords sent only to a class whose capability key (True) asks for them: a
+`**kwargs` class that does not declare it may reject the keyword, as Kolibri's does."""
 REUSE_DECODE_INPUTS_KEYWORD = "reuse_device_decode_inputs"
 """Passed True on a steady decode (the same requests in the same slots as the last
 device-sampling decode, the device's own tokens fed back, no new KV block): the class may

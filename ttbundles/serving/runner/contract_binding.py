@@ -142,7 +142,7 @@ def bind_instance(
             "TTB062",
             f"{class_name}.prefill_forward takes no {', '.join(missing)}, though its "
             f"{contract.CAPABILITIES_ATTRIBUTE} declare"
-            f" {', '.join(PREFILL_KEYWORD_OF[k] for k in missing)}",
+            f" {', '.join(contract_keys.PREFILL_KEYWORDS_ASKED[k] for k in missing)}",
             hint="take the keyword in prefill_forward, or drop the capability key "
             "(docs/reference/contract-keys.md)",
         )
@@ -162,17 +162,13 @@ def bind_instance(
     return GeneratorMethods(prefill, decode, allocator, read, process, propose)
 
 
-PREFILL_KEYWORD_OF = {
-    contract_keys.PREFILL_OUTPUT_MASK_KEYWORD: contract_keys.PREFILL_OUTPUT_MASK_KEY,
-    contract_keys.ORIGINAL_PROMPT_LENS_KEYWORD: contract_keys.SAMPLING_ORIGINS_KEY,
-}
-"""Prefill keywords sent only to classes declaring the capability key that asks for them
-(a `**kwargs` class that does not declare it may reject the keyword, as Kolibri's does)."""
-
-
 def declared_prefill_keywords(capabilities: dict[str, Any]) -> tuple[str, ...]:
     """The prefill keywords the class's `model_capabilities` ask for."""
-    return tuple(kw for kw, key in PREFILL_KEYWORD_OF.items() if capabilities.get(key) is True)
+    return tuple(
+        kw
+        for kw, key in contract_keys.PREFILL_KEYWORDS_ASKED.items()
+        if capabilities.get(key) is True
+    )
 
 
 def _bind_speculation(
