@@ -20,6 +20,8 @@ Pages:
 - `reference/metadata.md`: `schemas/vllm_metadata.schema.json` (generated from the
   pydantic model), every field of every object.
 - `reference/device-options.md`: `TTOptions` and the plan's effective defaults.
+- `reference/contract-keys.md`: `ttbundles.format.contract_keys`, every name of the
+  generator contract with what the worker does with it.
 """
 
 from __future__ import annotations
@@ -597,6 +599,42 @@ def device_options_page() -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
+def contract_keys_page() -> str:
+    from ttbundles.format.contract_keys import CONTRACT_KEYS, SOURCES
+
+    lines = [
+        _banner("ttbundles/format/contract_keys.py"),
+        "# Contract keys: what the worker does with each\n",
+        "Every class attribute, `model_capabilities` key and prefill, decode and warm-up "
+        "keyword a TT-Metal generator uses, with what ttbundles does with it: **driven** "
+        "(supplied, called or honoured as the classes expect), **refused** (a class needing "
+        "it, or a value the worker cannot serve, is refused at configuration or load with "
+        "the code given) or **irrelevant** (it changes nothing here, and why). A "
+        "`model_capabilities` key not listed is a note of `ttbundle validate -v` (TTB064); "
+        "`tests/test_contract_keys.py` fails when a contract twin uses a name not listed. "
+        "See [the generator contract](../authors/generator-contract.md).\n",
+        "Read from:\n",
+    ]
+    lines += [f"- {repo}: `{path}` ({what})" for repo, path, what in SOURCES]
+    lines.append("")
+    for kind in ("class attribute", "method", "capability", "prefill", "decode", "warm-up"):
+        title = {
+            "class attribute": "Class attributes",
+            "method": "Methods",
+            "capability": "`model_capabilities` keys",
+            "prefill": "`prefill_forward` keywords",
+            "decode": "`decode_forward` keywords",
+            "warm-up": "`warmup_model_prefill` keywords",
+        }[kind]
+        lines += [f"## {title}\n", "| name | handling | code | what the worker does |"]
+        lines.append("|---|---|---|---|")
+        for row in sorted((r for r in CONTRACT_KEYS if r.kind == kind), key=lambda r: r.name):
+            code = f"[{row.code}](codes.md#{row.code.lower()})" if row.code else ""
+            lines.append(f"| `{row.name}` | {row.handling} | {code} | {cell(row.meaning)} |")
+        lines.append("")
+    return "\n".join(lines).rstrip() + "\n"
+
+
 PAGES = {
     "reference/cli.md": cli_page,
     "reference/environment.md": env_page,
@@ -604,6 +642,7 @@ PAGES = {
     "reference/bundles.md": bundles_page,
     "reference/metadata.md": metadata_page,
     "reference/device-options.md": device_options_page,
+    "reference/contract-keys.md": contract_keys_page,
 }
 
 

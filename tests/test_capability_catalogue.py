@@ -13,7 +13,7 @@ from ttbundles.check import support, tests_section
 from ttbundles.codes import CODES
 from ttbundles.conformance import pooling as conformance_pooling
 from ttbundles.format import capabilities as catalogue
-from ttbundles.format import contract, metadata
+from ttbundles.format import contract, contract_keys, metadata
 from ttbundles.format.metadata import (
     SUPPORTED_SCHEMA_VERSIONS,
     TEST_PATHS,
@@ -36,7 +36,7 @@ def test_each_record_states_facts_that_hold(entry):
         assert entry.name in SUPPORTED_SCHEMA_VERSIONS[entry.added_in]
     if entry.class_key is not None:
         assert entry.key_from in ("tt_metal", "ttbundles", "plugin")
-        assert entry.class_key in contract.KNOWN_CAPABILITY_KEYS
+        assert entry.class_key in contract_keys.KNOWN_CAPABILITY_KEYS
     if entry.refusal is not None:
         assert entry.refusal in CODES
     if entry.test_path is not None:

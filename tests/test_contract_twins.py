@@ -63,7 +63,24 @@ TWINS: dict[str, tuple[dict, dict, dict]] = {
     "T3000LlamaLegacy": ({}, {}, {}),
     "T3000LlamaV1": ({}, {}, {}),
     "MllamaForConditionalGeneration": ({"async_decode": True}, {}, {}),
-    "ExecutorLlama3Generator": ({"prefix_caching": True}, {}, {"enable_prefix_caching": True}),
+    "ExecutorLlama3Generator": (
+        {"prefix_caching": True, "async_decode": True, "sample_on_device": ALL},
+        {"sample_on_device_mode": "all"},
+        {"enable_prefix_caching": True, "block_size": 32},  # its required_block_size
+    ),
+    # Chunks of at most 8 tokens: the 11-token prompt ends in its second chunk, so one
+    # prefill row ends no prompt (prefill_output_mask False for it).
+    "KolibriForCausalLM": (
+        {"async_decode": True, "chunked_prefill": True, "sample_on_device": ALL},
+        {"sample_on_device_mode": "all"},
+        {"enable_chunked_prefill": True, "max_num_batched_tokens": 8},
+    ),
+}
+SPEC_EXTRAS: dict[str, dict] = {
+    # Every row samples on the device (top-k within its max_device_top_k of 32): the class
+    # raises on host sampling unless KOLIBRI_VLLM_HOST_COMPAT=1. And the engine is shut
+    # down before the report, so that its release_persistent_capture is seen.
+    "KolibriForCausalLM": {"seeded_top_k": 20, "shutdown": True},
 }
 
 
@@ -88,6 +105,7 @@ def serve_twin(tmp_path: Path, checkpoint: Path, name: str) -> dict:
         "models_dir": str(bundle.parent),
         "prompts": PROMPTS,
         "max_tokens": MAX_TOKENS,
+        **SPEC_EXTRAS.get(name, {}),
         "engine": {
             "max_model_len": 256,
             "max_num_seqs": 4,
@@ -200,10 +218,43 @@ def _check_executor(result: dict) -> None:
     assert init["optimizations"] == "performance"  # its own default: not passed unset
     decodes = calls(result, "decode_forward")
     assert decodes and all("reload_inputs" not in d for d in decodes)  # legacy form
+    # requires_prefill_trace_warmup: a compile pass, then (prefill traced) a capture pass,
+    # already_warmed_up_prefill reset between them; before any prefill.
+    warmups = calls(result, "warmup_model_prefill")
+    assert [w["enable_trace"] for w in warmups] == [False, True]
+    assert all(w["can_sample_on_device"] and w["kv_cache"] for w in warmups)
+    order = [name for name, _ in result["calls"]]
+    assert order.index("warmup_model_prefill") < order.index("prefill_forward")
+    assert not calls(result, "warmup_model_decode")
+
+
+def _check_kolibri(result: dict) -> None:
+    prefills = calls(result, "prefill_forward")
+    assert prefills and all(p["prefill_output_mask"] is not None for p in prefills)
+    rows = [
+        (mask, start, end, original)
+        for p in prefills
+        for mask, start, end, original in zip(
+            p["prefill_output_mask"], p["starts"], p["ends"], p["original_prompt_lens"]
+        )
+    ]
+    # Only a chunk that ends its prompt outputs; the original prompt's length goes with it.
+    assert any(not mask for mask, *_ in rows), "no chunk ended mid-prompt"
+    lengths = {len(p) for p in PROMPTS}
+    for mask, start, end, original in rows:
+        assert original in lengths and start < end
+        assert mask == (end == original)
+    assert all(p["sampled"] for p in prefills if any(p["prefill_output_mask"]))
+    decodes = calls(result, "decode_forward")
+    assert decodes and all(d["sampled"] for d in decodes)  # never host sampling
+    assert any(not d["reload_inputs"] for d in decodes)  # resident inputs
+    (release,) = calls(result, "release_persistent_capture")
+    assert release["closed_before"] is False
 
 
 CHECKS = {
     "ExecutorLlama3Generator": _check_executor,
+    "KolibriForCausalLM": _check_kolibri,
     "TTTransformersLlamaForCausalLM": _check_legacy_tt_transformers,
     "TTTransformersLlamaV1": _check_v1_tt_transformers,
     "HybridGptOssForCausalLM": _check_hybrid,

@@ -15,7 +15,7 @@ import pytest
 
 from tests.bundle_factory import contract_adapter
 from ttbundles.check.validate import validate_bundle
-from ttbundles.format import contract
+from ttbundles.format import contract, contract_keys
 from ttbundles.format.forwarding import accepted_keywords
 from ttbundles.serving.binding import bind, decode_offer
 
@@ -361,12 +361,10 @@ def test_block_output_is_refused_by_validate_and_at_load(make_bundle):
 
 
 def test_known_keys_are_documented_with_what_the_worker_does():
-    for key, handling in contract.KNOWN_CAPABILITY_KEYS.items():
-        assert handling.split(":")[0] in ("used", "ignored", "not applied") or handling.startswith(
-            "mirrored by"
-        ), key
+    for key, handling in contract_keys.KNOWN_CAPABILITY_KEYS.items():
+        assert handling.split(":")[0] in ("driven", "refused", "irrelevant"), key
     for key in contract.CAPABILITY_KEYS:
-        assert key in contract.KNOWN_CAPABILITY_KEYS
+        assert key in contract_keys.KNOWN_CAPABILITY_KEYS
 
 
 def test_list_shows_mllama_as_a_listing_entry_not_a_bundle(run_cli):

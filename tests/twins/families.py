@@ -654,19 +654,50 @@ class T3000LlamaV1(T3000LlamaLegacy):
 # --------------------------------------------------------------------------------------
 
 
-class ExecutorLlama3Generator:
-    """`models/common/models/generator.py` @02a70f75 `Llama3Generator`: a thin adapter over
-    an executor; legacy decode form; `initialize_vllm_model(hf_config, mesh_device,
-    max_batch_size, max_seq_len, n_layers=None, optimizations="performance")` (no
-    `tt_data_parallel`); prefill, decode and the KV cache forwarded whole to the executor
-    (`self.executor.<method>(*args, **kwargs)`); only prefix caching declared. The executor
-    here is the reference generator in its legacy form."""
+_IGNORED_VLLM_KWARGS = {  # the module-level set of TT-Metal's file
+    "page_tables_per_layer",
+    "prompt_tokens",
+    "output_tokens",
+    "slot_remap",
+    "rope_deltas_all_users",
+}
 
-    model_capabilities = {"supports_prefix_caching": True}
+
+class ExecutorLlama3Generator:
+    """`models/common/models/llama3_8b/generator.py` `Llama3Generator` (the 2026 version
+    with `_DPLlama3Generator`; before it, `models/common/models/generator.py` @02a70f75):
+    a thin adapter over an executor; legacy decode form; `requires_prefill_trace_warmup`
+    with `warmup_model_prefill` (once per `already_warmed_up_prefill`, which the reference
+    plugin resets between its compile and capture passes); `required_block_size` 32;
+    prefill and decode drop the keywords it ignores (`page_tables_per_layer`,
+    `prompt_tokens`, `output_tokens`, `slot_remap`, `rope_deltas_all_users`) and forward
+    the rest to the executor; decode flattens `[B, 1]` tokens. The executor here is the
+    reference generator in its legacy form; the warm-up records instead of compiling."""
+
+    model_capabilities = {
+        "supports_prefix_caching": True,
+        "supports_async_decode": True,
+        "supports_sample_on_device": True,
+        "required_block_size": 32,
+    }
+    requires_prefill_trace_warmup = True
 
     def __init__(self, executor, model_args=None):
         self.executor = executor
         self.model_args = model_args
+        self.already_warmed_up_prefill = False
+
+    @classmethod
+    def get_max_tokens_all_users(
+        cls,
+        model_name: str = "",
+        num_devices: int = 1,
+        tt_data_parallel: int = 1,
+        max_model_len: int = 0,
+        max_num_seqs: int = 1,
+        **kwargs,
+    ) -> int:
+        return int(max_model_len)
 
     @classmethod
     def initialize_vllm_model(
@@ -676,21 +707,58 @@ class ExecutorLlama3Generator:
         max_batch_size,
         max_seq_len,
         n_layers=None,
+        tt_data_parallel=1,
         optimizations="performance",
     ):
         record("initialize_vllm_model", max_seq_len=max_seq_len, optimizations=optimizations)
+        if tt_data_parallel != 1:
+            raise ValueError("the twin serves one lane (TT-Metal's _DPLlama3Generator: more)")
         return cls(_load(True, hf_config, mesh_device, max_batch_size, max_seq_len))
 
     def prefill_forward(self, *args, **kwargs):
+        self._drop_unsupported_vllm_kwargs(kwargs)
         record("prefill_forward", **_names(kwargs))
         return self.executor.prefill_forward(*args, **kwargs)
 
     def decode_forward(self, *args, **kwargs):
+        self._drop_unsupported_vllm_kwargs(kwargs)
+        tokens = kwargs.get("tokens")
+        if isinstance(tokens, torch.Tensor) and tokens.dim() == 2 and tokens.shape[-1] == 1:
+            kwargs["tokens"] = tokens.view(-1)
         record("decode_forward", **_names(kwargs))
         return self.executor.decode_forward(*args, **kwargs)
 
+    def process_decode_output_host(self, tt_out, is_tokens=False):
+        return self.executor.process_decode_output_host(tt_out, is_tokens=is_tokens)
+
+    def read_decode_output(self, tt_out, async_read=False):
+        return self.executor.read_decode_output(tt_out, async_read=async_read)
+
     def allocate_kv_cache(self, *args, **kwargs):
         return self.executor.allocate_kv_cache(*args, **kwargs)
+
+    @staticmethod
+    def _drop_unsupported_vllm_kwargs(kwargs):
+        for key in _IGNORED_VLLM_KWARGS:
+            kwargs.pop(key, None)
+
+    def warmup_model_prefill(self, *args, **kwargs):
+        enable_trace = kwargs.get("enable_trace", True)
+        can_sample_on_device = kwargs.get("can_sample_on_device", False)
+        if self.already_warmed_up_prefill:
+            return
+        self.already_warmed_up_prefill = True
+        record(
+            "warmup_model_prefill",
+            enable_trace=enable_trace,
+            can_sample_on_device=can_sample_on_device,
+            kv_cache=kwargs.get("kv_cache") is not None,
+        )
+
+    def warmup_model_decode(
+        self, kv_cache, enable_trace, max_batch_size, num_blocks, can_sample_on_device, **kwargs
+    ):
+        record("warmup_model_decode", enable_trace=enable_trace)
 
 
 # --------------------------------------------------------------------------------------
@@ -780,3 +848,230 @@ class Qwen2_5_VLWithImages(_Wrapped):
 
     def process_decode_output_host(self, tt_out, is_tokens=False):
         return self.core.process_decode_output_host(tt_out, is_tokens=is_tokens)
+
+
+# --------------------------------------------------------------------------------------
+# Autoports (models/autoports/*/tt/generator_vllm.py)
+# --------------------------------------------------------------------------------------
+
+
+KOLIBRI_POISON = -7  # the twin's token for a row the class computes no output for
+
+
+class KolibriForCausalLM(_Wrapped):
+    """`models/autoports/aleph_alpha_kolibri_1_bf16/tt/generator_vllm.py` @defe0da2
+    `KolibriForCausalLM`: its declarations (decode contract v1, the capabilities with
+    prefill output masks and sampling origins, no device penalties, a top-32 device
+    sampler), its signatures (prefill and decode raise `TypeError` on any keyword they do
+    not name), its checks (decode refuses untraced calls; host sampling, a call without
+    `sampling_params` that must output, raises unless `KOLIBRI_VLLM_HOST_COMPAT=1`; a
+    slot remap must be a permutation; an active slot must have a sampling origin) and its
+    sampling-origin bookkeeping, computing with the reference generator (which draws by
+    absolute position, so the origin changes no token here; the twin records it). Not
+    kept: the TP4 mesh check and the block size 32 of its device cache (the host mesh is
+    one chip; the reference pages any block size), the event log and the benchmark hook.
+    A row whose chunk ends no prompt gets a poisoned token (-7): the class computes no
+    output for it, and a worker reading it would serve -7."""
+
+    def embed_input_ids(self, input_ids):
+        raise NotImplementedError("Use the TT prefill/decode interface")
+
+    def forward(self, input_ids, positions, **kwargs):
+        raise NotImplementedError("Use the TT prefill/decode interface")
+
+    def compute_logits(self, hidden_states, **kwargs):
+        raise NotImplementedError("Use the TT prefill/decode interface")
+
+    model_capabilities = {
+        "supports_prefix_caching": False,
+        "supports_async_decode": True,
+        "supports_sample_on_device": True,
+        "supports_chunked_prefill": True,
+        "supports_intermediate_prefill_output_mask": True,
+        "supports_prefill_sampling_origins": True,
+        "supports_device_penalties": False,
+        "max_device_top_k": 32,
+    }
+    decode_input_update_contract = 1
+    _HYBRID_KV_CACHE_GROUPS_ENABLED = True
+
+    @classmethod
+    def initialize_vllm_model(
+        cls,
+        hf_config,
+        mesh_device,
+        max_batch_size,
+        max_seq_len=DEFAULT_SEQ_LEN,
+        tt_data_parallel=1,
+        optimizations=None,
+    ):
+        import os
+
+        if tt_data_parallel != 1:
+            raise ValueError("Kolibri requires the authorized TP4 mesh")
+        record("initialize_vllm_model", max_seq_len=max_seq_len, max_batch_size=max_batch_size)
+        obj = cls(_load(False, hf_config, mesh_device, max_batch_size, max_seq_len))
+        obj.batch_size = max_batch_size
+        obj.host_compat = os.environ.get("KOLIBRI_VLLM_HOST_COMPAT", "0") == "1"
+        obj.closed = False
+        return obj
+
+    @classmethod
+    def get_max_tokens_all_users(cls, **kwargs):
+        return kwargs["max_model_len"]
+
+    def allocate_kv_cache_per_layer(self, per_layer_specs):
+        record("allocate_kv_cache_per_layer", layers=len(per_layer_specs))
+        return self.core.allocate_kv_cache_per_layer(per_layer_specs)
+
+    def warmup_model_prefill(self, kv_cache, enable_trace, can_sample_on_device, **kwargs):
+        record("warmup_model_prefill", enable_trace=enable_trace)
+
+    def warmup_model_decode(
+        self, kv_cache, enable_trace, max_batch_size, num_blocks, can_sample_on_device, **kwargs
+    ):
+        record("warmup_model_decode", enable_trace=enable_trace)
+
+    def _ensure_sampling_state(self):
+        if not hasattr(self, "_sampling_origins"):
+            self._sampling_origins = [None] * self.batch_size
+
+    def _sampling(self, params, slots=None, positions=None):
+        if params is None:
+            if not self.host_compat:
+                raise RuntimeError("Host sampling requires explicit KOLIBRI_VLLM_HOST_COMPAT=1")
+            return False
+        self._ensure_sampling_state()
+        slots = list(range(self.batch_size)) if slots is None else slots
+        positions = (
+            [None] * len(slots)
+            if positions is None
+            else torch.as_tensor(positions).flatten().tolist()
+        )
+        for slot, position in zip(slots, positions):
+            origin = self._sampling_origins[slot]
+            if position is not None and position >= 0 and origin is None:
+                raise ValueError(
+                    f"Active sampling slot {slot} has no prefill origin at position {position}"
+                )
+        return True
+
+    def prefill_forward(
+        self,
+        tokens,
+        page_table=None,
+        kv_cache=None,
+        prompt_lens=None,
+        empty_slots=None,
+        enable_trace=True,
+        sampling_params=None,
+        start_pos=None,
+        page_tables_per_layer=None,
+        prefill_output_mask=None,
+        original_prompt_lens=None,
+        **kwargs,
+    ):
+        if kwargs:
+            raise TypeError(f"Unsupported prefill options: {kwargs.keys()}")
+        slots = list(range(len(prompt_lens))) if empty_slots is None else empty_slots
+        self._ensure_sampling_state()
+        output_mask = [True] * len(slots) if prefill_output_mask is None else prefill_output_mask
+        origins = prompt_lens if original_prompt_lens is None else original_prompt_lens
+        for row, slot in enumerate(slots):
+            if output_mask[row]:
+                self._sampling_origins[slot] = int(origins[row]) - 1
+        sampled = sampling_params is not None
+        if prefill_output_mask is None or any(prefill_output_mask):
+            positions = [
+                int(prompt_lens[row]) - 1 if output_mask[row] else -1 for row in range(len(slots))
+            ]
+            sampled = self._sampling(sampling_params, slots, positions=positions)
+        record(
+            "prefill_forward",
+            ends=[int(n) for n in prompt_lens],
+            starts=[int(n) for n in start_pos],
+            prefill_output_mask=prefill_output_mask,
+            original_prompt_lens=original_prompt_lens,
+            sampled=sampled,
+        )
+        out = self.core.prefill_forward(
+            tokens,
+            page_table,
+            kv_cache,
+            prompt_lens,
+            empty_slots=slots,
+            enable_trace=enable_trace,
+            sampling_params=sampling_params if sampled else None,
+            start_pos=start_pos,
+            page_tables_per_layer=page_tables_per_layer,
+        )
+        if not sampled:
+            return out
+        result = (out[0] if isinstance(out, tuple) else out).reshape(-1, 1).clone()
+        for row, keep in enumerate(output_mask):
+            if not keep:
+                result[row] = KOLIBRI_POISON  # no output for a chunk that ends no prompt
+        return result
+
+    def decode_forward(
+        self,
+        tokens,
+        start_pos,
+        page_table,
+        kv_cache,
+        enable_trace=True,
+        read_from_device=True,
+        sampling_params=None,
+        reload_inputs=True,
+        reload_page_table=False,
+        reload_sampling_params=True,
+        reset_sampling_state=True,
+        page_tables_per_layer=None,
+        slot_remap=None,
+        **kwargs,
+    ):
+        if kwargs:
+            raise TypeError(f"Unsupported decode options: {kwargs.keys()}")
+        if not enable_trace:
+            raise ValueError("Kolibri serving requires decode traces")
+        self._ensure_sampling_state()
+        if slot_remap is not None:
+            remap = torch.as_tensor(slot_remap).flatten().tolist()
+            if sorted(remap) != list(range(self.batch_size)):
+                raise ValueError(f"Invalid sampling slot permutation: {remap}")
+            self._sampling_origins = [self._sampling_origins[slot] for slot in remap]
+        sampled = sampling_params is not None
+        if reload_sampling_params or reset_sampling_state or slot_remap is not None or not sampled:
+            self._sampling(sampling_params, positions=start_pos)
+        record(
+            "decode_forward",
+            reload_inputs=reload_inputs,
+            read_from_device=read_from_device,
+            sampled=sampled,
+        )
+        return self.core.decode_forward(
+            tokens,
+            start_pos,
+            page_table,
+            kv_cache,
+            enable_trace=enable_trace,
+            read_from_device=read_from_device,
+            sampling_params=sampling_params,
+            reload_inputs=reload_inputs,
+            reload_page_table=reload_page_table,
+            reload_sampling_params=reload_sampling_params,
+            reset_sampling_state=reset_sampling_state,
+            page_tables_per_layer=page_tables_per_layer,
+            slot_remap=slot_remap,
+        )
+
+    def read_decode_output(self, tt_out, async_read=False):
+        return self.core.read_decode_output(tt_out, async_read=async_read)
+
+    def process_decode_output_host(self, tt_out, is_tokens=False):
+        return self.core.process_decode_output_host(tt_out, is_tokens=is_tokens)
+
+    def release_persistent_capture(self):
+        """Pinned plugin shutdown hook, called while the mesh is still open."""
+        record("release_persistent_capture", closed_before=self.closed)
+        self.closed = True

@@ -54,12 +54,18 @@ def main(spec_path: str) -> int:
         return _report(result)
     prompts = [{"prompt_token_ids": ids} for ids in spec["prompts"]]
     result["greedy"] = [o.outputs[0].token_ids for o in llm.generate(prompts, greedy)]
-    seeded = SamplingParams(max_tokens=spec["max_tokens"], temperature=0.9, seed=3, ignore_eos=True)
+    # A top-k within the class's max_device_top_k keeps the seeded row on the device.
+    cut = {"top_k": spec["seeded_top_k"]} if "seeded_top_k" in spec else {}
+    seeded = SamplingParams(
+        max_tokens=spec["max_tokens"], temperature=0.9, seed=3, ignore_eos=True, **cut
+    )
     alone = llm.generate(prompts[:1], seeded)[0].outputs[0].token_ids
     mixed = llm.generate(prompts[:1] + prompts[1:], [seeded] + [greedy] * (len(prompts) - 1))
     result["seeded_alone"] = alone
     result["seeded_in_batch"] = mixed[0].outputs[0].token_ids
     result["greedy_again"] = [o.outputs[0].token_ids for o in mixed[1:]]
+    if spec.get("shutdown"):  # the worker's shutdown, as a server's stop runs it
+        llm.llm_engine.engine_core.shutdown()
     return _report(result)
 
 

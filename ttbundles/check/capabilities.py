@@ -26,10 +26,10 @@ from ttbundles.errors import Diagnostic, Severity
 from ttbundles.format.contract import (
     CAPABILITIES_ATTRIBUTE,
     CAPABILITY_KEYS,
-    KNOWN_CAPABILITY_KEYS,
     OUTPUT_TOKENS_PER_STEP_KEY,
     RECURRENT_STATE_KEY,
 )
+from ttbundles.format.contract_keys import KNOWN_CAPABILITY_KEYS
 from ttbundles.format.metadata import Capabilities
 
 
@@ -174,7 +174,7 @@ def owner_agreement(
 
 
 def key_notes(caps: ClassCapabilities, class_name: str, meta_file: str) -> list[Diagnostic]:
-    """What the class's other keys mean here (`contract.KNOWN_CAPABILITY_KEYS`): block
+    """What the class's other keys mean here (`contract_keys.KNOWN_CAPABILITY_KEYS`): block
     output refused (TTB202, as at load), a `fabric_config` not applied (warning), a key
     ttbundles does not know (a note, for `validate -v`)."""
     out: list[Diagnostic] = []

@@ -31,6 +31,7 @@ from ttbundles.check.speculative import (
     spec_from_mapping,
 )
 from ttbundles.errors import Diagnostic, Severity
+from ttbundles.format import contract_keys
 from ttbundles.format.contract import (
     CAPABILITIES_ATTRIBUTE,
     CAPABILITY_KEYS,
@@ -53,6 +54,7 @@ from ttbundles.format.contract import (
     decode_keywords,
     pooling_required_methods,
 )
+from ttbundles.format.forwarding import accepted_keywords
 from ttbundles.format.metadata import METADATA_FILE, BundleMetadata
 
 _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
@@ -192,6 +194,44 @@ def check_class(cls: type, metadata: BundleMetadata) -> list[dict]:
     problems.extend(imported_method_problems(cls, declared))
     problems.extend(kv_layout.imported_problems(cls, declared))
     problems.extend(imported_pooling_problems(cls, pooling))
+    problems.extend(newest_key_problems(cls, name))
+    return problems
+
+
+def newest_key_problems(cls: type, name: str) -> list[dict]:
+    """What the worker refuses at load of the keys that ask for a call or a keyword
+    (`format.contract_keys`): the prefill warm-up without its method (TTB053), a
+    prefill keyword a capability asks for that prefill cannot take (TTB062)."""
+    problems: list[dict] = []
+    if getattr(cls, contract_keys.PREFILL_WARMUP_ATTRIBUTE, False) is True and not hasattr(
+        cls, contract_keys.WARMUP_PREFILL
+    ):
+        problems.append(
+            {
+                "code": "TTB053",
+                "message": f"{name} declares {contract_keys.PREFILL_WARMUP_ATTRIBUTE} but "
+                f"lacks {contract_keys.WARMUP_PREFILL}",
+                "hint": "implement it, or drop the attribute (docs/reference/contract-keys.md)",
+            }
+        )
+    capabilities = getattr(cls, CAPABILITIES_ATTRIBUTE, None) or {}
+    prefill = getattr(cls, PREFILL.name, None)
+    if not isinstance(capabilities, Mapping) or prefill is None:
+        return problems
+    try:
+        accepted = accepted_keywords(cls, prefill)
+    except (TypeError, ValueError):  # no signature to read: the worker trusts it too
+        return problems
+    for keyword, key in contract_keys.PREFILL_KEYWORDS_ASKED.items():
+        if capabilities.get(key) is True and not accepted.accepts(keyword):
+            problems.append(
+                {
+                    "code": "TTB062",
+                    "message": f"{name}.{PREFILL.name} takes no {keyword}, though its "
+                    f"{CAPABILITIES_ATTRIBUTE} declare {key}",
+                    "hint": "take the keyword in prefill_forward, or drop the key",
+                }
+            )
     return problems
 
 

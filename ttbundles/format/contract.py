@@ -160,48 +160,8 @@ one pooled row per prompt, no KV cache, no prefill or decode. `prefill_hidden`: 
 generation contract whose `prefill_forward` returns hidden states when asked
 (`HIDDEN_STATES_KEYWORD`), so vLLM's own pooler (last token, mean, CLS, normalisation,
 the classifier head) finishes on the host."""
-KNOWN_CAPABILITY_KEYS: dict[str, str] = {
-    **{
-        key: f"mirrored by the bundle's capabilities.{name}"
-        for key, name in CAPABILITY_KEYS.items()
-    },
-    DEVICE_PENALTIES_KEY: "used: penalties on the device (default True, as the reference plugin)",
-    MAX_DEVICE_TOP_K_KEY: "used: the largest stochastic top-k sampled on the device",
-    MAX_DEVICE_LOGPROBS_KEY: "used: top log-probs the device returns (ttbundles' own key)",
-    OUTPUT_TOKENS_PER_STEP_KEY: "used: a value above 1 (block output) is refused at load",
-    REQUIRED_BLOCK_SIZE_KEY: "used: another --block-size is refused at load",
-    "supports_device_grammar": "ignored: structured-output batches sample on the host here",
-    "resumed_prefill_token_alignment": (
-        "ignored: chunks resume where vLLM's scheduler ends them; a class needing an "
-        "alignment declares no chunked prefill for ttbundles"
-    ),
-    "accepts_trace_mode": "ignored: the worker passes enable_trace on every call",
-    "supports_sliding_window": (
-        "used: the class masks the checkpoint's sliding window itself; without it a window "
-        "shorter than max_model_len is refused (ttbundles' own key)"
-    ),
-    "fabric_config": (
-        "not applied: the worker opens the mesh with the device option tt.fabric_config "
-        "(the class's ttnn.set_fabric_config keywords are not read); validate warns"
-    ),
-    **{key: f"mirrored by the bundle's capabilities.{name}" for key, name in SPEC_KEYS.items()},
-    "tt_adaptive_block_output": "ignored: block output (output_tokens_per_step > 1) is refused",
-    "tt_adaptive_block_max_prompt_tokens": "ignored: block output is refused",
-    "tt_block_kv_extent_tokens": "ignored: block output is refused",
-    "supports_request_specific_rope": (
-        "ignored: request-specific RoPE is recognised from prefill's (logits, rope_deltas)"
-    ),
-    "recurrent_prefix_snapshots": (
-        "used: snapshots of recurrent state the class keeps (save/restore/"
-        "free_recurrent_prefix): the prefix cache of a generator-owned state admits only "
-        "hits a snapshot restores; without it prefix caching over recurrent state is refused"
-    ),
-    "supports_async_decode_overlap": "ignored: async decode overlaps whenever it is declared",
-    "tt_async_decode_allows_overlap": "ignored: async decode overlaps whenever it is declared",
-}
-"""Every `model_capabilities` key ttbundles knows, from TT-Metal's classes and the reference
-plugin's `docs/MODEL_CAPABILITIES.md`, with what the worker does with it. A key a class
-carries that is not here is reported by `validate -v` (TTB064), never silently dropped."""
+# Every key, keyword and class attribute with what the worker does with it (and
+# `KNOWN_CAPABILITY_KEYS`, what `validate -v` calls known): `format.contract_keys`.
 
 FALLBACK_MAX_TOKENS_ALL_USERS = 131_072
 """TT-Metal's KV budget when a generator has no model-specific one."""

@@ -33,6 +33,7 @@ from ttbundles.serving.planning.device_groups import bind_rank
 from ttbundles.serving.planning.generator_class import load_generator_class
 from ttbundles.serving.planning.plan import served_plan
 from ttbundles.serving.runner.interface import Runner, make_runner
+from ttbundles.serving.runner.lifecycle import Lifecycle
 from ttbundles.serving.stats import STATS
 
 if TYPE_CHECKING:  # only for annotations
@@ -84,6 +85,7 @@ class TTWorker(WorkerBase):
         self._batch = 0
         self.mesh_device: Any = None
         self.model_runner: Runner | None = None
+        self.lifecycle: Lifecycle | None = None  # bound at load: warm-up, release
         self._stats_file = envs.TT_BUNDLES_STATS_FILE
         # Multi-process data parallelism: this engine's rank on this node (None: one engine).
         self.dp_rank: int | None = None
@@ -150,6 +152,11 @@ class TTWorker(WorkerBase):
             raise
         except Exception as exc:  # noqa: BLE001 - the generator's own code: one line
             raise faults.load_failed(generator_cls.__name__, exc) from exc
+        # The warm-up and release the class asks for, bound now: a class asking for a
+        # warm-up it cannot run is refused before any request.
+        self.lifecycle = Lifecycle.bind(
+            self.model_runner.generator, generator_cls, generator_cls.__qualname__
+        )
         logger.info(
             "ttbundles: loaded %s (%s, %s) on %s",
             self.plan.tt_arch,
@@ -183,7 +190,19 @@ class TTWorker(WorkerBase):
         assert self.model_runner is not None
         self.model_runner.initialize_kv_cache(kv_cache_config)
 
+    @_starting
     def compile_or_warm_up_model(self) -> CompilationTimes:
+        lifecycle = self.lifecycle
+        if lifecycle is not None:
+            options = self.plan.tt_options
+            passes = lifecycle.warm_up(
+                getattr(self.model_runner, "kv_cache", None),
+                trace=(options.trace_mode or "all") == "all",
+                sample_on_device=options.sample_on_device_mode == "all",
+            )
+            if passes:
+                STATS.count("warmup.prefill", passes)
+                logger.info("ttbundles: prefill warm-up done (%d passes)", passes)
         # Started: from here a SIGTERM is vLLM's to handle (a graceful shutdown).
         restore, self._restore_signals = getattr(self, "_restore_signals", None), None
         if restore is not None:
@@ -237,6 +256,9 @@ class TTWorker(WorkerBase):
         return
 
     def shutdown(self) -> None:
+        lifecycle = self.lifecycle
+        if lifecycle is not None and lifecycle.release_capture():
+            STATS.count("shutdown.release_persistent_capture")
         logger.info("ttbundles: step counters %s", STATS.snapshot())
 
     def add_lora(self, lora_request: Any) -> bool:

@@ -22,7 +22,8 @@ class DecodeCommands:
       decode of a layout (after a prefill, a host-sampled step, or any change of which
       request holds which slot): parameters and seeds are registered, per-slot history
       rebuilt.
-    A legacy class gets `reset_batch` on device-sampling calls in place of all this.
+    A legacy class gets `reset_batch` on device-sampling calls in place of all this; a
+    class naming `reuse_device_decode_inputs` gets `reuse_inputs` either way.
     """
 
     reload_inputs: bool
@@ -33,6 +34,12 @@ class DecodeCommands:
     @property
     def transition(self) -> bool:
         return self.reset_sampling_state
+
+    @property
+    def reuse_inputs(self) -> bool:
+        """A steady decode with nothing to restage, not even the page table: what the
+        autoports' `reuse_device_decode_inputs=True` lets them skip checking."""
+        return not self.reload_inputs and not self.reload_page_table
 
     @classmethod
     def decide(

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ttbundles.format import contract
+from ttbundles.format import contract, contract_keys
 from ttbundles.format import speculative as spec
 from ttbundles.serving.binding import (
     BoundMethod,
@@ -29,7 +29,7 @@ def refuse_unsupported_keys(
     class_name: str, capabilities: dict[str, Any], block_size: int, *, declared_async: bool
 ) -> None:
     """Keys that make a class impossible to drive as configured, refused before any
-    weight loads (`format.contract.KNOWN_CAPABILITY_KEYS`); and a bundle declaring async
+    weight loads (`format.contract_keys`); and a bundle declaring async
     decode for a class that does not support it (what `validate --import` calls TTB056),
     which the plan would otherwise have switched on."""
     if declared_async and capabilities.get("supports_async_decode") is not True:
@@ -123,16 +123,30 @@ def bind_instance(
     prompt_logits: bool,
     speculation_method: str | None,
     async_decode: bool,
+    capabilities: dict[str, Any] | None = None,
 ) -> GeneratorMethods:
     """Bind what the steps call on the loaded generator, offering what this launch
-    supplies (images, prompt logits, the verify keywords when speculating)."""
+    supplies (images, prompt logits, the verify keywords when speculating, the prefill
+    keywords the class's `capabilities` ask for)."""
     prefill_offer = contract.PREFILL.passes
     if image_inputs:
         prefill_offer += contract.PREFILL_IMAGE_INPUTS
     if prompt_logits:
         prefill_offer += (contract.PROMPT_LOGITS_KEYWORD,)
+    asked = declared_prefill_keywords(capabilities or {})
+    prefill_offer += asked
     prefill = bind(model, contract.PREFILL, prefill_offer, class_name=class_name)
-    offer = decode_offer(version)
+    missing = [k for k in asked if not prefill.accepts(k)]
+    if missing:
+        raise GeneratorContractError.single(
+            "TTB062",
+            f"{class_name}.prefill_forward takes no {', '.join(missing)}, though its "
+            f"{contract.CAPABILITIES_ATTRIBUTE} declare"
+            f" {', '.join(contract_keys.PREFILL_KEYWORDS_ASKED[k] for k in missing)}",
+            hint="take the keyword in prefill_forward, or drop the capability key "
+            "(docs/reference/contract-keys.md)",
+        )
+    offer = decode_offer(version) + (contract_keys.REUSE_DECODE_INPUTS_KEYWORD,)
     if speculation_method is not None:
         offer += spec.VERIFY_KEYWORDS
     decode = bind(model, contract.DECODE, offer, class_name=class_name)
@@ -146,6 +160,15 @@ def bind_instance(
         read = bind(model, read_m, read_m.passes, class_name=class_name)
         process = bind(model, process_m, process_m.passes, class_name=class_name)
     return GeneratorMethods(prefill, decode, allocator, read, process, propose)
+
+
+def declared_prefill_keywords(capabilities: dict[str, Any]) -> tuple[str, ...]:
+    """The prefill keywords the class's `model_capabilities` ask for."""
+    return tuple(
+        kw
+        for kw, key in contract_keys.PREFILL_KEYWORDS_ASKED.items()
+        if capabilities.get(key) is True
+    )
 
 
 def _bind_speculation(

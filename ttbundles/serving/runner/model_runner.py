@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, DraftTokenIds, ModelRunnerOutput
 
-from ttbundles.format import contract
+from ttbundles.format import contract, contract_keys
 from ttbundles.format import speculative as spec
 from ttbundles.format.layer_kinds import layer_kinds
 from ttbundles.serving import compat
@@ -34,6 +34,7 @@ from ttbundles.serving.runner.contract_binding import (
     GeneratorMethods,
     bind_class,
     bind_instance,
+    declared_prefill_keywords,
     refuse_unsupported_keys,
 )
 from ttbundles.serving.runner.families import tt_data_parallel
@@ -120,6 +121,8 @@ class TTModelRunner:
             optimizations=self.options.optimizations is not None,
         )
         self.methods: GeneratorMethods | None = None  # bound on the loaded generator
+        self.prefill_keywords: tuple[str, ...] = ()  # asked by the class's capabilities
+        self.reuse_keyword = False  # decode names reuse_device_decode_inputs
         self.generator: Any = None
         self.kv_cache: Any = None
         self.cache_layers = 0  # layers of a per-layer cache: page_tables_per_layer is sent
@@ -229,7 +232,11 @@ class TTModelRunner:
             prompt_logits=self.prompt_logprobs is not None,
             speculation_method=self.speculation.method if self.speculation else None,
             async_decode=self.async_decode,
+            capabilities=self.capabilities,
         )
+        self.prefill_keywords = declared_prefill_keywords(self.capabilities)
+        # Sent only to a decode that names it: a `**kwargs` decode may not know it.
+        self.reuse_keyword = contract_keys.REUSE_DECODE_INPUTS_KEYWORD in self.methods.decode.names
         decode = self.methods.decode
         self.device_support = device_support(
             self.capabilities,
@@ -452,6 +459,8 @@ class TTModelRunner:
             values["rope_deltas_all_users"] = [
                 rope_deltas.get(owner, 0) if owner is not None else 0 for owner in layout.owners
             ]
+        if self.reuse_keyword:
+            values[contract_keys.REUSE_DECODE_INPUTS_KEYWORD] = commands.reuse_inputs
         if self.version >= contract.CONTRACT_V1:
             values.update(
                 reload_inputs=commands.reload_inputs,
@@ -631,6 +640,12 @@ class TTModelRunner:
         )
         if scored:
             inputs[contract.PROMPT_LOGITS_KEYWORD] = True
+        if contract_keys.PREFILL_OUTPUT_MASK_KEYWORD in self.prefill_keywords:
+            # Only rows whose chunk ends their prompt produce a token.
+            inputs[contract_keys.PREFILL_OUTPUT_MASK_KEYWORD] = (~step.discard).tolist()
+        if contract_keys.ORIGINAL_PROMPT_LENS_KEYWORD in self.prefill_keywords:
+            original = self.input_batch.num_prompt_tokens[:rows]
+            inputs[contract_keys.ORIGINAL_PROMPT_LENS_KEYWORD] = [int(n) for n in original]
         out = self.methods.prefill(
             **inputs,
             **self.tables.per_layer(tables, self.cache_layers),
