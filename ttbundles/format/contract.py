@@ -93,6 +93,19 @@ MAX_DEVICE_LOGPROBS_KEY = "max_device_logprobs"
 on the GPT-OSS class): how many top log-probabilities the device returns per row, as
 `(top_logprobs [B, K], top_token_ids [B, K])`. Absent or 0: log-prob requests sample on
 the host. The torch reference generator declares it."""
+DEVICE_GRAMMAR_KEY = "supports_device_grammar"
+"""The device sampler applies vLLM's packed structured-output bitmask before it selects a
+decode token (the reference plugin's key; its `docs/MODEL_CAPABILITIES.md`): the worker
+sends it as `GRAMMAR_BITMASK_KEYWORD` to `decode_forward`, so a structured-output decode
+samples on the device and keeps asynchronous decode. As the plugin's first contract it
+covers decode only: a structured prefill, and a structured request that asks for
+log-probabilities, sample on the host. Absent or False: structured batches sample on the
+host."""
+GRAMMAR_BITMASK_KEYWORD = "grammar_bitmask"
+"""The `decode_forward` keyword of a class declaring `supports_device_grammar` (TT-Metal's
+name for the packed mask): `[B, ceil(V / 32)]` int32, one row per batch slot, bit t of
+word t // 32 set where token t is allowed; rows without a grammar are all ones (-1).
+Sent only on a structured-output decode; absent on every other call."""
 OUTPUT_TOKENS_PER_STEP_KEY = "output_tokens_per_step"
 """Block-output models commit more than one token per decode (> 1); the worker commits
 one per step, so such a class is refused at load (TTB202). Default 1."""
@@ -170,7 +183,10 @@ KNOWN_CAPABILITY_KEYS: dict[str, str] = {
     MAX_DEVICE_LOGPROBS_KEY: "used: top log-probs the device returns (ttbundles' own key)",
     OUTPUT_TOKENS_PER_STEP_KEY: "used: a value above 1 (block output) is refused at load",
     REQUIRED_BLOCK_SIZE_KEY: "used: another --block-size is refused at load",
-    "supports_device_grammar": "ignored: structured-output batches sample on the host here",
+    DEVICE_GRAMMAR_KEY: (
+        "used: a structured-output decode sends the grammar bitmask to decode_forward "
+        "(grammar_bitmask) and keeps async decode; structured prefills sample on the host"
+    ),
     "resumed_prefill_token_alignment": (
         "ignored: chunks resume where vLLM's scheduler ends them; a class needing an "
         "alignment declares no chunked prefill for ttbundles"

@@ -98,6 +98,7 @@ def plan_config(vllm_config: VllmConfig, registry: Registry) -> Plan | None:
     _plan_evidence(plan, entry.path)
 
     options = _plan_options(vllm_config, plan, meta, target)
+    _plan_sampling_paths(plan, entry, options.sample_on_device_mode)
     _plan_server(vllm_config, plan, bool(caps.input_limits()))
     _plan_dtype(vllm_config, plan)
 
@@ -205,6 +206,48 @@ def _plan_options(
             "sampling", None, "host", "no sample_on_device_mode: vLLM's sampler on the host"
         )
     return options
+
+
+def _plan_sampling_paths(plan: Plan, entry: Any, mode: str | None) -> None:
+    """Which sampler serves structured output and log-probabilities, from the class's
+    `model_capabilities` as its source shows it (the runner decides the same at load from
+    the imported class, which must also take the `grammar_bitmask` keyword, and says so
+    in the start-up log's `sampling:` line)."""
+    if mode is None:
+        return  # "sampling: host" says it all
+    from ttbundles.format.contract import DEVICE_GRAMMAR_KEY, MAX_DEVICE_LOGPROBS_KEY
+
+    static = entry.class_source()
+    caps = static.model_capabilities if static is not None else None
+    if caps is None:
+        plan.decide(
+            "sampling.structured_output",
+            None,
+            "decided at load",
+            "the class's model_capabilities is not readable here: the start-up log says",
+        )
+        return
+    cls = entry.metadata.main_class
+    plan.decide(
+        "sampling.structured_output",
+        None,
+        "device" if caps.get(DEVICE_GRAMMAR_KEY) else "host",
+        f"{cls} declares {DEVICE_GRAMMAR_KEY}: decodes send the grammar bitmask to its "
+        "sampler and keep async decode (structured prefills sample on the host)"
+        if caps.get(DEVICE_GRAMMAR_KEY)
+        else f"{cls} does not declare {DEVICE_GRAMMAR_KEY}: structured batches sample on "
+        "the host and drain async decode",
+    )
+    plan.decide(
+        "sampling.logprobs",
+        None,
+        "device" if caps.get(MAX_DEVICE_LOGPROBS_KEY) else "host",
+        f"{cls} declares {MAX_DEVICE_LOGPROBS_KEY}: its sampler's top log-probs serve "
+        "greedy or top-k-bounded requests up to that many, the host the others"
+        if caps.get(MAX_DEVICE_LOGPROBS_KEY)
+        else f"{cls} does not declare {MAX_DEVICE_LOGPROBS_KEY}: log-prob requests sample "
+        "on the host",
+    )
 
 
 def _plan_server(vllm_config: VllmConfig, plan: Plan, images: bool) -> None:
