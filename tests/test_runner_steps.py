@@ -626,7 +626,12 @@ def test_a_device_grammar_samples_structured_decodes_on_the_device(
             k: v - before.get(k, 0) for k, v in STATS.snapshot().items() if v != before.get(k, 0)
         }
         decodes = runner.generator.decodes
+        plan = {d.setting: d for d in served_plan(runner.vllm_config).decisions}
         if path == "device":
+            # The plan says it before the class is imported: device grammar, async kept.
+            said = plan["sampling.structured_output"]
+            assert said.effective == "device" and "keep async decode" in said.reason
+            assert plan["sampling.logprobs"].effective == "device"
             assert all(d["device"] for d in decodes) and decodes
             assert all(d["grammar"] for d in decodes[:5])  # the structured rows decode
             assert delta["sampling.device.grammar"] >= 5
@@ -635,7 +640,8 @@ def test_a_device_grammar_samples_structured_decodes_on_the_device(
             assert all(d["read"] is (not async_decode) for d in decodes)
             if async_decode:
                 assert delta["decode.async"] == len(decodes)
-        else:
+        else:  # always_compat_sampling: every batch on the host, as the plan says
+            assert "sampling.structured_output" not in plan
             assert not any(d["grammar"] for d in decodes)
     assert outs["device"] == outs["host"]
     for name in prompts:

@@ -61,7 +61,7 @@ DEMO_ARGS = [
     # No free JSON whitespace: the tiny model pads a schema's object to max_tokens with it
     # (test_sampling_async.py's structured output).
     "--structured-outputs-config",
-    '{"disable_any_whitespace": true}',
+    '{"backend": "xgrammar", "disable_any_whitespace": true}',
 ]
 PLAIN_ARGS = [
     "--block-size",

@@ -655,8 +655,8 @@ def test_a_json_schema_chat_is_served_on_the_device_grammar_with_async_decode(
 ):
     """The plan and the start-up log say structured output samples on the device grammar;
     a chat request with a JSON schema validates against it, its decodes sample on the
-    device with the bitmask, asynchronously, and nothing is drained for it; vLLM's host
-    sampler (compat) gives the same tokens."""
+    device with the bitmask, asynchronously, and nothing is drained for the grammar;
+    vLLM's host sampler (compat) gives the same tokens."""
     log = demo_server.log_since(0)
     assert "sampling.structured_output: None -> 'device'" in log
     assert "structured output: device grammar in decode" in log
@@ -670,9 +670,14 @@ def test_a_json_schema_chat_is_served_on_the_device_grammar_with_async_decode(
     prefills = delta["step.prefill"]
     assert delta["sampling.host"] == delta["sampling.host.structured_output"] == prefills
     assert delta["step.decode"] == steps - 1, delta
-    assert delta["sampling.device"] == delta["sampling.device.grammar"] == steps - 1, delta
+    assert delta["sampling.device"] == steps - 1, delta
+    # Every decode but the one async scheduling runs after EOS (its grammar has ended:
+    # vLLM sends no bitmask for it) carries the bitmask.
+    assert delta["sampling.device.grammar"] == steps - 2, delta
     assert delta["decode.async"] == steps - 1
-    assert not drains(delta), delta
+    # Nothing is read back for the grammar; the request's end may read back the step in
+    # flight, as any request's end does (on vLLM 0.33.0 it does).
+    assert set(drains(delta)) <= {"decode.drain.batch_change"}, delta
     host = chat_json(compat_server)
     assert output_ids(host) == output_ids(response)
 
@@ -698,3 +703,45 @@ def test_a_structured_request_joining_async_decode_drains_nothing_for_its_gramma
     assert delta["sampling.host"] == delta["sampling.host.structured_output"], delta
     assert delta["decode.async"] == LONG - 1
     assert delta["sampling.device.grammar"] >= 1
+
+
+def test_top_logprobs_5_of_a_chat_come_from_the_device_sampler(demo_server, compat_server):
+    """The plan and the start-up log say log-probs come from the device sampler (the demo
+    generator returns its top 20); a greedy chat asking top_logprobs 5 samples every step
+    on the device, asynchronously, and its log-probs are vLLM's host sampler's within
+    float32."""
+    log = demo_server.log_since(0)
+    assert "sampling.logprobs: None -> 'device'" in log
+    assert "logprobs: up to 20 from the device sampler" in log
+
+    def ask(server):
+        with server.client() as client:
+            return client.chat.completions.create(
+                model=server.model,
+                messages=MESSAGES,
+                max_tokens=N,
+                temperature=0,
+                logprobs=True,
+                top_logprobs=5,
+                extra_body={**IDS, **TOKEN_IDS},
+            )
+
+    before = demo_server.settled_stats()
+    response = ask(demo_server)
+    delta = demo_server.stats_delta(before)
+    assert delta["sampling.device"] == sampling_steps(response), delta
+    assert "sampling.host" not in delta
+    assert delta["decode.async"] == N - 1
+    host = ask(compat_server)
+    assert output_ids(host) == output_ids(response)
+    device_rows = response.choices[0].logprobs.content
+    host_rows = host.choices[0].logprobs.content
+    assert len(device_rows) == len(host_rows) == N
+    for device_row, host_row in zip(device_rows, host_rows):
+        assert len(device_row.top_logprobs) == 5
+        assert [t.token for t in device_row.top_logprobs] == [
+            t.token for t in host_row.top_logprobs
+        ]
+        assert math.isclose(device_row.logprob, host_row.logprob, abs_tol=1e-5)
+        for d, h in zip(device_row.top_logprobs, host_row.top_logprobs):
+            assert math.isclose(d.logprob, h.logprob, abs_tol=1e-5)

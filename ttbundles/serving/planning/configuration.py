@@ -98,7 +98,7 @@ def plan_config(vllm_config: VllmConfig, registry: Registry) -> Plan | None:
     _plan_evidence(plan, entry.path)
 
     options = _plan_options(vllm_config, plan, meta, target)
-    _plan_sampling_paths(plan, entry, options.sample_on_device_mode)
+    _plan_sampling_paths(plan, entry, options)
     _plan_server(vllm_config, plan, bool(caps.input_limits()))
     _plan_dtype(vllm_config, plan)
 
@@ -208,13 +208,13 @@ def _plan_options(
     return options
 
 
-def _plan_sampling_paths(plan: Plan, entry: Any, mode: str | None) -> None:
+def _plan_sampling_paths(plan: Plan, entry: Any, options: TTOptions) -> None:
     """Which sampler serves structured output and log-probabilities, from the class's
     `model_capabilities` as its source shows it (the runner decides the same at load from
     the imported class, which must also take the `grammar_bitmask` keyword, and says so
     in the start-up log's `sampling:` line)."""
-    if mode is None:
-        return  # "sampling: host" says it all
+    if options.sample_on_device_mode is None or options.always_compat_sampling:
+        return  # "sampling: host" or tt.always_compat_sampling says it all
     from ttbundles.format.contract import DEVICE_GRAMMAR_KEY, MAX_DEVICE_LOGPROBS_KEY
 
     static = entry.class_source()

@@ -239,7 +239,11 @@ class TTModelRunner:
         )
         logger.info(
             "ttbundles: sampling: %s",
-            describe_paths(self.device_support, self.options.sample_on_device_mode),
+            describe_paths(
+                self.device_support,
+                self.options.sample_on_device_mode,
+                bool(self.options.always_compat_sampling),
+            ),
         )
 
     def max_tokens_all_users(self) -> int | None:

@@ -58,11 +58,11 @@ def device_support(
     )
 
 
-def describe_paths(support: DeviceSupport, mode: str | None) -> str:
+def describe_paths(support: DeviceSupport, mode: str | None, always_host: bool = False) -> str:
     """Which sampler serves structured output and log-probabilities (the start-up log's
     line, as the plan's `sampling.*` decisions say it before the class is imported)."""
-    if mode is None:
-        return "structured output and logprobs on the host (no sample_on_device_mode)"
+    if mode is None or always_host:
+        return "structured output and logprobs on the host (every batch samples there)"
     grammar = (
         "structured output: device grammar in decode (grammar_bitmask; async decode kept), "
         "prefill on the host"
