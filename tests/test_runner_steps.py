@@ -57,6 +57,7 @@ class Recording(ReferenceLlamaGenerator):
                 "rows": len(kwargs["start_pos"]),
                 "slots": (kwargs["start_pos"] >= 0).nonzero().flatten().tolist(),
                 "table": kwargs["page_table"].clone(),
+                "grammar": kwargs.get("grammar_bitmask") is not None,
                 "history": {
                     k: kwargs[k].clone() for k in ("prompt_tokens", "output_tokens") if k in kwargs
                 },
@@ -119,20 +120,32 @@ def build(
     return scheduler, runner
 
 
-def run(scheduler, runner, requests: dict[int, list[Request]]) -> dict[str, list[int]]:
-    """The engine core's loop (one batch in flight); requests arrive at their step."""
+def run(
+    scheduler, runner, requests: dict[int, list[Request]], logprobs: dict | None = None
+) -> dict[str, list[int]]:
+    """The engine core's loop (one batch in flight); requests arrive at their step, a
+    structured one's grammar compiled as the engine's input processing does, and each
+    step's grammar bitmask handed to sample_tokens. `logprobs`: filled with each
+    request's sampled-token log-probs per step, `(ids, values)` (vLLM's output rows)."""
     everything = [r for batch in requests.values() for r in batch]
     step = 0
     while step < 500:
         for request in requests.pop(step, []):
+            scheduler.structured_output_manager.grammar_init(request)
             scheduler.add_request(request)
         if not requests and not scheduler.has_requests():
             break
         output: SchedulerOutput = scheduler.schedule()
         runner.execute_model(output)
-        result = runner.sample_tokens(None)
+        result = runner.sample_tokens(scheduler.get_grammar_bitmask(output))
         if isinstance(result, AsyncModelRunnerOutput):
             result = result.get_output()
+        if logprobs is not None and result.logprobs is not None:
+            lists = result.logprobs
+            for row, req_id in enumerate(result.req_ids):
+                logprobs.setdefault(req_id, []).append(
+                    (list(lists.logprob_token_ids[row]), list(lists.logprobs[row]))
+                )
         scheduler.update_from_output(output, result)
         step += 1
     return {r.request_id: list(r.output_token_ids) for r in everything}
@@ -533,3 +546,132 @@ def test_async_decode_comes_from_the_bundle_and_a_class_that_disagrees_is_refuse
     assert problem.message.endswith(
         "NoAsync.model_capabilities does not support it (supports_async_decode is False)"
     )
+
+
+def stats_delta(before: dict) -> dict:
+    """The counters that moved since `before` (a STATS snapshot)."""
+    now = STATS.snapshot()
+    return {k: v - before.get(k, 0) for k, v in now.items() if v != before.get(k, 0)}
+
+
+# A JSON schema the tiny model completes in a few tokens: one key, one of two values.
+ANSWER_SCHEMA = {
+    "type": "object",
+    "properties": {"answer": {"enum": ["yes", "no"]}},
+    "required": ["answer"],
+    "additionalProperties": False,
+}
+
+
+def structured(name: str, prompt: list[int], **params) -> Request:
+    """A request whose output must match ANSWER_SCHEMA (xgrammar, as vLLM's input
+    processing picks it); it stops at EOS, where the grammar ends."""
+    import json
+
+    from vllm.sampling_params import StructuredOutputsParams
+
+    schema = StructuredOutputsParams(json=json.dumps(ANSWER_SCHEMA))
+    schema._backend = "xgrammar"
+    return Request(
+        request_id=name,
+        prompt_token_ids=prompt,
+        sampling_params=SamplingParams(max_tokens=48, structured_outputs=schema, **params),
+        pooling_params=None,
+    )
+
+
+def answer(runner, tokens: list[int]) -> dict:
+    import json
+
+    from vllm.tokenizers import get_tokenizer
+
+    tokenizer = get_tokenizer(str(runner.model_config.tokenizer))
+    # The grammar ends at EOS (the request, built without the engine's input processing,
+    # does not know its EOS and goes on).
+    assert tokenizer.eos_token_id in tokens, tokens
+    text = tokenizer.decode(tokens[: tokens.index(tokenizer.eos_token_id)])
+    value = json.loads(text)
+    assert set(value) == {"answer"} and value["answer"] in ("yes", "no"), text
+    return value
+
+
+@pytest.mark.parametrize("async_decode", [False, True])
+def test_a_device_grammar_samples_structured_decodes_on_the_device(
+    demo_checkpoint, greedy, async_decode
+):
+    """The reference declares supports_device_grammar: a structured request's decodes get
+    its bitmask (per slot) and sample on the device, asynchronously where async decode is
+    on, without draining the steps in flight; its prefill samples on the host. The output
+    is valid JSON of the schema and the same tokens the host sampler gives (greedy, and
+    seeded at a temperature); a plain request beside it keeps transformers' tokens."""
+    prompts = {"g": PROMPT_A, "s": PROMPT_B}
+    params = {"g": {"temperature": 0.0}, "s": {"temperature": 0.9, "seed": 5}}
+    outs = {}
+    for path, tt in (("device", None), ("host", {"always_compat_sampling": True})):
+        scheduler, runner = build(demo_checkpoint, async_decode=async_decode, tt=tt)
+        # No free whitespace (vLLM's --structured-outputs-config.disable_any_whitespace):
+        # the tiny random model would pad the object until max_tokens.
+        manager = scheduler.structured_output_manager
+        manager.vllm_config.structured_outputs_config.disable_any_whitespace = True
+        before = STATS.snapshot()
+        outs[path] = run(
+            scheduler,
+            runner,
+            {
+                0: [structured(n, prompts[n], **params[n]) for n in prompts]
+                + [request("plain", PROMPT_A, 6, temperature=0.0)]
+            },
+        )
+        delta = {
+            k: v - before.get(k, 0) for k, v in STATS.snapshot().items() if v != before.get(k, 0)
+        }
+        decodes = runner.generator.decodes
+        plan = {d.setting: d for d in served_plan(runner.vllm_config).decisions}
+        if path == "device":
+            # The plan says it before the class is imported: device grammar, async kept.
+            said = plan["sampling.structured_output"]
+            assert said.effective == "device" and "keep async decode" in said.reason
+            assert plan["sampling.logprobs"].effective == "device"
+            assert all(d["device"] for d in decodes) and decodes
+            assert all(d["grammar"] for d in decodes[:5])  # the structured rows decode
+            assert delta["sampling.device.grammar"] >= 5
+            assert delta.get("sampling.host.structured_output") == 1  # the one prefill
+            assert "decode.drain.structured_output" not in delta
+            assert all(d["read"] is (not async_decode) for d in decodes)
+            if async_decode:
+                assert delta["decode.async"] == len(decodes)
+        else:  # always_compat_sampling: every batch on the host, as the plan says
+            assert "sampling.structured_output" not in plan
+            assert not any(d["grammar"] for d in decodes)
+    assert outs["device"] == outs["host"]
+    for name in prompts:
+        answer(runner, outs["device"][name])
+    assert outs["device"]["plain"] == greedy(PROMPT_A, 6)
+
+
+def test_device_logprobs_are_the_host_samplers_within_float32(demo_checkpoint):
+    """A request for 5 log-probs (the reference returns its top 20) is served from the
+    device sampler's top log-probs: the same ids as vLLM's host sampler, the values
+    equal within float32 rounding."""
+    got = {}
+    for path, tt in (("device", None), ("host", {"always_compat_sampling": True})):
+        scheduler, runner = build(demo_checkpoint, async_decode=True, tt=tt)
+        before = STATS.snapshot()
+        logprobs: dict = {}
+        run(
+            scheduler,
+            runner,
+            {0: [request("a", PROMPT_A, 6, temperature=0.0, logprobs=5)]},
+            logprobs,
+        )
+        delta = {
+            k: v - before.get(k, 0) for k, v in STATS.snapshot().items() if v != before.get(k, 0)
+        }
+        assert ("sampling.host" in delta) is (path == "host"), delta
+        got[path] = logprobs["a"]
+    assert len(got["device"]) == len(got["host"]) == 6
+    for (device_ids, device_values), (host_ids, host_values) in zip(got["device"], got["host"]):
+        assert device_ids == host_ids
+        assert torch.allclose(
+            torch.tensor(device_values), torch.tensor(host_values), rtol=0, atol=1e-5
+        ), (device_values, host_values)

@@ -181,3 +181,43 @@ def test_one_row_beyond_max_device_top_k_sends_the_batch_to_the_host():
 )
 def test_device_support_reads_the_keys_with_the_plugins_defaults(capabilities, history, expected):
     assert device_support(capabilities, takes_history=history) == expected
+
+
+GRAMMAR = SamplingParams(
+    temperature=0.0, structured_outputs=StructuredOutputsParams(json={"type": "object"})
+)
+
+
+@pytest.mark.parametrize(
+    "declared,takes_bitmask,grammar",
+    [(True, True, True), (True, False, False), (False, True, False)],
+)
+def test_device_grammar_needs_the_key_and_the_bitmask_keyword(declared, takes_bitmask, grammar):
+    """A declaration the decode call cannot carry (no `grammar_bitmask` keyword) would
+    sample structured rows unconstrained: the host samples them then."""
+    support = device_support(
+        {"supports_device_grammar": declared}, takes_history=True, takes_bitmask=takes_bitmask
+    )
+    assert support.grammar is grammar
+
+
+def test_a_device_grammar_serves_structured_decodes_and_leaves_prefills_to_the_host():
+    grammar = DeviceSupport(grammar=True)
+    common = dict(mode="all", always_host=False, custom_logits_processors=False, structured=True)
+    rows = [GRAMMAR, PLAIN]
+    assert batch_host_reason(rows, is_prefill=False, support=grammar, **common) is None
+    assert batch_host_reason(rows, is_prefill=True, support=grammar, **common) == (
+        "structured_output"
+    )
+    # Without the capability every structured batch samples on the host.
+    assert batch_host_reason(rows, is_prefill=False, **common) == "structured_output"
+    # Log-probs of a structured request stay on the host (the plugin's first contract).
+    with_logprobs = DeviceSupport(grammar=True, top_logprobs=20)
+    asking = SamplingParams(
+        temperature=0.0,
+        logprobs=2,
+        structured_outputs=StructuredOutputsParams(json={"type": "object"}),
+    )
+    assert host_reason(asking, with_logprobs, decode=True) == "structured_output"
+    assert host_reason(GRAMMAR, with_logprobs, decode=True) is None
+    assert host_reason(GRAMMAR, with_logprobs) == "structured_output"  # a prefill row

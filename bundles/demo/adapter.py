@@ -24,6 +24,7 @@ class DemoGenerator(ReferenceLlamaGenerator):
         "supports_chunked_prefill": True,
         "supports_device_penalties": True,
         "max_device_logprobs": 20,
+        "supports_device_grammar": True,
         "supports_spec_decode": True,
         "supports_async_spec_decode": True,
     }
@@ -106,6 +107,7 @@ class DemoGenerator(ReferenceLlamaGenerator):
         num_valid_drafts: Any = None,
         accepted_counts: Any = None,
         spec_mode: str | None = None,
+        grammar_bitmask: Any = None,
         **kwargs: Any,
     ) -> Any:
         return super().decode_forward(
@@ -126,6 +128,7 @@ class DemoGenerator(ReferenceLlamaGenerator):
             num_valid_drafts=num_valid_drafts,
             accepted_counts=accepted_counts,
             spec_mode=spec_mode,
+            grammar_bitmask=grammar_bitmask,
             **kwargs,
         )
 

@@ -232,29 +232,6 @@ HOST_CASES = {
         lambda r, tokens, greedy, *_: tokens == greedy,
         HOST_PROMPT_SEED,
     ),
-    "structured_output": (
-        {"structured_outputs": {"choice": ["yes", "no"]}, **STOP_AT_EOS},
-        _check_choice,
-        HOST_PROMPT_SEED,
-    ),
-    "structured_output-response_format": (
-        {
-            "response_format": {
-                "type": "json_schema",
-                "json_schema": {
-                    "name": "answer",
-                    "schema": {
-                        "type": "object",
-                        "properties": {"n": {"type": "integer"}},
-                        "required": ["n"],
-                    },
-                },
-            },
-            **STOP_AT_EOS,
-        },
-        lambda r, *_: r.choices[0].text.startswith("{"),
-        HOST_PROMPT_SEED,
-    ),
 }
 
 
@@ -490,10 +467,6 @@ def test_a_request_arriving_and_leaving_drains_the_steps_in_flight(demo_server, 
 JOINING = {
     # reason: (request options, the drain its arrival causes)
     "min_tokens": ({"min_tokens": 4}, "prefill"),
-    "structured_output": (
-        {"structured_outputs": {"choice": ["yes", "no"]}, **STOP_AT_EOS},
-        "structured_output",
-    ),
 }
 
 
@@ -514,10 +487,7 @@ def test_a_request_needing_the_host_sampler_joining_async_decode(demo_server, re
     assert decoded_meanwhile < LONG
     assert long == reference.greedy(long_prompt, LONG)
     short = output_ids(response)
-    if reason == "structured_output":
-        _check_choice(response, short, None, reference, short_prompt)
-    else:
-        assert short == reference.greedy(short_prompt, N)
+    assert short == reference.greedy(short_prompt, N)
     short_steps = sampling_steps(response)
 
     # The step in flight is read back before the request's prefill; the next read-back
@@ -638,3 +608,140 @@ def test_top_k_1_is_greedy_and_logprobs_0_to_20_come_back(demo_server, reference
         assert all(len(top) == max(count, 1) for top in logprobs.top_logprobs), count
     with demo_server.client() as client, pytest.raises(openai.BadRequestError):
         client.completions.create(model=demo_server.model, prompt=prompt, max_tokens=2, logprobs=21)
+
+
+# --- structured output on the device's grammar --------------------------------------------
+
+# The demo generator declares supports_device_grammar (the reference applies the bitmask
+# in its sampler). The servers run without free JSON whitespace
+# (--structured-outputs-config, conftest.py): the tiny model would pad an object to
+# max_tokens.
+ANSWER = {
+    "type": "object",
+    "properties": {"answer": {"enum": ["yes", "no"]}, "n": {"type": "integer"}},
+    "required": ["answer"],
+    "additionalProperties": False,
+}
+ANSWER_FORMAT = {"type": "json_schema", "json_schema": {"name": "answer", "schema": ANSWER}}
+MESSAGES = [{"role": "user", "content": "Is a bundle a model? Answer in JSON."}]
+
+
+def chat_json(server, **extra):
+    with server.client() as client:
+        return client.chat.completions.create(
+            model=server.model,
+            messages=MESSAGES,
+            max_tokens=40,
+            temperature=0,
+            response_format=ANSWER_FORMAT,
+            extra_body={"return_token_ids": True, **extra},
+        )
+
+
+def assert_answer(response) -> dict:
+    """The reply validates against ANSWER (the grammar ended it at EOS)."""
+    import json
+
+    choice = response.choices[0]
+    assert choice.finish_reason == "stop", choice
+    value = json.loads(choice.message.content)
+    assert isinstance(value, dict) and set(value) <= {"answer", "n"}, value
+    assert value["answer"] in ("yes", "no") and isinstance(value.get("n", 0), int), value
+    return value
+
+
+def test_a_json_schema_chat_is_served_on_the_device_grammar_with_async_decode(
+    demo_server, compat_server
+):
+    """The plan and the start-up log say structured output samples on the device grammar;
+    a chat request with a JSON schema validates against it, its decodes sample on the
+    device with the bitmask, asynchronously, and nothing is drained for the grammar;
+    vLLM's host sampler (compat) gives the same tokens."""
+    log = demo_server.log_since(0)
+    assert "sampling.structured_output: None -> 'device'" in log
+    assert "structured output: device grammar in decode" in log
+    before = demo_server.settled_stats()
+    response = chat_json(demo_server)
+    delta = demo_server.stats_delta(before)
+    assert_answer(response)
+    steps = sampling_steps(response)
+    # The prefill samples on the host (the device grammar is decode only); every decode
+    # on the device with the bitmask, submitted without a read-back, no drain.
+    prefills = delta["step.prefill"]
+    assert delta["sampling.host"] == delta["sampling.host.structured_output"] == prefills
+    assert delta["step.decode"] == steps - 1, delta
+    assert delta["sampling.device"] == steps - 1, delta
+    # Every decode but the one async scheduling runs after EOS (its grammar has ended:
+    # vLLM sends no bitmask for it) carries the bitmask.
+    assert delta["sampling.device.grammar"] == steps - 2, delta
+    assert delta["decode.async"] == steps - 1
+    # Nothing is read back for the grammar; the request's end may read back the step in
+    # flight, as any request's end does (on vLLM 0.33.0 it does).
+    assert set(drains(delta)) <= {"decode.drain.batch_change"}, delta
+    host = chat_json(compat_server)
+    assert output_ids(host) == output_ids(response)
+
+
+def test_a_structured_request_joining_async_decode_drains_nothing_for_its_grammar(
+    demo_server, reference
+):
+    """A JSON-schema request arriving while a long request decodes asynchronously: only
+    its prefill reads back the step in flight (as any prefill does); the decode steps it
+    shares with the long one stay on the device, asynchronous, with the grammar applied to
+    its row only (the long request keeps transformers' tokens)."""
+    long_prompt = random_ids(814, 10, reference.vocab_size)
+    before = demo_server.settled_stats()
+    background = Background(demo_server, long_prompt)
+    background.wait_for(5)
+    response = chat_json(demo_server)
+    long = background.result()
+    delta = demo_server.stats_delta(before)
+    assert long == reference.greedy(long_prompt, LONG)
+    assert_answer(response)
+    # Prefill chunks and batch changes read back what is in flight; the grammar never.
+    assert set(drains(delta)) <= {"decode.drain.prefill", "decode.drain.batch_change"}, delta
+    assert delta["sampling.host"] == delta["sampling.host.structured_output"], delta
+    assert delta["decode.async"] == LONG - 1
+    assert delta["sampling.device.grammar"] >= 1
+
+
+def test_top_logprobs_5_of_a_chat_come_from_the_device_sampler(demo_server, compat_server):
+    """The plan and the start-up log say log-probs come from the device sampler (the demo
+    generator returns its top 20); a greedy chat asking top_logprobs 5 samples every step
+    on the device, asynchronously, and its log-probs are vLLM's host sampler's within
+    float32."""
+    log = demo_server.log_since(0)
+    assert "sampling.logprobs: None -> 'device'" in log
+    assert "logprobs: up to 20 from the device sampler" in log
+
+    def ask(server):
+        with server.client() as client:
+            return client.chat.completions.create(
+                model=server.model,
+                messages=MESSAGES,
+                max_tokens=N,
+                temperature=0,
+                logprobs=True,
+                top_logprobs=5,
+                extra_body={**IDS, **TOKEN_IDS},
+            )
+
+    before = demo_server.settled_stats()
+    response = ask(demo_server)
+    delta = demo_server.stats_delta(before)
+    assert delta["sampling.device"] == sampling_steps(response), delta
+    assert "sampling.host" not in delta
+    assert delta["decode.async"] == N - 1
+    host = ask(compat_server)
+    assert output_ids(host) == output_ids(response)
+    device_rows = response.choices[0].logprobs.content
+    host_rows = host.choices[0].logprobs.content
+    assert len(device_rows) == len(host_rows) == N
+    for device_row, host_row in zip(device_rows, host_rows):
+        assert len(device_row.top_logprobs) == 5
+        assert [t.token for t in device_row.top_logprobs] == [
+            t.token for t in host_row.top_logprobs
+        ]
+        assert math.isclose(device_row.logprob, host_row.logprob, abs_tol=1e-5)
+        for d, h in zip(device_row.top_logprobs, host_row.top_logprobs):
+            assert math.isclose(d.logprob, h.logprob, abs_tol=1e-5)

@@ -93,6 +93,23 @@ MAX_DEVICE_LOGPROBS_KEY = "max_device_logprobs"
 on the GPT-OSS class): how many top log-probabilities the device returns per row, as
 `(top_logprobs [B, K], top_token_ids [B, K])`. Absent or 0: log-prob requests sample on
 the host. The torch reference generator declares it."""
+DEVICE_GRAMMAR_KEY = "supports_device_grammar"
+SPLIT_SAMPLER_METHOD = "sample_decode_on_device"
+"""TT-Metal's shared `Generator` samples apart from the forward; its device grammar takes
+the bitmask there at run time (not driven yet: such classes' structured batches sample on
+the host)."""
+"""The device sampler applies vLLM's packed structured-output bitmask before it selects a
+decode token (the reference plugin's key; its `docs/MODEL_CAPABILITIES.md`): the worker
+sends it as `GRAMMAR_BITMASK_KEYWORD` to `decode_forward`, so a structured-output decode
+samples on the device and keeps asynchronous decode. As the plugin's first contract it
+covers decode only: a structured prefill, and a structured request that asks for
+log-probabilities, sample on the host. Absent or False: structured batches sample on the
+host."""
+GRAMMAR_BITMASK_KEYWORD = "grammar_bitmask"
+"""The `decode_forward` keyword of a class declaring `supports_device_grammar` (TT-Metal's
+name for the packed mask): `[B, ceil(V / 32)]` int32, one row per batch slot, bit t of
+word t // 32 set where token t is allowed; rows without a grammar are all ones (-1).
+Sent only on a structured-output decode; absent on every other call."""
 OUTPUT_TOKENS_PER_STEP_KEY = "output_tokens_per_step"
 """Block-output models commit more than one token per decode (> 1); the worker commits
 one per step, so such a class is refused at load (TTB202). Default 1."""

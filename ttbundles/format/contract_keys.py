@@ -167,6 +167,21 @@ def _rows() -> tuple[ContractKey, ...]:
         "called once at the worker's shutdown, while the mesh is open",
     )
     add(
+        c.SPLIT_SAMPLER_METHOD,
+        "method",
+        "irrelevant",
+        "not called: the worker samples on the device through decode_forward's "
+        "sampling_params; its presence keeps structured batches on the host (the split "
+        "sampler's run-time grammar route, with enable_device_grammar, is not driven yet)",
+    )
+    add(
+        "enable_device_grammar",
+        "method",
+        "irrelevant",
+        "not called: the split sampler's grammar route is not driven (see "
+        "sample_decode_on_device)",
+    )
+    add(
         "prefill_forward_text",
         "method",
         "irrelevant",
@@ -251,8 +266,11 @@ def _rows() -> tuple[ContractKey, ...]:
     add(
         "supports_device_grammar",
         "capability",
-        "irrelevant",
-        "structured-output batches sample on the host here",
+        "driven",
+        "with a decode_forward taking grammar_bitmask: a structured-output decode sends "
+        "vLLM's bitmask there and keeps async decode (structured prefills sample on the "
+        "host); a class with TT-Metal's split sampler (sample_decode_on_device) samples "
+        "structured batches on the host: its run-time grammar route is not driven yet",
     )
     add(
         "resumed_prefill_token_alignment",
@@ -376,16 +394,20 @@ def _rows() -> tuple[ContractKey, ...]:
         "declared, decode traced): same requests in the same slots as the last "
         "device-sampling decode, no new KV block; False otherwise",
     )
+    add(
+        "grammar_bitmask",
+        "decode",
+        "driven",
+        "a structured-output decode of a class declaring supports_device_grammar (int32 "
+        "[slots, ceil(vocab / 32)], all ones for rows without a grammar); not sent to a "
+        "class with the split sampler (sample_decode_on_device)",
+    )
     for name in spec.VERIFY_KEYWORDS:
         add(name, "decode", "driven", "a verify step (speculative decoding)")
     for name, why in (
         (
             "defer_device_sampling",
             "never sent (default False): the worker reads every device-sampled token",
-        ),
-        (
-            "grammar_bitmask",
-            "never sent: structured-output batches sample on the host here",
         ),
         (
             "skip_trace_precompile",

@@ -159,6 +159,7 @@ class DecodeStep:
     reset_sampling_state: bool = False
     prompt_tokens: torch.Tensor | None = None
     output_tokens: torch.Tensor | None = None
+    grammar_bitmask: torch.Tensor | None = None  # [B, W] packed, per slot
 
     @classmethod
     def read(
@@ -372,7 +373,7 @@ class Driver:
             self.sampler.reset_state(
                 slots, params, following, step.prompt_tokens, step.output_tokens
             )
-        sampled, logprobs = self.sampler.sample(logits, slots)
+        sampled, logprobs = self.sampler.sample(logits, slots, step.grammar_bitmask)
         # Token feedback: this step's tokens and positions are the next step's inputs.
         advanced = [p + 1 if p >= 0 else p for p in positions]
         self._resident = ResidentInputs(sampled, advanced, resident.page_table)

@@ -110,6 +110,7 @@ class ReferenceLlamaGenerator(DecoderModel, PagedCache, Driver, Speculation):
         "supports_chunked_prefill": True,
         "supports_device_penalties": True,
         "max_device_logprobs": MAX_DEVICE_TOP_K,
+        "supports_device_grammar": True,
         "supports_spec_decode": True,
         # A deferred verify: read_decode_output serves the [B, 1+K] block, and there is
         # no hidden handle to keep (the host drafts).
@@ -293,32 +294,31 @@ class ReferenceLlamaGenerator(DecoderModel, PagedCache, Driver, Speculation):
         accepted_counts: Any = None,
         spec_mode: str | None = None,
         page_tables_per_layer: Any = None,
+        grammar_bitmask: torch.Tensor | None = None,
         **kwargs: Any,
     ) -> Any:
         """One token per slot: row i is batch slot i, its token at position `start_pos[i]`
-        (-1: an empty slot, skipped). Decode input-update contract v1.
-
-        The commands say what the host inputs are worth (TT-Metal
-        `models/common/decode_contract.py`): `reload_inputs` restages tokens, positions and
-        the page table from the host; `reload_page_table` only the page table; neither:
-        the resident inputs are used, which the last device-sampling decode left (its
-        sampled tokens, positions advanced by one), so `tokens` and `start_pos` are
-        deliberately stale and not read. `reload_sampling_params` uploads the parameters
-        and registers changed seeds; `reset_sampling_state` rebuilds seeds, counters and
-        the penalty history (`prompt_tokens`, `output_tokens`: `[B, L]`, -1 padded).
+        (-1: an empty slot, skipped). Decode input-update contract v1. The commands say
+        what the host inputs are worth (TT-Metal `models/common/decode_contract.py`):
+        `reload_inputs` restages tokens, positions and the page table from the host;
+        `reload_page_table` only the page table; neither: the resident inputs are used,
+        which the last device-sampling decode left (its sampled tokens, positions advanced
+        by one), so `tokens` and `start_pos` are deliberately stale and not read.
+        `reload_sampling_params` uploads the parameters and registers changed seeds;
+        `reset_sampling_state` rebuilds seeds, counters and the penalty history
+        (`prompt_tokens`, `output_tokens`: `[B, L]`, -1 padded).
         `slot_remap[i] = j` moves slot j's state to slot i first. `page_tables_per_layer`
-        (one per layer, each its KV group's) supersedes `page_table`, resident alike.
+        (one per layer, each its KV group's) supersedes `page_table`, resident alike;
+        `grammar_bitmask` (packed, a row per slot) constrains the device sampler's tokens.
 
         With `spec_mode` (and `num_valid_drafts`, `accepted_counts`) it is a speculative
-        verify over `[B, 1+K]` tokens and positions instead (`verify`): the host's
-        inputs, read now, returning a `VerifyOutput`; with `read_from_device=False` its
-        `argmax_ids` or `logits` is a DeviceOutput for `read_decode_output`
-        (`supports_async_spec_decode`).
+        verify over `[B, 1+K]` tokens and positions instead (`verify`): the host's inputs,
+        read now, returning a `VerifyOutput` (with `read_from_device=False` its `argmax_ids`
+        or `logits` a DeviceOutput for `read_decode_output`: `supports_async_spec_decode`).
 
         Returns `(logits [B, 1, V], None)`, or with `sampling_params` `(tokens [B],
-        log_probs)` where log_probs is None or `(top_logprobs [B, K], top_ids [B, K])`
-        (rows asking for them); with `read_from_device=False`, a DeviceOutput for
-        `read_decode_output`.
+        log_probs)`, log_probs None or `(top_logprobs [B, K], top_ids [B, K])` (rows asking
+        for them); with `read_from_device=False`, a DeviceOutput for `read_decode_output`.
         """
         check_decode_commands(
             enable_trace, reload_inputs, reload_page_table, reset_sampling_state, kwargs
@@ -348,6 +348,7 @@ class ReferenceLlamaGenerator(DecoderModel, PagedCache, Driver, Speculation):
             reset_sampling_state=reset_sampling_state,
             prompt_tokens=prompt_tokens,
             output_tokens=output_tokens,
+            grammar_bitmask=grammar_bitmask,
         )
         return self._submit_decode(step, kv_cache, read_from_device)
 

@@ -171,11 +171,15 @@ class DeviceSampler:
     # ---- sampling -----------------------------------------------------------------------
 
     def sample(
-        self, logits: torch.Tensor, slots: list[int]
+        self, logits: torch.Tensor, slots: list[int], grammar_bitmask: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
         """Tokens `[B]` for logits `[B, V]` (row i in slot `slots[i]`), and the top
         log-probabilities `([B, K], [B, K])` when any row asked for them (else None).
-        Padding rows (slot -1) get token 0."""
+        Padding rows (slot -1) get token 0. `grammar_bitmask` (`[B, W]` packed int32, the
+        contract's `grammar_bitmask`) masks each row's disallowed tokens first, as vLLM
+        masks the logits before its sampler."""
+        if grammar_bitmask is not None:
+            logits = apply_bitmask(logits, grammar_bitmask)
         greedy = torch.argmax(logits, dim=-1).tolist()  # every row's argmax, in one call
         tokens = [0] * logits.shape[0]
         want_logprobs = False
@@ -209,6 +213,20 @@ class DeviceSampler:
             enabled = [s >= 0 and bool(self.slots[s].params.enable_log_probs) for s in slots]
             logprobs = top_logprobs(logits, enabled)
         return torch.tensor(tokens, dtype=torch.int64), logprobs
+
+
+def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
+    """`logits [B, V]` with -inf where row b's packed `bitmask [B, W]` has token t's bit
+    (bit t % 32 of word t // 32) clear, as vLLM's `apply_grammar_bitmask`; tokens past
+    the mask's 32 * W are disallowed. An all-ones row (-1 words) leaves its row as it is."""
+    vocab = logits.shape[-1]
+    packed = torch.as_tensor(bitmask).to(torch.int64)[: logits.shape[0]]
+    tokens = torch.arange(min(vocab, packed.shape[-1] * 32))
+    allowed = torch.zeros((logits.shape[0], vocab), dtype=torch.bool)
+    bits = (packed[:, tokens // 32] >> (tokens % 32)) & 1
+    allowed[: packed.shape[0], : len(tokens)] = bits.bool()
+    allowed[packed.shape[0] :] = True
+    return logits.masked_fill(~allowed, float("-inf"))
 
 
 def top_logprobs(

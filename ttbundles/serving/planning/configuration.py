@@ -98,6 +98,7 @@ def plan_config(vllm_config: VllmConfig, registry: Registry) -> Plan | None:
     _plan_evidence(plan, entry.path)
 
     options = _plan_options(vllm_config, plan, meta, target)
+    _plan_sampling_paths(plan, entry, options)
     _plan_server(vllm_config, plan, bool(caps.input_limits()))
     _plan_dtype(vllm_config, plan)
 
@@ -205,6 +206,58 @@ def _plan_options(
             "sampling", None, "host", "no sample_on_device_mode: vLLM's sampler on the host"
         )
     return options
+
+
+def _plan_sampling_paths(plan: Plan, entry: Any, options: TTOptions) -> None:
+    """Which sampler serves structured output and log-probabilities, from the class's
+    `model_capabilities` as its source shows it (the runner decides the same at load from
+    the imported class, which must also take the `grammar_bitmask` keyword, and says so
+    in the start-up log's `sampling:` line)."""
+    if options.sample_on_device_mode is None or options.always_compat_sampling:
+        return  # "sampling: host" or tt.always_compat_sampling says it all
+    from ttbundles.format.contract import (
+        DEVICE_GRAMMAR_KEY,
+        MAX_DEVICE_LOGPROBS_KEY,
+        SPLIT_SAMPLER_METHOD,
+    )
+
+    static = entry.class_source()
+    caps = static.model_capabilities if static is not None else None
+    if caps is None:
+        plan.decide(
+            "sampling.structured_output",
+            None,
+            "decided at load",
+            "the class's model_capabilities is not readable here: the start-up log says",
+        )
+        return
+    cls = entry.metadata.main_class
+    split = SPLIT_SAMPLER_METHOD in static.methods
+    grammar = bool(caps.get(DEVICE_GRAMMAR_KEY)) and not split
+    plan.decide(
+        "sampling.structured_output",
+        None,
+        "device" if grammar else "host",
+        f"{cls} declares {DEVICE_GRAMMAR_KEY}: decodes send the grammar bitmask to its "
+        "sampler and keep async decode (structured prefills sample on the host)"
+        if grammar
+        else f"{cls} declares {DEVICE_GRAMMAR_KEY} with TT-Metal's split sampler "
+        f"({SPLIT_SAMPLER_METHOD}), whose run-time grammar route is not driven yet: "
+        "structured batches sample on the host and drain async decode"
+        if caps.get(DEVICE_GRAMMAR_KEY)
+        else f"{cls} does not declare {DEVICE_GRAMMAR_KEY}: structured batches sample on "
+        "the host and drain async decode",
+    )
+    plan.decide(
+        "sampling.logprobs",
+        None,
+        "device" if caps.get(MAX_DEVICE_LOGPROBS_KEY) else "host",
+        f"{cls} declares {MAX_DEVICE_LOGPROBS_KEY}: its sampler's top log-probs serve "
+        "greedy or top-k-bounded requests up to that many, the host the others"
+        if caps.get(MAX_DEVICE_LOGPROBS_KEY)
+        else f"{cls} does not declare {MAX_DEVICE_LOGPROBS_KEY}: log-prob requests sample "
+        "on the host",
+    )
 
 
 def _plan_server(vllm_config: VllmConfig, plan: Plan, images: bool) -> None:

@@ -53,9 +53,10 @@ from ttbundles.serving.runner.sample import (
     host_reason,
     prefill_logits,
     row_params,
+    slot_bitmask,
     slot_params,
 )
-from ttbundles.serving.runner.sampling_path import device_support
+from ttbundles.serving.runner.sampling_path import describe_paths, device_support
 from ttbundles.serving.runner.slots import SlotStates
 from ttbundles.serving.runner.speculation import Speculation, read_back_verify, verify_block
 from ttbundles.serving.runner.states import RequestStates
@@ -241,6 +242,16 @@ class TTModelRunner:
         self.device_support = device_support(
             self.capabilities,
             takes_history=decode.accepts("prompt_tokens") and decode.accepts("output_tokens"),
+            takes_bitmask=decode.accepts(contract.GRAMMAR_BITMASK_KEYWORD),
+            split_sampling=callable(getattr(generator, contract.SPLIT_SAMPLER_METHOD, None)),
+        )
+        logger.info(
+            "ttbundles: sampling: %s",
+            describe_paths(
+                self.device_support,
+                self.options.sample_on_device_mode,
+                bool(self.options.always_compat_sampling),
+            ),
         )
 
     def max_tokens_all_users(self) -> int | None:
@@ -389,8 +400,11 @@ class TTModelRunner:
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput | None:
         speculating = self.speculation is not None
-        if not is_steady(scheduler_output, self._async_req_ids, self._async_layout, speculating):
-            self.drain(drain_reason(scheduler_output, speculating))
+        grammar = self.device_support.grammar
+        if not is_steady(
+            scheduler_output, self._async_req_ids, self._async_layout, speculating, grammar
+        ):
+            self.drain(drain_reason(scheduler_output, speculating, grammar))
         self.states.update(scheduler_output)
         if self.snapshots:
             self._restore_snapshots(scheduler_output)
@@ -428,7 +442,10 @@ class TTModelRunner:
             STATS.count("sampling.host")
             STATS.count(f"sampling.host.{reason}")
         if is_decode:
-            self._run_decode(step, computed, totals, device=reason is None)
+            # A structured decode on a device grammar waits for its bitmask, which vLLM
+            # hands to sample_tokens: the call is made there (still without a readback).
+            defer = reason is None and bool(scheduler_output.has_structured_output_requests)
+            self._run_decode(step, computed, totals, device=reason is None, defer=defer)
         else:
             if speculation is not None:  # a prefill drops a row's count back to 1
                 for req_id in step.req_ids:
@@ -477,10 +494,12 @@ class TTModelRunner:
         totals: np.ndarray,
         *,
         device: bool,
+        defer: bool = False,
     ) -> None:
         """One token per slot, every slot in the call (empty ones at position -1).
         Sampling on the device with async decode: submit without blocking and start the
-        readback; the host learns the tokens when vLLM asks.
+        readback; the host learns the tokens when vLLM asks. `defer`: the inputs are built
+        now, the call waits on the step for the grammar bitmask (`_sample`).
 
         The inputs are whole-batch array operations over the layout's slots, and the page
         table the persistent per-slot one: nothing here loops over rows."""
@@ -518,6 +537,33 @@ class TTModelRunner:
         if self.version < contract.CONTRACT_V1 and device:
             values["reset_batch"] = commands.transition
         commands.count()
+        if defer:
+            step.submit = lambda bitmask: self._submit_decode(
+                step, values, computed, page_table, use_async=use_async, bitmask=bitmask
+            )
+            return
+        self._submit_decode(step, values, computed, page_table, use_async=use_async, device=device)
+
+    def _submit_decode(
+        self,
+        step: StepState,
+        values: dict[str, Any],
+        computed: np.ndarray,
+        page_table: torch.Tensor,
+        *,
+        use_async: bool,
+        device: bool = True,
+        bitmask: torch.Tensor | None = None,
+    ) -> None:
+        """The decode call of `_run_decode` and what it leaves: the readback started, or
+        the tokens or logits on the step; `bitmask`: the grammar's, per slot."""
+        assert self.methods is not None
+        layout = step.layout
+        capacity = self.max_num_reqs
+        read = self.methods.read
+        if bitmask is not None:
+            values[contract.GRAMMAR_BITMASK_KEYWORD] = bitmask
+            STATS.count("sampling.device.grammar")
         out = self.methods.decode(**values)
         # The generator accepted the submission: only now does the layout count as staged.
         self._device_layout = layout.owners if device else None
@@ -731,6 +777,9 @@ class TTModelRunner:
     def _sample(
         self, step: StepState, grammar_output: GrammarOutput | None
     ) -> ModelRunnerOutput | TTAsyncOutput:
+        if step.submit is not None:
+            submit, step.submit = step.submit, None
+            submit(slot_bitmask(step.layout, self.max_num_reqs, grammar_output))
         if step.readback is not None:
             verify = step.verify is not None
             pending = TTAsyncOutput(

@@ -73,10 +73,15 @@ def is_steady(
     previous: list[str] | None,
     previous_layout: Layout | None,
     speculating: bool,
+    device_grammar: bool = False,
 ) -> bool:
     """The same decode batch as the last asynchronous step (`previous`, its rows; None:
-    that step was not asynchronous): keep overlapping, nothing to drain."""
-    if previous is None or so.scheduled_new_reqs or so.has_structured_output_requests:
+    that step was not asynchronous): keep overlapping, nothing to drain. Structured output
+    drains unless the device applies the grammar (`device_grammar`): the host sampler
+    needs every token on the host, the device's bitmask only vLLM's grammar state."""
+    if previous is None or so.scheduled_new_reqs:
+        return False
+    if so.has_structured_output_requests and not device_grammar:
         return False
     if speculating:
         return False  # a step's committed tokens are the next step's drafts' source
@@ -91,11 +96,11 @@ def is_steady(
     return previous_set.isdisjoint(so.finished_req_ids) and scheduled.keys() >= previous_set
 
 
-def drain_reason(so: SchedulerOutput, speculating: bool) -> str:
+def drain_reason(so: SchedulerOutput, speculating: bool, device_grammar: bool = False) -> str:
     """Why the steps in flight are read back before this one (a `decode.drain.*` count)."""
     if speculating:
         return "speculative"
-    if so.has_structured_output_requests:
+    if so.has_structured_output_requests and not device_grammar:
         return "structured_output"
     if so.scheduled_new_reqs or any(n > 1 for n in so.num_scheduled_tokens.values()):
         return "prefill"

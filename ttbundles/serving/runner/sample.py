@@ -17,6 +17,8 @@ from ttbundles.serving.runner.sampling_path import DeviceSupport, batch_host_rea
 from ttbundles.serving.runner.step import Layout, StepState, rows_of
 
 if TYPE_CHECKING:
+    from vllm.v1.core.sched.output import GrammarOutput
+
     from ttbundles.format.tt_options import TTOptions
     from ttbundles.serving.runner.prompt_logprobs import PromptLogprobs
 
@@ -35,6 +37,28 @@ def slot_params(layout: Layout, capacity: int, vocab_size: int) -> SamplingParam
             per_slot[slot] = params
         layout.slot_params = device_params(per_slot, vocab_size)
     return layout.slot_params
+
+
+def slot_bitmask(
+    layout: Layout, capacity: int, grammar: GrammarOutput | None
+) -> torch.Tensor | None:
+    """vLLM's grammar bitmask as a device grammar takes it: one packed row per slot
+    (`[capacity, ceil(V / 32)]` int32), each structured request's row in its slot, every
+    other row all ones (any token). vLLM orders its rows by `structured_output_request_ids`,
+    `rows / requests` per request (one without speculation: its first is this step's).
+    None when vLLM sent no grammar (no structured request is constrained this step)."""
+    if grammar is None or not grammar.structured_output_request_ids:
+        return None
+    packed = torch.from_numpy(grammar.grammar_bitmask)
+    ids = grammar.structured_output_request_ids
+    stride = packed.shape[0] // len(ids)
+    out = torch.full((capacity, packed.shape[1]), -1, dtype=torch.int32)
+    slot_of = {owner: slot for slot, owner in enumerate(layout.owners) if owner is not None}
+    for i, req_id in enumerate(ids):
+        slot = slot_of.get(req_id)
+        if slot is not None:
+            out[slot] = packed[i * stride]
+    return out
 
 
 def device_logprobs(

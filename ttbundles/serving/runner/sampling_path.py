@@ -5,7 +5,10 @@ generator declares `max_device_top_k` (a stochastic row with no top-k cut or a l
 samples on the host, as the reference plugin decides); penalties too unless the generator
 declares `supports_device_penalties: False` (and where it takes the prompt/output history),
 and log-probabilities where it declares `max_device_logprobs` and the sampled token is sure
-to be among the top ones it returns (greedy, or top_k no larger). Any request that needs
+to be among the top ones it returns (greedy, or top_k no larger); structured output in
+decode where it declares `supports_device_grammar` and its decode takes the bitmask (a
+structured prefill, or a structured request asking for log-probabilities, stays on the
+host, as the reference plugin's first device-grammar contract). Any request that needs
 more falls back to vLLM's `Sampler` on host logits, for that batch only; the next batch
 that can go back to the device does. Users never pick a mode per request and no request
 is refused because the fast path cannot express it.
@@ -18,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ttbundles.format.contract import (
+    DEVICE_GRAMMAR_KEY,
     DEVICE_PENALTIES_DEFAULT,
     DEVICE_PENALTIES_KEY,
     MAX_DEVICE_LOGPROBS_KEY,
@@ -33,19 +37,57 @@ class DeviceSupport:
     penalties: bool = False
     top_logprobs: int = 0  # how many top log-probs the device returns per row
     top_k: int | None = None  # max_device_top_k: the largest stochastic top-k; None: any
+    grammar: bool = False  # decode applies the structured-output bitmask
 
 
-def device_support(capabilities: Mapping[str, Any], *, takes_history: bool) -> DeviceSupport:
+def device_support(
+    capabilities: Mapping[str, Any],
+    *,
+    takes_history: bool,
+    takes_bitmask: bool = False,
+    split_sampling: bool = False,
+) -> DeviceSupport:
     """What a class's `model_capabilities` lets the device sample (`format.contract` says
     what each key means and its default when absent). Penalties need the class to take the
-    `prompt_tokens` / `output_tokens` history too (`takes_history`)."""
+    `prompt_tokens` / `output_tokens` history too (`takes_history`), device grammar the
+    `grammar_bitmask` keyword (`takes_bitmask`): a declaration the call cannot carry would
+    sample structured rows unconstrained.
+
+    A class with TT-Metal's split sampler (`split_sampling`: `sample_decode_on_device`,
+    the shared `Generator`'s) takes the bitmask there at run time, after a decode that
+    keeps its logits on the device, and `decode_forward`'s `grammar_bitmask` only for the
+    trace warm-up: that route is not driven here, so such a class's structured batches
+    sample on the host rather than receive the bitmask where it may not apply."""
     top_k = capabilities.get(MAX_DEVICE_TOP_K_KEY)
     penalties = capabilities.get(DEVICE_PENALTIES_KEY, DEVICE_PENALTIES_DEFAULT)
     return DeviceSupport(
         penalties=bool(penalties) and takes_history,
         top_logprobs=int(capabilities.get(MAX_DEVICE_LOGPROBS_KEY) or 0),
         top_k=None if top_k is None else int(top_k),
+        grammar=bool(capabilities.get(DEVICE_GRAMMAR_KEY)) and takes_bitmask and not split_sampling,
     )
+
+
+def describe_paths(support: DeviceSupport, mode: str | None, always_host: bool = False) -> str:
+    """Which sampler serves structured output and log-probabilities (the start-up log's
+    line, as the plan's `sampling.*` decisions say it before the class is imported)."""
+    if mode is None or always_host:
+        return "structured output and logprobs on the host (every batch samples there)"
+    grammar = (
+        "structured output: device grammar in decode (grammar_bitmask; async decode kept), "
+        "prefill on the host"
+        if support.grammar
+        else "structured output: on the host (no device grammar: a structured batch drains "
+        "async decode)"
+    )
+    top = support.top_logprobs
+    logprobs = (
+        f"logprobs: up to {top} from the device sampler (greedy or top_k <= {top}), "
+        "more on the host"
+        if top
+        else "logprobs: on the host (the class returns no device log-probs)"
+    )
+    return f"{grammar}; {logprobs}"
 
 
 def has_penalties(params: Any) -> bool:
@@ -56,8 +98,11 @@ def has_penalties(params: Any) -> bool:
     )
 
 
-def host_reason(params: Any, support: DeviceSupport = DeviceSupport()) -> str | None:
-    """Why this request needs vLLM's host sampler, or None when the device can sample it."""
+def host_reason(
+    params: Any, support: DeviceSupport = DeviceSupport(), *, decode: bool = False
+) -> str | None:
+    """Why this request needs vLLM's host sampler, or None when the device can sample it
+    (`decode`: in a decode step, where a device grammar applies)."""
     if params is None:
         return None
     greedy = params.temperature < 1e-5 or params.top_k == 1
@@ -81,7 +126,9 @@ def host_reason(params: Any, support: DeviceSupport = DeviceSupport()) -> str | 
         return "bad_words"
     if params.min_tokens > 0:
         return "min_tokens"
-    if params.structured_outputs is not None:
+    if params.structured_outputs is not None and not (
+        decode and support.grammar and params.logprobs is None
+    ):
         return "structured_output"
     return None
 
@@ -105,10 +152,10 @@ def batch_host_reason(
         return "prefill_in_decode_only_mode"
     if custom_logits_processors:
         return "custom_logits_processors"
-    if structured:
+    if structured and (is_prefill or not support.grammar):
         return "structured_output"
     for item in params:
-        reason = host_reason(item, support)
+        reason = host_reason(item, support, decode=not is_prefill)
         if reason is not None:
             return reason
     return None

@@ -45,6 +45,9 @@ class StepState:
     verify_out: Any = None  # and the generator's VerifyOutput
     # Prompt logprobs of the prompts this step completed, by request (`LogprobsTensors`).
     prompt_logprobs: dict[str, Any] | None = None
+    # A structured decode on a device grammar: the decode call, made by sample_tokens
+    # with the grammar bitmask (per slot) vLLM hands it.
+    submit: Callable[[torch.Tensor | None], None] | None = None
 
 
 class Layout:
