@@ -201,6 +201,19 @@ def test_device_grammar_needs_the_key_and_the_bitmask_keyword(declared, takes_bi
     assert support.grammar is grammar
 
 
+def test_a_class_with_tt_metals_split_sampler_keeps_structured_batches_on_the_host():
+    """TT-Metal's shared `Generator` takes the run-time bitmask in `sample_decode_on_device`
+    (its `decode_forward` keyword serves the trace warm-up): that route is not driven, so
+    the bitmask is never sent to its `decode_forward`."""
+    support = device_support(
+        {"supports_device_grammar": True},
+        takes_history=True,
+        takes_bitmask=True,
+        split_sampling=True,
+    )
+    assert support.grammar is False
+
+
 def test_a_device_grammar_serves_structured_decodes_and_leaves_prefills_to_the_host():
     grammar = DeviceSupport(grammar=True)
     common = dict(mode="all", always_host=False, custom_logits_processors=False, structured=True)

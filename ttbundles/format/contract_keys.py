@@ -178,8 +178,7 @@ def _rows() -> tuple[ContractKey, ...]:
         "enable_device_grammar",
         "method",
         "irrelevant",
-        "not called: the split sampler's grammar route is not driven (see "
-        "sample_decode_on_device)",
+        "not called: the split sampler's grammar route is not driven (see sample_decode_on_device)",
     )
     add(
         "prefill_forward_text",

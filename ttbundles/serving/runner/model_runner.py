@@ -243,7 +243,7 @@ class TTModelRunner:
             self.capabilities,
             takes_history=decode.accepts("prompt_tokens") and decode.accepts("output_tokens"),
             takes_bitmask=decode.accepts(contract.GRAMMAR_BITMASK_KEYWORD),
-            split_sampling=callable(getattr(generator, contract.SPLIT_SAMPLER_METHOD, None)),
+            split_sampling=callable(getattr(self.generator, contract.SPLIT_SAMPLER_METHOD, None)),
         )
         logger.info(
             "ttbundles: sampling: %s",
