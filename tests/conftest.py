@@ -416,6 +416,12 @@ def write_gemma4_checkpoint(out: Path, *, conditional: bool = False, **overrides
 
 
 @pytest.fixture(scope="session")
+def gemma4_checkpoint(tmp_path_factory) -> Path:
+    """`write_gemma4_checkpoint` (`Gemma4ForCausalLM`), once per session."""
+    return write_gemma4_checkpoint(tmp_path_factory.mktemp("checkpoint") / "tiny-gemma4")
+
+
+@pytest.fixture(scope="session")
 def gemma3_checkpoint(tmp_path_factory) -> Path:
     """`write_gemma3_checkpoint`, once per session."""
     return write_gemma3_checkpoint(tmp_path_factory.mktemp("checkpoint") / "tiny-gemma3")
