@@ -265,3 +265,106 @@ def test_the_reference_golden_covers_gemma4(gemma):
     ids = prompt(95, LENGTH, gen.dims.vocab_size)
     golden = ReferenceGolden(folder, config).sequence_logits(ids)
     torch.testing.assert_close(torch.from_numpy(golden), hf_logits(model, ids), atol=ATOL, rtol=0)
+
+
+# The released checkpoints' text configs as their config.json spells them (published
+# values; the reference reads no weights to check a declaration).
+GEMMA4_31B_TEXT = {
+    "model_type": "gemma4_text",
+    "hidden_size": 5376,
+    "intermediate_size": 21504,
+    "num_hidden_layers": 60,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 16,
+    "head_dim": 256,
+    "global_head_dim": 512,
+    "num_global_key_value_heads": 4,
+    "attention_k_eq_v": True,
+    "sliding_window": 1024,
+    "layer_types": (["sliding_attention"] * 5 + ["full_attention"]) * 10,
+    "hidden_size_per_layer_input": 0,
+    "num_kv_shared_layers": 0,
+    "enable_moe_block": False,
+    "final_logit_softcapping": 30.0,
+    "vocab_size": 262144,
+}
+GEMMA4_26B_A4B_TEXT = {
+    **GEMMA4_31B_TEXT,
+    "num_hidden_layers": 30,
+    "layer_types": (["sliding_attention"] * 5 + ["full_attention"]) * 5,
+    "num_key_value_heads": 8,
+    "num_global_key_value_heads": 2,
+    "enable_moe_block": True,
+    "num_experts": 128,
+    "top_k_experts": 8,
+    "moe_intermediate_size": 704,
+}
+
+
+def builtin(name: str) -> dict:
+    import json
+
+    from ttbundles.paths import builtin_bundles_dir
+
+    return json.loads((builtin_bundles_dir() / name / "vllm_metadata.json").read_text())
+
+
+def test_the_builtin_gemma4_bundles_declarations_agree_with_the_reference():
+    """What the built-in Gemma 4 bundles claim that the reference can check: the
+    architectures it reads (the 31B autoport's Gemma4ForConditionalGeneration, the
+    demos' text and conditional classes; not the unified or autoport class names of
+    their own), the 31B's KV groups (kv_cache_spec: true; the reference's layout is
+    sliding layers beside global ones with their own shape, 16x256 and 4x512: pages of
+    two sizes, which vLLM unifies by block size), and 26B-A4B's experts, which the
+    reference refuses by name rather than computing a dense model."""
+    from ttbundles.check.reference_archs import GEMMA4_ARCHITECTURES, covers
+    from ttbundles.format.attention_window import attention_window
+    from ttbundles.reference.golden import reference_covers
+
+    reads = {
+        name: covers(GEMMA4_ARCHITECTURES, builtin(name)["arch"])
+        for name in (
+            "tt-gemma-4-31b",
+            "tt-gemma4",
+            "tt-gemma4-text",
+            "tt-gemma4-unified",
+            "tt-gemma-4-26b-a4b",
+        )
+    }
+    assert reads == {
+        "tt-gemma-4-31b": True,
+        "tt-gemma4": True,
+        "tt-gemma4-text": True,
+        "tt-gemma4-unified": False,  # vLLM's own unified model, no transformers class
+        "tt-gemma-4-26b-a4b": False,  # TT-Metal's class name
+    }
+    big = builtin("tt-gemma-4-31b")
+    assert big["capabilities"]["kv_cache_spec"] is True
+    config = {
+        "architectures": [big["arch"]],
+        "model_type": "gemma4",
+        "text_config": GEMMA4_31B_TEXT,
+    }
+    ReferenceGemma4Generator.check_config(config)
+    shapes = layer_shapes(config)
+    assert shapes.count(LayerShape(16, 256)) == 50
+    assert shapes.count(LayerShape(4, 512, values_from_keys=True)) == 10
+    window = attention_window(config)
+    assert window is not None and window.size == 1024 and len(window.layers) == 50
+    # transformers' loaded config gives the same shapes.
+    loaded = transformers.Gemma4TextConfig(
+        **{k: v for k, v in GEMMA4_31B_TEXT.items() if k != "model_type"}
+    )
+    assert layer_shapes(loaded) == shapes
+    # 26B-A4B (its TT-Metal class aside): the experts are refused by name.
+    moe = {
+        "architectures": ["Gemma4ForConditionalGeneration"],
+        "model_type": "gemma4",
+        "text_config": GEMMA4_26B_A4B_TEXT,
+    }
+    assert builtin("tt-gemma-4-26b-a4b")["capabilities"]["kv_cache_spec"] is True
+    with pytest.raises(NotImplementedError, match="enable_moe_block"):
+        ReferenceGemma4Generator.check_config(moe)
+    loaded_moe = transformers.Gemma4Config(text_config=GEMMA4_26B_A4B_TEXT)
+    loaded_moe.architectures = ["Gemma4ForConditionalGeneration"]
+    assert "enable_moe_block" in (reference_covers(loaded_moe) or "")
