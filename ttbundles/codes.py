@@ -254,7 +254,8 @@ WHAT_TO_DO: dict[str, str] = {
     "TTB040": "Nothing is wrong: the value is computed, so only running code knows it. "
     "`ttbundle validate --import` checks it where the class imports.",
     "TTB041": "The torch reference generator reads Llama, Mistral, Qwen2, Qwen3 and Gemma 3 "
-    "(text), Gemma 4 (text; its own class), Qwen3.5 (text; its own class) and Qwen2.5-VL / Qwen3-VL (its VL classes): "
+    "(text), Gemma 4 (text; its own class), Qwen3.5 (text; its own class) and "
+    "Qwen2.5-VL / Qwen3-VL (its VL classes): "
     "set arch to one it reads, or write the generator for this architecture (`ttbundle "
     "init --arch ARCH` gives the TT-NN template). `validate` says it of the metadata; "
     "`vllm serve` and `ttbundle plan` refuse such a bundle at configuration. See "
