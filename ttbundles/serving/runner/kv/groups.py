@@ -67,9 +67,16 @@ def layer_specs(
     no layer reads, and the layer it meant would get none."""
     layers = list(range(num_layers)) if kv_layers is None else list(kv_layers)
     declared: dict[str, Any] | None = None
-    if declares_layout(generator_cls):
+    if declares_layout(generator_cls) and ask:
         declared = getattr(generator_cls, SPEC_METHOD)(vllm_config)
-        if declared is not None and not ask:
+    elif declares_layout(generator_cls):
+        try:
+            declared = getattr(generator_cls, SPEC_METHOD)(vllm_config)
+        except Exception:  # noqa: BLE001 - asked only for shapes, as before it was not asked
+            # A class may answer only for the launches that serve its groups (TT-Metal's
+            # need their block size); its layers then keep the model's shape, as before.
+            declared = None
+        if declared is not None:
             # Not served as groups: every layer keeps the whole context, in its own
             # shape where the class gives its layers different ones (else the default's).
             declared = {
