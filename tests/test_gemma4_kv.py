@@ -91,3 +91,19 @@ def test_a_group_with_grown_blocks_is_refused(gemma4_checkpoint):
         allocate_cache(allocator, "Whole", None, (8, 2, BLOCK, 16), torch.float32, 3, shapes)
     assert excinfo.value.diagnostics[0].code == "TTB265"
     assert "--disable-hybrid-kv-cache-manager" in excinfo.value.diagnostics[0].hint
+
+
+def test_the_plan_sizes_each_layer_kind_in_its_own_shape(tmp_path):
+    """What a request holds with groups and without (the plan's TTB264 and step budget
+    choice) counts a global layer's page in its own shape: here twice a sliding one's."""
+    from tests.conftest import write_gemma4_checkpoint
+    from ttbundles.serving.planning.kv_capacity import request_blocks
+
+    folder = write_gemma4_checkpoint(tmp_path / "wide", global_head_dim=64)
+    config = vllm_config(
+        folder, max_num_seqs=4, max_num_batched_tokens=64, max_model_len=256, block_size=BLOCK
+    )
+    held = request_blocks(config, GEMMA4_WINDOW, 4, 64)
+    assert held.full_page == 2 * held.page
+    assert held.page == 2 * BLOCK * 2 * 16 * 4  # K and V, 2 heads of 16, float32
+    assert held.without_groups == held.full * (2 * held.full_page + 4 * held.page)
