@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -327,6 +328,97 @@ def write_gemma3_checkpoint(out: Path) -> Path:
     )
     save_random(Gemma3ForCausalLM(config), "Gemma3ForCausalLM", out)
     return out
+
+
+GEMMA4_WINDOW = 16
+GEMMA4_LAYER_TYPES = (["sliding_attention"] * 2 + ["full_attention"]) * 2
+
+
+def gemma4_text_config(tokenizer: Any, **overrides: Any) -> Any:
+    """A tiny `Gemma4TextConfig`: 6 layers, 4 local with `sliding_window=16` (KV heads 2
+    of size 16) and 2 global ones with their own shape (1 KV head of size 32, keys
+    doubling as values: `attention_k_eq_v`) and a partial ("proportional") RoPE, a
+    final soft cap; no per-layer embeddings, no KV sharing, no experts. The global KV
+    heads times head size equal the local ones', so a block of either group has one
+    page size (vLLM then keeps one block size for both groups)."""
+    from transformers import Gemma4TextConfig
+
+    values: dict[str, Any] = dict(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=len(GEMMA4_LAYER_TYPES),
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        global_head_dim=32,
+        num_global_key_value_heads=1,
+        attention_k_eq_v=True,
+        hidden_size_per_layer_input=0,
+        max_position_embeddings=1024,
+        sliding_window=GEMMA4_WINDOW,
+        layer_types=list(GEMMA4_LAYER_TYPES),
+        final_logit_softcapping=30.0,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=True,
+    )
+    values.update(overrides)
+    return Gemma4TextConfig(**values)
+
+
+def scale_gemma4_layers(model: Any) -> None:
+    """Give each decoder layer a `layer_scalar` other than 1 (a buffer the checkpoint
+    keeps, which random filling leaves at 1), so that reading it is tested."""
+    import torch
+
+    text = getattr(model.model, "language_model", model.model)
+    with torch.no_grad():
+        for index, layer in enumerate(text.layers):
+            layer.layer_scalar.fill_(0.75 + 0.1 * index)
+
+
+def write_gemma4_checkpoint(out: Path, *, conditional: bool = False, **overrides: Any) -> Path:
+    """A tiny Gemma 4 text checkpoint (`gemma4_text_config`, the demo's tokenizer):
+    `Gemma4ForCausalLM`, or with `conditional` the text part of a
+    `Gemma4ForConditionalGeneration` (a tiny vision tower beside it, weights under
+    `model.language_model.`)."""
+    from transformers import Gemma4Config, Gemma4ForCausalLM, Gemma4ForConditionalGeneration
+
+    from ttbundles.demo.checkpoint import build_tokenizer, save_random
+
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer(out)
+    text = gemma4_text_config(tokenizer, **overrides)
+    if conditional:
+        config = Gemma4Config(
+            text_config=text.to_dict(),
+            vision_config=dict(
+                hidden_size=32,
+                intermediate_size=64,
+                num_hidden_layers=1,
+                num_attention_heads=2,
+                num_key_value_heads=2,
+                head_dim=16,
+            ),
+            audio_config=None,
+        )
+        model, architecture = (
+            Gemma4ForConditionalGeneration(config),
+            "Gemma4ForConditionalGeneration",
+        )
+    else:
+        model, architecture = Gemma4ForCausalLM(text), "Gemma4ForCausalLM"
+    scale_gemma4_layers(model)  # a buffer: save_random fills the parameters only
+    save_random(model, architecture, out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def gemma4_checkpoint(tmp_path_factory) -> Path:
+    """`write_gemma4_checkpoint` (`Gemma4ForCausalLM`), once per session."""
+    return write_gemma4_checkpoint(tmp_path_factory.mktemp("checkpoint") / "tiny-gemma4")
 
 
 @pytest.fixture(scope="session")

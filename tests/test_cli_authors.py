@@ -694,13 +694,13 @@ def test_init_reference_names_the_families_it_covers(run_cli, tmp_path):
         "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
         "Gemma3ForCausalLM" in done.stderr
     )
-    # Gemma 4: refused with what the reference lacks for it.
+    # Gemma 4 is covered, on its own reference generator.
     done = no_traceback(
         run_cli("init", tmp_path / "g4", "--arch", "Gemma4ForCausalLM", "--reference")
     )
-    assert done.returncode == 1 and not (tmp_path / "g4").exists()
-    assert "does not cover Gemma4ForCausalLM" in done.stderr
-    assert "global_head_dim, num_global_key_value_heads" in done.stderr
+    assert done.returncode == 0, done.stderr
+    adapter = (tmp_path / "g4" / "adapter.py").read_text()
+    assert "from ttbundles.reference.gemma4 import ReferenceGemma4Generator" in adapter
     done = no_traceback(
         run_cli(
             "init", tmp_path / "k", "--arch", "LlamaForCausalLM", "--reference", "--keep-adapter"
@@ -745,6 +745,7 @@ def test_the_reference_families_are_the_reference_generators():
     import importlib
 
     from ttbundles.check.reference_archs import (
+        GEMMA4_ARCHITECTURES,
         QWEN3_5_ARCHITECTURES,
         REFERENCE_GENERATORS,
         TEXT_ARCHITECTURES,
@@ -752,7 +753,7 @@ def test_the_reference_families_are_the_reference_generators():
     from ttbundles.reference.families import FAMILIES, SUPPORTED_ARCHITECTURES
     from ttbundles.scaffold.reference import REFERENCE_BASES
 
-    static = TEXT_ARCHITECTURES + QWEN3_5_ARCHITECTURES
+    static = TEXT_ARCHITECTURES + QWEN3_5_ARCHITECTURES + GEMMA4_ARCHITECTURES
     assert sorted(REFERENCE_BASES) == sorted(SUPPORTED_ARCHITECTURES) == sorted(static)
     # Each family's generator is the class validate and init name for its architectures.
     for family in FAMILIES:

@@ -1,7 +1,7 @@
 """A bundle built on the torch reference generator, at configuration
 (`serving.planning.reference_admission`, the same code `ttbundle plan` runs): an architecture the
-reference does not read is refused there (TTB041), saying what it lacks for Gemma 4,
-rather than by the generator at load."""
+reference does not read is refused there (TTB041), saying which reference reads it,
+rather than by the generator at load; Gemma 4 on its own reference is planned."""
 
 from __future__ import annotations
 
@@ -17,32 +17,13 @@ from ttbundles.scaffold.init import init_bundle
 
 @pytest.fixture(scope="module")
 def gemma4_checkpoint(tmp_path_factory):
-    """A Gemma 4 text config with the demo's tokenizer: no weights (configuration reads
-    none)."""
-    from transformers import Gemma4TextConfig
+    """The tiny Gemma 4 text checkpoint (`write_gemma4_checkpoint`)."""
+    from tests.conftest import write_gemma4_checkpoint
 
-    from ttbundles.demo.checkpoint import build_tokenizer
-
-    out = tmp_path_factory.mktemp("checkpoint") / "tiny-gemma4"
-    out.mkdir()
-    tokenizer = build_tokenizer(out)
-    config = Gemma4TextConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=6,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        sliding_window=32,
-        max_position_embeddings=512,
-    )
-    config.architectures = ["Gemma4ForCausalLM"]
-    config.save_pretrained(out)
-    return out
+    return write_gemma4_checkpoint(tmp_path_factory.mktemp("checkpoint") / "tiny-gemma4")
 
 
-def test_a_gemma4_bundle_on_the_reference_is_refused_saying_what_is_missing(
+def test_a_gemma4_bundle_on_the_llama_reference_is_refused_naming_its_reference(
     models_dir, gemma4_checkpoint
 ):
     """The Gemma 3 reference adapter relabelled Gemma 4 (what `init --reference` refuses
@@ -60,8 +41,20 @@ def test_a_gemma4_bundle_on_the_reference_is_refused_saying_what_is_missing(
         "builds on the torch reference generator "
         "ttbundles.reference.generator.ReferenceLlamaGenerator; it reads LlamaForCausalLM, "
     )
-    assert "global_head_dim, num_global_key_value_heads" in diagnostic.message
+    assert "read by ttbundles.reference.gemma4.ReferenceGemma4Generator" in diagnostic.message
     assert "ttbundle init --arch Gemma4ForCausalLM" in diagnostic.hint
+
+
+def test_a_gemma4_reference_bundle_is_planned_with_a_kv_shape_per_group(
+    models_dir, gemma4_checkpoint
+):
+    """`init --reference` for Gemma 4 is admitted, and its KV groups keep their own
+    shapes: a full-attention group of the global layers' 1 KV head of size 32 beside
+    the sliding group's 2 of 16."""
+    init_bundle(models_dir / "g4", arch="Gemma4ForCausalLM", reference=True)
+    _, decisions, plan = configure(gemma4_checkpoint)
+    assert plan["bundle"]["name"] == "g4"
+    assert "g4@0.1.0" in decisions["architecture"]["reason"]
 
 
 def test_an_architecture_the_reference_reads_is_planned(models_dir, demo_checkpoint):

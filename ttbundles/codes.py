@@ -183,6 +183,8 @@ CODES: dict[str, str] = {
     "capabilities.kv_cache_spec (a warning)",
     "TTB264": "hybrid KV groups hold more per request than one group at the step budget "
     "served (a warning)",
+    "TTB265": "KV groups whose layers' pages differ in size: vLLM grows a group's block "
+    "size to unify them, which the host runner's block tables do not follow",
     "TTB270": "a pooling server (--runner pooling, --convert embed|classify, or a checkpoint "
     "vLLM pools by default) asked of a bundle that does not declare the pooling task asked "
     "for (no pooling at all, or not the task --convert names)",
@@ -252,7 +254,8 @@ WHAT_TO_DO: dict[str, str] = {
     "TTB040": "Nothing is wrong: the value is computed, so only running code knows it. "
     "`ttbundle validate --import` checks it where the class imports.",
     "TTB041": "The torch reference generator reads Llama, Mistral, Qwen2, Qwen3 and Gemma 3 "
-    "(text), Qwen3.5 (text; its own class) and Qwen2.5-VL / Qwen3-VL (its VL classes): "
+    "(text), Gemma 4 (text; its own class), Qwen3.5 (text; its own class) and "
+    "Qwen2.5-VL / Qwen3-VL (its VL classes): "
     "set arch to one it reads, or write the generator for this architecture (`ttbundle "
     "init --arch ARCH` gives the TT-NN template). `validate` says it of the metadata; "
     "`vllm serve` and `ttbundle plan` refuse such a bundle at configuration. See "
@@ -521,6 +524,10 @@ WHAT_TO_DO: dict[str, str] = {
     "groups cost capacity. Serve with the --max-num-batched-tokens the warning names (with "
     "chunked prefill on), or with --disable-hybrid-kv-cache-manager. On the host mesh the "
     "plan chooses that budget itself unless --max-num-batched-tokens is given.",
+    "TTB265": "The host runner keeps one block size for every KV group. Serve with "
+    "--disable-hybrid-kv-cache-manager (every layer keeps the whole context in its own "
+    "shape, one block size), or give the generator's layers shapes of one page size (KV "
+    "heads x head size equal across its groups, as the tiny Gemma 4 test checkpoint's).",
     "TTB270": "Serve the checkpoint as a generation model (drop --runner pooling and "
     "--convert, or pass --runner generate where the checkpoint itself asks vLLM to pool), or "
     "serve it with a bundle whose generator pools and declares the tasks asked for. A "

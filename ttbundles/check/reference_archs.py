@@ -29,6 +29,10 @@ TEXT_ARCHITECTURES: tuple[str, ...] = (
 # recurrent state the generator keeps per slot.
 QWEN3_5_ARCHITECTURES: tuple[str, ...] = ("Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration")
 
+# The Gemma 4 generator's (`reference.families.gemma4`): a KV shape per layer (the global
+# layers' own head size and KV heads), partial RoPE on the global layers.
+GEMMA4_ARCHITECTURES: tuple[str, ...] = ("Gemma4ForCausalLM", "Gemma4ForConditionalGeneration")
+
 # Families the reference does not cover yet, with what it lacks: `init --reference` and
 # the configuration of a bundle built on the reference say this rather than only listing
 # the families it does cover.
@@ -56,12 +60,6 @@ REFERENCE_MISSING: dict[str, str] = {
         "(in_proj_qkvz, in_proj_ba); the reference implements Qwen3.5's dense MLP and "
         "its separate in_proj_qkv/z/b/a only"
     ),
-    "Gemma4ForCausalLM": (
-        "Gemma 4's global layers have their own head size and KV heads "
-        "(global_head_dim, num_global_key_value_heads), which need a KV cache shape per "
-        "layer, and its global RoPE is partial ('proportional'); the reference allocates "
-        "one shape for every layer and implements Gemma 3"
-    ),
 }
 
 # "module:Class" of each reference generator -> the architectures it reads. A class is
@@ -70,6 +68,7 @@ REFERENCE_GENERATORS: dict[str, tuple[str, ...]] = {
     "ttbundles.reference.generator:ReferenceLlamaGenerator": TEXT_ARCHITECTURES,
     "ttbundles.reference.generator:ReferenceLlamaGeneratorLegacy": TEXT_ARCHITECTURES,
     "ttbundles.reference.qwen3_5:ReferenceQwen3_5Generator": QWEN3_5_ARCHITECTURES,
+    "ttbundles.reference.gemma4:ReferenceGemma4Generator": GEMMA4_ARCHITECTURES,
     "ttbundles.reference.vl_generator:ReferenceQwen2_5_VLGenerator": (
         "Qwen2_5_VLForConditionalGeneration",
     ),
@@ -94,11 +93,15 @@ def covers(architectures: tuple[str, ...], arch: str) -> bool:
 
 
 def missing_reason(arch: str) -> str | None:
-    """Why the reference does not read `arch`, when it is known: `REFERENCE_MISSING`, or
-    the recurrent layers a state-space or linear-attention family keeps, which no
+    """Why the reference does not read `arch`, when it is known: `REFERENCE_MISSING`,
+    another reference generator that reads it (a class built on the wrong one), or the
+    recurrent layers a state-space or linear-attention family keeps, which no
     reference family computes (a state per request, not a KV cache)."""
     if arch in REFERENCE_MISSING:
         return REFERENCE_MISSING[arch]
+    readers = [name for name, archs in REFERENCE_GENERATORS.items() if covers(archs, arch)]
+    if readers:
+        return f"{arch} is read by {readers[0].replace(':', '.')}: build on that class"
     kind = recurrent_kind_of_architecture(arch)
     if kind is None:
         return None

@@ -18,7 +18,11 @@ Pure text; neither torch nor vLLM is imported here (the family list is checked a
 
 from __future__ import annotations
 
-from ttbundles.check.reference_archs import QWEN3_5_ARCHITECTURES, TEXT_ARCHITECTURES
+from ttbundles.check.reference_archs import (
+    GEMMA4_ARCHITECTURES,
+    QWEN3_5_ARCHITECTURES,
+    TEXT_ARCHITECTURES,
+)
 from ttbundles.format import capabilities as catalogue
 
 # The Hugging Face architectures whose checkpoints the reference generator reads, with
@@ -32,6 +36,10 @@ REFERENCE_BASES: dict[str, tuple[str, str]] = {
         arch: ("ttbundles.reference.qwen3_5", "ReferenceQwen3_5Generator")
         for arch in QWEN3_5_ARCHITECTURES
     },
+    **{
+        arch: ("ttbundles.reference.gemma4", "ReferenceGemma4Generator")
+        for arch in GEMMA4_ARCHITECTURES
+    },
 }
 
 # Families whose layers keep a recurrent state the generator holds per slot: their
@@ -42,7 +50,11 @@ RECURRENT_FAMILIES = frozenset(QWEN3_5_ARCHITECTURES)
 
 # Families whose every checkpoint has sliding-window layers beside global ones: their
 # reference bundles declare KV groups even when init reads no config.json.
-HYBRID_FAMILIES = frozenset({"Gemma3ForCausalLM"})
+HYBRID_FAMILIES = frozenset({"Gemma3ForCausalLM", *GEMMA4_ARCHITECTURES})
+
+# Families whose reference has no speculation: Gemma 4's verify and drafter would read
+# one KV shape, and its layers have several.
+UNSPECULATIVE_FAMILIES = frozenset(GEMMA4_ARCHITECTURES)
 
 # What the reference generator implements (the catalogue's `reference` facts): the
 # bundle declares all of it (the class's model_capabilities below say the same, so
@@ -54,12 +66,14 @@ def reference_capabilities(arch: str) -> dict:
     """What a reference bundle for `arch` declares: the reference's capabilities; a
     recurrent family's class owns its state (a slot per request), caches prefixes through
     snapshots of it, and has no speculation (a verify would advance the state over
-    drafts that may be rejected)."""
+    drafts that may be rejected); Gemma 4's has no speculation either."""
     if arch in RECURRENT_FAMILIES:
         return {
             **{k: v for k, v in REFERENCE_CAPABILITIES.items() if k not in _NOT_RECURRENT},
             "recurrent_state": {"owner": "generator", "layers": "from_config"},
         }
+    if arch in UNSPECULATIVE_FAMILIES:
+        return {k: v for k, v in REFERENCE_CAPABILITIES.items() if k not in _NOT_RECURRENT}
     return dict(REFERENCE_CAPABILITIES)
 
 

@@ -20,10 +20,11 @@ from ttbundles.reference.config import ModelDims, ModelStyle
 from ttbundles.reference.families.base import Family
 from ttbundles.reference.families.classifiers import CLASSIFIERS
 from ttbundles.reference.families.gemma3 import GEMMA3, refuse_other_gemma
+from ttbundles.reference.families.gemma4 import GEMMA4
 from ttbundles.reference.families.llama import LLAMA
 from ttbundles.reference.families.qwen3_5 import QWEN3_5
 
-FAMILIES: tuple[Family, ...] = (LLAMA, GEMMA3, QWEN3_5, CLASSIFIERS)
+FAMILIES: tuple[Family, ...] = (LLAMA, GEMMA3, GEMMA4, QWEN3_5, CLASSIFIERS)
 """Every family, in the order their architectures are listed."""
 
 BASE = LLAMA
@@ -41,7 +42,7 @@ SUPPORTED_ARCHITECTURES = CAUSAL_ARCHITECTURES + CLASSIFICATION_ARCHITECTURES
 
 def family_of(hf_config: Any) -> Family:
     """The family that reads this config (see the module docstring); NotImplementedError
-    for a Gemma other than Gemma 3."""
+    for a Gemma other than Gemma 3 and 4."""
     for family in FAMILIES:
         if family.claims is not None and family.claims(hf_config):
             return family

@@ -1,6 +1,6 @@
 """Gemma 3 text: how its forward pass differs from Llama's, as transformers'
 `modeling_gemma3` computes it (see `config.ModelStyle` for each field), and the Gemmas the
-reference does not implement, refused by name.
+reference does not implement (1, 2, 3n), refused by name; Gemma 4 is `families.gemma4`.
 
 Its per-layer-type RoPE (the sliding layers' own base) is read by `config.ModelRope` when
 the style asks for `local_rope`; its sliding layers by `format.attention_window`.
@@ -45,18 +45,14 @@ def gemma3_style(hf_config: Any, dims: ModelDims) -> ModelStyle:
 
 
 def refuse_other_gemma(hf_config: Any) -> None:
-    """Gemma 1/2/4 read as Llama would be wrong without an error: say so."""
+    """Gemma 1/2 (and Gemma 3n) read as Llama would be wrong without an error: say so.
+    Gemma 4 is its own family (`families.gemma4`), claimed before this is asked."""
     model_type = str(getattr(hf_config, "model_type", "") or "")
     if model_type.startswith("gemma"):
         raise NotImplementedError(
             f"model_type {model_type!r}: of the Gemma family the reference generator "
-            "implements Gemma 3 text (gemma3_text) only"
-            + (
-                "; Gemma 4's global layers have their own head size and KV heads "
-                "(global_head_dim, num_global_key_value_heads)"
-                if model_type.startswith("gemma4")
-                else ""
-            )
+            "implements Gemma 3 text (gemma3_text) and Gemma 4 text (gemma4_text, "
+            "gemma4) only"
         )
 
 

@@ -18,6 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ttbundles.format.kv_shapes import FULL_LAYER_TYPE as FULL
+from ttbundles.format.kv_shapes import layer_types, own_layer_shapes
 from ttbundles.units import byte_size
 
 if TYPE_CHECKING:
@@ -28,7 +30,8 @@ if TYPE_CHECKING:
 class RequestBlocks:
     """What one request of `max_model_len` tokens holds at a step budget: `full` blocks
     per full-attention layer, `sliding` per sliding-window layer (vLLM's admission bound),
-    `page` bytes a block of one layer."""
+    `page` bytes a block of one sliding layer, `full_page` of one full-attention layer
+    (where the layers' shapes differ, Gemma 4's, each kind's own; else the same)."""
 
     budget: int
     in_flight: int
@@ -39,17 +42,20 @@ class RequestBlocks:
     full_layers: int
     sliding_layers: int
     page: int
+    full_page: int
 
     @property
     def with_groups(self) -> int:
         """Bytes of one request on vLLM's hybrid KV-cache manager (every group draws
         from one pool of blocks: a request's blocks summed over its layers)."""
-        return self.page * (self.full * self.full_layers + self.sliding * self.sliding_layers)
+        return self.full_page * self.full * self.full_layers + (
+            self.page * self.sliding * self.sliding_layers
+        )
 
     @property
     def without_groups(self) -> int:
         """Bytes of one request when every layer keeps the whole context."""
-        return self.page * self.full * (self.full_layers + self.sliding_layers)
+        return self.full * (self.full_page * self.full_layers + self.page * self.sliding_layers)
 
     @property
     def pays(self) -> bool:
@@ -92,7 +98,16 @@ def _sizer(vllm_config: VllmConfig, window: int, sliding_layers: int):
         "head_size": model.get_head_size(),
         "dtype": model.dtype,
     }
-    full = FullAttentionSpec(**shape)
+    own = own_layer_shapes(model.hf_config)
+    if own is not None:  # Gemma 4: the sliding and the global layers' own shapes
+        local = next(s for s, kind in zip(own, layer_types(model.hf_config)) if kind != FULL)
+        wide = next(s for s, kind in zip(own, layer_types(model.hf_config)) if kind == FULL)
+        full = FullAttentionSpec(
+            **{**shape, "num_kv_heads": wide.num_kv_heads, "head_size": wide.head_dim}
+        )
+        shape.update(num_kv_heads=local.num_kv_heads, head_size=local.head_dim)
+    else:
+        full = FullAttentionSpec(**shape)
     sliding = SlidingWindowSpec(**shape, sliding_window=window)
     length = model.max_model_len
     layers = model.get_num_layers(parallel)
@@ -110,7 +125,8 @@ def _sizer(vllm_config: VllmConfig, window: int, sliding_layers: int):
             sliding=sliding.max_admission_blocks_per_request(in_flight, length),
             full_layers=layers - sliding_layers,
             sliding_layers=sliding_layers,
-            page=full.page_size_bytes,
+            page=sliding.page_size_bytes,
+            full_page=full.page_size_bytes,
         )
 
     return at

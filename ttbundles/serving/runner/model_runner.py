@@ -42,7 +42,7 @@ from ttbundles.serving.runner.history import PenaltyHistory
 from ttbundles.serving.runner.images import prefill_image_inputs
 from ttbundles.serving.runner.kv import kinds
 from ttbundles.serving.runner.kv.cache import allocate_cache, refuse_unserved_groups
-from ttbundles.serving.runner.kv.groups import LayerGroups, layer_specs
+from ttbundles.serving.runner.kv.groups import LayerGroups, layer_specs, own_shape
 from ttbundles.serving.runner.kv.sizing import block_bytes, capacity, pool_bytes
 from ttbundles.serving.runner.kv.tables import BlockTables
 from ttbundles.serving.runner.outputs import StepOutputs
@@ -288,12 +288,11 @@ class TTModelRunner:
         """Each layer's cache: what the generator class declares (`get_kv_cache_spec`,
         `runner.kv.groups`) when the plan serves its KV groups, full attention with the
         model's shape otherwise."""
-        num_layers, kv_heads, head_size = self._layer_shape()
-        default = kinds.full_attention(
-            self.block_size, kv_heads, head_size, self.model_config.dtype
-        )
-        # Asked only where the plan serves the class's groups (it declares them, and
-        # the hybrid manager is on): otherwise every layer keeps the whole context.
+        num_layers = self._layer_shape()[0]
+        default = self._default_spec()
+        # Groups only where the plan serves the class's groups (it declares them, and
+        # the hybrid manager is on): otherwise every layer keeps the whole context, in
+        # its own shape where the class gives layers shapes of their own.
         return layer_specs(
             self.generator_cls,
             self.vllm_config,
@@ -302,6 +301,11 @@ class TTModelRunner:
             ask=self.kv_groups_served,
             kv_layers=self.kv_layers,
         )
+
+    def _default_spec(self) -> KVCacheSpec:
+        """Full attention with the model's shape, as vLLM's config reads it."""
+        _, kv_heads, head_size = self._layer_shape()
+        return kinds.full_attention(self.block_size, kv_heads, head_size, self.model_config.dtype)
 
     def cache_block_size_bytes(self) -> int:
         return block_bytes(self.get_kv_cache_spec())
@@ -383,8 +387,29 @@ class TTModelRunner:
         assert self.methods is not None
         shape = (num_blocks // self.lanes, num_kv_heads, self.block_size, head_size)
         self.kv_cache, self.cache_layers = allocate_cache(
-            self.methods.allocator, self.class_name, self.kv_groups, shape, dtype, num_layers
+            self.methods.allocator,
+            self.class_name,
+            self.kv_groups,
+            shape,
+            dtype,
+            num_layers,
+            self._layer_cache_shapes(num_blocks // self.lanes),
         )
+
+    def _layer_cache_shapes(self, num_blocks: int) -> list[tuple[int, int, int, int]] | None:
+        """Each KV layer's cache shape where a layer's spec gives it its own KV heads or
+        head size (Gemma 4's global layers), with its group's block size (the engine's,
+        or one vLLM grew to unify page sizes); None where every layer has the model's."""
+        specs = list(self.get_kv_cache_spec().values())
+        default = self._default_spec()
+        if not any(own_shape(spec, default) for spec in specs):
+            return None
+        groups = self.kv_groups
+        shapes = []
+        for i, layer in enumerate(specs):
+            block = groups.specs[groups.group[i]].block_size if groups else layer.block_size
+            shapes.append((num_blocks, layer.num_kv_heads, block, layer.head_size))
+        return shapes
 
     # --- device helpers -----------------------------------------------------------------
 

@@ -76,14 +76,18 @@ class Allocator:
         dtype: Any,
         num_layers: int,
         tensors: Sequence[int] | None = None,
+        shapes: Sequence[tuple[int, ...]] | None = None,
     ) -> tuple[Any, int]:
         """The KV cache, and its layers when it was allocated per layer (then every
         step passes `page_tables_per_layer`; 0 otherwise). `tensors[i]` is layer i's
         `tensor_idx` (layers with the same one share one allocation: vLLM's KV groups
-        overlay one block pool), each layer its own without it."""
+        overlay one block pool), each layer its own without it; `shapes[i]` layer i's
+        shape where the layers' differ (its spec's KV heads and head size), `shape`
+        for every layer without it and for the one-piece allocation (the model's)."""
         if self.per_layer is not None:
             indices = list(tensors) if tensors is not None else list(range(num_layers))
-            specs = [(shape, dtype, indices[layer]) for layer in range(num_layers)]
+            own = list(shapes) if shapes is not None else [shape] * num_layers
+            specs = [(own[layer], dtype, indices[layer]) for layer in range(num_layers)]
             return self.per_layer(per_layer_specs=specs), num_layers
         assert self.whole is not None
         return self.whole(kv_cache_shape=shape, dtype=dtype, num_layers=num_layers), 0
@@ -96,10 +100,25 @@ def allocate_cache(
     shape: tuple[int, int, int, int],
     dtype: torch.dtype,
     num_layers: int,
+    shapes: Sequence[tuple[int, int, int, int]] | None = None,
 ) -> tuple[Any, int]:
-    """The generator's cache (`shape`: one lane's blocks) and how many layers it holds
-    one tensor each (0: one tensor for every layer). Several groups need the per-layer
-    allocation: layers that share one tensor cannot be allocated in one piece (TTB261)."""
+    """The generator's cache (`shape`: one lane's blocks; `shapes`: each layer's, where
+    its spec gives it its own) and how many layers it holds one tensor each (0: one
+    tensor for every layer). Several groups need the per-layer allocation: layers that
+    share one tensor cannot be allocated in one piece (TTB261). A layer whose block size
+    is not the engine's (vLLM grows a group's blocks to unify page sizes) is refused
+    (TTB265): the block tables here have one block size."""
+    block_size = shape[2]
+    odd = sorted({s[2] for s in shapes or ()} - {block_size})
+    if odd:
+        raise GeneratorContractError.single(
+            "TTB265",
+            f"{class_name}'s KV groups have blocks of {', '.join(map(str, odd))} tokens "
+            f"beside the engine's {block_size} (vLLM grew a group's blocks so that its "
+            "page is the size of the others'), which the host runner does not serve yet",
+            hint="give the layers shapes of one page size (KV heads x head size equal "
+            f"across groups), or serve with {HYBRID_HINT}",
+        )
     if groups is not None and groups.num_groups > 1 and allocator.per_layer is None:
         raise GeneratorContractError.single(
             "TTB261",
@@ -110,4 +129,4 @@ def allocate_cache(
             f"{HYBRID_HINT}",
         )
     tensors = groups.tensor if groups is not None else None
-    return allocator.allocate(shape, dtype, num_layers, tensors)
+    return allocator.allocate(shape, dtype, num_layers, tensors, shapes)

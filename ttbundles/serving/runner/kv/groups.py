@@ -54,9 +54,12 @@ def layer_specs(
     kv_layers: Sequence[int] | None = None,
 ) -> dict[str, KVCacheSpec]:
     """Every layer's spec: the class's answer where it gives one, `default` (full
-    attention with the model's shape) for None, for a class without the method, and
-    without `ask` (the launch does not serve the class's groups: a sliding spec vLLM
-    would keep even with its hybrid manager off, when every layer slides).
+    attention with the model's shape) for None and for a class without the method.
+    Without `ask` (the launch does not serve the class's groups: a sliding spec vLLM
+    would keep even with its hybrid manager off, when every layer slides) every layer
+    keeps the whole context: `default`, or where the class gives layers shapes of their
+    own (Gemma 4's global layers' head size and KV heads), full attention in each
+    layer's shape, so that the bytes vLLM counts are the layers' own.
 
     `kv_layers`: the layers that keep a KV cache at all, where others keep a state of
     their generator's own (recurrent layers): those get no spec, named or not. A name
@@ -64,8 +67,24 @@ def layer_specs(
     no layer reads, and the layer it meant would get none."""
     layers = list(range(num_layers)) if kv_layers is None else list(kv_layers)
     declared: dict[str, Any] | None = None
-    if ask and declares_layout(generator_cls):
+    if declares_layout(generator_cls) and ask:
         declared = getattr(generator_cls, SPEC_METHOD)(vllm_config)
+    elif declares_layout(generator_cls):
+        try:
+            declared = getattr(generator_cls, SPEC_METHOD)(vllm_config)
+        except Exception:  # noqa: BLE001 - asked only for shapes, as before it was not asked
+            # A class may answer only for the launches that serve its groups (TT-Metal's
+            # need their block size); its layers then keep the model's shape, as before.
+            declared = None
+        if declared is not None:
+            # Not served as groups: every layer keeps the whole context, in its own
+            # shape where the class gives its layers different ones (else the default's).
+            declared = {
+                name: kinds.whole_context(spec) if spec is not None else None
+                for name, spec in declared.items()
+            }
+            if not any(own_shape(spec, default) for spec in declared.values()):
+                declared = None
     if declared is None:
         return {LAYER_NAME.format(i): default for i in layers}
     allowed = set(layers)
@@ -87,6 +106,16 @@ def layer_specs(
         )
     names = [named.get(i, LAYER_NAME.format(i)) for i in layers]
     return {name: declared.get(name) or default for name in names}
+
+
+def own_shape(spec: Any, default: KVCacheSpec) -> bool:
+    """The spec's KV heads or head size differ from the default's (the model's)."""
+    if spec is None:
+        return False
+    return (getattr(spec, "num_kv_heads", None), getattr(spec, "head_size", None)) != (
+        getattr(default, "num_kv_heads", None),
+        getattr(default, "head_size", None),
+    )
 
 
 @dataclass(frozen=True)

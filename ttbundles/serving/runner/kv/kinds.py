@@ -31,6 +31,22 @@ def full_attention(block_size: int, kv_heads: int, head_size: int, dtype: Any) -
     )
 
 
+def whole_context(spec: KVCacheSpec) -> KVCacheSpec:
+    """The same layer keeping the whole context: an attention spec (a sliding window's)
+    as full attention in its own shape (block size, KV heads, head size, dtype), where the
+    launch does not serve the class's groups but its layers' shapes differ (Gemma 4's
+    global layers); any other spec as it is."""
+    heads, size = getattr(spec, "num_kv_heads", None), getattr(spec, "head_size", None)
+    if heads is None or size is None or not getattr(spec, "sliding_window", None):
+        return spec
+    return full_attention(spec.block_size, heads, size, spec.dtype)
+
+
+def cache_shape(spec: KVCacheSpec, num_blocks: int) -> tuple[int, int, int, int]:
+    """A layer's cache `(N, KV, Bs, D)` as its spec shapes it."""
+    return (num_blocks, spec.num_kv_heads, spec.block_size, spec.head_size)
+
+
 def reach(spec: KVCacheSpec) -> int:
     """Tokens below a step's first position that the layer's attention still reads
     (`SlidingWindowSpec.num_retained_tokens`); 0 for a layer that reads everything."""

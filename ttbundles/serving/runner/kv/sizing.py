@@ -35,6 +35,10 @@ def pool_bytes(
     held = sum(b for b in bounded if b is not None)
     growing = sum(1 for b in bounded if b is None)
     num_blocks = growing * (-(-tokens // block) + 1) + held * per_lane
+    if len(groups) == 1 and hasattr(groups[0].kv_cache_spec, "kv_cache_specs"):
+        # One group of layers with pages of their own sizes (vLLM's
+        # UniformTypeKVCacheSpecs: its page is every layer's page summed).
+        return num_blocks * groups[0].kv_cache_spec.page_size_bytes
     tensors = max(len(g.layer_names) for g in groups)
     page = get_uniform_page_size([g.kv_cache_spec for g in groups])
     return num_blocks * page * tensors
