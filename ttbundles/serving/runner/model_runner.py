@@ -708,6 +708,14 @@ class TTModelRunner:
         if self.snapshots:
             self._save_snapshots(step.req_ids, computed, ends)
         primary, extra = split_output(out)
+        if isinstance(primary, tuple | list):
+            # A class that returns its rope deltas beside whatever it computed, sampled
+            # tokens too (`((tokens, log_probs), rope_deltas)`: TT-Metal's Qwen3.6
+            # autoport): the deltas kept by request, the output read as usual.
+            deltas = torch.as_tensor(extra).reshape(-1).tolist() if extra is not None else []
+            for req_id, delta in zip(step.req_ids, deltas):
+                self.states.rope_deltas[req_id] = int(delta)
+            primary, extra = split_output(primary)
         if primary.is_floating_point():
             prefill_logits(
                 step,
