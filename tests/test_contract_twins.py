@@ -84,18 +84,20 @@ SPEC_EXTRAS: dict[str, dict] = {
 }
 
 
-def serve_twin(tmp_path: Path, checkpoint: Path, name: str) -> dict:
-    capabilities, tt, engine = TWINS[name]
+def serve_twin(
+    tmp_path: Path, checkpoint: Path, name: str, twin: tuple | None = None, arch: str = ""
+) -> dict:
+    capabilities, tt, engine = twin or TWINS[name]
     # "galaxy" in the bundle's name puts it in the module path, as TT-Metal's Galaxy
     # classes have it (the worker's tt_data_parallel rule keys on it).
     bundle = tmp_path / "models" / f"twin-{name.lower().replace('_', '-')}"
     bundle.mkdir(parents=True)
     (bundle / "adapter.py").write_text(FAMILIES.read_text())
     metadata = {
-        "schema_version": 1,
+        "schema_version": 6 if arch else 1,
         "name": bundle.name,
         "version": "1.0.0",
-        "arch": "LlamaForCausalLM",
+        "arch": arch or "LlamaForCausalLM",
         "main_class": f"adapter:{name}",
         "capabilities": capabilities,
     }
@@ -103,13 +105,13 @@ def serve_twin(tmp_path: Path, checkpoint: Path, name: str) -> dict:
     spec = {
         "checkpoint": str(checkpoint),
         "models_dir": str(bundle.parent),
-        "prompts": PROMPTS,
+        "prompts": engine.pop("prompts", PROMPTS),
         "max_tokens": MAX_TOKENS,
         **SPEC_EXTRAS.get(name, {}),
         "engine": {
             "max_model_len": 256,
             "max_num_seqs": 4,
-            "block_size": 16,
+            "block_size": engine.pop("block_size", 16),
             "additional_config": {"tt": tt},
             **engine,
         },
@@ -341,3 +343,55 @@ def test_qwen2_5_vl_twin_serves_images_as_tt_metal_gathers_them(
     prefills = calls(result, "prefill_forward")
     assert any(p["rows_with_images"] == 2 and p["rows"] == 3 for p in prefills)
     assert all(d["deltas"] == 4 for d in calls(result, "decode_forward"))  # every slot
+
+
+# The Qwen3.6 27B autoport: its GDN state is the generator's (a slot per request), async
+# decode declared, no prefix caching, no chunked prefill (its prefill clears the slots it
+# fills); its page a multiple of 32.
+QWEN36 = (
+    {
+        "recurrent_state": {"owner": "generator", "layers": "from_config"},
+        "async_decode": True,
+        "sample_on_device": ALL,
+    },
+    {"sample_on_device_mode": "all"},
+    {"block_size": 32},
+)
+QWEN_PROMPTS = [list(range(3, 3 + n)) for n in (40, 75, 9)]
+
+
+def test_the_qwen3_6_autoport_twin_serves_its_own_slots_like_transformers(tmp_path):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from tests.test_qwen3_5_reference import write_tiny_qwen3_5
+
+    checkpoint = Path(write_tiny_qwen3_5(tmp_path / "qwen3_5"))
+    engine = {**QWEN36[2], "prompts": QWEN_PROMPTS}
+    result = serve_twin(
+        tmp_path,
+        checkpoint,
+        "Qwen36AutoportForCausalLM",
+        (QWEN36[0], QWEN36[1], engine),
+        arch="Qwen3_5ForCausalLM",
+    )
+    assert "error" not in result, result.get("error")
+    model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
+    expected = [
+        model.generate(
+            torch.tensor([ids]), max_new_tokens=MAX_TOKENS, min_new_tokens=MAX_TOKENS,
+            do_sample=False,
+        )[0, len(ids):].tolist()
+        for ids in QWEN_PROMPTS
+    ]  # fmt: skip
+    assert result["greedy"] == expected
+    assert result["greedy_again"] == expected[1:]
+    assert result["seeded_alone"] == result["seeded_in_batch"]
+    (allocated,) = calls(result, "allocate_kv_cache")
+    assert allocated["num_layers"] == 2 and allocated["page"] % 32 == 0
+    prefills = calls(result, "prefill_forward")
+    # Whole prompts (no chunked prefill): every prefill starts at 0 in its own slot.
+    assert prefills and all(set(p["start_pos"]) == {0} for p in prefills)
+    decodes = calls(result, "decode_forward")
+    assert any(not d["read_from_device"] for d in decodes)  # async decode ran
+    assert all(d["slot_remap"] == [0, 1, 2, 3] for d in decodes)

@@ -396,7 +396,7 @@ def test_enabling_the_hybrid_manager_with_lanes_is_refused(models_dir, gemma3_ch
     """Asked for explicitly with a feature the groups do not serve yet: TTB262 at
     configuration; left to vLLM, the plan keeps one group and says why."""
     gemma_bundle(models_dir, "groups", declared=True)
-    plan = {"lanes": 2, "speculative": None, "pooling": None}
+    plan = {"lanes": 2, "speculative": None, "pooling": None, "recurrent_owner": ""}
     decided = type("P", (), {"decide": lambda self, *a: a[2], **plan})()
     from tests.vllm_config import vllm_config as build_config
     from ttbundles.serving.planning.kv_admission import plan_kv_groups

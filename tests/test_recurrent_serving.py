@@ -12,13 +12,20 @@ import torch
 import transformers
 from vllm.v1.attention.backends.utils import resolve_kv_cache_layout
 from vllm.v1.core.kv_cache_planning import get_global_kv_cache_groups, get_kv_cache_configs
+from vllm.v1.core.kv_cache_utils import resolve_kv_cache_block_sizes
 from vllm.v1.structured_output import StructuredOutputManager
 
 from tests.test_qwen3_5_reference import VOCAB, write_tiny_qwen3_5
 from tests.test_runner_steps import request, run
 from tests.vllm_config import vllm_config
 from ttbundles.format.contract import HostMesh
-from ttbundles.reference.qwen3_5 import ReferenceQwen3_5Generator
+from ttbundles.format.layer_kinds import layer_kinds
+from ttbundles.reference.qwen3_5 import (
+    ReferenceQwen3_5Generator,
+    ReferenceQwen3_5VllmStateGenerator,
+)
+from ttbundles.serving.planning.plan import BundleRef, Plan
+from ttbundles.serving.planning.recurrent import align_state_pages
 from ttbundles.serving.runner import TTModelRunner
 from ttbundles.serving.scheduler import TTScheduler
 
@@ -159,3 +166,116 @@ def test_the_snapshot_index_finds_the_longest_held_prefix_and_frees_what_it_lets
     assert index.take_frees() == [103] and len(index) == 2
     assert index.longest(_Request(["a", "b", "x"]), 47) == 32
     assert index.longest(_Request(["z"]), 15) == 0
+
+
+# --- the vLLM-owned form: MambaSpec groups in vLLM's hybrid manager -------------------------
+
+
+class VllmOwned(ReferenceQwen3_5VllmStateGenerator):
+    """The reference whose state vLLM's KV manager owns, recording each decode's indices."""
+
+    def decode_forward(self, *args, gdn_state_indices=None, **kwargs):
+        self.indices = [*getattr(self, "indices", []), gdn_state_indices]
+        return super().decode_forward(*args, gdn_state_indices=gdn_state_indices, **kwargs)
+
+    def release_request(self, slot):
+        self.released = [*getattr(self, "released", []), slot]
+        super().release_request(slot)
+
+
+def build_vllm_owned(checkpoint, *, blocks: int = 64, max_num_seqs: int = 4):
+    """As `build`, with the plan the platform makes for owner 'vllm': the hybrid manager
+    on, vLLM's "none" mode, the attention block grown to hold a Mamba page."""
+    config = vllm_config(
+        checkpoint,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=CHUNK,
+        max_model_len=128,
+        block_size=BLOCK,
+    )
+    config.scheduler_config.disable_hybrid_kv_cache_manager = False
+    bundle = BundleRef("gdn", "1.0.0", "built-in", "", "adapter:VllmOwned")
+    plan = Plan(tt_arch="TTQwen3_5ForCausalLM", bundle=bundle, mesh="HOST", options={})
+    kinds = layer_kinds(config.model_config.hf_config)
+    block, page, state_page = align_state_pages(config, plan, kinds)
+    plan.recurrent_owner = "vllm"
+    plan.kv_groups = True
+    runner = TTModelRunner(config, VllmOwned, HostMesh(), plan=plan)
+    runner.load_model()
+    specs = runner.get_kv_cache_spec()
+    resolve_kv_cache_layout(config, [["LBHNC"]], specs.values())
+    groups = get_global_kv_cache_groups(config, [specs])
+    kv_config = get_kv_cache_configs(config, [specs], [blocks * page * 2], groups)[0]
+    config.cache_config.num_gpu_blocks = kv_config.num_blocks
+    runner.initialize_kv_cache(kv_config)
+    # The engine core's block sizes for the scheduler (the lcm of the groups', the Mamba
+    # group's a whole context in "none" mode).
+    scheduler_block, hash_block = resolve_kv_cache_block_sizes(kv_config, config)
+    scheduler = TTScheduler(
+        vllm_config=config,
+        kv_cache_config=kv_config,
+        structured_output_manager=StructuredOutputManager(config),
+        block_size=scheduler_block,
+        hash_block_size=hash_block,
+    )
+    return scheduler, runner, specs, (block, page, state_page), kv_config
+
+
+def test_vllm_owned_state_is_a_mamba_spec_per_gdn_layer_padded_to_the_attention_page(qwen):
+    """The tiny Qwen3.5: 6 GDN layers of conv 3 x 64 and state 4 x 8 x 8 (float32 on the
+    host): 1,792 B a layer; 2 attention layers of 2 KV heads x 16 x 2 x 4 B = 256 B a
+    token: a block of 16 holds 4,096 B, so the Mamba page is padded to it."""
+    _, runner, specs, (block, page, state_page), kv_config = build_vllm_owned(qwen[0])
+    assert (block, page, state_page) == (16, 4096, 1792)
+    assert [name for name in specs] == [
+        f"model.layers.{i}.{'self_attn' if i in (3, 7) else 'linear_attn'}" for i in range(8)
+    ]
+    gdn = specs["model.layers.0.linear_attn"]
+    assert gdn.shapes == ((3, 64), (4, 8, 8)) and gdn.dtypes == (torch.float32,) * 2
+    assert gdn.mamba_type.name == "GDN_ATTN" and gdn.mamba_cache_mode == "none"
+    assert gdn.page_size_bytes == specs["model.layers.3.self_attn"].page_size_bytes == 4096
+    assert gdn.block_size == 128  # "none": a Mamba block of the whole context
+    # vLLM's groups: 6 GDN layers in 3 Mamba groups of 2, the 2 attention layers in one.
+    kinds_ = sorted(type(g.kv_cache_spec).__name__ for g in kv_config.kv_cache_groups)
+    assert kinds_ == ["FullAttentionSpec", "MambaSpec", "MambaSpec", "MambaSpec"]
+    assert runner.kv_groups.main == next(
+        g
+        for g, group in enumerate(kv_config.kv_cache_groups)
+        if "self_attn" in group.layer_names[0]
+    )
+    # The per-layer allocation: GDN layers from their descriptors, a state per slot.
+    conv, recurrent = runner.kv_cache[0]
+    assert conv.shape == (4, 3, 64) and recurrent.shape == (4, 4, 8, 8)
+    assert runner.kv_cache[3][0].shape[2] == 16  # the attention layers' blocks of 16
+
+
+def test_vllm_owned_state_gives_transformers_tokens_over_chunks_and_a_late_arrival(qwen):
+    checkpoint, greedy = qwen
+    scheduler, runner, *_ = build_vllm_owned(checkpoint)
+    a, b = prompt(1, 60), prompt(2, 41)
+    out = run(
+        scheduler,
+        runner,
+        {0: [request("a", a, 16, temperature=0.0)], 2: [request("b", b, 12, temperature=0.0)]},
+    )
+    assert out["a"] == greedy(a, 16)
+    assert out["b"] == greedy(b, 12)
+    # Every decode said each row's state: int32, in row order (row i is slot i).
+    sent = runner.generator.indices
+    assert sent and all(i.dtype == torch.int32 and i.tolist() == [0, 1, 2, 3] for i in sent)
+
+
+def test_vllm_owned_state_under_kv_pressure_re_prefills_into_a_zeroed_state(qwen):
+    """Few blocks: vLLM preempts; the preempted request's re-prefill starts at position 0
+    and so from a zero state whatever its slot held."""
+    checkpoint, greedy = qwen
+    scheduler, runner, *_ = build_vllm_owned(checkpoint, blocks=14)
+    prompts = {f"r{i}": prompt(10 + i, 40) for i in range(4)}
+    out = run(
+        scheduler,
+        runner,
+        {0: [request(name, p, 20, temperature=0.0) for name, p in prompts.items()]},
+    )
+    for name, p in prompts.items():
+        assert out[name] == greedy(p, 20), name
+    assert len(runner.generator.released) > len(prompts)  # preemptions gave slots back

@@ -245,15 +245,47 @@ def test_plan_of_a_generator_owned_state_says_its_bytes_and_capacity(
     assert "(256 B a token)" in reason
 
 
+def test_plan_of_a_vllm_owned_state_serves_mamba_groups_on_the_hybrid_manager(
+    run_cli, recurrent_checkpoints, tmp_path
+):
+    """Owner 'vllm' (MambaSpec groups): the hybrid manager on, "none" mode, the GDN
+    layer's state (1,792 B, float32 on the host) within an attention page (2 KV heads x
+    16 x 2 x 2 B = 128 B a token, bfloat16 as vLLM's spec counts it: a block of at least
+    14 tokens), 6 GDN layers beside 2 attention ones in 3 Mamba groups."""
+    models = tmp_path / "models"
+    state = {"recurrent_state": {"owner": "vllm"}}
+    document = metadata("gdn", arch="Qwen3_5ForCausalLM", schema_version=6, capabilities=state)
+    write_bundle(models / "gdn", document=document)
+    done = _plan(run_cli, models, recurrent_checkpoints["Qwen3_5ForCausalLM"], "--format", "json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    plan = json.loads(done.stdout)
+    decisions = {d["setting"]: d for d in plan["decisions"]}
+    state_decision = decisions["recurrent_state"]
+    assert state_decision["effective"] == "vLLM's MambaSpec groups", state_decision
+    reason = state_decision["reason"]
+    assert "3 Mamba groups, one block each per request" in reason, reason
+    assert "the state 1,792 B, padded to the attention block of" in reason, reason
+    assert decisions["kv_cache"]["effective"] == "hybrid groups"
+    assert "Mamba blocks in one pool" in decisions["kv_cache"]["reason"]
+
+
 @pytest.mark.parametrize(
     "capabilities,extra,words",
     [
         pytest.param(
-            {"recurrent_state": {"owner": "vllm"}},
+            {"recurrent_state": {"owner": "vllm"}, "prefix_caching": True},
             [],
-            "declares capabilities.recurrent_state (owner vllm), but recurrent state is not "
-            "served yet",
-            id="vllm-owned",
+            "prefix caching (vLLM's \"align\" mode: boundary copies of the state into "
+            "position-indexed Mamba blocks, restored on a hit) is not served yet with "
+            "recurrent state vLLM's KV manager owns",
+            id="vllm-owned-prefix-caching",
+        ),
+        pytest.param(
+            {"recurrent_state": {"owner": "vllm"}},
+            ["--disable-hybrid-kv-cache-manager"],
+            "--disable-hybrid-kv-cache-manager (MambaSpec groups live in vLLM's hybrid "
+            "KV-cache manager only) is not served yet",
+            id="vllm-owned-without-the-hybrid-manager",
         ),
         pytest.param(
             {**STATE, "prefix_caching": True},

@@ -195,8 +195,8 @@ CODES: dict[str, str] = {
     "TTB273": "classification of the pooling form 'prefill_hidden' but the checkpoint has no "
     "classification head (score.weight) for vLLM's classifier to apply on the host",
     "TTB274": "recurrent state (gated delta net, Mamba, short convolution layers) not "
-    "served in this form: vLLM-owned state, an undeclared state, or a feature a state "
-    "slot cannot follow",
+    "served in this form: an undeclared state, vLLM-owned state of other layers than "
+    "gated delta nets, or a feature the state cannot follow",
 }
 
 
@@ -546,11 +546,14 @@ WHAT_TO_DO: dict[str, str] = {
     "embeddings (--convert embed). A *ForCausalLM checkpoint has no classification head.",
     "TTB274": "Declare capabilities.recurrent_state with owner 'generator' (schema_version "
     "6) for a class that keeps a state slot per request, as TT-Metal's Qwen3.5/3.6 classes "
-    "do: that form is served. The vLLM-owned form (MambaSpec groups) is not served yet. "
-    "With generator-owned state, serve without what a slot cannot follow: pooling, "
-    "speculative decoding (--speculative-config), prefix caching without snapshots (give "
-    "the class recurrent_prefix_snapshots and save/restore/free_recurrent_prefix, or drop "
-    "capabilities.prefix_caching), in-process lanes with prefix caching. See "
+    "do, or owner 'vllm' for gated delta net layers whose state vLLM's KV manager keeps "
+    "(MambaSpec groups): both forms are served. With generator-owned state, serve without "
+    "what a slot cannot follow: pooling, speculative decoding (--speculative-config), "
+    "prefix caching without snapshots (give the class recurrent_prefix_snapshots and "
+    "save/restore/free_recurrent_prefix, or drop capabilities.prefix_caching), in-process "
+    "lanes with prefix caching. With vLLM-owned state, serve without prefix caching "
+    "(--no-enable-prefix-caching: vLLM's align mode is not served yet), "
+    "--disable-hybrid-kv-cache-manager, pooling, speculative decoding and lanes. See "
     "docs/authors/generator-contract.md#recurrent-state.",
 }
 

@@ -7,7 +7,12 @@ prefill chunks (`--max-num-batched-tokens 64`), eight requests at once in a KV p
 enough that vLLM preempts (re-prefill into a zeroed slot), and `n=2` whose children each
 keep their own slot. The prefix cache is on (the reference keeps snapshots of a slot's
 state): a repeated or shared prefix hits, restores the state a snapshot kept after exactly
-the hit's tokens, and still gives transformers' tokens."""
+the hit's tokens, and still gives transformers' tokens.
+
+The other form, recurrent state vLLM's KV manager owns (MambaSpec groups, "none" mode),
+is one more `vllm serve` of the same checkpoint: a bundle whose class is the reference's
+vLLM-owned variant (`ReferenceQwen3_5VllmStateGenerator`), as an author would declare it;
+the same prompts and `n=2` give transformers' tokens."""
 
 from __future__ import annotations
 
@@ -15,6 +20,7 @@ import concurrent.futures
 import json
 import os
 import re
+import textwrap
 import urllib.request
 
 import pytest
@@ -155,3 +161,75 @@ def test_a_repeated_and_a_shared_prefix_hit_a_snapshot_and_give_transformers_tok
             shared = len(ids) - 1 if time_ == 1 else len(common)
             assert hit == shared // 64 * 64 >= 128, (text, hit, len(ids))
     assert "prefix_caching: True -> 'snapshots (64)'" in log.read_text()
+
+
+# --- the vLLM-owned form: MambaSpec groups in vLLM's hybrid manager -------------------------
+
+VLLM_OWNED_ADAPTER = textwrap.dedent(
+    '''\
+    """The tiny Qwen3.5 with its gated delta net state owned by vLLM's KV manager."""
+
+    from ttbundles.reference.qwen3_5 import ReferenceQwen3_5VllmStateGenerator
+
+
+    class Generator(ReferenceQwen3_5VllmStateGenerator):
+        """The reference's vLLM-owned form: the state allocated per layer from vLLM's
+        MambaSpec descriptors, read by gdn_state_indices on decode."""
+    '''
+)
+# A pool of 1 MiB: 2 shared tensors of 64 pages of 8 KiB (blocks of 64 tokens) on 0.34,
+# 256 pages of 2 KiB on 0.33; every Mamba group holds a block per request for its life.
+VLLM_OWNED_SERVE = (
+    "--max-num-batched-tokens 64 --max-model-len 512 --max-num-seqs 8 "
+    "--kv-cache-memory-bytes 1048576"
+)
+
+
+@pytest.fixture(scope="module")
+def vllm_owned(tmp_path_factory):
+    """One `vllm serve` of the checkpoint through a bundle declaring owner 'vllm' (the
+    generator-owned server's checkpoint, written alike, and no other start)."""
+    home = tmp_path_factory.mktemp("gdn-vllm")
+    env = shell_environment(home)
+    write_recurrent_checkpoint("Qwen3_5ForCausalLM", home / "ckpt")
+    reference = Reference(home / "ckpt")
+    bundle = home / "models" / "my-qwen-vllm"
+    bundle.mkdir(parents=True)
+    (bundle / "adapter.py").write_text(VLLM_OWNED_ADAPTER)
+    (bundle / "vllm_metadata.json").write_text(
+        json.dumps({
+            "schema_version": 6,
+            "name": "my-qwen-vllm",
+            "version": "0.1.0",
+            "arch": "Qwen3_5ForCausalLM",
+            "main_class": "adapter:Generator",
+            "capabilities": {
+                "recurrent_state": {"owner": "vllm", "layers": "from_config"},
+                "chunked_prefill": True,
+            },
+        })
+    )  # fmt: skip
+    with typed_server(home, env, VLLM_OWNED_SERVE) as (port, log):
+        yield port, log, reference
+
+
+def test_vllm_owned_state_serves_chunked_prompts_and_two_children_like_transformers(
+    vllm_owned,
+):
+    port, log, reference = vllm_owned
+    text = log.read_text()
+    assert "recurrent_state: 'vllm' -> \"vLLM's MambaSpec groups\"" in text, text[-4000:]
+    [kv] = [line for line in text.splitlines() if "KV cache of" in line]
+    assert "4 KV groups: gated delta net state (3), full attention (1)" in kv, kv
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(lambda p: _complete(port, p), PROMPTS[:4]))
+    for prompt, [choice] in zip(PROMPTS, answers):
+        ids = list(choice["prompt_token_ids"])
+        assert choice["token_ids"] == reference.greedy(ids, MAX_TOKENS), prompt
+    assert max(len(c[0]["prompt_token_ids"]) for c in answers) > 128  # over two chunks
+    choices = _complete(port, PROMPTS[1], n=2)
+    assert len(choices) == 2
+    ids = list(choices[0]["prompt_token_ids"])
+    for choice in choices:
+        assert choice["token_ids"] == reference.greedy(ids, MAX_TOKENS)
+    assert "Traceback" not in log.read_text()

@@ -347,6 +347,169 @@ def _record_per_layer(step: str, tables, kwargs: dict[str, Any]) -> None:
 
 
 # --------------------------------------------------------------------------------------
+# Qwen3.6 27B autoport (gated delta net hybrid: the GDN state is the generator's)
+# --------------------------------------------------------------------------------------
+
+
+class Qwen36AutoportForCausalLM(_Wrapped):
+    """`models/autoports/qwen_qwen3_6_27b/tt/generator_vllm.py` @16cfafb7
+    `Qwen36ForCausalLM`: decode contract v1 (but it reads no command: `**_` swallows
+    them, `reset_batch` defaults False), async decode declared, no prefix caching;
+    `allocate_kv_cache` takes the attention layers' count and returns every layer (the
+    GDN ones their `[conv, recurrent]` state), its page a multiple of 32; prefill
+    clears the slots it fills (`reset_slots(empty_slots)`) and returns `(output,
+    rope_deltas)` (zeros: text only), decode applies `slot_remap` before its step; one
+    replica (`tt_data_parallel` 1), 1..32 users. The state lives in the reference's slots
+    (`ReferenceQwen3_5Generator`), the commands reach it so it computes right."""
+
+    decode_input_update_contract = 1
+    model_capabilities = {
+        "supports_prefix_caching": False,
+        "supports_async_decode": True,
+        "supports_async_decode_overlap": True,
+        "supports_sample_on_device": True,
+        "max_device_top_k": 32,
+    }
+
+    @classmethod
+    def get_max_tokens_all_users(cls, *, max_model_len=None, max_num_seqs=None, **_):
+        record("get_max_tokens_all_users", max_model_len=max_model_len, max_num_seqs=max_num_seqs)
+        return 1_726_400
+
+    @classmethod
+    def initialize_vllm_model(
+        cls,
+        hf_config,
+        mesh_device,
+        max_batch_size: int,
+        max_seq_len: int,
+        n_layers=None,
+        tt_data_parallel: int = 1,
+        optimizations=None,
+        **_,
+    ):
+        from ttbundles.reference.qwen3_5 import ReferenceQwen3_5Generator
+
+        if tt_data_parallel != 1:
+            raise NotImplementedError("Qwen3.6 autoport supports one TP4 model replica")
+        if not 1 <= int(max_batch_size) <= 32:
+            raise ValueError("Qwen3.6 serving max_num_seqs must be in [1, 32]")
+        record("initialize_vllm_model", max_batch_size=max_batch_size, max_seq_len=max_seq_len)
+        core = ReferenceQwen3_5Generator.initialize_vllm_model(
+            hf_config, mesh_device, max_batch_size, max_seq_len
+        )
+        return cls(core)
+
+    def allocate_kv_cache(self, kv_cache_shape, dtype, num_layers):
+        page = int(kv_cache_shape[2])
+        if page < 32 or page % 32:
+            raise ValueError(f"Qwen3.6 serving page size must be a tile multiple, got {page}")
+        kinds = self.core.layer_kinds
+        attention = kinds.count("full_attention")
+        if int(num_layers) != attention:
+            raise ValueError(f"vLLM requested {num_layers} attention layers; TT built {attention}")
+        record("allocate_kv_cache", num_layers=num_layers, page=page)
+        caches = iter(self.core.allocate_kv_cache(kv_cache_shape, dtype, num_layers))
+        state = self.core.state
+        result = []
+        for kind, index in zip(kinds, self.core._kind_index):
+            if kind == "linear_attention":
+                result.append([state.conv[index], state.recurrent[index]])
+            else:
+                result.append(next(caches))
+        self._attention = [i for i, kind in enumerate(kinds) if kind == "full_attention"]
+        return result
+
+    def _attention_cache(self, kv_cache):
+        return [kv_cache[i] for i in self._attention]
+
+    def prefill_forward(
+        self,
+        tokens,
+        page_table,
+        kv_cache,
+        prompt_lens,
+        sampling_params=None,
+        empty_slots=None,
+        start_pos=None,
+        **_,
+    ):
+        slots = (
+            list(range(len(prompt_lens))) if empty_slots is None else [int(v) for v in empty_slots]
+        )
+        starts = [0] * len(slots) if start_pos is None else [int(v) for v in start_pos]
+        record("prefill_forward", empty_slots=slots, start_pos=starts, **_names(_))
+        # reset_slots: every slot a prefill fills is cleared first (the class serves no
+        # chunked prefill: a continued chunk would lose its state here).
+        for slot in slots:
+            self.core.release_request(slot)
+        output = self.core.prefill_forward(
+            tokens,
+            page_table,
+            self._attention_cache(kv_cache),
+            prompt_lens,
+            empty_slots=slots,
+            sampling_params=sampling_params,
+            start_pos=start_pos,
+        )
+        return output, torch.zeros(len(prompt_lens), dtype=torch.int64)
+
+    def decode_forward(
+        self,
+        tokens,
+        start_pos,
+        page_table,
+        kv_cache,
+        enable_trace=True,
+        read_from_device=True,
+        sampling_params=None,
+        reset_batch=False,
+        rope_deltas_all_users=None,
+        prompt_tokens=None,
+        output_tokens=None,
+        slot_remap=None,
+        **_,
+    ):
+        if not enable_trace:
+            raise ValueError("Qwen3.6 vLLM decode requires tracing")
+        if rope_deltas_all_users is not None and torch.as_tensor(rope_deltas_all_users).ne(0).any():
+            raise NotImplementedError("Qwen3.6 text serving does not accept nonzero RoPE deltas")
+        record(
+            "decode_forward",
+            read_from_device=read_from_device,
+            slot_remap=None if slot_remap is None else [int(v) for v in slot_remap],
+            sampled=sampling_params is not None,
+            **_names(_),
+        )
+        commands = {k: v for k, v in _.items() if k.startswith(("reload_", "reset_"))}
+        return self.core.decode_forward(
+            tokens,
+            start_pos,
+            page_table,
+            self._attention_cache(kv_cache),
+            enable_trace=enable_trace,
+            read_from_device=read_from_device,
+            sampling_params=sampling_params,
+            prompt_tokens=prompt_tokens,
+            output_tokens=output_tokens,
+            slot_remap=slot_remap,
+            **commands,
+        )
+
+    def read_decode_output(self, tt_out, async_read=False):
+        return self.core.read_decode_output(tt_out, async_read=async_read)
+
+    def process_decode_output_host(self, tt_out, is_tokens=False):
+        return self.core.process_decode_output_host(tt_out, is_tokens=is_tokens)
+
+    def warmup_model_prefill(self, *args, **kwargs):
+        del args, kwargs
+
+    def warmup_model_decode(self, *args, **kwargs):
+        del args, kwargs
+
+
+# --------------------------------------------------------------------------------------
 # Mllama (cross-attention: not served yet)
 # --------------------------------------------------------------------------------------
 

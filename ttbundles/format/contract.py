@@ -50,6 +50,9 @@ DECODE_COMMANDS = (
 )
 """The v1 commands, sent explicitly on every decode of a v1 generator."""
 SLOT_REMAP_KEYWORD = "slot_remap"
+STATE_INDICES_KEYWORD = "gdn_state_indices"
+"""Each decode row's recurrent state among a layer's compact states (int32, row order),
+sent where vLLM's KV manager owns the state (MambaSpec groups)."""
 
 
 def contract_version(generator_cls: type) -> int:
@@ -293,6 +296,7 @@ DECODE = Method(
         "prompt_tokens",
         "output_tokens",
         SLOT_REMAP_KEYWORD,
+        STATE_INDICES_KEYWORD,
         "rope_deltas_all_users",
         "page_tables_per_layer",
         LEGACY_RESET_KEYWORD,

@@ -128,3 +128,49 @@ class GdnState:
         targets = torch.arange(len(sources))
         self.conv[:, targets] = self.conv[:, index].clone()
         self.recurrent[:, targets] = self.recurrent[:, index].clone()
+
+
+@dataclass
+class PerLayerGdnState:
+    """Every GDN layer's state in vLLM's layout, as `allocate_kv_cache_per_layer` made it
+    from the layers' `{"type": "mamba", ...}` descriptors (vLLM's KV manager owns the
+    state: `MambaSpec`): per GDN layer, conv `[slots, K - 1, C]` and recurrent
+    `[slots, H, Dv, Dk]` (`MambaStateShapeCalculator.gated_delta_net_state_shape`: V
+    before K, transposed against transformers'). The same reads and writes as
+    `GdnState`, transposing at the edge; the computation stays float32."""
+
+    conv: list[torch.Tensor]
+    recurrent: list[torch.Tensor]
+
+    @property
+    def slots(self) -> int:
+        return self.conv[0].shape[0] if self.conv else 0
+
+    def read(
+        self, layer: int, slots: list[int], fresh: list[bool]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        index = torch.tensor(slots)
+        keep = torch.tensor([not f for f in fresh], dtype=torch.float32)
+        conv = self.conv[layer][index].transpose(1, 2).float() * keep[:, None, None]
+        recurrent = self.recurrent[layer][index].transpose(2, 3).float()
+        return conv, recurrent * keep[:, None, None, None]
+
+    def write(
+        self, layer: int, slots: list[int], conv: torch.Tensor, recurrent: torch.Tensor
+    ) -> None:
+        index = torch.tensor(slots)
+        target_conv, target_recurrent = self.conv[layer], self.recurrent[layer]
+        target_conv[index] = conv.transpose(1, 2).to(target_conv.dtype)
+        target_recurrent[index] = recurrent.transpose(2, 3).to(target_recurrent.dtype)
+
+    def clear(self, slot: int) -> None:
+        for conv, recurrent in zip(self.conv, self.recurrent):
+            conv[slot] = 0
+            recurrent[slot] = 0
+
+    def gather(self, sources: list[int]) -> None:
+        index = torch.tensor(sources)
+        targets = torch.arange(len(sources))
+        for conv, recurrent in zip(self.conv, self.recurrent):
+            conv[targets] = conv[index].clone()
+            recurrent[targets] = recurrent[index].clone()

@@ -18,6 +18,12 @@ starts at position 0 starts from zeros), decode the state of its row's slot afte
 `note_state_slots_moved` settles (or makes) a move. Prefix caching is refused: a hit skips
 tokens whose state was never kept. Speculative decoding is refused: the verify would
 advance the state over drafts that are then rejected.
+
+`ReferenceQwen3_5VllmStateGenerator` is the other form (the reference plugin's MambaSpec
+route): vLLM's KV manager owns the state. Every layer is allocated per layer, the GDN
+layers from their `{"type": "mamba", shapes, dtypes, tensor_idx, compact_slots}`
+descriptor (a state per batch slot, vLLM's layout); prefill reads `empty_slots`, decode
+row i the state `gdn_state_indices[i]`.
 """
 
 from __future__ import annotations
@@ -31,7 +37,13 @@ import torch.nn.functional as F
 from ttbundles.reference.attention import Segment, apply_rope, rms_norm, rope_cos_sin
 from ttbundles.reference.config import ModelDims, ModelStyle, rope_parameters
 from ttbundles.reference.driver import DecodeStep, ResidentInputs
-from ttbundles.reference.gdn import GdnState, causal_conv, gated_delta_rule, l2norm
+from ttbundles.reference.gdn import (
+    GdnState,
+    PerLayerGdnState,
+    causal_conv,
+    gated_delta_rule,
+    l2norm,
+)
 from ttbundles.reference.generator import ReferenceLlamaGenerator
 from ttbundles.reference.sampling import MAX_DEVICE_TOP_K
 from ttbundles.reference.weights import (
@@ -430,3 +442,91 @@ class ReferenceQwen3_5Generator(ReferenceLlamaGenerator):  # noqa: N801 (Qwen3_5
         if not all_positions:
             x = x[lengths.cumsum(0) - 1]
         return self.lm_logits(x)
+
+
+class ReferenceQwen3_5VllmStateGenerator(ReferenceQwen3_5Generator):  # noqa: N801
+    """Qwen3.5 whose GDN state vLLM's KV manager owns (MambaSpec groups, "none" mode):
+    `allocate_kv_cache_per_layer` gets every layer, the GDN layers' states allocated from
+    their descriptors and read by the indices the runner gives (see the module
+    docstring). No prefix cache (vLLM's "align" mode is not served), one lane."""
+
+    model_capabilities = {
+        **ReferenceQwen3_5Generator.model_capabilities,
+        "recurrent_state": "vllm",
+        "supports_prefix_caching": False,
+    }
+    model_capabilities.pop("recurrent_prefix_snapshots")
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        if self.lanes != 1:
+            raise NotImplementedError("state owned by vLLM's KV manager is served on one lane")
+        # Until `allocate_kv_cache_per_layer`: no state (the base's slots are not vLLM's).
+        self.state = PerLayerGdnState([], [])  # type: ignore[assignment]
+        self._attention = [i for i, k in enumerate(self.layer_kinds) if k == FULL_ATTENTION]
+        self._indices: list[int] | None = None
+
+    def kv_layer_count(self) -> int:
+        """Every layer gets an entry: KV for attention, a state descriptor for GDN."""
+        return len(self.layer_kinds)
+
+    def allocate_kv_cache_per_layer(self, per_layer_specs: list[Any]) -> list[Any]:
+        """One entry per layer: attention layers `[k_cache, v_cache]` shared by
+        `tensor_idx` (float32, as the base), GDN layers `[conv, recurrent]` of
+        `compact_slots` states each, zeroed, in the descriptor's shapes and dtypes."""
+        if len(per_layer_specs) != len(self.layer_kinds):
+            raise ValueError(
+                f"per_layer_specs has {len(per_layer_specs)} layers; the model has "
+                f"{len(self.layer_kinds)}"
+            )
+        shared: dict[int, list[torch.Tensor]] = {}
+        cache: list[Any] = []
+        conv, recurrent = [], []
+        for kind, spec in zip(self.layer_kinds, per_layer_specs):
+            if kind == LINEAR_ATTENTION:
+                if not isinstance(spec, dict) or spec.get("type") != "mamba":
+                    raise ValueError(f"a GDN layer needs a mamba state descriptor, not {spec!r}")
+                slots = int(spec["compact_slots"])
+                states = [
+                    torch.zeros((slots, *shape), dtype=dtype)
+                    for shape, dtype in zip(spec["shapes"], spec["dtypes"])
+                ]
+                conv.append(states[0])
+                recurrent.append(states[1])
+                cache.append(states)
+            else:
+                shape, _, index = spec
+                cache.append(
+                    shared.setdefault(
+                        int(index),
+                        [torch.zeros(tuple(shape)), torch.zeros(tuple(shape))],
+                    )
+                )
+        self.state = PerLayerGdnState(conv, recurrent)  # type: ignore[assignment]
+        return cache
+
+    def decode_forward(self, *args: Any, gdn_state_indices: Any = None, **kwargs: Any) -> Any:
+        """As the base's, row i continuing the state `gdn_state_indices[i]` (int32, row
+        order; set on the device queue, before this decode's work)."""
+        indices = None if gdn_state_indices is None else [int(i) for i in gdn_state_indices]
+        self._device_queue.submit(setattr, self, "_indices", indices).result()
+        return super().decode_forward(*args, **kwargs)
+
+    def forward_segments(
+        self,
+        segments: list[Segment],
+        page_table: Any,
+        kv_cache: Any,
+        **kwargs: Any,
+    ) -> torch.Tensor:
+        """The base's over the attention layers' entries (the cache and the per-layer
+        tables hold every layer here); a decode row reads the state its index names."""
+        if self._indices is not None:
+            segments = [
+                s if s.slot is not None else dataclasses.replace(s, slot=self._indices[s.row])
+                for s in segments
+            ]
+        cache = [kv_cache[i] for i in self._attention]
+        if isinstance(page_table, list):
+            page_table = [page_table[i] for i in self._attention]
+        return super().forward_segments(segments, page_table, cache, **kwargs)

@@ -65,6 +65,19 @@ def plan_kv_groups(vllm_config: VllmConfig, plan: Plan, declared: bool) -> None:
             "prompts, each pooled in the step it is scheduled)",
         )
         return
+    if plan.recurrent_owner == "vllm":
+        # MambaSpec groups live in the hybrid manager only (`planning.recurrent` refused
+        # what they cannot serve, --disable-hybrid-kv-cache-manager included).
+        plan.kv_groups = True
+        plan.decide(
+            "kv_cache",
+            requested,
+            "hybrid groups",
+            f"{kinds}, blocks of {block} tokens; the recurrent state is vLLM's: its "
+            "hybrid KV-cache manager keeps the attention layers' blocks and the gated "
+            "delta net layers' Mamba blocks in one pool",
+        )
+        return
     if not declared:
         plan.decide(
             "kv_cache",

@@ -180,6 +180,9 @@ class Plan:
     # Snapshots of recurrent state the generator keeps for the prefix cache (its
     # `recurrent_prefix_snapshots`; 0: no prefix cache over recurrent state).
     recurrent_snapshots: int = 0
+    # Who holds the recurrent state served ("generator": its own slots; "vllm": MambaSpec
+    # groups in vLLM's KV manager, allocated per layer; "": no recurrent state).
+    recurrent_owner: str = ""
     # Set by `freeze`: from then on every assignment raises `FrozenPlanError`.
     frozen: bool = field(default=False, init=False, compare=False, repr=False)
 

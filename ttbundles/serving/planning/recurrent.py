@@ -14,9 +14,19 @@ hands out no slots), speculation (a verify would advance the state over drafts t
 be rejected), prefix caching (a hit would skip tokens whose state was never saved; a
 bundle that declares it is refused, one that does not has it turned off).
 
-vLLM's KV manager owning the state (MambaSpec groups, `owner: vllm`) is not served yet:
-refused with TTB274, with its layers, state and capacity in the one line, by `ttbundle
-plan` and `vllm serve` alike; so is a checkpoint whose bundle declares no state. Never a
+vLLM's KV manager owning the state (`owner: vllm`, the reference plugin's MambaSpec
+route) is served in vLLM's "none" mode: each gated delta net layer gets a `MambaSpec`
+(vLLM's shapes for the family), vLLM's hybrid manager gives each request one block per
+Mamba group for its life, the generator allocates the state per layer from the
+`{"type": "mamba", ...}` descriptor and reads it by the indices the runner sends. vLLM's
+own aligner (`Platform.update_block_size_for_backend`) skips a plugin's model, so the
+plan does what it would: the attention block grown until its page holds a Mamba page,
+the Mamba page padded to it. Its "align" mode (prefix caching over Mamba blocks) is not
+served yet: a bundle declaring prefix caching is refused with TTB274 rather than given a
+hit whose state cannot be restored.
+
+A checkpoint whose bundle declares no state is refused with TTB274, with its layers,
+state and capacity in the one line, by `ttbundle plan` and `vllm serve` alike. Never a
 plan that calls a Mamba layer full attention, never vLLM's traceback.
 
 `settle_mamba_cache` undoes what vLLM's hybrid hook set for prefix caching when the plan
@@ -29,7 +39,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ttbundles.errors import ConfigurationError
-from ttbundles.format.layer_kinds import LayerKinds, layer_kinds
+from ttbundles.format.layer_kinds import GDN, LayerKinds, layer_kinds
 from ttbundles.format.meshes import is_host
 from ttbundles.format.metadata import LAYERS_FROM_CONFIG, BundleMetadata
 
@@ -38,8 +48,9 @@ if TYPE_CHECKING:
 
     from ttbundles.serving.planning.plan import Plan
 
-SERVED_OWNERS: frozenset[str] = frozenset({"generator"})
-"""The owners of recurrent state this release serves: the generator's own slots."""
+SERVED_OWNERS: frozenset[str] = frozenset({"generator", "vllm"})
+"""The owners of recurrent state this release serves: the generator's own slots, and
+vLLM's KV manager (MambaSpec groups, gated delta net layers)."""
 
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp32": 4, "bf16": 2, "fp16": 2}
 
@@ -78,7 +89,10 @@ def plan_recurrent_state(vllm_config: VllmConfig, plan: Plan, meta: BundleMetada
             "release that serves it, declare capabilities.recurrent_state (schema_version 6: "
             "its owner, 'generator' or 'vllm')"
         )
-    elif declared.owner in SERVED_OWNERS:
+    elif declared.owner == "vllm" and _gated_delta_net_only(kinds):
+        _plan_vllm_owned(vllm_config, plan, kinds, summary, capacity)
+        return
+    elif declared.owner == "generator":
         # vLLM holds none of the state: its Mamba cache mode is "none" whatever the
         # prefix cache (vLLM's hybrid hook chose "align" for caching on).
         settle_mamba_cache(vllm_config)
@@ -92,6 +106,7 @@ def plan_recurrent_state(vllm_config: VllmConfig, plan: Plan, meta: BundleMetada
             f"{kinds.describe()}; {capacity}; a slot per request for its life, given "
             "back with release_request on finish and preemption",
         )
+        plan.recurrent_owner = "generator"
         if snapshots:
             plan.decide(
                 "prefix_caching",
@@ -102,6 +117,15 @@ def plan_recurrent_state(vllm_config: VllmConfig, plan: Plan, meta: BundleMetada
                 "restores the state after exactly its tokens",
             )
         return
+    elif declared.owner == "vllm":
+        why = (
+            "the bundle declares capabilities.recurrent_state owned by vLLM (MambaSpec "
+            "groups), which this release serves for gated delta net layers only, and"
+        )
+        fix = (
+            "declare owner 'generator' (the class keeps a state slot per request), or serve "
+            "a gated delta net hybrid (Qwen3.5, Qwen3-Next)"
+        )
     else:
         why = f"the bundle declares capabilities.recurrent_state (owner {declared.owner}), but"
         fix = (
@@ -115,6 +139,130 @@ def plan_recurrent_state(vllm_config: VllmConfig, plan: Plan, meta: BundleMetada
         "(no state slot, remap or release per request)",
         hint=fix + " (docs/authors/generator-contract.md#recurrent-state)",
     )
+
+
+def _gated_delta_net_only(kinds: LayerKinds) -> bool:
+    """Every recurrent layer is a gated delta net whose state shape is known: the layers
+    vLLM's MambaSpec route serves here (`mamba_type` GDN)."""
+    return kinds.state is not None and {kinds.kinds[i] for i in kinds.recurrent_layers} == {GDN}
+
+
+def _plan_vllm_owned(
+    vllm_config: VllmConfig, plan: Plan, kinds: LayerKinds, summary: str, capacity: str
+) -> None:
+    """The MambaSpec route in vLLM's "none" mode: what it cannot serve refused (TTB274),
+    the attention block grown to hold a Mamba page and the Mamba page padded to it (what
+    vLLM's aligner does for its own models), the hybrid manager required."""
+    cache = vllm_config.cache_config
+    unserved = [
+        (what, fix)
+        for what, on, fix in (
+            (
+                'prefix caching (vLLM\'s "align" mode: boundary copies of the state into '
+                "position-indexed Mamba blocks, restored on a hit)",
+                bool(cache.enable_prefix_caching),
+                "serve with --no-enable-prefix-caching, or drop capabilities.prefix_caching "
+                "from the bundle, or declare owner 'generator' with a class that keeps "
+                "snapshots (recurrent_prefix_snapshots)",
+            ),
+            (
+                "--disable-hybrid-kv-cache-manager (MambaSpec groups live in vLLM's hybrid "
+                "KV-cache manager only)",
+                bool(vllm_config.scheduler_config.disable_hybrid_kv_cache_manager),
+                "drop --disable-hybrid-kv-cache-manager",
+            ),
+            (
+                "pooling",
+                plan.pooling is not None,
+                "serve it for generation (drop --runner pooling / --convert)",
+            ),
+            (
+                "speculative decoding (a verify would advance the state over drafts that "
+                "may be rejected; no state is kept per draft position)",
+                vllm_config.speculative_config is not None,
+                "drop --speculative-config",
+            ),
+            (
+                "in-process data-parallel lanes (one block pool split by lane)",
+                plan.lanes > 1,
+                "serve without lanes",
+            ),
+        )
+        if on
+    ]
+    if unserved:
+        what, fix = unserved[0]
+        raise ConfigurationError.single(
+            "TTB274",
+            f"{summary}; {what} is not served yet with recurrent state vLLM's KV manager "
+            'owns (MambaSpec groups, "none" mode)',
+            hint=fix + " (docs/authors/generator-contract.md#recurrent-state)",
+        )
+    block, page, mamba_page = align_state_pages(vllm_config, plan, kinds)
+    groups = mamba_groups(len(kinds.recurrent_layers), len(kinds.attention_layers))
+    plan.recurrent_owner = "vllm"
+    plan.decide(
+        "recurrent_state",
+        "vllm",
+        "vLLM's MambaSpec groups",
+        f"{kinds.describe()}; {capacity}; {groups} Mamba groups, one block each per "
+        f'request for its life ("none" mode), a page of {page:,} B (the state '
+        f"{mamba_page:,} B, padded to the attention block of {block} tokens); the "
+        "generator reads each row's state by gdn_state_indices (decode) and empty_slots "
+        "(prefill)",
+    )
+
+
+def align_state_pages(
+    vllm_config: VllmConfig, plan: Plan, kinds: LayerKinds
+) -> tuple[int, int, int]:
+    """vLLM's "none" mode (a Mamba block of the whole context), the attention block grown
+    until its page holds one GDN layer's state, and the Mamba page padded to it, as
+    vLLM's `_align_hybrid_block_size` does for its own hybrids (it skips a plugin's
+    model): `(block_size, page, mamba_page)`, the block's growth a decision."""
+    assert kinds.state is not None
+    cache = vllm_config.cache_config
+    settle_mamba_cache(vllm_config)
+    conv, ssm = _state_dtype_bytes(vllm_config, plan)
+    mamba_page = kinds.state.bytes_per_layer(conv, ssm)
+    per_token = _attention_bytes_per_token(vllm_config, plan, kinds) // max(
+        len(kinds.attention_layers), 1
+    )
+    old_block = cache.block_size
+    block = aligned_block_size(old_block, mamba_page, per_token)
+    if block != old_block:
+        cache.block_size = plan.decide(
+            "block_size",
+            old_block,
+            block,
+            f"an attention page ({per_token:,} B a token) must hold a gated delta net "
+            f"layer's state ({mamba_page:,} B), as vLLM's aligner grows it for its own "
+            "hybrids",
+        )
+    page = block * per_token
+    cache.mamba_page_size_padded = page if page != mamba_page else None
+    return block, page, mamba_page
+
+
+def aligned_block_size(block_size: int, mamba_page: int, attention_per_token: int) -> int:
+    """The attention block (tokens) whose page holds a Mamba page: vLLM's
+    `_align_hybrid_block_size` rule with the block asked as the alignment (no backend
+    of vLLM's sets another here): the smallest multiple of it at least the state."""
+    if attention_per_token <= 0:
+        return block_size
+    needed = -(-mamba_page // (block_size * attention_per_token)) * block_size
+    return max(block_size, needed)
+
+
+def mamba_groups(recurrent: int, attention: int) -> int:
+    """How many Mamba groups vLLM's `get_kv_cache_groups` makes: layers bucketed by kind,
+    a group the size of the smallest bucket (the largest where that is within 1.5x of
+    it), each bucket dealt into groups of that size."""
+    buckets = [n for n in (recurrent, attention) if n]
+    size = min(buckets)
+    if max(buckets) < 1.5 * size:
+        size = max(buckets)
+    return -(-recurrent // size)
 
 
 def _plan_snapshots(vllm_config: VllmConfig, plan: Plan, summary: str) -> int:

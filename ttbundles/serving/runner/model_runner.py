@@ -25,8 +25,9 @@ from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, DraftTokenIds, ModelRunne
 from ttbundles.format import contract, contract_keys
 from ttbundles.format import speculative as spec
 from ttbundles.format.layer_kinds import layer_kinds
+from ttbundles.format.meshes import is_host
 from ttbundles.serving import compat
-from ttbundles.serving.binding import split_output
+from ttbundles.serving.binding import GeneratorContractError, split_output
 from ttbundles.serving.planning.plan import Plan, effective_options
 from ttbundles.serving.recurrent_prefix import SNAPSHOT_FREE, SNAPSHOT_RESTORE, SNAPSHOT_SAVED
 from ttbundles.serving.runner.commands import DecodeCommands
@@ -42,7 +43,13 @@ from ttbundles.serving.runner.history import PenaltyHistory
 from ttbundles.serving.runner.images import prefill_image_inputs
 from ttbundles.serving.runner.kv import kinds
 from ttbundles.serving.runner.kv.cache import allocate_cache, refuse_unserved_groups
-from ttbundles.serving.runner.kv.groups import LayerGroups, layer_specs, own_shape
+from ttbundles.serving.runner.kv.groups import (
+    STATE_LAYER_NAME,
+    LayerGroups,
+    layer_index,
+    layer_specs,
+    own_shape,
+)
 from ttbundles.serving.runner.kv.sizing import block_bytes, capacity, pool_bytes
 from ttbundles.serving.runner.kv.tables import BlockTables
 from ttbundles.serving.runner.outputs import StepOutputs
@@ -176,6 +183,16 @@ class TTModelRunner:
         self.kv_layers: tuple[int, ...] | None = (
             kinds_of_layers.attention_layers if kinds_of_layers.recurrent else None
         )
+        # Recurrent state vLLM's KV manager owns (MambaSpec groups): every layer gets a
+        # spec, the gated delta net layers a Mamba one (`kv.kinds.gated_delta_net`); the
+        # generator allocates the state per layer and decode says each row's state
+        # (`gdn_state_indices`).
+        self.state_layers: tuple[int, ...] = ()
+        self.host_mesh = plan is not None and is_host(plan.mesh)
+        if plan is not None and plan.recurrent_owner == "vllm":
+            self.state_layers = kinds_of_layers.recurrent_layers
+            self.attention_layers = kinds_of_layers.attention_layers
+            self.kv_layers = None
         # Snapshots of recurrent state back the prefix cache (`serving.recurrent_prefix`):
         # restored into a hit's slot before its prefill, taken when a prompt chunk ends
         # on a block boundary, reported to the scheduler with the step's output.
@@ -239,6 +256,15 @@ class TTModelRunner:
         # Sent only to a decode that names it: a `**kwargs` decode may not know it.
         self.reuse_keyword = contract_keys.REUSE_DECODE_INPUTS_KEYWORD in self.methods.decode.names
         decode = self.methods.decode
+        if self.state_layers and not decode.accepts(contract.STATE_INDICES_KEYWORD):
+            raise GeneratorContractError.single(
+                "TTB053",
+                f"{self.class_name}.decode_forward takes no gdn_state_indices, which "
+                "recurrent state vLLM's KV manager owns needs (each decode row's state)",
+                hint="give decode_forward a gdn_state_indices parameter (int32, one per "
+                "row), or declare capabilities.recurrent_state owner 'generator'",
+            )
+        self._state_indices = torch.arange(self.max_num_reqs, dtype=torch.int32)
         self.device_support = device_support(
             self.capabilities,
             takes_history=decode.accepts("prompt_tokens") and decode.accepts("output_tokens"),
@@ -293,6 +319,8 @@ class TTModelRunner:
         # Groups only where the plan serves the class's groups (it declares them, and
         # the hybrid manager is on): otherwise every layer keeps the whole context, in
         # its own shape where the class gives layers shapes of their own.
+        if self.state_layers:
+            return self._state_layer_specs(num_layers, default)
         return layer_specs(
             self.generator_cls,
             self.vllm_config,
@@ -306,6 +334,30 @@ class TTModelRunner:
         """Full attention with the model's shape, as vLLM's config reads it."""
         _, kv_heads, head_size = self._layer_shape()
         return kinds.full_attention(self.block_size, kv_heads, head_size, self.model_config.dtype)
+
+    def _state_layer_specs(self, num_layers: int, default: KVCacheSpec) -> dict[str, KVCacheSpec]:
+        """The attention layers' specs (the class's, or `default`) and a `MambaSpec` for
+        each gated delta net layer (`model.layers.<i>.linear_attn`), in layer order,
+        its page padded to the attention page as the plan aligned them."""
+        cache = self.vllm_config.cache_config
+        attention = layer_specs(
+            self.generator_cls,
+            self.vllm_config,
+            num_layers,
+            default,
+            ask=self.kv_groups_served,
+            kv_layers=self.attention_layers,
+        )
+        state = kinds.gated_delta_net(
+            self.vllm_config,
+            cache.mamba_block_size or self.max_model_len,
+            cache.mamba_page_size_padded,
+            host=self.host_mesh,
+        )
+        named = {layer_index(name): (name, spec) for name, spec in attention.items()}
+        for layer in self.state_layers:
+            named[layer] = (STATE_LAYER_NAME.format(layer), state)
+        return dict(named[i] for i in sorted(named))  # type: ignore[type-var]
 
     def cache_block_size_bytes(self) -> int:
         return block_bytes(self.get_kv_cache_spec())
@@ -394,6 +446,7 @@ class TTModelRunner:
             dtype,
             num_layers,
             self._layer_cache_shapes(num_blocks // self.lanes),
+            state_slots=self.max_num_reqs,
         )
 
     def _layer_cache_shapes(self, num_blocks: int) -> list[tuple[int, int, int, int]] | None:
@@ -402,6 +455,9 @@ class TTModelRunner:
         or one vLLM grew to unify page sizes); None where every layer has the model's."""
         specs = list(self.get_kv_cache_spec().values())
         default = self._default_spec()
+        # A layer keeping recurrent state has no KV shape (its state descriptor is
+        # allocated instead): it stands in with the model's.
+        specs = [default if kinds.holds_state(spec) else spec for spec in specs]
         if not any(own_shape(spec, default) for spec in specs):
             return None
         groups = self.kv_groups
@@ -495,6 +551,10 @@ class TTModelRunner:
             slot_remap=list(range(capacity)),
             **self.tables.per_layer(tables, self.cache_layers),
         )
+        if self.state_layers:
+            # Row i is slot i (rows never move): its state is the i-th of every GDN
+            # layer's compact states, as long as its request lives.
+            values[contract.STATE_INDICES_KEYWORD] = self._state_indices
         assert self.methods is not None
         rope_deltas = self.states.rope_deltas
         if rope_deltas and self.methods.decode.accepts("rope_deltas_all_users"):
@@ -733,6 +793,14 @@ class TTModelRunner:
         if self.snapshots:
             self._save_snapshots(step.req_ids, computed, ends)
         primary, extra = split_output(out)
+        if isinstance(primary, tuple | list):
+            # A class that returns its rope deltas beside whatever it computed, sampled
+            # tokens too (`((tokens, log_probs), rope_deltas)`: TT-Metal's Qwen3.6
+            # autoport): the deltas kept by request, the output read as usual.
+            deltas = torch.as_tensor(extra).reshape(-1).tolist() if extra is not None else []
+            for req_id, delta in zip(step.req_ids, deltas):
+                self.states.rope_deltas[req_id] = int(delta)
+            primary, extra = split_output(primary)
         if primary.is_floating_point():
             prefill_logits(
                 step,

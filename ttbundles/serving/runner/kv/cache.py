@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from ttbundles.format import contract
 from ttbundles.serving.binding import BoundMethod, GeneratorContractError, bind
+from ttbundles.serving.runner.kv import kinds
 
 if TYPE_CHECKING:
     import torch
@@ -77,17 +78,24 @@ class Allocator:
         num_layers: int,
         tensors: Sequence[int] | None = None,
         shapes: Sequence[tuple[int, ...]] | None = None,
+        states: dict[int, dict[str, Any]] | None = None,
     ) -> tuple[Any, int]:
         """The KV cache, and its layers when it was allocated per layer (then every
         step passes `page_tables_per_layer`; 0 otherwise). `tensors[i]` is layer i's
         `tensor_idx` (layers with the same one share one allocation: vLLM's KV groups
         overlay one block pool), each layer its own without it; `shapes[i]` layer i's
         shape where the layers' differ (its spec's KV heads and head size), `shape`
-        for every layer without it and for the one-piece allocation (the model's)."""
+        for every layer without it and for the one-piece allocation (the model's).
+        `states[i]`: layer i keeps recurrent state, allocated from that descriptor
+        (`kinds.state_descriptor`) instead of a KV shape."""
         if self.per_layer is not None:
             indices = list(tensors) if tensors is not None else list(range(num_layers))
             own = list(shapes) if shapes is not None else [shape] * num_layers
-            specs = [(own[layer], dtype, indices[layer]) for layer in range(num_layers)]
+            states = states or {}
+            specs: list[Any] = [
+                states.get(layer) or (own[layer], dtype, indices[layer])
+                for layer in range(num_layers)
+            ]
             return self.per_layer(per_layer_specs=specs), num_layers
         assert self.whole is not None
         return self.whole(kv_cache_shape=shape, dtype=dtype, num_layers=num_layers), 0
@@ -101,15 +109,35 @@ def allocate_cache(
     dtype: torch.dtype,
     num_layers: int,
     shapes: Sequence[tuple[int, int, int, int]] | None = None,
+    state_slots: int = 0,
 ) -> tuple[Any, int]:
     """The generator's cache (`shape`: one lane's blocks; `shapes`: each layer's, where
     its spec gives it its own) and how many layers it holds one tensor each (0: one
     tensor for every layer). Several groups need the per-layer allocation: layers that
     share one tensor cannot be allocated in one piece (TTB261). A layer whose block size
     is not the engine's (vLLM grows a group's blocks to unify page sizes) is refused
-    (TTB265): the block tables here have one block size."""
+    (TTB265): the block tables here have one block size. A layer of a group that keeps
+    recurrent state (vLLM owns it: a `MambaSpec`) gets its state descriptor,
+    `state_slots` states (one per batch slot)."""
+    states: dict[int, dict[str, Any]] = {}
+    if groups is not None:
+        for layer, (group, tensor) in enumerate(zip(groups.group, groups.tensor)):
+            spec = groups.specs[group]
+            if kinds.holds_state(spec):
+                states[layer] = kinds.state_descriptor(spec, tensor, state_slots)
+    if states and allocator.per_layer is None:
+        raise GeneratorContractError.single(
+            "TTB261",
+            f"{class_name} declares recurrent state vLLM's KV manager owns (MambaSpec "
+            "groups) but has no allocate_kv_cache_per_layer: a layer's state is allocated "
+            'from its {"type": "mamba", ...} descriptor there',
+            hint="implement allocate_kv_cache_per_layer(per_layer_specs), or declare "
+            "capabilities.recurrent_state owner 'generator'",
+        )
     block_size = shape[2]
-    odd = sorted({s[2] for s in shapes or ()} - {block_size})
+    odd = sorted(
+        {s[2] for layer, s in enumerate(shapes or ()) if layer not in states} - {block_size}
+    )
     if odd:
         raise GeneratorContractError.single(
             "TTB265",
@@ -129,4 +157,4 @@ def allocate_cache(
             f"{HYBRID_HINT}",
         )
     tensors = groups.tensor if groups is not None else None
-    return allocator.allocate(shape, dtype, num_layers, tensors, shapes)
+    return allocator.allocate(shape, dtype, num_layers, tensors, shapes, states)

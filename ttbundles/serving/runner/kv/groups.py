@@ -29,6 +29,8 @@ from ttbundles.serving.runner.kv import kinds
 
 LAYER_NAME = "model.layers.{}.self_attn"
 """A layer's name where its class names none (no `get_kv_cache_spec`, or a None answer)."""
+STATE_LAYER_NAME = "model.layers.{}.linear_attn"
+"""A gated delta net layer's name, where vLLM's KV manager keeps its state (MambaSpec)."""
 _LAYER_INDEX = re.compile(r"^model\.layers\.(\d+)\.[A-Za-z_]\w*$")
 SPEC_METHOD = "get_kv_cache_spec"
 
@@ -169,7 +171,9 @@ class LayerGroups:
         if len(specs) == 1:
             tensor = list(range(len(layers)))  # one group: every layer its own tensor
         reach = tuple(kinds.reach(spec) for spec in specs)
-        main = next((g for g, r in enumerate(reach) if not r), 0)
+        main = next(
+            (g for g, r in enumerate(reach) if not r and not kinds.holds_state(specs[g])), 0
+        )
         return cls(tuple(group), tuple(tensor), tuple(specs), main, reach)
 
     def describe(self) -> str:

@@ -9,7 +9,10 @@ state next) is one new case in this package and not a switch in every caller:
   window's `num_retained_tokens`; 0: everything, full attention);
 - `held_blocks`: the blocks one request holds at most whatever its length (a sliding
   window's `max_admission_blocks_per_request`; None: its blocks grow with its context);
-- `describe`: the kind in the start-up log's words.
+- `describe`: the kind in the start-up log's words;
+- `holds_state`: the layer keeps a fixed-size recurrent state per request (a `MambaSpec`:
+  one block per request in vLLM's "none" mode, what `gated_delta_net` builds), not
+  tokens.
 """
 
 from __future__ import annotations
@@ -47,6 +50,70 @@ def cache_shape(spec: KVCacheSpec, num_blocks: int) -> tuple[int, int, int, int]
     return (num_blocks, spec.num_kv_heads, spec.block_size, spec.head_size)
 
 
+def gated_delta_net(
+    vllm_config: VllmConfig, block_size: int, page_size_padded: int | None, *, host: bool
+) -> KVCacheSpec:
+    """The `MambaSpec` of a gated delta net layer, as vLLM's own Qwen3.5 declares it:
+    shapes from `MambaStateShapeCalculator.gated_delta_net_state_shape` (conv
+    `(K - 1, conv_dim)`, recurrent `(Hv, Dv, Dk)`), `mamba_type` GDN, the cache mode the
+    config settled, `block_size` the Mamba block (`mamba_block_size`), the page padded to
+    the attention page (`page_size_padded`). Dtypes: float32 for both on the host mesh
+    (the reference computes the state in float32, as transformers keeps it); elsewhere
+    vLLM's rule (the model dtype; `mamba_ssm_cache_dtype` or the checkpoint's
+    `mamba_ssm_dtype` for the recurrent part)."""
+    import torch
+    from vllm.model_executor.layers.mamba.mamba_utils import MambaStateShapeCalculator
+    from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
+    from vllm.v1.kv_cache_interface import MambaSpec
+
+    model = vllm_config.model_config
+    config = getattr(model.hf_config, "text_config", None) or model.hf_config
+    shapes = MambaStateShapeCalculator.gated_delta_net_state_shape(
+        1,
+        config.linear_num_key_heads,
+        config.linear_num_value_heads,
+        config.linear_key_head_dim,
+        config.linear_value_head_dim,
+        config.linear_conv_kernel_dim,
+        0,
+    )
+    if host:
+        dtypes: tuple[Any, ...] = (torch.float32, torch.float32)
+    else:
+        ssm: Any = getattr(vllm_config.cache_config, "mamba_ssm_cache_dtype", "auto")
+        if ssm == "auto":
+            ssm = getattr(config, "mamba_ssm_dtype", None) or model.dtype
+        dtypes = (model.dtype, getattr(torch, ssm) if isinstance(ssm, str) else ssm)
+    return MambaSpec(
+        block_size=block_size,
+        shapes=tuple(tuple(s) for s in shapes),
+        dtypes=dtypes,
+        page_size_padded=page_size_padded,
+        mamba_type=MambaAttentionBackendEnum.GDN_ATTN,
+        mamba_cache_mode=vllm_config.cache_config.mamba_cache_mode,
+    )
+
+
+def holds_state(spec: KVCacheSpec) -> bool:
+    """The layer keeps a recurrent state per request (`MambaSpec`: its `shapes`), not
+    the tokens of its context."""
+    return getattr(spec, "mamba_type", None) is not None and hasattr(spec, "shapes")
+
+
+def state_descriptor(spec: KVCacheSpec, tensor_idx: int, slots: int) -> dict[str, Any]:
+    """What `allocate_kv_cache_per_layer` gets for a layer that keeps recurrent state
+    (the reference plugin's descriptor): its state's shapes and dtypes, the allocation
+    it shares with the layers at its index in other groups, and `compact_slots` states
+    (one per batch slot: a request keeps its slot for its life)."""
+    return {
+        "type": "mamba",
+        "shapes": [tuple(s) for s in spec.shapes],  # type: ignore[attr-defined]
+        "dtypes": list(spec.dtypes),  # type: ignore[attr-defined]
+        "tensor_idx": tensor_idx,
+        "compact_slots": slots,
+    }
+
+
 def reach(spec: KVCacheSpec) -> int:
     """Tokens below a step's first position that the layer's attention still reads
     (`SlidingWindowSpec.num_retained_tokens`); 0 for a layer that reads everything."""
@@ -57,6 +124,8 @@ def held_blocks(spec: KVCacheSpec, vllm_config: VllmConfig) -> int | None:
     """The blocks one request of this layer kind holds at most, whatever its length
     (`max_admission_blocks_per_request`, vLLM's own bound for sizing and admission);
     None when its blocks grow with its context."""
+    if holds_state(spec):  # a block per request ("none" mode), whatever its length
+        return int(spec.max_num_blocks_per_req(vllm_config, vllm_config.model_config.max_model_len))
     bound = getattr(spec, "max_admission_blocks_per_request", None)
     if bound is None:
         return None
@@ -64,6 +133,13 @@ def held_blocks(spec: KVCacheSpec, vllm_config: VllmConfig) -> int | None:
 
 
 def describe(spec: KVCacheSpec) -> str:
-    """`full attention`, `sliding window 32`: the kind in the start-up log's words."""
+    """`full attention`, `sliding window 32`, `gated delta net state`: the kind in the
+    start-up log's words."""
+    if holds_state(spec):
+        return "gated delta net state" if _is_gdn(spec) else "recurrent state"
     window = getattr(spec, "sliding_window", None)
     return f"sliding window {window}" if window else "full attention"
+
+
+def _is_gdn(spec: KVCacheSpec) -> bool:
+    return str(getattr(getattr(spec, "mamba_type", None), "name", "")) == "GDN_ATTN"
