@@ -375,6 +375,10 @@ def _rows() -> tuple[ContractKey, ...]:
         "prompt_tokens": "penalty history, when a row asks for a penalty on the device",
         "output_tokens": "penalty history, when a row asks for a penalty on the device",
         c.SLOT_REMAP_KEYWORD: "the identity (slots never move here)",
+        c.STATE_INDICES_KEYWORD: (
+            "recurrent state vLLM's KV manager owns: each row's state slot (int32, row "
+            "order), the slot a request keeps for its life"
+        ),
         "rope_deltas_all_users": "every slot's M-RoPE delta (vision-language classes)",
         "page_tables_per_layer": "each layer's page table, for a per-layer cache",
         c.LEGACY_RESET_KEYWORD: "legacy classes: True when the batch's layout changed",
