@@ -195,6 +195,8 @@ CODES: dict[str, str] = {
     "TTB274": "recurrent state (gated delta net, Mamba, short convolution layers) not "
     "served in this form: vLLM-owned state, an undeclared state, or a feature a state "
     "slot cannot follow",
+    "TTB275": "block-output decode (output_tokens_per_step > 1) not served in this "
+    "combination",
 }
 
 
@@ -545,6 +547,11 @@ WHAT_TO_DO: dict[str, str] = {
     "the class recurrent_prefix_snapshots and save/restore/free_recurrent_prefix, or drop "
     "capabilities.prefix_caching), in-process lanes with prefix caching. See "
     "docs/authors/generator-contract.md#recurrent-state.",
+    "TTB275": "A block-output class (output_tokens_per_step > 1) is served with synchronous "
+    "decode on the device sampler: serve it without --speculative-config and without "
+    "in-process data-parallel lanes, with a sample_on_device_mode the bundle declares "
+    "(declare sample_on_device in the bundle), and with output_tokens_per_step a positive "
+    "integer. See docs/authors/generator-contract.md#block-output.",
 }
 
 

@@ -94,8 +94,10 @@ on the GPT-OSS class): how many top log-probabilities the device returns per row
 `(top_logprobs [B, K], top_token_ids [B, K])`. Absent or 0: log-prob requests sample on
 the host. The torch reference generator declares it."""
 OUTPUT_TOKENS_PER_STEP_KEY = "output_tokens_per_step"
-"""Block-output models commit more than one token per decode (> 1); the worker commits
-one per step, so such a class is refused at load (TTB202). Default 1."""
+"""Block-output models return k > 1 tokens per row from one device-sampling decode
+(`[B, k]`, log-probs `[B, k, K]`). Served (`serving.planning.block_output`): the block
+reaches vLLM as one step's output, which cuts it at the first stop; synchronous decode on
+the device sampler only (TTB275 otherwise). Default 1."""
 REQUIRED_BLOCK_SIZE_KEY = "required_block_size"
 """The KV block size the class's cache layout needs (the executor-based Llama3 generator
 in `models/common/models`); another `--block-size` is refused at load (TTB063)."""
@@ -168,7 +170,10 @@ KNOWN_CAPABILITY_KEYS: dict[str, str] = {
     DEVICE_PENALTIES_KEY: "used: penalties on the device (default True, as the reference plugin)",
     MAX_DEVICE_TOP_K_KEY: "used: the largest stochastic top-k sampled on the device",
     MAX_DEVICE_LOGPROBS_KEY: "used: top log-probs the device returns (ttbundles' own key)",
-    OUTPUT_TOKENS_PER_STEP_KEY: "used: a value above 1 (block output) is refused at load",
+    OUTPUT_TOKENS_PER_STEP_KEY: (
+        "used: above 1, block output: k tokens per row per decode reach vLLM as one "
+        "step's output; synchronous, device-sampled, no speculation or lanes (TTB275)"
+    ),
     REQUIRED_BLOCK_SIZE_KEY: "used: another --block-size is refused at load",
     "supports_device_grammar": "ignored: structured-output batches sample on the host here",
     "resumed_prefill_token_alignment": (
@@ -185,9 +190,15 @@ KNOWN_CAPABILITY_KEYS: dict[str, str] = {
         "(the class's ttnn.set_fabric_config keywords are not read); validate warns"
     ),
     **{key: f"mirrored by the bundle's capabilities.{name}" for key, name in SPEC_KEYS.items()},
-    "tt_adaptive_block_output": "ignored: block output (output_tokens_per_step > 1) is refused",
-    "tt_adaptive_block_max_prompt_tokens": "ignored: block output is refused",
-    "tt_block_kv_extent_tokens": "ignored: block output is refused",
+    "tt_adaptive_block_output": (
+        "ignored: a block is read as the decode returns it (k tokens a row); the adaptive "
+        "solo-row switch of the reference plugin is not driven"
+    ),
+    "tt_adaptive_block_max_prompt_tokens": "ignored: the adaptive block switch is not driven",
+    "tt_block_kv_extent_tokens": (
+        "ignored: KV is reserved for output_tokens_per_step - 1 positions past the "
+        "scheduled token (a block writes no further)"
+    ),
     "supports_request_specific_rope": (
         "ignored: request-specific RoPE is recognised from prefill's (logits, rope_deltas)"
     ),

@@ -180,6 +180,10 @@ class Plan:
     # Snapshots of recurrent state the generator keeps for the prefix cache (its
     # `recurrent_prefix_snapshots`; 0: no prefix cache over recurrent state).
     recurrent_snapshots: int = 0
+    # Tokens per row a device decode of the class returns (its `output_tokens_per_step`;
+    # 1: one-token decode). Above 1 (block output, `serving.planning.block_output`): the
+    # runner hands the block to vLLM as one step's output and the scheduler counts it.
+    output_tokens_per_step: int = 1
     # Set by `freeze`: from then on every assignment raises `FrozenPlanError`.
     frozen: bool = field(default=False, init=False, compare=False, repr=False)
 
