@@ -19,7 +19,6 @@ from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCache
 from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
 
-from tests.test_runner_steps import greedy  # noqa: F401 - the fixture
 from ttbundles.errors import TTBundleError
 from ttbundles.format.contract import HostMesh
 from ttbundles.reference.block import BLOCK_TOKENS, ReferenceBlockGenerator
@@ -33,6 +32,22 @@ NUM_BLOCKS = 64
 MAX_MODEL_LEN = 128
 PROMPT_A = list(range(20, 34))
 PROMPT_B = [50, 51, 52, 53, 54, 55]
+
+
+@pytest.fixture(scope="module")
+def greedy(demo_checkpoint):
+    """transformers' greedy continuation of a prompt."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(demo_checkpoint, dtype=torch.float32)
+
+    def continuation(prompt: list[int], count: int) -> list[int]:
+        out = model.generate(
+            torch.tensor([prompt]), max_new_tokens=count, min_new_tokens=count, do_sample=False
+        )
+        return out[0, len(prompt) :].tolist()
+
+    return continuation
 
 
 class Counting:
@@ -139,9 +154,7 @@ def test_blocks_give_one_token_decodes_tokens_in_a_quarter_of_the_decode_steps(
     one = build(demo_checkpoint, OneToken, block_tokens=1)
     tokens_1, finish_1, _, _ = run(*one, [request("a", PROMPT_A, 10), request("b", PROMPT_B, 7)])
     blocks = build(demo_checkpoint, Blocks, block_tokens=BLOCK_TOKENS)
-    tokens_k, finish_k, _, _ = run(
-        *blocks, [request("a", PROMPT_A, 10), request("b", PROMPT_B, 7)]
-    )
+    tokens_k, finish_k, _, _ = run(*blocks, [request("a", PROMPT_A, 10), request("b", PROMPT_B, 7)])
     assert tokens_k == tokens_1
     assert tokens_k["a"] == greedy(PROMPT_A, 10) and tokens_k["b"] == greedy(PROMPT_B, 7)
     assert finish_k == finish_1 == {"a": "length", "b": "length"}
@@ -151,9 +164,7 @@ def test_blocks_give_one_token_decodes_tokens_in_a_quarter_of_the_decode_steps(
     assert Blocks.decode_calls == 3  # ceil(9 / 4)
 
 
-def test_a_stop_inside_a_block_cuts_there_and_the_next_request_is_right(
-    demo_checkpoint, greedy
-):
+def test_a_stop_inside_a_block_cuts_there_and_the_next_request_is_right(demo_checkpoint, greedy):
     """EOS at the 6th token, a stop token at the 3rd: each ends on that token (the rest
     of its block dropped), and a later request decodes in the same KV as one-token."""
     expected = greedy(PROMPT_A, 12)

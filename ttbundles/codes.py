@@ -195,8 +195,7 @@ CODES: dict[str, str] = {
     "TTB274": "recurrent state (gated delta net, Mamba, short convolution layers) not "
     "served in this form: vLLM-owned state, an undeclared state, or a feature a state "
     "slot cannot follow",
-    "TTB275": "block-output decode (output_tokens_per_step > 1) not served in this "
-    "combination",
+    "TTB275": "block-output decode (output_tokens_per_step > 1) not served in this combination",
 }
 
 
