@@ -80,9 +80,8 @@ class ReferenceBlockGenerator(ReferenceLlamaGenerator):
         Positions past the page table (the block's tail beyond max_model_len, where vLLM
         stops the request anyway) are not decoded: those rows repeat their last token
         there, and nothing is written to the cache."""
-        one = super().decode_forward
         if sampling_params is None:
-            return one(
+            return super().decode_forward(
                 tokens,
                 start_pos,
                 page_table,
@@ -104,12 +103,11 @@ class ReferenceBlockGenerator(ReferenceLlamaGenerator):
         assert table is not None and kv_cache is not None
         limit = int(torch.as_tensor(table).shape[-1]) * _block_size(kv_cache)
         positions = [int(p) for p in torch.as_tensor(start_pos).reshape(-1).tolist()]
-        feed = tokens.reshape(len(positions), -1)[:, :1]
-        block: list[torch.Tensor] = []
-        top: list[Any] = []
-        for j in range(self.OUTPUT_TOKENS_PER_STEP):
+
+        def one(j: int, feed: torch.Tensor) -> tuple[torch.Tensor, Any]:
+            """Token j of the block: a one-token decode at each row's position + j."""
             at = [p + j if p >= 0 and p + j < limit else -1 for p in positions]
-            sampled, logprobs = one(
+            return super(ReferenceBlockGenerator, self).decode_forward(
                 feed,
                 torch.tensor(at),
                 page_table,
@@ -129,9 +127,21 @@ class ReferenceBlockGenerator(ReferenceLlamaGenerator):
                 page_tables_per_layer=page_tables_per_layer,
                 **kwargs,
             )
+
+        return self._block(one, tokens.reshape(len(positions), -1)[:, :1], positions, limit)
+
+    def _block(
+        self, one: Any, feed: torch.Tensor, positions: list[int], limit: int
+    ) -> tuple[torch.Tensor, Any]:
+        """The k one-token decodes, each fed the tokens the one before sampled; a row past
+        `limit` repeats its last token. Returns `(tokens [B, k], log_probs)`."""
+        block: list[torch.Tensor] = []
+        top: list[Any] = []
+        for j in range(self.OUTPUT_TOKENS_PER_STEP):
+            sampled, logprobs = one(j, feed)
             sampled = sampled.reshape(-1)
-            live = torch.tensor([p >= 0 for p in at])
             if j:
+                live = torch.tensor([p >= 0 and p + j < limit for p in positions])
                 sampled = torch.where(live, sampled, block[-1])
             block.append(sampled)
             top.append(logprobs)
