@@ -10,6 +10,9 @@ decode step per block.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 from vllm.engine.arg_utils import EngineArgs
@@ -215,3 +218,75 @@ def test_a_class_whose_block_the_plan_did_not_admit_is_refused_at_load(demo_chec
         build(demo_checkpoint, Blocks, block_tokens=1)
     (diagnostic,) = error.value.diagnostics
     assert diagnostic.code == "TTB275" and "output_tokens_per_step=4" in diagnostic.message
+
+
+# --- the plan (`ttbundle plan`, the same planner as `vllm serve`) ------------------------
+
+FAMILIES = Path(__file__).parent / "twins" / "families.py"
+TWIN = {"sample_on_device": ["decode_only", "all"], "chunked_prefill": True}
+
+
+def _plan(run_cli, tmp_path: Path, checkpoint: Path, capabilities: dict, *extra: str):
+    """`ttbundle plan` of a bundle whose class is the block-output twin."""
+    models = tmp_path / "models"
+    bundle = models / "twin-block"
+    bundle.mkdir(parents=True)
+    (bundle / "adapter.py").write_text(FAMILIES.read_text())
+    document = {
+        "schema_version": 1,
+        "name": bundle.name,
+        "version": "1.0.0",
+        "arch": "LlamaForCausalLM",
+        "main_class": "adapter:BlockOutputForCausalLM",
+        "capabilities": capabilities,
+    }
+    (bundle / "vllm_metadata.json").write_text(json.dumps(document))
+    env = {"EXTRA_MODELS_DIR": str(models), "MESH_DEVICE": "HOST", "TT_VLLM_BUILTIN_MODELS": "0"}
+    args = ["plan", "--model", checkpoint, "--max-model-len", "128", *extra]
+    done = run_cli(*args, env=env, timeout=300)
+    assert "Traceback" not in done.stdout + done.stderr, done.stdout + done.stderr
+    return done
+
+
+def test_the_plan_says_the_block_and_chooses_device_sampling(run_cli, tmp_path, demo_checkpoint):
+    done = _plan(run_cli, tmp_path, demo_checkpoint, TWIN, "--format", "json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    plan = json.loads(done.stdout)
+    decisions = {d["setting"]: d for d in plan["decisions"]}
+    assert plan["output_tokens_per_step"] == 4
+    assert decisions["output_tokens_per_step"]["effective"] == 4
+    assert "one engine step per block" in decisions["output_tokens_per_step"]["reason"]
+    assert decisions["tt.sample_on_device_mode"]["effective"] == "decode_only"
+
+
+@pytest.mark.parametrize(
+    "capabilities,extra,words",
+    [
+        pytest.param(
+            {**TWIN, "async_decode": True},
+            [],
+            "block output is not served with asynchronous scheduling",
+            id="async",
+        ),
+        pytest.param(
+            TWIN,
+            ["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 2, '
+             '"prompt_lookup_max": 3}'],
+            "block output is not served with speculative decoding",
+            id="speculation",
+        ),
+        pytest.param(
+            {"chunked_prefill": True},
+            [],
+            "declares no sample_on_device mode",
+            id="host-sampling",
+        ),
+    ],
+)  # fmt: skip
+def test_the_plan_refuses_what_a_block_cannot_follow(
+    run_cli, tmp_path, demo_checkpoint, capabilities, extra, words
+):
+    done = _plan(run_cli, tmp_path, demo_checkpoint, capabilities, *extra)
+    out = done.stdout + done.stderr
+    assert done.returncode == 1 and "TTB275" in out, out
+    assert words in out, out
