@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from ttbundles.format.contract import OUTPUT_TOKENS_PER_STEP_KEY, SamplingParams
+from ttbundles.format.contract import SamplingParams
 from ttbundles.reference.cache import KVCache
 from ttbundles.reference.generator import ReferenceLlamaGenerator
 
@@ -52,7 +52,8 @@ class ReferenceBlockGenerator(ReferenceLlamaGenerator):
         "supports_chunked_prefill": True,
         "supports_device_penalties": True,
         "max_device_logprobs": ReferenceLlamaGenerator.model_capabilities["max_device_logprobs"],
-        OUTPUT_TOKENS_PER_STEP_KEY: BLOCK_TOKENS,
+        # Literal, as the plan reads it from source (`planning.block_output`).
+        "output_tokens_per_step": 4,
     }
 
     def decode_forward(  # type: ignore[override]

@@ -14,6 +14,10 @@ refused here, with the same code `ttbundle plan` gives (TTB275):
 - a scheduler class other than ours (it would not count the block's KV);
 - no device sampling: a block is drawn by the device sampler (the host draws one token
   from one step's logits), so the plan chooses a mode the bundle declares.
+
+The class is read from source (`check.static_reader`), never imported, as the window
+admission reads it; a width the source does not spell as a literal is not seen here, and
+the runner refuses at load a class whose width is not the plan's (TTB275).
 """
 
 from __future__ import annotations
@@ -26,34 +30,34 @@ from ttbundles.format.contract import CAPABILITIES_ATTRIBUTE, OUTPUT_TOKENS_PER_
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
 
-    from ttbundles.format.metadata import BundleMetadata
     from ttbundles.format.tt_options import TTOptions
     from ttbundles.serving.planning.plan import Plan
 
 HINT = "docs/authors/generator-contract.md#block-output"
 
 
-def declared_block(cls: type) -> Any:
-    """The class's `output_tokens_per_step` as declared (1 when absent)."""
-    return (getattr(cls, CAPABILITIES_ATTRIBUTE, None) or {}).get(OUTPUT_TOKENS_PER_STEP_KEY, 1)
+def declared_block(entry: Any) -> Any:
+    """The `output_tokens_per_step` the class of registry `entry` declares in its source
+    (1 when absent or not read)."""
+    static = entry.class_source()
+    return static.literals.get(OUTPUT_TOKENS_PER_STEP_KEY, 1) if static is not None else 1
 
 
 def plan_block_output(
     vllm_config: VllmConfig,
     plan: Plan,
-    meta: BundleMetadata,
+    entry: Any,
     options: TTOptions,
     *,
     scheduler_cls: str,
 ) -> TTOptions:
     """Record the class's block in the plan, or refuse what it cannot follow (TTB275).
     Returns the device options, with a sampling mode chosen where none was set."""
-    from ttbundles.serving.planning.generator_class import load_generator_class
-
     if plan.pooling is not None:
         return options
-    name = plan.bundle.main_class.rpartition(":")[2]
-    k = declared_block(load_generator_class(plan.bundle))
+    meta = entry.metadata
+    name = meta.main_class.rpartition(":")[2]
+    k = declared_block(entry)
     if not isinstance(k, int) or isinstance(k, bool) or k < 1:
         raise _refuse(
             f"{name}.{CAPABILITIES_ATTRIBUTE}[{OUTPUT_TOKENS_PER_STEP_KEY!r}] is {k!r}, "

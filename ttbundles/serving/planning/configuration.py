@@ -120,7 +120,7 @@ def plan_config(vllm_config: VllmConfig, registry: Registry) -> Plan | None:
     from ttbundles.serving.planning.block_output import plan_block_output
 
     # Before speculation too: a block-output class refuses it with its own reason.
-    options = plan_block_output(vllm_config, plan, meta, options, scheduler_cls=SCHEDULER_CLS)
+    options = plan_block_output(vllm_config, plan, entry, options, scheduler_cls=SCHEDULER_CLS)
     from ttbundles.serving.planning.spec_admission import plan_speculative
 
     plan_speculative(vllm_config, plan, meta)
