@@ -354,10 +354,15 @@ def test_every_key_a_class_carries_is_accounted_for(make_bundle):
     assert "'supports_device_seeded_sampling', a key ttbundles" in notes[2][1]
 
 
-def test_block_output_is_refused_by_validate_and_at_load(make_bundle):
-    folder = make_bundle("demo", adapter=_with_capabilities('{"output_tokens_per_step": 4}'))
+def test_block_output_validates(make_bundle):
+    block = make_bundle("demo", adapter=_with_capabilities('{"output_tokens_per_step": 4}'))
+    assert not validate_bundle(block).errors
+
+
+def test_a_block_width_that_is_no_count_is_refused(make_bundle):
+    folder = make_bundle("demo", adapter=_with_capabilities('{"output_tokens_per_step": 0}'))
     [error] = validate_bundle(folder).errors
-    assert error.code == "TTB202" and "output_tokens_per_step'] is 4" in error.message
+    assert error.code == "TTB275" and "output_tokens_per_step'] is 0" in error.message
 
 
 def test_known_keys_are_documented_with_what_the_worker_does():

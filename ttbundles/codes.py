@@ -197,6 +197,7 @@ CODES: dict[str, str] = {
     "TTB274": "recurrent state (gated delta net, Mamba, short convolution layers) not "
     "served in this form: an undeclared state, vLLM-owned state of other layers than "
     "gated delta nets, or a feature the state cannot follow",
+    "TTB275": "block-output decode (output_tokens_per_step > 1) not served in this combination",
 }
 
 
@@ -555,6 +556,11 @@ WHAT_TO_DO: dict[str, str] = {
     "(--no-enable-prefix-caching: vLLM's align mode is not served yet), "
     "--disable-hybrid-kv-cache-manager, pooling, speculative decoding and lanes. See "
     "docs/authors/generator-contract.md#recurrent-state.",
+    "TTB275": "A block-output class (output_tokens_per_step > 1) is served with synchronous "
+    "decode on the device sampler: serve it without --speculative-config and without "
+    "in-process data-parallel lanes, with a sample_on_device_mode the bundle declares "
+    "(declare sample_on_device in the bundle), and with output_tokens_per_step a positive "
+    "integer. See docs/authors/generator-contract.md#block-output.",
 }
 
 

@@ -1238,3 +1238,63 @@ class KolibriForCausalLM(_Wrapped):
         """Pinned plugin shutdown hook, called while the mesh is still open."""
         record("release_persistent_capture", closed_before=self.closed)
         self.closed = True
+
+
+# --------------------------------------------------------------------------------------
+# Block-output generators (several tokens per row per decode)
+# --------------------------------------------------------------------------------------
+
+
+class BlockOutputForCausalLM(_Wrapped):
+    """A block-output class in the form the reference plugin (tenstorrent/vllm-tt-plugin)
+    drives its block models (DiffusionGemma, Kolibri 1, Muse-Glimmer):
+    `model_capabilities["output_tokens_per_step"]` = k, and a device-sampling
+    `decode_forward` that answers `(tokens [B, k], log_probs)`; synchronous (no async
+    decode). Computes with the reference generator's block mode (`reference.block`,
+    k = 4). Decode contract v1."""
+
+    decode_input_update_contract = 1
+    model_capabilities = {
+        "supports_prefix_caching": True,
+        "supports_async_decode": False,
+        "supports_sample_on_device": True,
+        "supports_chunked_prefill": True,
+        "supports_device_penalties": True,
+        "max_device_logprobs": 32,
+        "output_tokens_per_step": 4,
+    }
+
+    @classmethod
+    def initialize_vllm_model(
+        cls,
+        hf_config,
+        mesh_device,
+        max_batch_size,
+        max_seq_len,
+        tt_data_parallel=1,
+        optimizations=None,
+    ):
+        from ttbundles.reference.block import ReferenceBlockGenerator
+
+        record("initialize_vllm_model", max_seq_len=max_seq_len)
+        core = ReferenceBlockGenerator.initialize_vllm_model(
+            hf_config, mesh_device, max_batch_size, max_seq_len
+        )
+        return cls(core)
+
+    def allocate_kv_cache(self, *args, **kwargs):
+        return self.core.allocate_kv_cache(*args, **kwargs)
+
+    def prefill_forward(self, *args, **kwargs):
+        record("prefill_forward", rows=len(kwargs["prompt_lens"]))
+        return self.core.prefill_forward(*args, **kwargs)
+
+    def decode_forward(self, *args, **kwargs):
+        out = self.core.decode_forward(*args, **kwargs)
+        tokens = out[0]
+        record(
+            "decode_forward",
+            device=kwargs.get("sampling_params") is not None,
+            width=int(tokens.shape[1]) if tokens.dim() == 2 else 1,
+        )
+        return out

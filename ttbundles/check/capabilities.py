@@ -174,22 +174,23 @@ def owner_agreement(
 
 
 def key_notes(caps: ClassCapabilities, class_name: str, meta_file: str) -> list[Diagnostic]:
-    """What the class's other keys mean here (`contract_keys.KNOWN_CAPABILITY_KEYS`): block
-    output refused (TTB202, as at load), a `fabric_config` not applied (warning), a key
-    ttbundles does not know (a note, for `validate -v`)."""
+    """What the class's other keys mean here (`contract_keys.KNOWN_CAPABILITY_KEYS`): a
+    block width that is no positive integer (TTB275, as the plan refuses it), a
+    `fabric_config` not applied (warning), a key ttbundles does not know (a note, for
+    `validate -v`)."""
     out: list[Diagnostic] = []
     attribute = f"{class_name}.{CAPABILITIES_ATTRIBUTE}"
     steps = caps.literals.get(OUTPUT_TOKENS_PER_STEP_KEY, 1)
-    if isinstance(steps, int) and not isinstance(steps, bool) and steps > 1:
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
         out.append(
             Diagnostic(
-                "TTB202",
+                "TTB275",
                 Severity.ERROR,
-                f"{attribute}[{OUTPUT_TOKENS_PER_STEP_KEY!r}] is {steps}: block-output "
-                "decode is not supported yet (the worker commits one token per step and "
-                "refuses the class at load)",
+                f"{attribute}[{OUTPUT_TOKENS_PER_STEP_KEY!r}] is {steps!r}: the tokens one "
+                "decode returns per row must be a positive integer",
                 file=meta_file,
-                hint="serve a one-token-per-step generator for this architecture",
+                hint="declare output_tokens_per_step as an int: 1, or k > 1 for block "
+                "output (docs/authors/generator-contract.md#block-output)",
             )
         )
     if "fabric_config" in caps.values or "fabric_config" in caps.unknown:

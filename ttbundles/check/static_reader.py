@@ -439,6 +439,9 @@ class StaticClass:
     spec_literals: dict[str, object] = field(default_factory=dict)
     # `module:Class` of the class and the bases read (`ClassInfo.lineage`).
     lineage: tuple[str, ...] = ()
+    # The literal value of every key the dict shows one for (numbers such as
+    # output_tokens_per_step, which the plan reads).
+    literals: dict[str, object] = field(default_factory=dict)
 
     @property
     def capabilities(self) -> Capabilities:
@@ -525,6 +528,7 @@ def read_class(module: str, class_name: str, *, roots: Sequence[Path] = ()) -> S
                 else {k: caps.literals[k] for k in SPEC_LIST_KEYS if k in caps.literals}
             ),
             lineage=tuple(info.lineage),
+            literals={} if caps is None else dict(caps.literals),
         )
     return None
 

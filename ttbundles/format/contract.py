@@ -114,8 +114,10 @@ name for the packed mask): `[B, ceil(V / 32)]` int32, one row per batch slot, bi
 word t // 32 set where token t is allowed; rows without a grammar are all ones (-1).
 Sent only on a structured-output decode; absent on every other call."""
 OUTPUT_TOKENS_PER_STEP_KEY = "output_tokens_per_step"
-"""Block-output models commit more than one token per decode (> 1); the worker commits
-one per step, so such a class is refused at load (TTB202). Default 1."""
+"""Block-output models return k > 1 tokens per row from one device-sampling decode
+(`[B, k]`, log-probs `[B, k, K]`). Served (`serving.planning.block_output`): the block
+reaches vLLM as one step's output, which cuts it at the first stop; synchronous decode on
+the device sampler only (TTB275 otherwise). Default 1."""
 REQUIRED_BLOCK_SIZE_KEY = "required_block_size"
 """The KV block size the class's cache layout needs (the executor-based Llama3 generator
 in `models/common/models`); another `--block-size` is refused at load (TTB063)."""

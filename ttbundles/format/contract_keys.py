@@ -239,9 +239,11 @@ def _rows() -> tuple[ContractKey, ...]:
     add(
         c.OUTPUT_TOKENS_PER_STEP_KEY,
         "capability",
-        "refused",
-        "a value above 1 (block output) is refused at load",
-        "TTB202",
+        "driven",
+        "above 1, block output: k tokens per row per decode reach vLLM as one step's "
+        "output, cut where a one-token decoder stops; synchronous, device-sampled, no "
+        "speculation, lanes or other scheduler (TTB275 otherwise)",
+        "TTB275",
     )
     add(
         c.REQUIRED_BLOCK_SIZE_KEY,
@@ -299,12 +301,20 @@ def _rows() -> tuple[ContractKey, ...]:
         "(the class's ttnn.set_fabric_config keywords are not read); validate warns",
         "TTB064",
     )
-    for key in (
-        "tt_adaptive_block_output",
-        "tt_adaptive_block_max_prompt_tokens",
-        "tt_block_kv_extent_tokens",
+    for key, why in (
+        (
+            "tt_adaptive_block_output",
+            "a block is read as the decode returns it (k tokens a row); the reference "
+            "plugin's adaptive solo-row switch is not driven",
+        ),
+        ("tt_adaptive_block_max_prompt_tokens", "the adaptive block switch is not driven"),
+        (
+            "tt_block_kv_extent_tokens",
+            "KV is reserved for output_tokens_per_step - 1 positions past the scheduled "
+            "token (a block writes no further)",
+        ),
     ):
-        add(key, "capability", "irrelevant", "block output (output_tokens_per_step > 1) is refused")
+        add(key, "capability", "irrelevant", why)
     add(
         "supports_request_specific_rope",
         "capability",

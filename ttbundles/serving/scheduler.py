@@ -50,7 +50,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 
 from ttbundles.errors import ConfigurationError
 from ttbundles.serving import compat
-from ttbundles.serving.planning.plan import effective_options
+from ttbundles.serving.planning.plan import effective_options, served_plan
 from ttbundles.serving.recurrent_prefix import RecurrentPrefixMixin
 
 if TYPE_CHECKING:  # annotations only: these modules are loaded by the base classes
@@ -474,7 +474,41 @@ def _restore_running(
     return [r for r in original if id(r) not in removed] + appended
 
 
-class TTScheduler(RecurrentPrefixMixin, PhaseSchedulingMixin, Scheduler):
+class BlockOutputMixin:
+    """A block-output class's decode (`output_tokens_per_step` k > 1, the plan's
+    `output_tokens_per_step`): one scheduled token a row, k tokens back.
+
+    vLLM appends a step's tokens one by one and cuts at the first stop, trimming the rest
+    (`Scheduler._update_request_with_output`), as for accepted drafts; what it does not
+    know is that the block's first k - 1 tokens already have their KV on the device (the
+    generator decoded through them). Here they count as computed before the base appends
+    them, so `num_computed_tokens` covers every token but the last, as after a verify, and
+    the next step schedules one token per row (no re-prefill of the block); a stop inside
+    the block trims the count with the tokens (the base's own rule). The KV blocks a
+    block writes are reserved as vLLM's lookahead (k - 1 slots past the scheduled token).
+    """
+
+    vllm_config: Any
+    num_lookahead_tokens: int
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        plan = served_plan(self.vllm_config)
+        self.block_tokens = plan.output_tokens_per_step if plan is not None else 1
+        if self.block_tokens > 1:
+            self.num_lookahead_tokens = max(self.num_lookahead_tokens, self.block_tokens - 1)
+
+    def _update_request_with_output(
+        self, request: Request, new_token_ids: list[int], is_stale: bool = False
+    ) -> tuple[list[int], bool]:
+        if self.block_tokens > 1 and len(new_token_ids) > 1 and not is_stale:
+            request.num_computed_tokens += len(new_token_ids) - 1
+        return super()._update_request_with_output(  # type: ignore[misc]
+            request, new_token_ids, is_stale
+        )
+
+
+class TTScheduler(BlockOutputMixin, RecurrentPrefixMixin, PhaseSchedulingMixin, Scheduler):
     """vLLM's `Scheduler` with one phase per step (see the module docstring)."""
 
 

@@ -118,6 +118,10 @@ def plan_config(vllm_config: VllmConfig, registry: Registry) -> Plan | None:
 
     # Before speculation is admitted: a state slot refuses it whatever the class says.
     plan_recurrent_state(vllm_config, plan, meta)  # the generator's slots, or TTB274
+    from ttbundles.serving.planning.block_output import plan_block_output
+
+    # Before speculation too: a block-output class refuses it with its own reason.
+    options = plan_block_output(vllm_config, plan, entry, options, scheduler_cls=SCHEDULER_CLS)
     from ttbundles.serving.planning.spec_admission import plan_speculative
 
     plan_speculative(vllm_config, plan, meta)

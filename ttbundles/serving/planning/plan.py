@@ -183,6 +183,10 @@ class Plan:
     # Who holds the recurrent state served ("generator": its own slots; "vllm": MambaSpec
     # groups in vLLM's KV manager, allocated per layer; "": no recurrent state).
     recurrent_owner: str = ""
+    # Tokens per row a device decode of the class returns (its `output_tokens_per_step`;
+    # 1: one-token decode). Above 1 (block output, `serving.planning.block_output`): the
+    # runner hands the block to vLLM as one step's output and the scheduler counts it.
+    output_tokens_per_step: int = 1
     # Set by `freeze`: from then on every assignment raises `FrozenPlanError`.
     frozen: bool = field(default=False, init=False, compare=False, repr=False)
 

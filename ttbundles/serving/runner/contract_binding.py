@@ -26,12 +26,18 @@ from ttbundles.serving.runner.kv.cache import Allocator
 
 
 def refuse_unsupported_keys(
-    class_name: str, capabilities: dict[str, Any], block_size: int, *, declared_async: bool
+    class_name: str,
+    capabilities: dict[str, Any],
+    block_size: int,
+    *,
+    declared_async: bool,
+    planned_block: int = 1,
 ) -> None:
     """Keys that make a class impossible to drive as configured, refused before any
-    weight loads (`format.contract_keys`); and a bundle declaring async
-    decode for a class that does not support it (what `validate --import` calls TTB056),
-    which the plan would otherwise have switched on."""
+    weight loads (`format.contract_keys`: a block width the plan did not admit, a KV
+    block size); and a bundle declaring async decode for a class that does not support
+    it (what `validate --import` calls TTB056), which the plan would otherwise have
+    switched on."""
     if declared_async and capabilities.get("supports_async_decode") is not True:
         raise GeneratorContractError.single(
             "TTB056",
@@ -41,13 +47,18 @@ def refuse_unsupported_keys(
             hint="declare async_decode: false in vllm_metadata.json, or serve a class "
             "that supports it (ttbundle validate --import compares the two)",
         )
+    # Block output (`output_tokens_per_step` > 1) is admitted by the plan, which the
+    # scheduler reads to count each block: a class that returns another width than the
+    # plan's would be counted wrong, so the two must agree.
     steps = capabilities.get(contract.OUTPUT_TOKENS_PER_STEP_KEY, 1)
-    if isinstance(steps, int) and not isinstance(steps, bool) and steps > 1:
+    if steps != planned_block:
         raise GeneratorContractError.single(
-            "TTB202",
-            f"{class_name} declares output_tokens_per_step={steps}: block-output decode is "
-            "not supported yet (the worker commits one token per step)",
-            hint="serve a one-token-per-step generator for this architecture",
+            "TTB275",
+            f"{class_name} declares output_tokens_per_step={steps!r}, but the plan serves "
+            f"{planned_block} token(s) per decode",
+            hint="serve through the platform's plan (vllm serve, or a configuration made "
+            "by the planner), which admits the class's block "
+            "(docs/authors/generator-contract.md#block-output)",
         )
     required = capabilities.get(contract.REQUIRED_BLOCK_SIZE_KEY)
     if isinstance(required, int) and required != block_size:

@@ -120,7 +120,11 @@ class TTModelRunner:
         # Asynchronous decode: the bundle declares it and async scheduling stayed on.
         self.async_decode = bool(sched.async_scheduling)
         refuse_unsupported_keys(
-            self.class_name, self.capabilities, self.block_size, declared_async=declared_async
+            self.class_name,
+            self.capabilities,
+            self.block_size,
+            declared_async=declared_async,
+            planned_block=plan.output_tokens_per_step if plan is not None else 1,
         )
         self.class_methods = bind_class(
             generator_cls,
@@ -665,7 +669,9 @@ class TTModelRunner:
         else:
             primary, logprobs = split_output(out)
             if device and not primary.is_floating_point():
-                step.tokens = primary.reshape(-1)[step.rows]
+                # A block-output class answers `[B, k]` (k tokens a row); else `[B]`.
+                block = primary.dim() == 2 and primary.shape[1] > 1
+                step.tokens = (primary if block else primary.reshape(-1))[step.rows]
                 step.logprobs = rows_of(logprobs, step.rows)
             else:
                 step.logits = primary.reshape(capacity, -1)[step.rows].float()

@@ -9,12 +9,13 @@ probabilities, and speculation told what each row committed.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from vllm.v1.outputs import ModelRunnerOutput
+from vllm.v1.outputs import LogprobsTensors, ModelRunnerOutput
 
 from ttbundles.serving import compat
 from ttbundles.serving.runner.sample import device_logprobs
@@ -50,6 +51,8 @@ class StepOutputs:
     def from_device(self, step: StepState, tokens: torch.Tensor) -> ModelRunnerOutput:
         """A step whose tokens the device sampled: whole-tensor conversions and the
         layout's cached index, no per-row Python beyond the output lists vLLM takes."""
+        if tokens.dim() == 2 and tokens.shape[1] > 1:
+            return self.from_block(step, tokens)
         n = len(step.req_ids)
         flat = tokens.reshape(-1)
         if step.rows is not None and flat.numel() == self.capacity and step.readback:
@@ -66,6 +69,52 @@ class StepOutputs:
         logprobs = device_logprobs(step, values, self.states.requests, self.class_name)
         self.after_commit(step, sampled)
         return _output(step, sampled, logprobs)
+
+    def from_block(self, step: StepState, tokens: torch.Tensor) -> ModelRunnerOutput:
+        """A block-output decode: `tokens` `[rows, k]`, each row's k tokens one step's
+        output, as vLLM's speculative path returns several. vLLM's scheduler appends them
+        one by one and cuts at the first stop (EOS, a stop token, max_tokens, the length
+        limit; stop strings in the detokenizer), so the request ends exactly where a
+        one-token decoder would; the scheduler counts the block's KV as computed
+        (`serving.scheduler.BlockOutputMixin`). Log-probs: a row per token, request by
+        request, sliced by vLLM the same way."""
+        block = tokens[: len(step.req_ids)].long()
+        sampled = block.tolist()
+        self.states.append_sampled(step.req_ids, sampled)
+        logprobs = None
+        if step.layout.any_logprobs:
+            logprobs = compat.verify_logprobs(
+                self._block_logprobs(step, block), [block.shape[1]] * len(sampled)
+            )
+        self.after_commit(step, sampled)
+        return compat.model_runner_output(list(step.req_ids), step.layout.index, sampled, logprobs)
+
+    def _block_logprobs(self, step: StepState, block: torch.Tensor) -> LogprobsTensors | None:
+        """The device's top log-probs of each block position (`[rows, k, K]` each of
+        values and ids) as vLLM's rows: token j of request i at row `i * k + j`."""
+        raw = step.logprobs
+        if not isinstance(raw, tuple):
+            return device_logprobs(step, [], self.states.requests, self.class_name)
+        values, ids = (torch.as_tensor(t) for t in raw)
+        parts = [
+            device_logprobs(
+                dataclasses.replace(step, logprobs=(values[:, j], ids[:, j]), readback=None),
+                block[:, j].tolist(),
+                self.states.requests,
+                self.class_name,
+            )
+            for j in range(block.shape[1])
+        ]
+        assert all(p is not None for p in parts)
+        n, k = block.shape
+
+        def rows(field: str) -> torch.Tensor:
+            stacked = torch.stack([getattr(p, field) for p in parts], dim=1)
+            return stacked.reshape(n * k, *stacked.shape[2:])
+
+        return LogprobsTensors(
+            rows("logprob_token_ids"), rows("logprobs"), rows("selected_token_ranks")
+        )
 
     def from_verify(self, step: StepState) -> ModelRunnerOutput:
         """A verify's drafts accepted on the host, against its ids or logits."""
