@@ -574,6 +574,16 @@ def pytest_runtest_protocol(item, nextitem):
 
 
 @pytest.fixture(autouse=True)
+def _fresh_command_line(monkeypatch):
+    """Each test starts with no command line recorded: the record is per process (one
+    `vllm serve` parses once), and a test that parsed one (an in-process `ttbundle plan`)
+    must not make a later test's in-code configuration read as typed."""
+    from ttbundles.serving.planning import command_line
+
+    monkeypatch.setattr(command_line, "COMMAND_LINE", {})
+
+
+@pytest.fixture(autouse=True)
 def _tiers_hold(request):
     """A test that starts vLLM processes belongs to the server tier: the fast tier stays
     fast only if none of its tests does (each such process imports vLLM, seconds)."""

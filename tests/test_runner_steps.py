@@ -132,6 +132,7 @@ def run(
     while step < 500:
         for request in requests.pop(step, []):
             scheduler.structured_output_manager.grammar_init(request)
+            _grammar_compiled(request)
             scheduler.add_request(request)
         if not requests and not scheduler.has_requests():
             break
@@ -149,6 +150,19 @@ def run(
         scheduler.update_from_output(output, result)
         step += 1
     return {r.request_id: list(r.output_token_ids) for r in everything}
+
+
+def _grammar_compiled(request: Request, timeout: float = 120.0) -> None:
+    """Wait for a structured request's grammar, which vLLM compiles in a thread: a
+    request whose grammar is not ready is not scheduled, so the steps' batches (and what
+    the tests count of them) would depend on how fast the machine compiled it."""
+    import time
+
+    structured = request.structured_output_request
+    deadline = time.monotonic() + timeout
+    while structured is not None and not structured.is_grammar_ready:
+        assert time.monotonic() < deadline, f"{request.request_id}'s grammar never compiled"
+        time.sleep(0.005)
 
 
 def request(

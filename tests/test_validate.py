@@ -814,7 +814,7 @@ def test_import_wrong_signatures(make_bundle):
             "DemoGenerator.decode_forward requires pos, which the worker does not supply "
             "(it passes: tokens, start_pos, page_table, kv_cache, enable_trace, "
             "read_from_device, sampling_params, prompt_tokens, output_tokens, slot_remap, "
-            "rope_deltas_all_users, page_tables_per_layer, reset_batch)",
+            "gdn_state_indices, rope_deltas_all_users, page_tables_per_layer, reset_batch)",
         )
     ]
     found = [

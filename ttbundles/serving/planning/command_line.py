@@ -21,7 +21,9 @@ CHAT_SETTINGS = ("tool_call_parser", "enable_auto_tool_choice", "chat_template",
 
 def record_command_line(parsed: Any) -> None:
     """Keep the settings of `ASKED_SETTINGS` the parsed command line gives (not None),
-    and the chat settings it sets."""
+    and the chat settings it sets. A parse states the whole command line: what an
+    earlier parse in this process gave (`ttbundle plan` run in-process again) is gone."""
+    COMMAND_LINE.clear()
     for name in ASKED_SETTINGS:
         value = getattr(parsed, name, None)
         if value is not None:
