@@ -42,11 +42,24 @@ def init(
             "methods raise until written.",
         ),
     ] = False,
+    recurrent_owner: Annotated[
+        str | None,
+        typer.Option(
+            "--recurrent-owner",
+            metavar="OWNER",
+            help="With --reference, for a recurrent-state family (Qwen3.5): who keeps the "
+            "gated delta net state: 'generator' (default; the class keeps a slot per "
+            "request, prefixes cached through snapshots) or 'vllm' (MambaSpec groups in "
+            "vLLM's KV manager, read by gdn_state_indices; no prefix caching).",
+        ),
+    ] = None,
     fmt: FormatOption = Format.human,
 ) -> None:
     """Create a bundle that validates: vllm_metadata.json plus an adapter template.
 
     Example: ttbundle init my-llama --arch LlamaForCausalLM --reference
+
+    Example: ttbundle init my-qwen --from-hf CHECKPOINT --reference --recurrent-owner vllm
 
     Example: ttbundle init my-llama --from-hf meta-llama/Llama-3.1-8B-Instruct
     """
@@ -66,6 +79,7 @@ def init(
         name=name,
         keep_adapter=keep_adapter,
         reference=reference,
+        recurrent_owner=recurrent_owner,
     )
     out = Output(fmt)
     if out.is_json:

@@ -140,6 +140,141 @@ def test_migrate_keeps_the_version_recurrent_state_needs(run_cli, tmp_path):
     assert document["capabilities"]["recurrent_state"] == {"owner": "generator"}
 
 
+# --- the vLLM-owned form: init --reference --recurrent-owner vllm, and validate ----------
+
+VLLM_STATE = {"recurrent_state": {"owner": "vllm"}}
+_VLLM_CLASS = '''"""A class whose recurrent state vLLM's KV manager owns."""
+
+
+class Generator:
+    model_capabilities = {{"recurrent_state": "vllm"}}
+
+    @classmethod
+    def initialize_vllm_model(cls, hf_config, mesh_device, max_batch_size, max_seq_len,
+                              **kwargs):
+        return cls()
+
+{allocate}
+    def prefill_forward(self, tokens, page_table, kv_cache, prompt_lens, empty_slots=None):
+        return None
+
+    def decode_forward(self, tokens, start_pos, page_table=None, kv_cache=None{indices}):
+        return None
+'''
+_PER_LAYER = """
+    def allocate_kv_cache_per_layer(self, per_layer_specs):
+        return []
+"""
+_WHOLE = """
+    def allocate_kv_cache(self, kv_cache_shape, dtype, num_layers):
+        return []
+"""
+
+
+def _vllm_owned_bundle(tmp_path: Path, *, allocate: bool, indices: bool) -> Path:
+    source = _VLLM_CLASS.format(
+        allocate=_PER_LAYER if allocate else _WHOLE,
+        indices=", gdn_state_indices=None" if indices else "",
+    )
+    document = metadata("gdn", arch="Qwen3_5ForCausalLM", schema_version=6, capabilities=VLLM_STATE)
+    return write_bundle(tmp_path / "gdn", document=document, files={"adapter.py": source})
+
+
+@pytest.mark.parametrize("import_check", [False, True], ids=["static", "import"])
+def test_validate_takes_a_vllm_owned_class_with_its_allocator_and_indices(tmp_path, import_check):
+    folder = _vllm_owned_bundle(tmp_path, allocate=True, indices=True)
+    report = validate_bundle(folder, import_check=import_check)
+    assert not report.errors, report.errors
+
+
+@pytest.mark.parametrize("import_check", [False, True], ids=["static", "import"])
+def test_validate_refuses_a_vllm_owned_class_without_per_layer_allocation(tmp_path, import_check):
+    folder = _vllm_owned_bundle(tmp_path, allocate=False, indices=True)
+    errors = validate_bundle(folder, import_check=import_check).errors
+    assert {e.code for e in errors} == {"TTB054"}, errors
+    assert all("owner 'vllm'" in e.message for e in errors)
+    assert "allocate_kv_cache_per_layer" in errors[0].message
+
+
+@pytest.mark.parametrize("import_check", [False, True], ids=["static", "import"])
+def test_validate_refuses_a_vllm_owned_decode_without_state_indices(tmp_path, import_check):
+    folder = _vllm_owned_bundle(tmp_path, allocate=True, indices=False)
+    errors = validate_bundle(folder, import_check=import_check).errors
+    assert {e.code for e in errors} == {"TTB053"}, errors
+    assert "decode_forward takes no gdn_state_indices" in errors[0].message
+
+
+def test_a_generator_owned_class_needs_no_state_indices(tmp_path):
+    folder = _vllm_owned_bundle(tmp_path, allocate=False, indices=False)
+    document = json.loads((folder / "vllm_metadata.json").read_text())
+    document["capabilities"] = {"recurrent_state": {"owner": "generator"}}
+    (folder / "vllm_metadata.json").write_text(json.dumps(document))
+    source = (folder / "adapter.py").read_text().replace('"vllm"', '"generator"')
+    (folder / "adapter.py").write_text(source)
+    assert not validate_bundle(folder, import_check=True).errors
+
+
+@pytest.mark.parametrize("arch", ["Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration"])
+def test_init_reference_makes_the_vllm_owned_form_that_validates_strictly(run_cli, tmp_path, arch):
+    """`--recurrent-owner vllm`: the reference's vLLM-owned class, owner 'vllm' in the
+    metadata and the class, no prefix caching, speculation or pooling declared; it
+    validates strictly, statically and imported."""
+    folder = tmp_path / "q"
+    done = _no_traceback(
+        run_cli("init", folder, "--arch", arch, "--reference", "--recurrent-owner", "vllm")
+    )
+    assert done.returncode == 0, done.stderr
+    source = (folder / "adapter.py").read_text()
+    assert "from ttbundles.reference.qwen3_5 import ReferenceQwen3_5VllmStateGenerator" in source
+    assert '"recurrent_state": "vllm"' in source
+    assert "gdn_state_indices: Any = None" in source
+    assert "gdn_state_indices=gdn_state_indices" in source
+    assert "recurrent_prefix_snapshots" not in source and "def release_request" not in source
+    assert '"supports_prefix_caching"' not in source
+    document = json.loads((folder / "vllm_metadata.json").read_text())
+    caps = document["capabilities"]
+    assert document["schema_version"] == 6
+    assert caps["recurrent_state"] == {"owner": "vllm", "layers": "from_config"}
+    assert caps["prefix_caching"] is False and caps["kv_cache_spec"] is True
+    assert not {"spec_decode", "spec_plan", "async_spec_decode", "pooling"} & set(caps)
+    for flags in (["--strict"], ["--strict", "--import"]):
+        done = _no_traceback(run_cli("validate", *flags, folder))
+        assert done.returncode == 0 and "0 warnings" in done.stdout, done.stdout + done.stderr
+
+
+def test_init_reference_defaults_to_the_generator_owned_form(run_cli, tmp_path):
+    folder = tmp_path / "q"
+    args = ("init", folder, "--arch", "Qwen3_5ForCausalLM", "--reference")
+    assert _no_traceback(run_cli(*args, "--recurrent-owner", "generator")).returncode == 0
+    caps = json.loads((folder / "vllm_metadata.json").read_text())["capabilities"]
+    assert caps["recurrent_state"]["owner"] == "generator" and caps["prefix_caching"] is True
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (
+            ["--arch", "LlamaForCausalLM", "--reference", "--recurrent-owner", "vllm"],
+            "--recurrent-owner vllm: LlamaForCausalLM keeps no recurrent state",
+        ),
+        (
+            ["--arch", "Qwen3_5ForCausalLM", "--recurrent-owner", "vllm"],
+            "--recurrent-owner chooses the reference class of a recurrent family: it "
+            "needs --reference",
+        ),
+        (
+            ["--arch", "Qwen3_5ForCausalLM", "--reference", "--recurrent-owner", "device"],
+            "--recurrent-owner 'device' is not an owner of recurrent state (generator, vllm)",
+        ),
+    ],
+    ids=["not-recurrent", "no-reference", "unknown-owner"],
+)
+def test_init_refuses_a_recurrent_owner_it_cannot_serve(run_cli, tmp_path, args, words):
+    done = _no_traceback(run_cli("init", tmp_path / "b", *args))
+    assert done.returncode == 1 and not (tmp_path / "b").exists()
+    assert f"error TTB033 {words}" in done.stderr, done.stderr
+
+
 # --- vLLM's Mamba cache fields when caching is off --------------------------------------------
 
 

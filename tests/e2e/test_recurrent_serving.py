@@ -10,9 +10,10 @@ state): a repeated or shared prefix hits, restores the state a snapshot kept aft
 the hit's tokens, and still gives transformers' tokens.
 
 The other form, recurrent state vLLM's KV manager owns (MambaSpec groups, "none" mode),
-is one more `vllm serve` of the same checkpoint: a bundle whose class is the reference's
-vLLM-owned variant (`ReferenceQwen3_5VllmStateGenerator`), as an author would declare it;
-the same prompts and `n=2` give transformers' tokens."""
+takes the same path from `ttbundle init --reference --recurrent-owner vllm` (the
+reference's vLLM-owned class, `ReferenceQwen3_5VllmStateGenerator`) to one more `vllm
+serve` of the same checkpoint: `ttbundle test` passes against transformers, and the same
+prompts and `n=2` give transformers' tokens."""
 
 from __future__ import annotations
 
@@ -20,7 +21,6 @@ import concurrent.futures
 import json
 import os
 import re
-import textwrap
 import urllib.request
 
 import pytest
@@ -165,18 +165,6 @@ def test_a_repeated_and_a_shared_prefix_hit_a_snapshot_and_give_transformers_tok
 
 # --- the vLLM-owned form: MambaSpec groups in vLLM's hybrid manager -------------------------
 
-VLLM_OWNED_ADAPTER = textwrap.dedent(
-    '''\
-    """The tiny Qwen3.5 with its gated delta net state owned by vLLM's KV manager."""
-
-    from ttbundles.reference.qwen3_5 import ReferenceQwen3_5VllmStateGenerator
-
-
-    class Generator(ReferenceQwen3_5VllmStateGenerator):
-        """The reference's vLLM-owned form: the state allocated per layer from vLLM's
-        MambaSpec descriptors, read by gdn_state_indices on decode."""
-    '''
-)
 # A pool of 1 MiB: 2 shared tensors of 64 pages of 8 KiB (blocks of 64 tokens) on 0.34,
 # 256 pages of 2 KiB on 0.33; every Mamba group holds a block per request for its life.
 VLLM_OWNED_SERVE = (
@@ -187,36 +175,40 @@ VLLM_OWNED_SERVE = (
 
 @pytest.fixture(scope="module")
 def vllm_owned(tmp_path_factory):
-    """One `vllm serve` of the checkpoint through a bundle declaring owner 'vllm' (the
-    generator-owned server's checkpoint, written alike, and no other start)."""
+    """The same path for the other form, `init --reference --recurrent-owner vllm`, then
+    one `vllm serve` of the installed bundle (the checkpoint written alike, and no other
+    start): (port, the server's log file, transformers on the checkpoint, what `ttbundle
+    test` printed)."""
     home = tmp_path_factory.mktemp("gdn-vllm")
     env = shell_environment(home)
     write_recurrent_checkpoint("Qwen3_5ForCausalLM", home / "ckpt")
-    reference = Reference(home / "ckpt")
-    bundle = home / "models" / "my-qwen-vllm"
-    bundle.mkdir(parents=True)
-    (bundle / "adapter.py").write_text(VLLM_OWNED_ADAPTER)
-    (bundle / "vllm_metadata.json").write_text(
-        json.dumps({
-            "schema_version": 6,
-            "name": "my-qwen-vllm",
-            "version": "0.1.0",
-            "arch": "Qwen3_5ForCausalLM",
-            "main_class": "adapter:Generator",
-            "capabilities": {
-                "recurrent_state": {"owner": "vllm", "layers": "from_config"},
-                "chunked_prefill": True,
-            },
-        })
-    )  # fmt: skip
+    created = typed(
+        "ttbundle init my-qwen-vllm --reference --recurrent-owner vllm --from-hf ckpt", home, env
+    )
+    assert created.strip().splitlines()[-1] == "my-qwen-vllm", created
+    metadata = json.loads((home / "my-qwen-vllm" / "vllm_metadata.json").read_text())
+    assert metadata["capabilities"]["recurrent_state"]["owner"] == "vllm", metadata
+    for flags in ("--strict", "--strict --import"):
+        validated = typed(f"ttbundle validate {flags} my-qwen-vllm", home, env)
+        assert "valid (0 errors, 0 warnings" in validated, validated
+    tested = typed("ttbundle test my-qwen-vllm --model ckpt", home, env, timeout=900)
+    typed("ttbundle pack my-qwen-vllm -o dist", home, env)
+    typed("ttbundle install dist/my-qwen-vllm-0.1.0.ttbundle --models-dir models", home, env)
     with typed_server(home, env, VLLM_OWNED_SERVE) as (port, log):
-        yield port, log, reference
+        yield port, log, Reference(home / "ckpt"), tested
+
+
+def test_ttbundle_test_passes_the_vllm_owned_form_against_transformers(vllm_owned):
+    *_, tested = vllm_owned
+    assert "PASSED" in tested and "FAIL" not in tested, tested
+    assert "vs transformers" in tested, tested
+    assert re.search(r"chunked_prefill\s+p2\s.*[3-9] chunks\s+pass", tested), tested
 
 
 def test_vllm_owned_state_serves_chunked_prompts_and_two_children_like_transformers(
     vllm_owned,
 ):
-    port, log, reference = vllm_owned
+    port, log, reference, _ = vllm_owned
     text = log.read_text()
     assert "recurrent_state: 'vllm' -> \"vLLM's MambaSpec groups\"" in text, text[-4000:]
     [kv] = [line for line in text.splitlines() if "KV cache of" in line]

@@ -15,7 +15,7 @@ import ast
 import functools
 from pathlib import Path
 
-from ttbundles.check import kv_layout
+from ttbundles.check import kv_layout, recurrent_state
 from ttbundles.check.capabilities import ClassCapabilities, agreement, key_notes, owner_agreement
 from ttbundles.check.pooling import static_pooling_diagnostics
 from ttbundles.check.reference_archs import covers, missing_reason, reference_of
@@ -258,6 +258,11 @@ def _contract_diagnostics(
     caps = metadata.capabilities
     out.extend(
         kv_layout.static_diagnostics(
+            info.methods, caps, name, partial=partial, outside=outside, where=where
+        )
+    )
+    out.extend(
+        recurrent_state.static_diagnostics(
             info.methods, caps, name, partial=partial, outside=outside, where=where
         )
     )

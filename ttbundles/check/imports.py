@@ -21,7 +21,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from ttbundles.check import kv_layout
+from ttbundles.check import kv_layout, recurrent_state
 from ttbundles.check.capabilities import agreement, from_mapping, owner_agreement
 from ttbundles.check.pooling import imported_pooling_problems
 from ttbundles.check.speculative import (
@@ -193,6 +193,7 @@ def check_class(cls: type, metadata: BundleMetadata) -> list[dict]:
         )
     problems.extend(imported_method_problems(cls, declared))
     problems.extend(kv_layout.imported_problems(cls, declared))
+    problems.extend(recurrent_state.imported_problems(cls, declared))
     problems.extend(imported_pooling_problems(cls, pooling))
     problems.extend(newest_key_problems(cls, name))
     return problems

@@ -249,7 +249,7 @@ CAPABILITIES: tuple[Capability, ...] = (
         class_key="recurrent_state",
         key_from="ttbundles",
         refusal="TTB274",
-        plan_note="served as the generator's slots; the vLLM-owned form refused by the plan",
+        plan_note="served as the generator's slots or vLLM's MambaSpec groups (gated delta net)",
         summary="owner",
     ),
 )

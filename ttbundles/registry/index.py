@@ -63,6 +63,7 @@ _CHECKER_FILES = (
     "check/capabilities.py",
     "check/kv_layout.py",
     "check/pooling.py",
+    "check/recurrent_state.py",
     "check/reference_archs.py",
     "check/speculative.py",
     "check/static_reader.py",

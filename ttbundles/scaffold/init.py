@@ -33,6 +33,7 @@ from ttbundles.scaffold.hf_config import _read_hf_config, architectures_by_model
 from ttbundles.scaffold.reference import (
     HYBRID_FAMILIES,
     RECURRENT_FAMILIES,
+    RECURRENT_OWNERS,
     REFERENCE_BASES,
     reference_adapter_source,
     reference_capabilities,
@@ -147,6 +148,7 @@ def init_bundle(
     name: str | None = None,
     keep_adapter: bool = False,
     reference: bool = False,
+    recurrent_owner: str | None = None,
 ) -> Created:
     """Create a bundle that validates: metadata plus an adapter template.
 
@@ -156,7 +158,11 @@ def init_bundle(
 
     An `adapter.py` already in the folder is never mixed with silently: without
     `keep_adapter` it is refused (TTB039); with it, the adapter stays and the metadata
-    names its class (the template's name when it defines it, else its only class)."""
+    names its class (the template's name when it defines it, else its only class).
+
+    `recurrent_owner` (with `reference`, a recurrent family only; TTB033 otherwise): who
+    keeps the state, the generator (the default: a slot per request, prefixes cached
+    through snapshots) or vLLM's KV manager ('vllm': MambaSpec groups, no prefix cache)."""
     models: list[dict] = []
     notes: list[str] = []
     config: dict = {}
@@ -186,6 +192,7 @@ def init_bundle(
     _check_architecture(arch, config)
     if reference:
         _check_reference_family(arch)
+    owner = _recurrent_owner(arch, recurrent_owner, reference)
     if (folder / METADATA_FILE).exists():
         raise TTBundleError.single(
             "TTB039",
@@ -231,7 +238,7 @@ def init_bundle(
     )
     if reference:
         metadata["description"] = f"{bare}, from the torch reference generator (to TT-NN)"
-        capabilities = Capabilities(**reference_capabilities(arch), kv_cache_spec=kv_groups)
+        capabilities = Capabilities(**reference_capabilities(arch, owner), kv_cache_spec=kv_groups)
         metadata["targets"], length_note = reference_targets(config)
         notes.append(length_note)
     elif adapter.exists():
@@ -247,7 +254,7 @@ def init_bundle(
     # too), as the demo bundle on the same reference does.
     declared = set(TT_METAL_FLAGS.values())
     if reference:
-        declared |= set(reference_capabilities(arch))
+        declared |= set(reference_capabilities(arch, owner))
     metadata["capabilities"] = capabilities.model_dump(include=declared)
     if kv_groups:
         metadata["capabilities"]["kv_cache_spec"] = True
@@ -263,7 +270,9 @@ def init_bundle(
     folder.mkdir(parents=True, exist_ok=True)
     if reference:
         adapter.write_text(
-            reference_adapter_source(arch, class_name, str(folder), kv_groups=kv_groups)
+            reference_adapter_source(
+                arch, class_name, str(folder), kv_groups=kv_groups, recurrent_owner=owner
+            )
         )
     elif not adapter.exists():
         adapter.write_text(adapter_source(arch, class_name))
@@ -295,6 +304,38 @@ def _existing_class(adapter: Path, preferred: str) -> str:
         file=adapter,
         hint="leave one generator class in it, or choose an empty folder",
     )
+
+
+def _recurrent_owner(arch: str, asked: str | None, reference: bool) -> str:
+    """Who keeps the state of a reference bundle's recurrent layers: `asked`, refused
+    (TTB033) for an owner no reference class serves, without `reference`, or for an
+    architecture that keeps no recurrent state; the generator when not asked."""
+    if asked is None:
+        return RECURRENT_OWNERS[0]
+    owners = ", ".join(RECURRENT_OWNERS)
+    if asked not in RECURRENT_OWNERS:
+        raise TTBundleError.single(
+            "TTB033",
+            f"--recurrent-owner {asked!r} is not an owner of recurrent state ({owners})",
+            hint="pass --recurrent-owner generator or --recurrent-owner vllm",
+        )
+    if not reference:
+        raise TTBundleError.single(
+            "TTB033",
+            "--recurrent-owner chooses the reference class of a recurrent family: it needs "
+            "--reference",
+            hint="add --reference, or drop --recurrent-owner (the TT-NN template declares "
+            "no state: write capabilities.recurrent_state by hand)",
+        )
+    if arch not in RECURRENT_FAMILIES:
+        families = ", ".join(sorted(RECURRENT_FAMILIES))
+        raise TTBundleError.single(
+            "TTB033",
+            f"--recurrent-owner {asked}: {arch} keeps no recurrent state (every layer is "
+            f"attention); the reference's recurrent families are {families}",
+            hint="drop --recurrent-owner for this architecture",
+        )
+    return asked
 
 
 def _check_reference_family(arch: str) -> None:

@@ -42,11 +42,20 @@ REFERENCE_BASES: dict[str, tuple[str, str]] = {
     },
 }
 
-# Families whose layers keep a recurrent state the generator holds per slot: their
-# reference bundles name only the attention layers to vLLM (get_kv_cache_spec), spell
-# out the state's lifecycle, and declare no prefix caching (a hit would skip tokens
-# whose state was never kept).
+# Families whose layers keep a recurrent state: their reference bundles name only the
+# attention layers to vLLM (get_kv_cache_spec). Owned by the generator (the default), the
+# adapter spells out the state's lifecycle (a slot per request) and caches prefixes
+# through snapshots of it; owned by vLLM's KV manager (MambaSpec groups), it builds on the
+# reference's vLLM-owned class (`VLLM_OWNED_BASES`).
 RECURRENT_FAMILIES = frozenset(QWEN3_5_ARCHITECTURES)
+RECURRENT_OWNERS = ("generator", "vllm")
+"""Who keeps a recurrent family's state in an `init --reference` bundle (`--recurrent-owner`):
+the first is the default."""
+VLLM_OWNED_BASES: dict[str, tuple[str, str]] = {
+    arch: ("ttbundles.reference.qwen3_5", "ReferenceQwen3_5VllmStateGenerator")
+    for arch in QWEN3_5_ARCHITECTURES
+}
+"""The reference class of each recurrent family whose state vLLM's KV manager owns."""
 
 # Families whose every checkpoint has sliding-window layers beside global ones: their
 # reference bundles declare KV groups even when init reads no config.json.
@@ -62,15 +71,18 @@ UNSPECULATIVE_FAMILIES = frozenset(GEMMA4_ARCHITECTURES)
 REFERENCE_CAPABILITIES: dict = catalogue.REFERENCE
 
 
-def reference_capabilities(arch: str) -> dict:
+def reference_capabilities(arch: str, owner: str = RECURRENT_OWNERS[0]) -> dict:
     """What a reference bundle for `arch` declares: the reference's capabilities; a
-    recurrent family's class owns its state (a slot per request), caches prefixes through
-    snapshots of it, and has no speculation (a verify would advance the state over
-    drafts that may be rejected); Gemma 4's has no speculation either."""
+    recurrent family has no speculation (a verify would advance the state over drafts
+    that may be rejected), and its state is `owner`'s: the generator's class keeps a slot
+    per request and caches prefixes through snapshots of it; vLLM's (MambaSpec groups,
+    "none" mode) caches none (vLLM's "align" mode is not served, and the plan refuses
+    prefix caching declared with it). Gemma 4's has no speculation either."""
     if arch in RECURRENT_FAMILIES:
+        dropped = _NOT_RECURRENT | ({"prefix_caching"} if owner == "vllm" else set())
         return {
-            **{k: v for k, v in REFERENCE_CAPABILITIES.items() if k not in _NOT_RECURRENT},
-            "recurrent_state": {"owner": "generator", "layers": "from_config"},
+            **{k: v for k, v in REFERENCE_CAPABILITIES.items() if k not in dropped},
+            "recurrent_state": {"owner": owner, "layers": "from_config"},
         }
     if arch in UNSPECULATIVE_FAMILIES:
         return {k: v for k, v in REFERENCE_CAPABILITIES.items() if k not in _NOT_RECURRENT}
@@ -80,16 +92,16 @@ def reference_capabilities(arch: str) -> dict:
 _NOT_RECURRENT = frozenset({"spec_decode", "async_spec_decode", "spec_plan"})
 
 
-def _reference_keys(arch: str) -> str:
-    """The template's model_capabilities lines of `reference_capabilities(arch)`."""
-    on = reference_capabilities(arch)
+def _reference_keys(arch: str, owner: str = RECURRENT_OWNERS[0]) -> str:
+    """The template's model_capabilities lines of `reference_capabilities(arch, owner)`."""
+    on = reference_capabilities(arch, owner)
     snapshots = (
         '        "recurrent_prefix_snapshots": 64,  # prefix-cache snapshots of the state\n'
-        if arch in RECURRENT_FAMILIES
+        if arch in RECURRENT_FAMILIES and owner == "generator"
         else ""
     )
     return snapshots + "".join(
-        f'        "{c.class_key}": "generator",\n'
+        f'        "{c.class_key}": "{owner}",\n'
         if c.name == "recurrent_state"
         else f'        "{c.class_key}": True,\n'
         for c in catalogue.CAPABILITIES
@@ -225,7 +237,7 @@ class {class_name}({base}):
     def allocate_kv_cache_per_layer(self, per_layer_specs: Any) -> Any:
         """TT-NN: the same, from one (kv_cache_shape, dtype, tensor_idx) per layer; layers
         with one tensor_idx share one allocation. The worker calls this one, not
-        allocate_kv_cache, when the class has it."""
+        allocate_kv_cache, when the class has it.{per_layer_note}"""
         return super().allocate_kv_cache_per_layer(per_layer_specs=per_layer_specs)
 {kv_spec}
     def prefill_forward(
@@ -271,7 +283,7 @@ class {class_name}({base}):
         prompt_tokens: Any = None,
         output_tokens: Any = None,
         slot_remap: Any = None,
-        *,
+{state_indices_param}        *,
         reload_inputs: bool = True,
         reload_page_table: bool = False,
         reload_sampling_params: bool = False,
@@ -284,7 +296,7 @@ class {class_name}({base}):
         """TT-NN: one decode step for the batch; return the device output that
         read_decode_output reads back. With spec_mode (speculative decoding, n-gram
         drafts from vLLM): the verify of each row's drafts (num_valid_drafts), as
-        spec_plan planned it; accepted_counts: what the last verify committed."""
+        spec_plan planned it; accepted_counts: what the last verify committed.{decode_note}"""
         return super().decode_forward(
             tokens,
             start_pos,
@@ -296,7 +308,7 @@ class {class_name}({base}):
             prompt_tokens=prompt_tokens,
             output_tokens=output_tokens,
             slot_remap=slot_remap,
-            reload_inputs=reload_inputs,
+{state_indices_pass}            reload_inputs=reload_inputs,
             reload_page_table=reload_page_table,
             reload_sampling_params=reload_sampling_params,
             reset_sampling_state=reset_sampling_state,
@@ -353,19 +365,57 @@ _RECURRENT = '''
 '''
 
 
+_VLLM_OWNED = '''
+    @classmethod
+    def get_kv_cache_spec(cls, vllm_config: Any) -> Any:
+        """The attention layers for vLLM, keyed model.layers.<i>.self_attn: a
+        FullAttentionSpec each; the worker adds a MambaSpec for each gated delta net
+        layer, whose recurrent state vLLM's KV manager owns (capabilities.recurrent_state
+        owner "vllm" in vllm_metadata.json)."""
+        return super().get_kv_cache_spec(vllm_config)
+'''
+
+_VLLM_OWNED_PER_LAYER = """
+        A gated delta net layer's entry is its state's descriptor, {"type": "mamba",
+        "shapes", "dtypes", "tensor_idx", "compact_slots"}: allocate [conv, recurrent]
+        with compact_slots states each, in those shapes and dtypes."""
+_VLLM_OWNED_DECODE = """
+        gdn_state_indices (int32, one per row; recurrent state vLLM's KV manager owns):
+        the state among each gated delta net layer's compact_slots that row i continues."""
+
+
 def reference_adapter_source(
-    arch: str, class_name: str, folder: str, *, kv_groups: bool = False
+    arch: str,
+    class_name: str,
+    folder: str,
+    *,
+    kv_groups: bool = False,
+    recurrent_owner: str = RECURRENT_OWNERS[0],
 ) -> str:
     """The adapter of an `init --reference` bundle for `arch` (a key of REFERENCE_BASES);
     `kv_groups`: the checkpoint has a sliding window, and the adapter answers
-    get_kv_cache_spec (its metadata declares capabilities.kv_cache_spec)."""
-    base_module, base = REFERENCE_BASES[arch]
+    get_kv_cache_spec (its metadata declares capabilities.kv_cache_spec);
+    `recurrent_owner`: who keeps a recurrent family's state (`RECURRENT_OWNERS`): vLLM's
+    KV manager's builds on the reference's vLLM-owned class, whose decode reads each
+    row's state by gdn_state_indices."""
+    vllm_owned = arch in RECURRENT_FAMILIES and recurrent_owner == "vllm"
+    base_module, base = (VLLM_OWNED_BASES if vllm_owned else REFERENCE_BASES)[arch]
+    if vllm_owned:
+        kv_spec = _VLLM_OWNED
+    else:
+        kv_spec = _RECURRENT if arch in RECURRENT_FAMILIES else _KV_SPEC if kv_groups else ""
     return _TEMPLATE.format(
         arch=arch,
         class_name=class_name,
         base_module=base_module,
         base=base,
         folder=folder,
-        kv_spec=_RECURRENT if arch in RECURRENT_FAMILIES else _KV_SPEC if kv_groups else "",
-        reference_keys=_reference_keys(arch),
+        kv_spec=kv_spec,
+        reference_keys=_reference_keys(arch, recurrent_owner),
+        per_layer_note=_VLLM_OWNED_PER_LAYER if vllm_owned else "",
+        decode_note=_VLLM_OWNED_DECODE if vllm_owned else "",
+        state_indices_param="        gdn_state_indices: Any = None,\n" if vllm_owned else "",
+        state_indices_pass=(
+            "            gdn_state_indices=gdn_state_indices,\n" if vllm_owned else ""
+        ),
     )
