@@ -1346,13 +1346,16 @@ class Gemma4AutoportForCausalLM(_Wrapped):
     block size 64; a KV tensor shared by layers of different sizes refused; host
     sampling, a call without `sampling_params`, raises unless
     GEMMA4_31B_VLLM_HOST_SAMPLING_COMPAT=1; device sampling greedy only, traced, active
-    slots a contiguous prefix), computing with the Gemma 4 reference generator
-    (`reference.gemma4`: each layer's cache in its own shape). Not kept: the context
-    contract file (`max_seq_len` must equal the autoport's 49,152-token contract: the
-    twin takes the engine's), the TP4 mesh, the precision policy, the trace lifecycle
-    and the hybrid pool arithmetic of `get_max_tokens_all_users` (its five sliding
-    groups of ten layers and the reference plugin's generic terms come out negative at
-    a tiny model's context: the twin answers every sequence at full length)."""
+    slots a contiguous prefix) and its decode trace's life (prepared from the host's
+    tokens on a reset, a new cache or another active batch, released by a prefill or a
+    host-sampled decode; otherwise the device's own token feeds the next step),
+    computing with the Gemma 4 reference generator (`reference.gemma4`: each layer's
+    cache in its own shape). Not kept: the context contract file (`max_seq_len` must
+    equal the autoport's doc/context_contract.json: the twin takes the engine's), the
+    TP4 mesh, the precision policy, the trace buffers and the hybrid pool arithmetic
+    of `get_max_tokens_all_users` (its five sliding groups of ten layers and the
+    reference plugin's generic terms come out negative at a tiny model's context: the
+    twin answers every sequence at full length)."""
 
     model_capabilities = {
         "supports_async_decode": True,
