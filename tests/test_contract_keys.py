@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
+import sys
 from pathlib import Path
 
 import pytest
@@ -132,17 +133,30 @@ NEWEST_TWINS = {
         "async_decode": True,
         "sample_on_device": ["decode_only", "all"],
     },
+    # As tests/test_block_output.py plans it (synchronous, device-sampled).
+    "BlockOutputForCausalLM": {
+        "sample_on_device": ["decode_only", "all"],
+        "chunked_prefill": True,
+        "prefix_caching": True,
+    },
 }
+
+
+def _clean(bundle: Path) -> None:
+    from ttbundles.check.validate import validate_bundle
+
+    for imported in (False, True):
+        report = validate_bundle(bundle, import_check=imported, timeout=300)
+        problems = [d for d in report.diagnostics if d.severity.name != "INFO"]
+        assert not problems, [f"{d.code} {d.message}" for d in problems]
 
 
 @pytest.mark.parametrize("name", NEWEST_TWINS)
 def test_the_newest_twins_validate_clean_static_and_imported(tmp_path, name):
-    """The Kolibri autoport and the Llama 3 executor twins, as bundles the server tests
-    serve (`tests/test_contract_twins.py`): nothing to report, read statically or
-    imported."""
+    """The Kolibri autoport, Llama 3 executor and block-output twins, as bundles the
+    server tests serve (`tests/test_contract_twins.py`, `tests/test_block_output.py`):
+    nothing to report, read statically or imported."""
     import json
-
-    from ttbundles.check.validate import validate_bundle
 
     bundle = tmp_path / f"twin-{name.lower()}"
     bundle.mkdir()
@@ -156,7 +170,21 @@ def test_the_newest_twins_validate_clean_static_and_imported(tmp_path, name):
         "capabilities": NEWEST_TWINS[name],
     }
     (bundle / "vllm_metadata.json").write_text(json.dumps(metadata))
-    for imported in (False, True):
-        report = validate_bundle(bundle, import_check=imported, timeout=300)
-        problems = [d for d in report.diagnostics if d.severity.name != "INFO"]
-        assert not problems, [f"{d.code} {d.message}" for d in problems]
+    _clean(bundle)
+
+
+def test_the_gemma4_31b_autoport_twin_validates_clean_static_and_imported(tmp_path, monkeypatch):
+    """The Gemma 4 31B autoport twin as `tests/test_contract_twins.py` serves it: an
+    environment class of a TT-Metal checkout's layout (found above the bundle statically,
+    on the path when imported), async decode and the class's KV specs declared."""
+    from tests.test_contract_twins import gemma4_31b_bundle
+
+    tt_metal = tmp_path / "tt-metal"
+    bundles = gemma4_31b_bundle(tt_metal)
+    monkeypatch.setenv("PYTHONPATH", str(tt_metal))  # the --import check's process
+    monkeypatch.syspath_prepend(str(tt_metal))  # the static check's environment
+    try:
+        _clean(bundles / "twin-gemma4-31b")
+    finally:  # the checkout's `models` package is this test's only
+        for module in [m for m in sys.modules if m == "models" or m.startswith("models.")]:
+            del sys.modules[module]

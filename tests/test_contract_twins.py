@@ -81,6 +81,9 @@ SPEC_EXTRAS: dict[str, dict] = {
     # raises on host sampling unless KOLIBRI_VLLM_HOST_COMPAT=1. And the engine is shut
     # down before the report, so that its release_persistent_capture is seen.
     "KolibriForCausalLM": {"seeded_top_k": 20, "shutdown": True},
+    # Host sampling (a call without sampling_params) raises in the Gemma 4 31B autoport
+    # unless the environment allows it.
+    "Gemma4AutoportForCausalLM": {"env": {"GEMMA4_31B_VLLM_HOST_SAMPLING_COMPAT": "1"}},
 }
 
 
@@ -116,6 +119,11 @@ def serve_twin(
             **engine,
         },
     }
+    return run_spec(tmp_path, spec, name)
+
+
+def run_spec(tmp_path: Path, spec: dict, name: str) -> dict:
+    """`serve_twin.py` on `spec`: its one JSON line of outputs and calls (or load error)."""
     spec_file = tmp_path / "spec.json"
     spec_file.write_text(json.dumps(spec))
     done = subprocess.run(
@@ -395,3 +403,102 @@ def test_the_qwen3_6_autoport_twin_serves_its_own_slots_like_transformers(tmp_pa
     decodes = calls(result, "decode_forward")
     assert any(not d["read_from_device"] for d in decodes)  # async decode ran
     assert all(d["slot_remap"] == [0, 1, 2, 3] for d in decodes)
+
+
+# The Gemma 4 31B autoport, served as the built-in tt-gemma-4-31b bundle declares it: an
+# environment class of a TT-Metal checkout (models/autoports/...: TT-Metal's classes read
+# the sliding window from the config themselves), async decode, the class's KV specs
+# (hybrid groups), host sampling (its device sampler is greedy-only) with the switch the
+# class needs for it; its block size 64. Prompts past the 16-token window; whole prompts
+# (the class reads no start_pos).
+GEMMA4_31B_MODULE = "models.autoports.google_gemma_4_31b.tt.generator_vllm"
+GEMMA4_31B_CAPABILITIES = {"async_decode": True, "kv_cache_spec": True, "sample_on_device": ALL}
+GEMMA4_PROMPTS = [list(range(5, 5 + n)) for n in (40, 23, 9)]
+
+
+def gemma4_31b_bundle(root: Path) -> Path:
+    """A TT-Metal checkout's layout at `root`: the twin as the autoport's module, its
+    bundle under models/autoports/vllm_bundles (the folder returned)."""
+    module = root / Path(*GEMMA4_31B_MODULE.split("."))
+    module.parent.mkdir(parents=True)
+    module.with_suffix(".py").write_text(FAMILIES.read_text())
+    bundles = root / "models" / "autoports" / "vllm_bundles"
+    bundle = bundles / "twin-gemma4-31b"
+    bundle.mkdir(parents=True)
+    metadata = {
+        "schema_version": 5,
+        "name": bundle.name,
+        "version": "1.0.0",
+        "arch": "Gemma4ForCausalLM",
+        "main_class": f"{GEMMA4_31B_MODULE}:Gemma4AutoportForCausalLM",
+        "main_class_source": "environment",
+        "capabilities": GEMMA4_31B_CAPABILITIES,
+    }
+    (bundle / "vllm_metadata.json").write_text(json.dumps(metadata))
+    return bundles
+
+
+def test_the_gemma4_31b_autoport_twin_serves_hybrid_groups_like_transformers(tmp_path):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from tests.conftest import GEMMA4_WINDOW, write_gemma4_checkpoint
+
+    checkpoint = write_gemma4_checkpoint(tmp_path / "tiny-gemma4")
+    assert max(len(p) for p in GEMMA4_PROMPTS) > 2 * GEMMA4_WINDOW
+    tt_metal = tmp_path / "tt-metal"
+    spec = {
+        "checkpoint": str(checkpoint),
+        "models_dir": str(gemma4_31b_bundle(tt_metal)),
+        "python_path": str(tt_metal),
+        "record_module": GEMMA4_31B_MODULE,
+        # Host sampling (a call without sampling_params) raises unless this is set.
+        "env": {"GEMMA4_31B_VLLM_HOST_SAMPLING_COMPAT": "1"},
+        "prompts": GEMMA4_PROMPTS,
+        "max_tokens": MAX_TOKENS,
+        "engine": {
+            "max_model_len": 256,
+            "max_num_seqs": 4,
+            "block_size": 64,
+            "additional_config": {"tt": {"sample_on_device_mode": "all"}},
+        },
+    }
+    result = run_spec(tmp_path, spec, "Gemma4AutoportForCausalLM")
+    assert "error" not in result, result.get("error")
+    model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
+    expected = [
+        model.generate(
+            torch.tensor([ids]), max_new_tokens=MAX_TOKENS, min_new_tokens=MAX_TOKENS,
+            do_sample=False, pad_token_id=0,
+        )[0, len(ids):].tolist()
+        for ids in GEMMA4_PROMPTS
+    ]  # fmt: skip
+    assert result["greedy"] == expected
+    assert result["greedy_again"] == expected[1:]
+    assert result["seeded_alone"] == result["seeded_in_batch"]
+    (init,) = calls(result, "initialize_vllm_model")
+    assert init["max_seq_len"] == 256 and init["swallowed"] == []
+    specs = calls(result, "get_kv_cache_spec")  # asked by the planner and the runner
+    assert specs and all(s["kinds"] == ["FullAttentionSpec", "SlidingWindowSpec"] for s in specs)
+    (allocated,) = calls(result, "allocate_kv_cache_per_layer")
+    # Each layer in its own shape: the sliding layers' 2 KV heads of 16, the global 1 of 32.
+    assert allocated["layers"] == 6
+    assert allocated["shapes"] == [[1, 64, 32], [2, 64, 16]]
+    prefills = calls(result, "prefill_forward")
+    decodes = calls(result, "decode_forward")
+    assert all(p["per_layer"] for p in prefills + decodes)
+    # Its device sampler is greedy-only (sample_on_device_policy): greedy batches sample
+    # there, the batch with a seeded row on the host (the class's host compatibility).
+    assert {p["sampled"] for p in prefills} == {True, False}
+    assert {d["sampled"] for d in decodes} == {True, False}
+    # What its **_ swallowed: whole prompts from position 0, nothing else it needed.
+    for p in prefills:
+        assert set(p["swallowed"]) == {"start_pos", "empty_slots", "enable_trace"}, p
+        assert set(p["swallowed"]["start_pos"]) == {0}, p
+    assert {k for d in decodes for k in d["swallowed"]} == set(), decodes[0]
+    device = [d for d in decodes if d["sampled"]]
+    # Steady device decodes run on the device's own tokens (the host's may be stale): the
+    # trace is prepared on the first decode of a batch only.
+    assert device[0]["prepared"] and any(not d["prepared"] for d in device)
+    assert any(not d["read_from_device"] for d in device)  # async decode ran
+    assert all(c["is_tokens"] for c in calls(result, "process_decode_output_host"))

@@ -234,3 +234,20 @@ def test_a_device_grammar_serves_structured_decodes_and_leaves_prefills_to_the_h
     assert host_reason(asking, with_logprobs, decode=True) == "structured_output"
     assert host_reason(GRAMMAR, with_logprobs, decode=True) is None
     assert host_reason(GRAMMAR, with_logprobs) == "structured_output"  # a prefill row
+
+
+def test_a_greedy_only_device_sampler_sends_sampled_rows_to_the_host():
+    """The Gemma 4 31B autoport's `sample_on_device_policy: "greedy_only"` (its device
+    sampler raises on a stochastic row) and its spelling of the penalties key."""
+    support = device_support(
+        {
+            "sample_on_device_policy": "greedy_only",
+            "supports_device_sampling_penalties": False,
+        },
+        takes_history=True,
+    )
+    assert support.greedy_only and not support.penalties
+    assert host_reason(PLAIN, support) == "greedy_only"
+    assert host_reason(SamplingParams(temperature=0.0), support) is None
+    assert host_reason(SamplingParams(temperature=0.8, top_k=1), support) is None
+    assert host_reason(PLAIN, device_support({}, takes_history=True)) is None

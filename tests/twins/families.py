@@ -1298,3 +1298,321 @@ class BlockOutputForCausalLM(_Wrapped):
             width=int(tokens.shape[1]) if tokens.dim() == 2 else 1,
         )
         return out
+
+
+# --------------------------------------------------------------------------------------
+# Gemma 4 31B autoport (hybrid KV groups: sliding and global layers in their own shapes)
+# --------------------------------------------------------------------------------------
+
+
+GEMMA4_PAGE_BLOCK_SIZE = 64  # its PAGE_BLOCK_SIZE: get_kv_cache_spec refuses any other
+GEMMA4_HOST_SAMPLING_COMPAT_ENV = "GEMMA4_31B_VLLM_HOST_SAMPLING_COMPAT"
+
+
+def _gemma4_sampling_values(sampling_params, name: str) -> list[Any]:
+    value = getattr(sampling_params, name)
+    if isinstance(value, torch.Tensor):
+        return value.reshape(-1).tolist()
+    if isinstance(value, list | tuple):
+        return list(value)
+    return [value]
+
+
+def _gemma4_require_semantic_greedy(sampling_params) -> None:
+    temperatures = _gemma4_sampling_values(sampling_params, "temperature")
+    top_ks = _gemma4_sampling_values(sampling_params, "top_k")
+    if len(temperatures) != len(top_ks):
+        raise ValueError("temperature and top_k must contain one value per fixed slot")
+    if not all(float(t) <= 0.0 or int(k) == 1 for t, k in zip(temperatures, top_ks)):
+        raise ValueError("on-device Gemma 4 31B serving sampling is greedy-only")
+
+
+def _gemma4_swallowed(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """What the class's `**_` swallowed: names, with where each prefill row starts (the
+    class reads no `start_pos`: a row starting past 0 would be computed wrong)."""
+    kept = {name: "..." for name in kwargs}
+    if kwargs.get("start_pos") is not None:
+        kept["start_pos"] = [int(n) for n in torch.as_tensor(kwargs["start_pos"]).flatten()]
+    return kept
+
+
+class Gemma4AutoportForCausalLM(_Wrapped):
+    """`models/autoports/google_gemma_4_31b/tt/generator_vllm.py` @e07e4017
+    `Gemma4ForCausalLM`: its declarations (async decode with overlap, no prefix caching,
+    a greedy-only device sampler, no device penalties, hybrid KV groups), its signatures
+    (prefill and decode name what they read and swallow the rest in `**_`: legacy decode
+    form, `reset_batch`; no `start_pos`, `empty_slots` or decode commands), its checks
+    (`optimizations` must be None, `tt_data_parallel` 1, `max_batch_size` in [1, 32];
+    block size 64; a KV tensor shared by layers of different sizes refused; host
+    sampling, a call without `sampling_params`, raises unless
+    GEMMA4_31B_VLLM_HOST_SAMPLING_COMPAT=1; device sampling greedy only, traced, active
+    slots a contiguous prefix) and its decode trace's life (prepared from the host's
+    tokens on a reset, a new cache or another active batch, released by a prefill or a
+    host-sampled decode; otherwise the device's own token feeds the next step),
+    computing with the Gemma 4 reference generator (`reference.gemma4`: each layer's
+    cache in its own shape). Not kept: the context contract file (`max_seq_len` must
+    equal the autoport's doc/context_contract.json: the twin takes the engine's), the
+    TP4 mesh, the precision policy, the trace buffers and the hybrid pool arithmetic
+    of `get_max_tokens_all_users` (its five sliding groups of ten layers and the
+    reference plugin's generic terms come out negative at a tiny model's context: the
+    twin answers every sequence at full length)."""
+
+    model_capabilities = {
+        "supports_async_decode": True,
+        "supports_async_decode_overlap": True,
+        "tt_async_decode_allows_overlap": True,
+        "supports_prefix_caching": False,
+        "supports_sample_on_device": True,
+        "sample_on_device_policy": "greedy_only",
+        "supports_device_sampling_penalties": False,
+    }
+    sample_on_device_policy = "greedy_only"
+    _HYBRID_KV_CACHE_GROUPS_ENABLED = True
+
+    def embed_input_ids(self, input_ids):
+        raise NotImplementedError("Gemma 4 embeddings execute through the TT serving adapter")
+
+    def forward(self, input_ids, positions, **kwargs):
+        raise NotImplementedError("Gemma 4 execution enters through prefill_forward/decode_forward")
+
+    def compute_logits(self, hidden_states, **kwargs):
+        raise NotImplementedError("Gemma 4 logits are produced by the TT serving adapter")
+
+    @classmethod
+    def initialize_vllm_model(
+        cls,
+        hf_config,
+        mesh_device,
+        max_batch_size: int,
+        max_seq_len: int = 262_144,
+        n_layers: int | None = None,
+        tt_data_parallel: int = 1,
+        optimizations: str | None = None,
+        **_: Any,
+    ):
+        import os
+
+        from ttbundles.reference.gemma4 import ReferenceGemma4Generator
+
+        if optimizations is not None:
+            raise ValueError("Gemma 4 31B autoport always loads its selected precision config")
+        if int(tt_data_parallel) != 1:
+            raise ValueError(
+                f"Gemma 4 31B autoport supports tt_data_parallel=1, got {tt_data_parallel}"
+            )
+        if not 1 <= int(max_batch_size) <= 32:
+            raise ValueError(
+                f"Gemma 4 31B supports max_batch_size in [1, 32], got {max_batch_size}"
+            )
+        record(
+            "initialize_vllm_model",
+            max_seq_len=max_seq_len,
+            n_layers=n_layers,
+            swallowed=sorted(_),
+        )
+        core = ReferenceGemma4Generator.initialize_vllm_model(
+            hf_config, mesh_device, int(max_batch_size), int(max_seq_len), n_layers=n_layers
+        )
+        obj = cls(core)
+        obj.host_sampling_compat = os.environ.get(GEMMA4_HOST_SAMPLING_COMPAT_ENV, "0") == "1"
+        obj._decode_key = None  # what the live decode trace was prepared for
+        return obj
+
+    def _release_decode_state(self) -> None:
+        self._decode_key = None
+
+    @classmethod
+    def get_max_tokens_all_users(
+        cls,
+        *,
+        model_name: str,
+        num_devices: int,
+        tt_data_parallel: int,
+        max_model_len: int,
+        max_num_seqs: int,
+    ) -> int:
+        del model_name, num_devices, tt_data_parallel
+        record("get_max_tokens_all_users", max_model_len=max_model_len, max_num_seqs=max_num_seqs)
+        return int(max_model_len) * int(max_num_seqs)
+
+    @classmethod
+    def get_kv_cache_spec(cls, vllm_config):
+        from ttbundles.reference.gemma4 import ReferenceGemma4Generator
+
+        block_size = int(vllm_config.cache_config.block_size)
+        if block_size != GEMMA4_PAGE_BLOCK_SIZE:
+            raise ValueError(
+                f"Gemma 4 31B requires vLLM --block-size {GEMMA4_PAGE_BLOCK_SIZE}, got {block_size}"
+            )
+        specs = ReferenceGemma4Generator.get_kv_cache_spec(vllm_config)
+        record(
+            "get_kv_cache_spec",
+            kinds=sorted({type(spec).__name__ for spec in specs.values()}),
+        )
+        return specs
+
+    def allocate_kv_cache_per_layer(self, per_layer_specs):
+        sizes: dict[int, int] = {}
+        for shape, _, tensor_idx in per_layer_specs:
+            numel = int(torch.Size(shape).numel())
+            if sizes.setdefault(int(tensor_idx), numel) != numel:
+                raise ValueError(
+                    "vLLM attempted to share one KV tensor across incompatible Gemma 4 specs: "
+                    f"tensor_idx={tensor_idx}"
+                )
+        record(
+            "allocate_kv_cache_per_layer",
+            layers=len(per_layer_specs),
+            shapes=sorted({tuple(int(n) for n in shape[1:]) for shape, _, _ in per_layer_specs}),
+        )
+        return self.core.allocate_kv_cache_per_layer(per_layer_specs)
+
+    def allocate_kv_cache(self, kv_cache_shape, dtype, num_layers):
+        return self.allocate_kv_cache_per_layer(
+            [(kv_cache_shape, dtype, index) for index in range(num_layers)]
+        )
+
+    def _require_host_sampling_compat(self) -> None:
+        if not self.host_sampling_compat:
+            raise ValueError(
+                f"host sampling compatibility is disabled; set {GEMMA4_HOST_SAMPLING_COMPAT_ENV}=1"
+            )
+
+    def _page_tables(self, page_tables_per_layer, page_table):
+        if page_tables_per_layer is None:
+            if page_table is None:
+                raise ValueError("vLLM must provide a page table")
+            return [page_table] * self.core.dims.num_layers
+        tables = list(page_tables_per_layer)
+        if len(tables) < self.core.dims.num_layers:
+            raise ValueError("vLLM page_tables_per_layer does not cover every selected model layer")
+        return tables
+
+    def prefill_forward(
+        self,
+        tokens: torch.Tensor,
+        page_table=None,
+        kv_cache=None,
+        prompt_lens=None,
+        sampling_params=None,
+        page_tables_per_layer=None,
+        **_: Any,
+    ):
+        # A new prefill starts a new serving sequence: the decode trace is released.
+        self._release_decode_state()
+        if kv_cache is None:
+            raise ValueError("Gemma 4 31B vLLM path requires the vLLM-owned kv_cache")
+        if prompt_lens is None:
+            prompt_lens = [int(tokens.shape[1])]
+        prompt_lens = [int(n) for n in torch.as_tensor(prompt_lens).flatten()]
+        tables = self._page_tables(page_tables_per_layer, page_table)
+        record(
+            "prefill_forward",
+            rows=len(prompt_lens),
+            per_layer=page_tables_per_layer is not None,
+            sampled=sampling_params is not None,
+            swallowed=_gemma4_swallowed(_),
+        )
+        if sampling_params is None:
+            self._require_host_sampling_compat()
+            return self.core.prefill_forward(
+                tokens.to(torch.long), tables[0], kv_cache, prompt_lens,
+                page_tables_per_layer=tables,
+            )  # fmt: skip
+        _gemma4_require_semantic_greedy(sampling_params)
+        out = self.core.prefill_forward(
+            tokens.to(torch.long), tables[0], kv_cache, prompt_lens,
+            sampling_params=sampling_params, page_tables_per_layer=tables,
+        )  # fmt: skip
+        sampled = out[0] if isinstance(out, tuple) else out
+        return sampled.reshape(-1)[: len(prompt_lens)].to(torch.int32).reshape(len(prompt_lens), 1)
+
+    def decode_forward(
+        self,
+        tokens: torch.Tensor,
+        start_pos: torch.Tensor,
+        page_table=None,
+        kv_cache=None,
+        enable_trace: bool = True,
+        read_from_device: bool = True,
+        sampling_params=None,
+        reset_batch: bool = False,
+        page_tables_per_layer=None,
+        perform_device_sampling: bool | None = None,
+        prompt_tokens=None,
+        output_tokens=None,
+        slot_remap=None,
+        **_: Any,
+    ):
+        del prompt_tokens, output_tokens, slot_remap, perform_device_sampling
+        if sampling_params is None:
+            self._release_decode_state()  # an eager decode never runs with the trace live
+        if kv_cache is None:
+            raise ValueError("Gemma 4 31B vLLM path requires the vLLM-owned kv_cache")
+        tables = self._page_tables(page_tables_per_layer, page_table)
+        call = dict(
+            read_from_device=read_from_device,
+            reset_batch=reset_batch,
+            per_layer=page_tables_per_layer is not None,
+            sampled=sampling_params is not None,
+            swallowed=sorted(_),
+        )
+        if sampling_params is None:
+            record("decode_forward", **call)
+            self._require_host_sampling_compat()
+            return self.core.decode_forward(
+                tokens, start_pos, tables[0], kv_cache,
+                enable_trace=False, read_from_device=read_from_device,
+                page_tables_per_layer=tables,
+            )  # fmt: skip
+        if not enable_trace:
+            raise ValueError("Gemma 4 31B on-device serving sampling requires decode tracing")
+        _gemma4_require_semantic_greedy(sampling_params)
+        positions = torch.as_tensor(start_pos).reshape(-1).to(torch.int32)
+        active = positions >= 0
+        active_batch_size = int(active.sum().item())
+        if active_batch_size < 1:
+            return torch.empty((0, 1), dtype=torch.int32)
+        if not bool(active[:active_batch_size].all()) or bool(active[active_batch_size:].any()):
+            raise ValueError(
+                "Gemma 4 31B dynamic decode requires active requests in a contiguous prefix"
+            )
+        # The trace is prepared from the host's tokens and positions on a reset, a new KV
+        # cache or another active batch; otherwise the device's own token and position
+        # feed the next step (the host's may be a step stale) and only the page tables
+        # are refreshed.
+        key = (tuple(id(layer[0]) for layer in kv_cache), ("greedy", active_batch_size))
+        prepare = bool(reset_batch) or self._decode_key != key
+        record("decode_forward", **call, prepared=prepare)
+        out = self.core.decode_forward(
+            tokens, start_pos, tables[0], kv_cache,
+            enable_trace=True, read_from_device=True, sampling_params=sampling_params,
+            reload_inputs=prepare, reload_page_table=not prepare,
+            reload_sampling_params=prepare, reset_sampling_state=prepare,
+            page_tables_per_layer=tables,
+        )  # fmt: skip
+        self._decode_key = key
+        sampled = out[0] if isinstance(out, tuple) else out
+        return sampled.reshape(-1)[:active_batch_size].to(torch.int32).reshape(-1, 1)
+
+    def read_decode_output(self, tt_out: Any, async_read: bool = False):
+        if isinstance(tt_out, torch.Tensor):  # the device path's tokens, already on the host
+            return (tt_out, []) if async_read else tt_out
+        return self.core.read_decode_output(tt_out, async_read=async_read)
+
+    def process_decode_output_host(self, tt_out: Any, *, is_tokens: bool = True):
+        record("process_decode_output_host", is_tokens=is_tokens)
+        if isinstance(tt_out, torch.Tensor) and is_tokens:
+            return tt_out.reshape(-1).to(torch.int32).reshape(-1, 1)
+        return self.core.process_decode_output_host(tt_out, is_tokens=is_tokens)
+
+    def warmup_model_prefill(self, *args: Any, **kwargs: Any) -> None:
+        del args, kwargs
+        self.reset_warmup_state()
+
+    def warmup_model_decode(self, *args: Any, **kwargs: Any) -> None:
+        del args, kwargs
+        self.reset_warmup_state()
+
+    def reset_warmup_state(self) -> None:
+        record("reset_warmup_state")

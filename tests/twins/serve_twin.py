@@ -24,6 +24,9 @@ def main(spec_path: str) -> int:
         EXTRA_MODELS_DIR=spec["models_dir"],
         TT_VLLM_BUILTIN_MODELS="0",
     )
+    os.environ.update(spec.get("env", {}))  # what a twin's class reads, as its bundle asks
+    if "python_path" in spec:  # a twin as an environment class (a TT-Metal checkout's)
+        sys.path.insert(0, spec["python_path"])
     from vllm import LLM, SamplingParams
 
     result: dict = {}
@@ -51,7 +54,7 @@ def main(spec_path: str) -> int:
         outputs = llm.generate(requests, greedy)
         result["prompt_ids"] = [list(o.prompt_token_ids) for o in outputs]
         result["greedy"] = [list(o.outputs[0].token_ids) for o in outputs]
-        return _report(result)
+        return _report(result, spec.get("record_module"))
     prompts = [{"prompt_token_ids": ids} for ids in spec["prompts"]]
     result["greedy"] = [o.outputs[0].token_ids for o in llm.generate(prompts, greedy)]
     # A top-k within the class's max_device_top_k keeps the seeded row on the device.
@@ -66,12 +69,16 @@ def main(spec_path: str) -> int:
     result["greedy_again"] = [o.outputs[0].token_ids for o in mixed[1:]]
     if spec.get("shutdown"):  # the worker's shutdown, as a server's stop runs it
         llm.llm_engine.engine_core.shutdown()
-    return _report(result)
+    return _report(result, spec.get("record_module"))
 
 
-def _report(result: dict) -> int:
-    adapter = next(
-        m for n, m in sys.modules.items() if n.startswith("_ttb_") and n.endswith(".adapter")
+def _report(result: dict, record_module: str | None = None) -> int:
+    adapter = (
+        sys.modules[record_module]
+        if record_module
+        else next(
+            m for n, m in sys.modules.items() if n.startswith("_ttb_") and n.endswith(".adapter")
+        )
     )
     result["calls"] = adapter.RECORD
     print(json.dumps(result, default=str))

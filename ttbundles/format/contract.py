@@ -86,6 +86,15 @@ DEVICE_PENALTIES_KEY = "supports_device_penalties"
 reference plugin's default, kept for classes that predate the key: vllm-tt-plugin
 `docs/MODEL_CAPABILITIES.md`); the worker also needs decode to take that history."""
 DEVICE_PENALTIES_DEFAULT = True
+DEVICE_SAMPLING_PENALTIES_KEY = "supports_device_sampling_penalties"
+"""The autoports' spelling of `supports_device_penalties` (the Gemma 4 31B autoport's):
+read where that key is absent, with the same meaning."""
+SAMPLE_POLICY_KEY = "sample_on_device_policy"
+"""A `model_capabilities` key (and class attribute) of the autoports: "greedy_only" means
+the device sampler draws greedy tokens only (a sampled request raises inside prefill and
+decode), so a stochastic request samples on the host. No other value is used by a class
+read (`format.contract_keys.SOURCES`)."""
+GREEDY_ONLY_POLICY = "greedy_only"
 MAX_DEVICE_TOP_K_KEY = "max_device_top_k"
 """The largest top-k the device sampler draws from (TT's sampler keeps a fixed top-32
 candidate set; `format_sampling_params` clamps above it). A row with temperature > 0 and

@@ -39,6 +39,11 @@ SOURCES: tuple[tuple[str, str, str], ...] = (
         "KolibriForCausalLM, the Kolibri 1 autoport",
     ),
     (
+        "tenstorrent/tt-metal @e07e4017",
+        "models/autoports/google_gemma_4_31b/tt/generator_vllm.py",
+        "Gemma4ForCausalLM, the Gemma 4 31B autoport",
+    ),
+    (
         "tenstorrent/tt-metal, the 2026 version with `_DPLlama3Generator`",
         "models/common/models/llama3_8b/generator.py",
         "Llama3Generator, the Llama 3 executor's adapter",
@@ -134,6 +139,12 @@ def _rows() -> tuple[ContractKey, ...]:
         "plugin does, so that the second pass captures",
     )
     add(
+        c.SAMPLE_POLICY_KEY,
+        "class attribute",
+        "driven",
+        f"read as the capability {c.SAMPLE_POLICY_KEY} where model_capabilities lacks it",
+    )
+    add(
         "_HYBRID_KV_CACHE_GROUPS_ENABLED",
         "class attribute",
         "irrelevant",
@@ -159,6 +170,13 @@ def _rows() -> tuple[ContractKey, ...]:
         "irrelevant",
         "not called: the classes capture their decode trace on the first decode (Kolibri's "
         "and the executor's warm-up only prepare what the first call prepares too)",
+    )
+    add(
+        "reset_warmup_state",
+        "method",
+        "irrelevant",
+        "the class's own, called by its warm-up methods (releasing its decode traces); "
+        "the worker never calls it",
     )
     add(
         RELEASE_CAPTURE,
@@ -228,6 +246,19 @@ def _rows() -> tuple[ContractKey, ...]:
         "capability",
         "driven",
         "penalties on the device (default True, as the reference plugin)",
+    )
+    add(
+        c.DEVICE_SAMPLING_PENALTIES_KEY,
+        "capability",
+        "driven",
+        f"the autoports' spelling of {c.DEVICE_PENALTIES_KEY}, read where that is absent",
+    )
+    add(
+        c.SAMPLE_POLICY_KEY,
+        "capability",
+        "driven",
+        f"{c.GREEDY_ONLY_POLICY!r}: only greedy rows sample on the device; a batch with a "
+        "sampled request samples on the host (no other value is used by a class read)",
     )
     add(c.MAX_DEVICE_TOP_K_KEY, "capability", "driven", "the largest top-k sampled on the device")
     add(
@@ -421,6 +452,11 @@ def _rows() -> tuple[ContractKey, ...]:
         (
             "defer_device_sampling",
             "never sent (default False): the worker reads every device-sampled token",
+        ),
+        (
+            "perform_device_sampling",
+            "never sent: the classes taking it (the Gemma 4 31B autoport) decide device "
+            "sampling from sampling_params, and ignore it",
         ),
         (
             "skip_trace_precompile",

@@ -109,6 +109,10 @@ class TTModelRunner:
         self.capabilities: dict[str, Any] = dict(
             getattr(generator_cls, contract.CAPABILITIES_ATTRIBUTE, None) or {}
         )
+        # The autoports state their sampling policy as a class attribute too.
+        policy = getattr(generator_cls, contract.SAMPLE_POLICY_KEY, None)
+        if policy is not None:
+            self.capabilities.setdefault(contract.SAMPLE_POLICY_KEY, policy)
         trace_mode = self.options.trace_mode or "all"
         self.prefill_trace = trace_mode == "all"
         self.decode_trace = trace_mode in ("all", "decode_only")

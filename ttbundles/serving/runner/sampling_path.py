@@ -4,6 +4,7 @@ On-device sampling covers temperature, top-k, top-p and seeds, with top-k bounde
 generator declares `max_device_top_k` (a stochastic row with no top-k cut or a larger one
 samples on the host, as the reference plugin decides); penalties too unless the generator
 declares `supports_device_penalties: False` (and where it takes the prompt/output history),
+and only greedy rows where it declares `sample_on_device_policy: "greedy_only"`,
 and log-probabilities where it declares `max_device_logprobs` and the sampled token is sure
 to be among the top ones it returns (greedy, or top_k no larger); structured output in
 decode where it declares `supports_device_grammar` and its decode takes the bitmask (a
@@ -24,8 +25,11 @@ from ttbundles.format.contract import (
     DEVICE_GRAMMAR_KEY,
     DEVICE_PENALTIES_DEFAULT,
     DEVICE_PENALTIES_KEY,
+    DEVICE_SAMPLING_PENALTIES_KEY,
+    GREEDY_ONLY_POLICY,
     MAX_DEVICE_LOGPROBS_KEY,
     MAX_DEVICE_TOP_K_KEY,
+    SAMPLE_POLICY_KEY,
     SamplingParams,
 )
 
@@ -38,6 +42,7 @@ class DeviceSupport:
     top_logprobs: int = 0  # how many top log-probs the device returns per row
     top_k: int | None = None  # max_device_top_k: the largest stochastic top-k; None: any
     grammar: bool = False  # decode applies the structured-output bitmask
+    greedy_only: bool = False  # sample_on_device_policy "greedy_only": no stochastic rows
 
 
 def device_support(
@@ -59,12 +64,16 @@ def device_support(
     trace warm-up: that route is not driven here, so such a class's structured batches
     sample on the host rather than receive the bitmask where it may not apply."""
     top_k = capabilities.get(MAX_DEVICE_TOP_K_KEY)
-    penalties = capabilities.get(DEVICE_PENALTIES_KEY, DEVICE_PENALTIES_DEFAULT)
+    penalties = capabilities.get(
+        DEVICE_PENALTIES_KEY,
+        capabilities.get(DEVICE_SAMPLING_PENALTIES_KEY, DEVICE_PENALTIES_DEFAULT),
+    )
     return DeviceSupport(
         penalties=bool(penalties) and takes_history,
         top_logprobs=int(capabilities.get(MAX_DEVICE_LOGPROBS_KEY) or 0),
         top_k=None if top_k is None else int(top_k),
         grammar=bool(capabilities.get(DEVICE_GRAMMAR_KEY)) and takes_bitmask and not split_sampling,
+        greedy_only=capabilities.get(SAMPLE_POLICY_KEY) == GREEDY_ONLY_POLICY,
     )
 
 
@@ -87,7 +96,13 @@ def describe_paths(support: DeviceSupport, mode: str | None, always_host: bool =
         if top
         else "logprobs: on the host (the class returns no device log-probs)"
     )
-    return f"{grammar}; {logprobs}"
+    greedy_only = (
+        "the device samples greedy rows only (sample_on_device_policy greedy_only): a "
+        "sampled request takes its batch to the host; "
+        if support.greedy_only
+        else ""
+    )
+    return f"{greedy_only}{grammar}; {logprobs}"
 
 
 def has_penalties(params: Any) -> bool:
@@ -106,6 +121,8 @@ def host_reason(
     if params is None:
         return None
     greedy = params.temperature < 1e-5 or params.top_k == 1
+    if support.greedy_only and not greedy:
+        return "greedy_only"
     bound = support.top_k
     if bound is not None and not greedy and not 0 < params.top_k <= bound:
         return "top_k"
