@@ -36,7 +36,8 @@ def init(
         bool,
         typer.Option(
             "--reference",
-            help="Start from the torch reference generator (Llama, Mistral, Qwen2, Qwen3): "
+            help="Start from the torch reference generator (Llama, Mistral, Qwen2, Qwen3, Gemma 3, "
+            "Gemma 4 and Qwen3.5 text, their sequence classifiers, Qwen2.5-VL / Qwen3-VL): "
             "the bundle serves on a CPU (MESH_DEVICE=HOST) at once, and you replace its "
             "methods with TT-NN code one by one. Without it: the TT-NN template, whose "
             "methods raise until written.",

@@ -412,8 +412,9 @@ WHAT_TO_DO: dict[str, str] = {
     "TTB200": "Install or enable a bundle for the checkpoint's architecture (`ttbundle "
     "list` shows what is servable here and why not the rest), or check the checkpoint's "
     "config.json architectures. For one the torch reference reads (Llama, Mistral, Qwen2, "
-    "Qwen3, Gemma 3, and their sequence classifiers), `ttbundle init models/NAME "
-    "--reference --from-hf CKPT` writes a bundle that serves on the host mesh at once "
+    "Qwen3, Gemma 3, Gemma 4 and Qwen3.5 text, their sequence classifiers), `ttbundle "
+    "init models/NAME --reference --from-hf CKPT` writes a bundle that serves on the host "
+    "mesh at once "
     "(EXTRA_MODELS_DIR=models); an encoder (BERT, XLM-RoBERTa) needs a bundle of the "
     "pooling form `forward` over your own generator (docs/operators/pooling.md). See "
     "docs/operators/installing.md.",

@@ -38,7 +38,8 @@ GEMMA4_ARCHITECTURES: tuple[str, ...] = ("Gemma4ForCausalLM", "Gemma4ForConditio
 # the families it does cover.
 _ENCODER = (
     "an encoder (bidirectional attention, learned absolute positions, LayerNorm, token "
-    "types): the reference implements decoders (Llama, Mistral, Qwen2, Qwen3, Gemma 3); "
+    "types): the reference implements decoders (Llama, Mistral, Qwen2, Qwen3, Gemma 3, "
+    "Gemma 4, Qwen3.5); "
     "serve an encoder's embeddings or scores with a bundle of the pooling form 'forward' "
     "over your own generator, or a decoder embedding model (Qwen3-Embedding's shape)"
 )
