@@ -430,6 +430,13 @@ def test_plan_of_a_vllm_owned_state_serves_mamba_groups_on_the_hybrid_manager(
             id="prefix-caching-without-snapshots",
         ),
         pytest.param(
+            {**STATE, "execution": "single"},
+            ["--data-parallel-size", "2"],
+            "in-process data-parallel lanes (a lane's rows in the class's state slots are "
+            "not driven or tested yet",
+            id="lanes",
+        ),
+        pytest.param(
             {**STATE, "spec_decode": ["ngram"], "spec_plan": True},
             ["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 2, '
              '"prompt_lookup_max": 3}'],

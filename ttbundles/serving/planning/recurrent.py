@@ -318,10 +318,11 @@ def _refuse_what_a_slot_cannot_follow(vllm_config: VllmConfig, plan: Plan, summa
                 "bundle, or serve with --no-enable-prefix-caching",
             ),
             (
-                "prefix caching over in-process data-parallel lanes (their coordinator "
-                "does not carry snapshots yet)",
-                bool(vllm_config.cache_config.enable_prefix_caching) and plan.lanes > 1,
-                "serve with --no-enable-prefix-caching, or without lanes",
+                "in-process data-parallel lanes (a lane's rows in the class's state slots "
+                "are not driven or tested yet; one engine per submesh is)",
+                plan.lanes > 1,
+                "serve without lanes: a bundle of execution 'submesh' runs an engine per "
+                "submesh with --data-parallel-size",
             ),
         )
         if on
