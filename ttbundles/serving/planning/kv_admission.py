@@ -128,9 +128,12 @@ def plan_kv_groups(vllm_config: VllmConfig, plan: Plan, declared: bool) -> None:
         requested,
         "hybrid groups",
         f"{kinds}, blocks of {block} tokens; the bundle declares kv_cache_spec: vLLM's "
-        "hybrid KV-cache manager gives a sliding-window layer its window and the tokens in "
-        "flight"
-        + (f"; {sizes.describe()}" if sizes else "")
+        "hybrid KV-cache manager keeps each group's blocks"
+        + (
+            " (a sliding-window layer its window and the tokens in flight); " + sizes.describe()
+            if sizes
+            else ""
+        )
         + " (the groups and capacity are in the start-up log's KV cache line)",
     )
 
