@@ -5,6 +5,9 @@ looped as the engine core loops them. A failure here points at a step, not a ser
 
 from __future__ import annotations
 
+import inspect
+from concurrent.futures import Future
+
 import pytest
 import torch  # required: a missing or broken torch fails, never skips
 import vllm  # noqa: F401 - required: a missing or broken vllm fails
@@ -21,7 +24,8 @@ from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
 
 from ttbundles.format.contract import HostMesh
-from ttbundles.reference.generator import ReferenceLlamaGenerator
+from ttbundles.reference.generator import ReferenceLlamaGenerator, ReferenceLlamaGeneratorLegacy
+from ttbundles.reference.readback import DeviceOutput
 from ttbundles.serving.lanes import TTLaneCoordinator
 from ttbundles.serving.planning.plan import PLAN_KEY, served_plan
 from ttbundles.serving.runner import TTModelRunner
@@ -74,6 +78,7 @@ def build(
     tt: dict | None = None,
     lanes: int = 1,
     num_blocks: int = NUM_BLOCKS,
+    generator: type = None,
     **engine_args,
 ):
     """`lanes`: the plan a single-execute bundle gets from `--data-parallel-size lanes`
@@ -109,7 +114,9 @@ def build(
         structured_output_manager=StructuredOutputManager(config),
         block_size=BLOCK,
     )
-    runner = TTModelRunner(config, Recording, HostMesh(), served_plan(config))  # as the worker
+    runner = TTModelRunner(  # as the worker
+        config, generator or Recording, HostMesh(), served_plan(config)
+    )
     runner.load_model()
     runner.generator.decodes = []
     runner.generator.prefills = []
@@ -689,3 +696,66 @@ def test_device_logprobs_are_the_host_samplers_within_float32(demo_checkpoint):
         assert torch.allclose(
             torch.tensor(device_values), torch.tensor(host_values), rtol=0, atol=1e-5
         ), (device_values, host_values)
+
+
+def _first_rows(out, rows: int):
+    """A decode's output cut to its first `rows` rows, on the host or still queued."""
+    if isinstance(out, DeviceOutput):
+        short: Future = Future()
+
+        def cut(done: Future) -> None:
+            primary, logprobs = done.result()
+            short.set_result((primary[:rows], logprobs))
+
+        out._future.add_done_callback(cut)
+        return DeviceOutput(short, out.is_tokens)
+    if isinstance(out, tuple):
+        return (out[0][:rows], *out[1:])
+    return out[:rows]
+
+
+class PrefixOnly(ReferenceLlamaGeneratorLegacy):
+    """A legacy-form class written as TT-Metal's traced ones are (the Gemma 4 31B
+    autoport's decode): its active rows must be a contiguous prefix, as the reference
+    plugin's condensed batch gives them, and only those rows come back."""
+
+    def decode_forward(self, **kwargs):
+        start = kwargs["start_pos"]
+        active = start >= 0
+        live = int(active.sum())
+        if not bool(active[:live].all()):
+            raise ValueError(f"active requests must be a contiguous prefix: {start.tolist()}")
+        self.decodes.append({"live": live, "reset": kwargs["reset_batch"]})
+        taken = inspect.signature(super().decode_forward).parameters
+        out = super().decode_forward(**{k: v for k, v in kwargs.items() if k in taken})
+        return _first_rows(out, live)
+
+
+@pytest.mark.parametrize("async_decode", [False, True])
+def test_a_legacy_class_gets_its_active_rows_first_when_a_middle_request_ends(
+    demo_checkpoint, greedy, async_decode
+):
+    """The first request (slot 0) ends while the later ones (slots 1 and 2) go on: the
+    class sees them as rows 0 and 1 (told by reset_batch), returns those two rows, and
+    every request gets transformers' tokens."""
+    scheduler, runner = build(demo_checkpoint, async_decode=async_decode, generator=PrefixOnly)
+    before = STATS.snapshot().get("decode.compacted", 0)
+    out = run(
+        scheduler,
+        runner,
+        {
+            0: [request("a", PROMPT_A, 2, temperature=0.0)],
+            1: [request("b", PROMPT_B, 9, temperature=0.0)],
+            2: [request("c", PROMPT_A[::-1], 7, temperature=0.0)],
+            6: [request("d", PROMPT_B[::-1], 4, temperature=0.0)],
+        },
+    )
+    assert out == {
+        "a": greedy(PROMPT_A, 2),
+        "b": greedy(PROMPT_B, 9),
+        "c": greedy(PROMPT_A[::-1], 7),
+        "d": greedy(PROMPT_B[::-1], 4),
+    }
+    assert STATS.snapshot().get("decode.compacted", 0) > before  # a hole was compacted
+    decodes = runner.generator.decodes
+    assert {d["live"] for d in decodes} >= {2, 3}

@@ -31,6 +31,7 @@ from ttbundles.serving.binding import GeneratorContractError, split_output
 from ttbundles.serving.planning.plan import Plan, effective_options
 from ttbundles.serving.recurrent_prefix import SNAPSHOT_FREE, SNAPSHOT_RESTORE, SNAPSHOT_SAVED
 from ttbundles.serving.runner.commands import DecodeCommands
+from ttbundles.serving.runner.compact_rows import RowOrder, row_order
 from ttbundles.serving.runner.contract_binding import (
     GeneratorMethods,
     bind_class,
@@ -172,6 +173,9 @@ class TTModelRunner:
         self._inflight: list[TTAsyncOutput] = []
         self._async_req_ids: list[str] | None = None
         self._async_layout: Layout | None = None  # the layout of those rows
+        # The compacted row order of the last decode's layout (legacy-form classes).
+        self._order_layout: Layout | None = None
+        self._order: RowOrder | None = None
         # The slot layout and page table of the last device-sampling decode: a decode
         # with the same layout right after it is "steady" (nothing to reload).
         self._device_layout: tuple[str | None, ...] | None = None
@@ -629,6 +633,15 @@ class TTModelRunner:
                 values.update(self.history.tensors(layout))
         if self.version < contract.CONTRACT_V1 and device:
             values["reset_batch"] = commands.transition
+        if self.version < contract.CONTRACT_V1:
+            # A legacy-form class takes its active rows first, as the reference plugin's
+            # condensed batch gives them (`compact_rows`).
+            if self._order_layout is not layout:
+                self._order_layout, self._order = layout, row_order(slots, layout.idle)
+            if self._order is not None:
+                values = self._order.gather(values)
+                step.rows, step.order = self._order.ranks, self._order
+                STATS.count("decode.compacted")
         commands.count()
         if defer:
             step.submit = lambda bitmask: self._submit_decode(
@@ -655,6 +668,10 @@ class TTModelRunner:
         capacity = self.max_num_reqs
         read = self.methods.read
         if bitmask is not None:
+            if step.order is not None:
+                bitmask = step.order.gather({contract.GRAMMAR_BITMASK_KEYWORD: bitmask})[
+                    contract.GRAMMAR_BITMASK_KEYWORD
+                ]
             values[contract.GRAMMAR_BITMASK_KEYWORD] = bitmask
             STATS.count("sampling.device.grammar")
         out = self.methods.decode(**values)

@@ -55,9 +55,10 @@ class StepOutputs:
             return self.from_block(step, tokens)
         n = len(step.req_ids)
         flat = tokens.reshape(-1)
-        if step.rows is not None and flat.numel() == self.capacity and step.readback:
-            # An asynchronous decode read back every slot: each row's slot, in row order.
-            flat = flat[:n] if step.layout.in_order else flat[step.rows]
+        if step.rows is not None and step.readback:
+            # An asynchronous decode read back by slot (every slot, or the first ones a
+            # class returns for its active rows): each row's slot, in row order.
+            flat = flat[:n] if step.layout.in_order and step.order is None else flat[step.rows]
         flat = flat[:n].long()
         values = flat.tolist()
         sampled = flat.reshape(n, 1).tolist()

@@ -41,6 +41,7 @@ class StepState:
     logprobs: Any = None  # the device's log-probs for those rows (see _device_logprobs)
     readback: tuple[Any, list[Any]] | None = None  # device path, asynchronous readback
     rows: torch.Tensor | None = None  # decode: each request's slot in the device output
+    order: Any = None  # decode: the compacted row order sent (`compact_rows.RowOrder`)
     verify: Any = None  # a verify step's inputs (`runner.speculation.Verify`)
     verify_out: Any = None  # and the generator's VerifyOutput
     # Prompt logprobs of the prompts this step completed, by request (`LogprobsTensors`).
