@@ -10,6 +10,8 @@ each twin's bundle as `adapter.py`: it imports nothing but ttbundles and torch.
 
 from __future__ import annotations
 
+import json
+import os
 from typing import Any
 
 import torch
@@ -23,6 +25,12 @@ DEFAULT_SEQ_LEN = 2048  # what the twins use where the family's init takes no ma
 
 def record(method: str, **values: Any) -> None:
     RECORD.append((method, values))
+    # Served by `vllm serve` (tests/twins/http_twin.py), the calls happen in the engine
+    # core's process: each is appended to the file the test reads once the server stops.
+    sink = os.environ.get("TWIN_RECORD_FILE")
+    if sink:
+        with open(sink, "a", encoding="utf-8") as out:
+            out.write(json.dumps([method, values], default=str) + "\n")
 
 
 def _load(legacy: bool, hf_config, mesh_device, max_batch_size, max_seq_len):
