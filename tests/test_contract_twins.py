@@ -1,10 +1,10 @@
 """Every TT-Metal generator family the built-ins name, served through the real worker.
 
 Each contract twin (`tests/twins/families.py`) has its family's signatures and return
-forms and computes with the reference generator; it is served by vLLM's own engine (in a
-process of its own, `tests/twins/serve_twin.py`) on the host mesh; the newest classes
-(Kolibri 1, the Llama 3 executor, the Gemma 4 31B autoport) by plain `vllm serve`, asked
-through the openai client (`tests/twins/http_twin.py`). A twin's outputs must
+forms and computes with the reference generator; it is served on the host mesh by plain
+`vllm serve` (forked from the session's zygote where it can be) and asked through the
+openai client (`tests/twins/http_twin.py`); the vision twin, whose prompts carry images,
+by vLLM's own engine in a process of its own (`tests/twins/serve_twin.py`). A twin's outputs must
 equal transformers' greedy continuation, seeded sampling must not depend on the batch,
 and its record of calls shows what the worker sent: the keywords its signature accepts,
 the decode form it declares. A family that cannot be served yet is refused at load with
@@ -80,8 +80,6 @@ TWINS: dict[str, tuple[dict, dict, dict]] = {
         {"enable_chunked_prefill": True, "max_num_batched_tokens": 8},
     ),
 }
-# The newest classes are served as operators serve them: `vllm serve`, the openai client.
-PLAIN_SERVE = {"KolibriForCausalLM", "ExecutorLlama3Generator", "Gemma4AutoportForCausalLM"}
 SPEC_EXTRAS: dict[str, dict] = {
     # Every row samples on the device (top-k within its max_device_top_k of 32): the class
     # raises on host sampling unless KOLIBRI_VLLM_HOST_COMPAT=1. And the engine is shut
@@ -129,10 +127,10 @@ def serve_twin(
 
 
 def run_spec(tmp_path: Path, spec: dict, name: str) -> dict:
-    """`serve_twin.py` on `spec`: its one JSON line of outputs and calls (or load error);
-    for the classes TT-Metal ships newest (PLAIN_SERVE), plain `vllm serve` asked over
-    HTTP instead (`http_twin.py`), with the same result."""
-    if name in PLAIN_SERVE:
+    """`spec` served: its outputs and the twin's calls (or the load error). By `vllm
+    serve` (`http_twin.py`); a spec with image prompts by `serve_twin.py` (its one JSON
+    line, the same result)."""
+    if "image_prompts" not in spec:
         return serve_over_http(spec, tmp_path)
     spec_file = tmp_path / "spec.json"
     spec_file.write_text(json.dumps(spec))

@@ -38,7 +38,11 @@ READY_TIMEOUT = 300.0
 # What vLLM reads while it is imported (the platform it resolves, the plugins it loads
 # for that): a server whose environment differs from the zygote's there is started as a
 # real process. The zygote imports on the host mesh.
-IMPORT_TIME_ENV = ("MESH_DEVICE", "VLLM_PLUGINS", "VLLM_TARGET_DEVICE", "VLLM_USE_V1")
+# PYTHONPATH too: a child keeps the zygote's sys.path (a class importable only from a
+# folder of its own, a TT-Metal checkout, needs a process of its own).
+IMPORT_TIME_ENV = (
+    "MESH_DEVICE", "VLLM_PLUGINS", "VLLM_TARGET_DEVICE", "VLLM_USE_V1", "PYTHONPATH",
+)  # fmt: skip
 MESH = "HOST"
 # TTBUNDLES_NO_ZYGOTE=1: every server a real process, as before the zygote.
 DISABLED = os.environ.get("TTBUNDLES_NO_ZYGOTE") == "1"

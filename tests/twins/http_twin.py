@@ -3,7 +3,8 @@
 The same spec and the same result as `serve_twin.py` (which drives vLLM's engine in its
 own process): greedy tokens of every prompt in one batch, a seeded request alone and
 beside greedy ones, and the twin's record of calls. Here the server is the one operators
-run (its API server, its engine core in a process of its own), so the record comes from
+run (its API server, its engine core in a process of its own; forked from the test
+session's zygote where it can be, `tests/zygote.py`), so the record comes from
 the file the twin appends each call to (`TWIN_RECORD_FILE`), read once the server has
 stopped: a stop is a real SIGTERM, so the worker's shutdown hooks are what a stopped
 server runs.
@@ -17,7 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from ttbundles.demo.server import serve_environment, start_server
+from tests.zygote import start_server
+from ttbundles.demo.server import serve_environment
 
 
 def cli_options(engine: dict[str, Any]) -> list[str]:

@@ -1,7 +1,8 @@
-"""Serve one contract twin with vLLM's own engine, in this process, and report.
+"""Serve the vision contract twin with vLLM's own engine, in this process, and report.
 
-Run as a script by tests/test_contract_twins.py (a process per twin: each registers its
-own bundle, as a server would): `python serve_twin.py SPEC.json`. vLLM's `LLM` with
+Run as a script by tests/test_contract_twins.py for a spec whose prompts carry images
+(the text twins are served by `vllm serve`, `http_twin.py`): `python serve_twin.py
+SPEC.json`. vLLM's `LLM` with
 `VLLM_ENABLE_V1_MULTIPROCESSING=0` keeps the engine core in this process, so the twin's
 `RECORD` of calls is readable here; the platform, scheduler, worker and model runner are
 the real ones. Prints one JSON line: the outputs and the calls, or the load error.
@@ -24,9 +25,6 @@ def main(spec_path: str) -> int:
         EXTRA_MODELS_DIR=spec["models_dir"],
         TT_VLLM_BUILTIN_MODELS="0",
     )
-    os.environ.update(spec.get("env", {}))  # what a twin's class reads, as its bundle asks
-    if "python_path" in spec:  # a twin as an environment class (a TT-Metal checkout's)
-        sys.path.insert(0, spec["python_path"])
     from vllm import LLM, SamplingParams
 
     result: dict = {}
@@ -37,38 +35,23 @@ def main(spec_path: str) -> int:
         print(json.dumps(result))
         return 0
     greedy = SamplingParams(max_tokens=spec["max_tokens"], temperature=0.0, ignore_eos=True)
-    if "image_prompts" in spec:  # a vision twin: text with image files, through vLLM's processor
-        from PIL import Image
+    # Text with image files, through vLLM's processor.
+    from PIL import Image
 
-        requests = [
-            {
-                "prompt": p["prompt"],
-                **(
-                    {"multi_modal_data": {"image": [Image.open(f) for f in p["images"]]}}
-                    if p["images"]
-                    else {}
-                ),
-            }
-            for p in spec["image_prompts"]
-        ]
-        outputs = llm.generate(requests, greedy)
-        result["prompt_ids"] = [list(o.prompt_token_ids) for o in outputs]
-        result["greedy"] = [list(o.outputs[0].token_ids) for o in outputs]
-        return _report(result, spec.get("record_module"))
-    prompts = [{"prompt_token_ids": ids} for ids in spec["prompts"]]
-    result["greedy"] = [o.outputs[0].token_ids for o in llm.generate(prompts, greedy)]
-    # A top-k within the class's max_device_top_k keeps the seeded row on the device.
-    cut = {"top_k": spec["seeded_top_k"]} if "seeded_top_k" in spec else {}
-    seeded = SamplingParams(
-        max_tokens=spec["max_tokens"], temperature=0.9, seed=3, ignore_eos=True, **cut
-    )
-    alone = llm.generate(prompts[:1], seeded)[0].outputs[0].token_ids
-    mixed = llm.generate(prompts[:1] + prompts[1:], [seeded] + [greedy] * (len(prompts) - 1))
-    result["seeded_alone"] = alone
-    result["seeded_in_batch"] = mixed[0].outputs[0].token_ids
-    result["greedy_again"] = [o.outputs[0].token_ids for o in mixed[1:]]
-    if spec.get("shutdown"):  # the worker's shutdown, as a server's stop runs it
-        llm.llm_engine.engine_core.shutdown()
+    requests = [
+        {
+            "prompt": p["prompt"],
+            **(
+                {"multi_modal_data": {"image": [Image.open(f) for f in p["images"]]}}
+                if p["images"]
+                else {}
+            ),
+        }
+        for p in spec["image_prompts"]
+    ]
+    outputs = llm.generate(requests, greedy)
+    result["prompt_ids"] = [list(o.prompt_token_ids) for o in outputs]
+    result["greedy"] = [list(o.outputs[0].token_ids) for o in outputs]
     return _report(result, spec.get("record_module"))
 
 
