@@ -56,9 +56,10 @@ def qwen(tmp_path_factory):
     return folder, greedy
 
 
-def build(checkpoint, *, blocks: int = 64, max_num_seqs: int = 4):
+def build(checkpoint, *, blocks: int = 64, max_num_seqs: int = 4, prompt_logprobs: bool = False):
     """The scheduler and runner as the engine core builds them, through the runner's own
-    interface (its specs, vLLM's groups, `initialize_kv_cache`)."""
+    interface (its specs, vLLM's groups, `initialize_kv_cache`); `prompt_logprobs`: the
+    plan's decision for a bundle declaring them."""
     config = vllm_config(
         checkpoint,
         max_num_seqs=max_num_seqs,
@@ -66,7 +67,12 @@ def build(checkpoint, *, blocks: int = 64, max_num_seqs: int = 4):
         max_model_len=128,
         block_size=BLOCK,
     )
-    runner = TTModelRunner(config, Releases, HostMesh())
+    plan = None
+    if prompt_logprobs:
+        bundle = BundleRef("gdn", "1.0.0", "built-in", "", "adapter:Releases")
+        plan = Plan(tt_arch="TTQwen3_5ForCausalLM", bundle=bundle, mesh="HOST", options={})
+        plan.prompt_logprobs = True
+    runner = TTModelRunner(config, Releases, HostMesh(), plan=plan)
     runner.load_model()
     specs = runner.get_kv_cache_spec()
     resolve_kv_cache_layout(config, [["LBHNC"]], specs.values())
@@ -183,7 +189,9 @@ class VllmOwned(ReferenceQwen3_5VllmStateGenerator):
         super().release_request(slot)
 
 
-def build_vllm_owned(checkpoint, *, blocks: int = 64, max_num_seqs: int = 4):
+def build_vllm_owned(
+    checkpoint, *, blocks: int = 64, max_num_seqs: int = 4, prompt_logprobs: bool = False
+):
     """As `build`, with the plan the platform makes for owner 'vllm': the hybrid manager
     on, vLLM's "none" mode, the attention block grown to hold a Mamba page."""
     config = vllm_config(
@@ -200,6 +208,7 @@ def build_vllm_owned(checkpoint, *, blocks: int = 64, max_num_seqs: int = 4):
     block, page, state_page = align_state_pages(config, plan, kinds)
     plan.recurrent_owner = "vllm"
     plan.kv_groups = True
+    plan.prompt_logprobs = prompt_logprobs
     runner = TTModelRunner(config, VllmOwned, HostMesh(), plan=plan)
     runner.load_model()
     specs = runner.get_kv_cache_spec()
