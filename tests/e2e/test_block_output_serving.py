@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.conftest import Reference
-from tests.e2e.test_first_bundle import shell_environment, typed, typed_server
+from tests.e2e.test_first_bundle import forked_server, shell_environment, typed
 
 pytestmark = pytest.mark.server
 
@@ -42,7 +42,7 @@ def test_block_output_serves_transformers_tokens_and_stops_exactly(tmp_path):
     env["TT_VLLM_BUILTIN_MODELS"] = "0"  # the twin serves the checkpoint, not the demo
     typed("ttbundle demo --write-checkpoint ckpt", tmp_path, env, timeout=300)
     _bundle(tmp_path / "models")
-    with typed_server(tmp_path, env, "--max-model-len 256 --max-num-seqs 4") as (port, log):
+    with forked_server(tmp_path, env, "--max-model-len 256 --max-num-seqs 4") as (port, log):
         report = log.read_text()
         assert "output_tokens_per_step: None -> 4 (block output" in report, report[-4000:]
         client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -90,6 +91,28 @@ def typed_server(cwd: Path, env: dict[str, str], args: str = "") -> Iterator[tup
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(server.pid, signal.SIGKILL)
             server.wait()
+
+
+@contextlib.contextmanager
+def forked_server(cwd: Path, env: dict[str, str], args: str = "") -> Iterator[tuple[int, Path]]:
+    """`typed_server`'s server (`vllm serve ckpt` of the bundles in `cwd/models`, its log
+    `cwd/serve.log`) forked from the session's zygote (`tests/zygote.py`): the same
+    `main()` with the same arguments and environment, without the two imports of vLLM a
+    typed one pays (its command and its spawned engine core). For the whole-way tests
+    whose point is the bundle's path, not the shell's; `test_first_bundle` types it."""
+    from tests.zygote import start_server
+
+    server = start_server(
+        cwd / "ckpt",
+        vllm_args=["--served-model-name", "ckpt", *shlex.split(args)],
+        env={**env, "EXTRA_MODELS_DIR": str(cwd / "models")},
+        log_path=cwd / "serve.log",
+    )
+    try:
+        server.wait_ready()
+        yield int(server.base_url.rsplit(":", 1)[1]), cwd / "serve.log"
+    finally:
+        server.stop()
 
 
 def completion(port: int, prompt: str) -> tuple[list[int], list[int] | None]:

@@ -17,9 +17,9 @@ from tests.e2e.conftest import Reference
 from tests.e2e.test_first_bundle import (
     MAX_TOKENS,
     completion,
+    forked_server,
     shell_environment,
     typed,
-    typed_server,
 )
 from tests.e2e.test_sliding_window_serving import LONG_PROMPTS
 
@@ -36,7 +36,7 @@ def test_a_gemma4_checkpoint_from_init_to_vllm_serve(tmp_path, gemma4_checkpoint
     (tmp_path / "models").mkdir()
     os.symlink(tmp_path / "my-gemma4", tmp_path / "models" / "my-gemma4")
     reference = Reference(tmp_path / "ckpt")
-    with typed_server(tmp_path, env) as (port, log):
+    with forked_server(tmp_path, env) as (port, log):
         text = log.read_text()
         assert "my-gemma4@0.1.0" in text, "the bundle serves"
         # Two KV groups, each in its layers' own shape: the sliding layers' 2 KV heads

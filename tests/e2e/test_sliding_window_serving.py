@@ -21,9 +21,9 @@ from tests.e2e.conftest import Reference
 from tests.e2e.test_first_bundle import (
     MAX_TOKENS,
     completion,
+    forked_server,
     shell_environment,
     typed,
-    typed_server,
 )
 
 # Several windows of tokens each (the demo tokenizer splits words into a few tokens).
@@ -70,7 +70,7 @@ def served_tokens(
     """Plain `vllm serve` of the installed bundle: each prompt's greedy tokens, twice
     (the second time its full blocks come from the prefix cache), equal transformers';
     Gemma 3's served on hybrid KV groups. Returns the server's log."""
-    with typed_server(tmp_path, env, vllm_args) as (port, log):
+    with forked_server(tmp_path, env, vllm_args) as (port, log):
         text = log.read_text()
         assert f"{bundle}@0.1.0" in text, "the installed bundle serves"
         # Gemma 3's bundle declares its KV groups (init --reference, a hybrid family):
