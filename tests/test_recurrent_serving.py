@@ -188,24 +188,40 @@ class VllmOwned(ReferenceQwen3_5VllmStateGenerator):
         self.released = [*getattr(self, "released", []), slot]
         super().release_request(slot)
 
+    def copy_recurrent_state(self, sources, targets):
+        self.copies = [*getattr(self, "copies", []), *zip(sources, targets)]
+        super().copy_recurrent_state(sources, targets)
+
 
 def build_vllm_owned(
-    checkpoint, *, blocks: int = 64, max_num_seqs: int = 4, prompt_logprobs: bool = False
+    checkpoint,
+    *,
+    blocks: int = 64,
+    max_num_seqs: int = 4,
+    prefix_caching: bool = False,
+    dense: bool = False,
+    prompt_logprobs: bool = False,
 ):
     """As `build`, with the plan the platform makes for owner 'vllm': the hybrid manager
-    on, vLLM's "none" mode, the attention block grown to hold a Mamba page."""
+    on, vLLM's "none" mode (`prefix_caching`: its "align" mode), the attention block
+    grown to hold a Mamba page. `dense`: vLLM keeps the Mamba state of every block
+    boundary cached (`prefix_cache_retention_interval` None), not only the latest.
+    `prompt_logprobs`: the plan's decision for a bundle declaring them."""
     config = vllm_config(
         checkpoint,
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=CHUNK,
         max_model_len=128,
         block_size=BLOCK,
+        prefix_caching=prefix_caching,
     )
     config.scheduler_config.disable_hybrid_kv_cache_manager = False
+    if dense:
+        config.cache_config.prefix_cache_retention_interval = None
     bundle = BundleRef("gdn", "1.0.0", "built-in", "", "adapter:VllmOwned")
     plan = Plan(tt_arch="TTQwen3_5ForCausalLM", bundle=bundle, mesh="HOST", options={})
     kinds = layer_kinds(config.model_config.hf_config)
-    block, page, state_page = align_state_pages(config, plan, kinds)
+    block, page, state_page = align_state_pages(config, plan, kinds, align=prefix_caching)
     plan.recurrent_owner = "vllm"
     plan.kv_groups = True
     plan.prompt_logprobs = prompt_logprobs
@@ -288,3 +304,87 @@ def test_vllm_owned_state_under_kv_pressure_re_prefills_into_a_zeroed_state(qwen
     for name, p in prompts.items():
         assert out[name] == greedy(p, 20), name
     assert len(runner.generator.released) > len(prompts)  # preemptions gave slots back
+
+
+# --- vLLM's "align" mode: the prefix cache over position-indexed Mamba blocks ----------------
+
+
+def test_align_mode_plans_a_mamba_block_of_one_attention_block_and_a_state_per_block(qwen):
+    _, runner, specs, (block, *_), kv_config = build_vllm_owned(qwen[0], prefix_caching=True)
+    cache = runner.vllm_config.cache_config
+    assert (cache.mamba_cache_mode, cache.mamba_block_size, block) == ("align", 16, 16)
+    gdn = specs["model.layers.0.linear_attn"]
+    assert gdn.mamba_cache_mode == "align" and gdn.block_size == 16
+    # A state per block id of the shared pool: vLLM's block ids index them.
+    conv, recurrent = runner.kv_cache[0]
+    assert conv.shape[0] == recurrent.shape[0] == kv_config.num_blocks
+
+
+def test_align_mode_chunks_end_on_block_boundaries_and_a_repeat_hits(qwen):
+    """Chunks of at most 24 tokens are clipped to end on the 16-token blocks (16, 32, 48,
+    then the prompt's last 12); the same prompt again hits 48 tokens (its last block
+    boundary below the prompt's last token), a prompt sharing 40 tokens hits 32 (vLLM
+    keeping every boundary's state: `dense`), and every request gives transformers'
+    tokens: the hit continues the state its cached Mamba block kept."""
+    checkpoint, greedy = qwen
+    scheduler, runner, *_ = build_vllm_owned(checkpoint, prefix_caching=True, dense=True)
+    a = prompt(21, 60)
+    shares = a[:40] + prompt(22, 20)
+    chunks: list[int] = []
+    hits: dict[str, int] = {}
+    schedule = scheduler.schedule
+
+    def recording():
+        output = schedule()
+        if "a" in output.num_scheduled_tokens:
+            chunks.append(output.num_scheduled_tokens["a"])
+        hits.update({new.req_id: new.num_computed_tokens for new in output.scheduled_new_reqs})
+        return output
+
+    scheduler.schedule = recording
+    first = run(scheduler, runner, {0: [request("a", a, 8, cached=True, temperature=0.0)]})
+    assert first["a"] == greedy(a, 8)
+    assert chunks[:4] == [16, 16, 16, 12], chunks
+    requests = {
+        0: [request("again", a, 8, cached=True, temperature=0.0)],
+        1: [request("shares", shares, 8, cached=True, temperature=0.0)],
+    }
+    out = run(scheduler, runner, requests)
+    assert out["again"] == greedy(a, 8) and out["shares"] == greedy(shares, 8)
+    assert (hits["a"], hits["again"], hits["shares"]) == (0, 48, 32), hits
+    # Boundary crossings copied states between distinct blocks; nothing was released
+    # (the state lives in vLLM's blocks, which a hit may still need).
+    copies = runner.generator.copies
+    assert copies and all(src != dst for src, dst in copies)
+    assert not getattr(runner.generator, "released", [])
+
+
+def test_align_mode_under_kv_pressure_and_two_children_give_transformers_tokens(qwen):
+    """Few blocks: vLLM preempts; a resumed request re-prefills from zero (or from a hit).
+    Two requests of one prompt (vLLM's n=2 children) each keep their own blocks."""
+    checkpoint, greedy = qwen
+    scheduler, runner, *_ = build_vllm_owned(checkpoint, blocks=20, prefix_caching=True)
+    prompts = {f"r{i}": prompt(30 + i, 40) for i in range(4)}
+    batch = [request(name, p, 24, cached=True, temperature=0.0) for name, p in prompts.items()]
+    batch += [request(f"child{i}", prompts["r0"], 24, cached=True, temperature=0.0) for i in (0, 1)]
+    out = run(scheduler, runner, {0: batch})
+    for r in batch:
+        assert out[r.request_id] == greedy(list(r.prompt_token_ids), 24), r.request_id
+    assert any(r.num_preemptions for r in batch), "the pool was meant to preempt"
+
+
+def test_align_mode_without_the_copy_method_is_refused(qwen, monkeypatch):
+    from ttbundles.errors import ConfigurationError
+    from ttbundles.serving.planning import recurrent
+
+    class NoCopy:
+        pass
+
+    monkeypatch.setattr(
+        "ttbundles.serving.planning.generator_class.load_generator_class", lambda bundle: NoCopy
+    )
+    bundle = BundleRef("gdn", "1.0.0", "built-in", "", "adapter:NoCopy")
+    plan = Plan(tt_arch="TTQwen3_5ForCausalLM", bundle=bundle, mesh="HOST", options={})
+    with pytest.raises(ConfigurationError) as refused:
+        recurrent._refuse_without_copy(plan, "gdn@1.0.0 serves Qwen3.5")
+    assert "TTB274" in str(refused.value) and "copy_recurrent_state" in str(refused.value)

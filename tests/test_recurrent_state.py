@@ -6,6 +6,7 @@ attention), and the format's `capabilities.recurrent_state` (schema 6), checked 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -171,12 +172,26 @@ _WHOLE = """
 """
 
 
-def _vllm_owned_bundle(tmp_path: Path, *, allocate: bool, indices: bool) -> Path:
+_COPY = """
+    def copy_recurrent_state(self, sources, targets):
+        return None
+"""
+
+
+def _vllm_owned_bundle(
+    tmp_path: Path, *, allocate: bool, indices: bool, caching: bool = False, copy: bool = False
+) -> Path:
     source = _VLLM_CLASS.format(
-        allocate=_PER_LAYER if allocate else _WHOLE,
+        allocate=(_PER_LAYER if allocate else _WHOLE) + (_COPY if copy else ""),
         indices=", gdn_state_indices=None" if indices else "",
     )
-    document = metadata("gdn", arch="Qwen3_5ForCausalLM", schema_version=6, capabilities=VLLM_STATE)
+    if caching:
+        source = source.replace(
+            '{"recurrent_state": "vllm"}',
+            '{"recurrent_state": "vllm", "supports_prefix_caching": True}',
+        )
+    caps = {**VLLM_STATE, "prefix_caching": True} if caching else VLLM_STATE
+    document = metadata("gdn", arch="Qwen3_5ForCausalLM", schema_version=6, capabilities=caps)
     return write_bundle(tmp_path / "gdn", document=document, files={"adapter.py": source})
 
 
@@ -202,6 +217,20 @@ def test_validate_refuses_a_vllm_owned_decode_without_state_indices(tmp_path, im
     errors = validate_bundle(folder, import_check=import_check).errors
     assert {e.code for e in errors} == {"TTB053"}, errors
     assert "decode_forward takes no gdn_state_indices" in errors[0].message
+
+
+@pytest.mark.parametrize("import_check", [False, True], ids=["static", "import"])
+@pytest.mark.parametrize("copy", [False, True], ids=["without-copy", "with-copy"])
+def test_validate_wants_the_copy_method_of_a_vllm_owned_class_with_prefix_caching(
+    tmp_path, import_check, copy
+):
+    folder = _vllm_owned_bundle(tmp_path, allocate=True, indices=True, caching=True, copy=copy)
+    errors = validate_bundle(folder, import_check=import_check).errors
+    if copy:
+        assert not errors, errors
+        return
+    assert {e.code for e in errors} == {"TTB054"}, errors
+    assert "lacks copy_recurrent_state" in errors[0].message
 
 
 def test_a_generator_owned_class_needs_no_state_indices(tmp_path):
@@ -230,12 +259,13 @@ def test_init_reference_makes_the_vllm_owned_form_that_validates_strictly(run_cl
     assert "gdn_state_indices: Any = None" in source
     assert "gdn_state_indices=gdn_state_indices" in source
     assert "recurrent_prefix_snapshots" not in source and "def release_request" not in source
-    assert '"supports_prefix_caching"' not in source
+    assert '"supports_prefix_caching": True' in source
+    assert "def copy_recurrent_state(self, sources: Any, targets: Any)" in source
     document = json.loads((folder / "vllm_metadata.json").read_text())
     caps = document["capabilities"]
     assert document["schema_version"] == 6
     assert caps["recurrent_state"] == {"owner": "vllm", "layers": "from_config"}
-    assert caps["prefix_caching"] is False and caps["kv_cache_spec"] is True
+    assert caps["prefix_caching"] is True and caps["kv_cache_spec"] is True
     assert not {"spec_decode", "spec_plan", "async_spec_decode", "pooling"} & set(caps)
     for flags in (["--strict"], ["--strict", "--import"]):
         done = _no_traceback(run_cli("validate", *flags, folder))
@@ -404,16 +434,54 @@ def test_plan_of_a_vllm_owned_state_serves_mamba_groups_on_the_hybrid_manager(
     assert "Mamba blocks in one pool" in decisions["kv_cache"]["reason"]
 
 
+def test_plan_of_a_vllm_owned_state_with_prefix_caching_is_vllms_align_mode(
+    run_cli, recurrent_checkpoints, tmp_path
+):
+    """Owner 'vllm', prefix caching declared, a class that copies states between Mamba
+    blocks: vLLM's "align" mode, the Mamba block the grown attention block, and the plan
+    says what a hit restores."""
+    models = tmp_path / "models"
+    caps = {"recurrent_state": {"owner": "vllm"}, "prefix_caching": True, "chunked_prefill": True}
+    document = metadata("gdn", arch="Qwen3_5ForCausalLM", schema_version=6, capabilities=caps)
+    adapter = contract_adapter(
+        attributes="    def copy_recurrent_state(self, sources, targets):\n        pass\n"
+    )
+    write_bundle(models / "gdn", document=document, files={"adapter.py": adapter})
+    done = _plan(run_cli, models, recurrent_checkpoints["Qwen3_5ForCausalLM"], "--format", "json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    decisions = {d["setting"]: d for d in json.loads(done.stdout)["decisions"]}
+    reason = decisions["recurrent_state"]["reason"]
+    # The block is the release's (64 on 0.34, whose hybrid hook picks it; 16 on 0.33),
+    # the Mamba block the same.
+    [block] = re.findall(r"position-indexed blocks of (\d+) tokens each per request", reason)
+    assert '("align" mode' in reason and "3 Mamba groups" in reason, reason
+    assert f"padded to the attention block of {block} tokens" in reason
+    caching = decisions["prefix_caching"]
+    assert caching["effective"] == '"align"', caching
+    assert (
+        "the gated delta net state its cached Mamba block kept after exactly the hit's "
+        in (caching["reason"])
+    )
+
+
 @pytest.mark.parametrize(
     "capabilities,extra,words",
     [
         pytest.param(
             {"recurrent_state": {"owner": "vllm"}, "prefix_caching": True},
             [],
-            "prefix caching (vLLM's \"align\" mode: boundary copies of the state into "
-            "position-indexed Mamba blocks, restored on a hit) is not served yet with "
-            "recurrent state vLLM's KV manager owns",
-            id="vllm-owned-prefix-caching",
+            "prefix caching without chunked prefill (vLLM's \"align\" mode ends prefill "
+            "chunks on Mamba block boundaries) is not served yet",
+            id="vllm-owned-prefix-caching-without-chunked-prefill",
+        ),
+        pytest.param(
+            {"recurrent_state": {"owner": "vllm"}, "prefix_caching": True,
+             "chunked_prefill": True},
+            [],
+            "prefix caching with recurrent state vLLM's KV manager owns (vLLM's \"align\" "
+            "mode) needs adapter:Generator.copy_recurrent_state(sources, targets), which "
+            "it lacks",
+            id="vllm-owned-prefix-caching-without-the-copy",
         ),
         pytest.param(
             {"recurrent_state": {"owner": "vllm"}},

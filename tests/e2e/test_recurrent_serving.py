@@ -9,11 +9,13 @@ keep their own slot. The prefix cache is on (the reference keeps snapshots of a 
 state): a repeated or shared prefix hits, restores the state a snapshot kept after exactly
 the hit's tokens, and still gives transformers' tokens.
 
-The other form, recurrent state vLLM's KV manager owns (MambaSpec groups, "none" mode),
-takes the same path from `ttbundle init --reference --recurrent-owner vllm` (the
-reference's vLLM-owned class, `ReferenceQwen3_5VllmStateGenerator`) to one more `vllm
-serve` of the same checkpoint: `ttbundle test` passes against transformers, and the same
-prompts and `n=2` give transformers' tokens."""
+The other form, recurrent state vLLM's KV manager owns (MambaSpec groups), takes the same
+path from `ttbundle init --reference --recurrent-owner vllm` (the reference's vLLM-owned
+class, `ReferenceQwen3_5VllmStateGenerator`) to one more `vllm serve` of the same
+checkpoint, its prefix cache on in vLLM's "align" mode (position-indexed Mamba blocks,
+the state copied on at block boundaries): `ttbundle test` passes against transformers,
+the same prompts and `n=2` give transformers' tokens, and a repeated prompt hits vLLM's
+cache and still does."""
 
 from __future__ import annotations
 
@@ -177,8 +179,8 @@ VLLM_OWNED_SERVE = (
 def vllm_owned(tmp_path_factory):
     """The same path for the other form, `init --reference --recurrent-owner vllm`, then
     one `vllm serve` of the installed bundle (the checkpoint written alike, and no other
-    start): (port, the server's log file, transformers on the checkpoint, what `ttbundle
-    test` printed)."""
+    start; the bundle declares prefix caching, so vLLM's "align" mode): (port, the
+    server's log file, transformers on the checkpoint, what `ttbundle test` printed)."""
     home = tmp_path_factory.mktemp("gdn-vllm")
     env = shell_environment(home)
     write_recurrent_checkpoint("Qwen3_5ForCausalLM", home / "ckpt")
@@ -225,3 +227,26 @@ def test_vllm_owned_state_serves_chunked_prompts_and_two_children_like_transform
     for choice in choices:
         assert choice["token_ids"] == reference.greedy(ids, MAX_TOKENS)
     assert "Traceback" not in log.read_text()
+
+
+def test_vllm_owned_state_in_align_mode_hits_a_repeated_prompt_and_gives_its_tokens(
+    vllm_owned,
+):
+    """vLLM's "align" mode: chunks of 64 end on Mamba block boundaries (blocks of 64 tokens
+    on 0.34, 16 on 0.33), vLLM keeps the state of the prompt's last boundary in its
+    Mamba block; the same prompt again hits up to there, the runner copies that block's
+    state into the request's next block, and the tokens are still transformers'."""
+    port, log, reference, _ = vllm_owned
+    prompt = STORY * 2 + " the align mode"
+    for time_ in range(2):
+        before = _metric(port, "prefix_cache_hits_total")
+        [choice] = _complete(port, prompt)
+        ids = list(choice["prompt_token_ids"])
+        assert len(ids) > 128, len(ids)  # over two chunks of 64
+        assert choice["token_ids"] == reference.greedy(ids, MAX_TOKENS), time_
+        hit = _metric(port, "prefix_cache_hits_total") - before
+        if time_ == 1:
+            assert hit >= 64, (hit, len(ids))
+    text = log.read_text()
+    assert "prefix_caching: True -> '\"align\"'" in text, text[-4000:]
+    assert "Traceback" not in text

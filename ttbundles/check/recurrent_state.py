@@ -6,7 +6,9 @@ With that owner the worker gives every gated delta net layer a MambaSpec, alloca
 cache through `allocate_kv_cache_per_layer` (a GDN layer's entry is its state's
 descriptor, which `allocate_kv_cache` cannot take; TTB261 at load) and sends each decode
 row's state as `gdn_state_indices` (TTB053 at load for a decode that cannot take it).
-Both are said here first: TTB054 for the missing method, TTB053 for the keyword, as the
+With prefix caching declared it is vLLM's "align" mode, where the runner copies a state
+from one Mamba block into another (`copy_recurrent_state`; TTB274 at plan without it).
+All three are said here first: TTB054 for the missing method, TTB053 for the keyword, as the
 worker would refuse them tens of seconds into a server. The owner's agreement with the
 class's `model_capabilities['recurrent_state']` is `capabilities.owner_agreement`'s; the
 generator-owned form needs nothing more of the contract (its `release_request` and
@@ -20,7 +22,12 @@ import inspect
 from collections.abc import Mapping
 
 from ttbundles.errors import Diagnostic, Severity
-from ttbundles.format.contract import ALLOCATE_KV_CACHE_PER_LAYER, DECODE, STATE_INDICES_KEYWORD
+from ttbundles.format.contract import (
+    ALLOCATE_KV_CACHE_PER_LAYER,
+    COPY_STATE_METHOD,
+    DECODE,
+    STATE_INDICES_KEYWORD,
+)
 from ttbundles.format.metadata import Capabilities
 
 _DOCS = "docs/authors/generator-contract.md#recurrent-state"
@@ -44,6 +51,21 @@ def _lacks_allocator(class_name: str) -> tuple[str, str]:
         "from its descriptor, one entry per layer",
         f"implement {ALLOCATE_KV_CACHE_PER_LAYER.name}(per_layer_specs) ({_DOCS}), " + _OTHER_OWNER,
     )
+
+
+def _lacks_copy(class_name: str) -> tuple[str, str]:
+    return (
+        "capabilities.recurrent_state owner 'vllm' and prefix_caching are declared but "
+        f'{class_name} lacks {COPY_STATE_METHOD}: vLLM\'s "align" mode continues a '
+        "state from one Mamba block in the next, which the runner copies through it (the "
+        "plan refuses the bundle, TTB274)",
+        f"implement {COPY_STATE_METHOD}(sources, targets) ({_DOCS}), or drop "
+        "capabilities.prefix_caching, " + _OTHER_OWNER,
+    )
+
+
+def _needs_copy(declared: Capabilities) -> bool:
+    return bool(declared.prefix_caching)
 
 
 def _decode_takes_no_indices(class_name: str) -> tuple[str, str]:
@@ -92,6 +114,22 @@ def static_diagnostics(
         else:
             message, hint = _lacks_allocator(class_name)
             out.append(Diagnostic("TTB054", Severity.ERROR, message, hint=hint, **where))
+    if _needs_copy(declared) and COPY_STATE_METHOD not in methods:
+        if partial:
+            out.append(
+                Diagnostic(
+                    "TTB057",
+                    Severity.WARNING,
+                    "capabilities.recurrent_state owner 'vllm' and prefix_caching are "
+                    f"declared; {COPY_STATE_METHOD} is not in the bundle, may come from "
+                    f"{outside}, outside it: not checkable here",
+                    hint="run ttbundle validate --import where its dependencies are installed",
+                    **where,
+                )
+            )
+        else:
+            message, hint = _lacks_copy(class_name)
+            out.append(Diagnostic("TTB054", Severity.ERROR, message, hint=hint, **where))
     decode = methods.get(DECODE.name)
     node = getattr(decode, "node", None)
     if node is not None and not _takes(node, STATE_INDICES_KEYWORD):
@@ -119,6 +157,9 @@ def imported_problems(cls: type, declared: Capabilities) -> list[dict]:
         getattr(cls, ALLOCATE_KV_CACHE_PER_LAYER.name, None)
     ):
         message, hint = _lacks_allocator(name)
+        problems.append({"code": "TTB054", "message": message, "hint": hint})
+    if _needs_copy(declared) and not callable(getattr(cls, COPY_STATE_METHOD, None)):
+        message, hint = _lacks_copy(name)
         problems.append({"code": "TTB054", "message": message, "hint": hint})
     decode = getattr(cls, DECODE.name, None)
     if callable(decode):

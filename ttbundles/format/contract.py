@@ -53,6 +53,11 @@ SLOT_REMAP_KEYWORD = "slot_remap"
 STATE_INDICES_KEYWORD = "gdn_state_indices"
 """Each decode row's recurrent state among a layer's compact states (int32, row order),
 sent where vLLM's KV manager owns the state (MambaSpec groups)."""
+COPY_STATE_METHOD = "copy_recurrent_state"
+"""`copy_recurrent_state(sources, targets)`: every recurrent layer's state at index
+`sources[i]` copied into `targets[i]`, before the step that continues it. Called where
+vLLM's KV manager owns the state in its "align" mode (the prefix cache), when a step
+crosses a Mamba block boundary; a class declaring that form and prefix caching needs it."""
 
 
 def contract_version(generator_cls: type) -> int:

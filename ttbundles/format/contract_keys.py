@@ -211,6 +211,14 @@ def _rows() -> tuple[ContractKey, ...]:
         "driven",
         "called with the slot when a request leaves it (state the class keeps per slot)",
     )
+    add(
+        c.COPY_STATE_METHOD,
+        "method",
+        "driven",
+        "recurrent state vLLM's KV manager owns, prefix cache on (vLLM's \"align\" mode): "
+        "called with (sources, targets) before a step whose rows cross a Mamba block "
+        "boundary, so each cached block keeps the state after exactly its tokens",
+    )
     for name in ("save_recurrent_prefix", "restore_recurrent_prefix", "free_recurrent_prefix"):
         add(name, "method", "driven", "recurrent-state snapshots (recurrent_prefix_snapshots)")
     for name in ("embed_input_ids", "forward", "compute_logits"):
@@ -417,8 +425,10 @@ def _rows() -> tuple[ContractKey, ...]:
         "output_tokens": "penalty history, when a row asks for a penalty on the device",
         c.SLOT_REMAP_KEYWORD: "the identity (slots never move here)",
         c.STATE_INDICES_KEYWORD: (
-            "recurrent state vLLM's KV manager owns: each row's state slot (int32, row "
-            "order), the slot a request keeps for its life"
+            "recurrent state vLLM's KV manager owns: each row's state (int32, row order): "
+            'the slot a request keeps for its life ("none" mode), or the Mamba block '
+            'the step writes ("align" mode, the prefix cache; 0, vLLM\'s null block, for '
+            "an empty slot)"
         ),
         "rope_deltas_all_users": "every slot's M-RoPE delta (vision-language classes)",
         "page_tables_per_layer": "each layer's page table, for a per-layer cache",

@@ -174,3 +174,11 @@ class PerLayerGdnState:
         for conv, recurrent in zip(self.conv, self.recurrent):
             conv[targets] = conv[index].clone()
             recurrent[targets] = recurrent[index].clone()
+
+    def copy(self, sources: list[int], targets: list[int]) -> None:
+        """Every layer's state `sources[i]` into `targets[i]` (vLLM's "align" mode: a
+        step crossing a block boundary continues a copy of the previous block's state)."""
+        src, dst = torch.tensor(sources), torch.tensor(targets)
+        for conv, recurrent in zip(self.conv, self.recurrent):
+            conv[dst] = conv[src].clone()
+            recurrent[dst] = recurrent[src].clone()

@@ -22,8 +22,12 @@ advance the state over drafts that are then rejected.
 `ReferenceQwen3_5VllmStateGenerator` is the other form (the reference plugin's MambaSpec
 route): vLLM's KV manager owns the state. Every layer is allocated per layer, the GDN
 layers from their `{"type": "mamba", shapes, dtypes, tensor_idx, compact_slots}`
-descriptor (a state per batch slot, vLLM's layout); prefill reads `empty_slots`, decode
-row i the state `gdn_state_indices[i]`.
+descriptor (`compact_slots` states in vLLM's layout: one per batch slot in vLLM's "none"
+mode, one per Mamba block id in its "align" mode); prefill reads `empty_slots`, decode
+row i the state `gdn_state_indices[i]`. With the prefix cache ("align" mode) the runner
+has `copy_recurrent_state(sources, targets)` copy a state into the next block before a
+step that crosses a block boundary, so every cached block keeps the state after exactly
+its tokens, which a hit continues.
 """
 
 from __future__ import annotations
@@ -445,15 +449,17 @@ class ReferenceQwen3_5Generator(ReferenceLlamaGenerator):  # noqa: N801 (Qwen3_5
 
 
 class ReferenceQwen3_5VllmStateGenerator(ReferenceQwen3_5Generator):  # noqa: N801
-    """Qwen3.5 whose GDN state vLLM's KV manager owns (MambaSpec groups, "none" mode):
+    """Qwen3.5 whose GDN state vLLM's KV manager owns (MambaSpec groups):
     `allocate_kv_cache_per_layer` gets every layer, the GDN layers' states allocated from
     their descriptors and read by the indices the runner gives (see the module
-    docstring). No prefix cache (vLLM's "align" mode is not served), one lane."""
+    docstring). The prefix cache is vLLM's "align" mode (`copy_recurrent_state`), one
+    lane."""
 
     model_capabilities = {
         **ReferenceQwen3_5Generator.model_capabilities,
         "recurrent_state": "vllm",
-        "supports_prefix_caching": False,
+        # A hit continues the state vLLM's block kept after exactly its tokens.
+        "supports_prefix_caching": True,
     }
     model_capabilities.pop("recurrent_prefix_snapshots")
 
@@ -504,6 +510,13 @@ class ReferenceQwen3_5VllmStateGenerator(ReferenceQwen3_5Generator):  # noqa: N8
                 )
         self.state = PerLayerGdnState(conv, recurrent)  # type: ignore[assignment]
         return cache
+
+    def copy_recurrent_state(self, sources: list[int], targets: list[int]) -> None:
+        """Every GDN layer's state `sources[i]` copied into `targets[i]` (on the device
+        queue, after every step queued before and before the next)."""
+        self._device_queue.submit(
+            self.state.copy, [int(i) for i in sources], [int(i) for i in targets]
+        ).result()
 
     def decode_forward(self, *args: Any, gdn_state_indices: Any = None, **kwargs: Any) -> Any:
         """As the base's, row i continuing the state `gdn_state_indices[i]` (int32, row

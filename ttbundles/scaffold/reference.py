@@ -75,11 +75,11 @@ def reference_capabilities(arch: str, owner: str = RECURRENT_OWNERS[0]) -> dict:
     """What a reference bundle for `arch` declares: the reference's capabilities; a
     recurrent family has no speculation (a verify would advance the state over drafts
     that may be rejected), and its state is `owner`'s: the generator's class keeps a slot
-    per request and caches prefixes through snapshots of it; vLLM's (MambaSpec groups,
-    "none" mode) caches none (vLLM's "align" mode is not served, and the plan refuses
-    prefix caching declared with it). Gemma 4's has no speculation either."""
+    per request and caches prefixes through snapshots of it; vLLM's (MambaSpec groups)
+    caches them in vLLM's "align" mode (the class copies a state between Mamba blocks:
+    `copy_recurrent_state`). Gemma 4's has no speculation either."""
     if arch in RECURRENT_FAMILIES:
-        dropped = _NOT_RECURRENT | ({"prefix_caching"} if owner == "vllm" else set())
+        dropped = _NOT_RECURRENT
         return {
             **{k: v for k, v in REFERENCE_CAPABILITIES.items() if k not in dropped},
             "recurrent_state": {"owner": owner, "layers": "from_config"},
@@ -373,15 +373,25 @@ _VLLM_OWNED = '''
         layer, whose recurrent state vLLM's KV manager owns (capabilities.recurrent_state
         owner "vllm" in vllm_metadata.json)."""
         return super().get_kv_cache_spec(vllm_config)
+
+    def copy_recurrent_state(self, sources: Any, targets: Any) -> None:
+        """TT-NN: every gated delta net layer's state sources[i] copied into
+        targets[i] (conv and recurrent, on the device, in order with the steps). With
+        the prefix cache on (vLLM's "align" mode) the worker calls it before a step
+        whose rows cross a Mamba block boundary, so each cached block keeps the state
+        after exactly its tokens, which a prefix-cache hit continues."""
+        return super().copy_recurrent_state(sources, targets)
 '''
 
 _VLLM_OWNED_PER_LAYER = """
         A gated delta net layer's entry is its state's descriptor, {"type": "mamba",
         "shapes", "dtypes", "tensor_idx", "compact_slots"}: allocate [conv, recurrent]
-        with compact_slots states each, in those shapes and dtypes."""
+        with compact_slots states each, in those shapes and dtypes (one per batch slot;
+        one per block id of vLLM's pool with the prefix cache on, its "align" mode)."""
 _VLLM_OWNED_DECODE = """
         gdn_state_indices (int32, one per row; recurrent state vLLM's KV manager owns):
-        the state among each gated delta net layer's compact_slots that row i continues."""
+        the state among each gated delta net layer's compact_slots that row i continues
+        (and writes: with the prefix cache on, the row's Mamba block for this step)."""
 
 
 def reference_adapter_source(

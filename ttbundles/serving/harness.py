@@ -513,6 +513,14 @@ class Session:
             block = self.runner.block_size
             whole = [s[: len(s) // block * block] for s in sequences.values()]
             self.generate([s for s in whole if s], self.greedy(1))
+        if getattr(self.runner, "align_state", False):
+            # vLLM's "align" mode keeps the recurrent state of a prompt's last block
+            # boundary below its last token (and of shared-prefix junctions), not the
+            # boundaries a decode crossed: each sequence's whole blocks and one token more
+            # are prefilled once as a prompt, and the sequence sent again hits them.
+            block = self.runner.block_size
+            ahead = [s[: len(s) // block * block + 1] for s in sequences.values()]
+            self.generate([s for s in ahead if len(s) > block], self.greedy(1))
         self.out["runs"]["prefix_cache"] = self.host_path(
             "prefix_cache", sequences, self.spec["max_tokens"]
         )

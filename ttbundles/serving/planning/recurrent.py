@@ -21,9 +21,14 @@ Mamba group for its life, the generator allocates the state per layer from the
 `{"type": "mamba", ...}` descriptor and reads it by the indices the runner sends. vLLM's
 own aligner (`Platform.update_block_size_for_backend`) skips a plugin's model, so the
 plan does what it would: the attention block grown until its page holds a Mamba page,
-the Mamba page padded to it. Its "align" mode (prefix caching over Mamba blocks) is not
-served yet: a bundle declaring prefix caching is refused with TTB274 rather than given a
-hit whose state cannot be restored.
+the Mamba page padded to it. With the prefix cache on (the bundle declares it and the
+operator left it on) it is vLLM's "align" mode, as vLLM's hybrid hook and aligner set it
+for their own hybrids: the Mamba block is the grown attention block, chunked prefill ends
+chunks on its boundaries, a request's Mamba row is position-indexed (block c holds the
+state after (c+1) x block tokens). The runner copies the state into the next block
+before a step that crosses a boundary (`copy_recurrent_state`, which the class must have:
+TTB274 otherwise, never a hit whose state cannot be restored), so a hit continues the
+state the cached block kept after exactly its tokens.
 
 A checkpoint whose bundle declares no state is refused with TTB274, with its layers,
 state and capacity in the one line, by `ttbundle plan` and `vllm serve` alike. Never a
@@ -39,6 +44,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ttbundles.errors import ConfigurationError
+from ttbundles.format.contract import COPY_STATE_METHOD
 from ttbundles.format.layer_kinds import GDN, LayerKinds, layer_kinds
 from ttbundles.format.meshes import is_host
 from ttbundles.format.metadata import LAYERS_FROM_CONFIG, BundleMetadata
@@ -158,12 +164,11 @@ def _plan_vllm_owned(
         (what, fix)
         for what, on, fix in (
             (
-                'prefix caching (vLLM\'s "align" mode: boundary copies of the state into '
-                "position-indexed Mamba blocks, restored on a hit)",
-                bool(cache.enable_prefix_caching),
-                "serve with --no-enable-prefix-caching, or drop capabilities.prefix_caching "
-                "from the bundle, or declare owner 'generator' with a class that keeps "
-                "snapshots (recurrent_prefix_snapshots)",
+                'prefix caching without chunked prefill (vLLM\'s "align" mode ends prefill '
+                "chunks on Mamba block boundaries)",
+                bool(cache.enable_prefix_caching)
+                and not vllm_config.scheduler_config.enable_chunked_prefill,
+                "serve with --enable-chunked-prefill, or with --no-enable-prefix-caching",
             ),
             (
                 "--disable-hybrid-kv-cache-manager (MambaSpec groups live in vLLM's hybrid "
@@ -195,34 +200,79 @@ def _plan_vllm_owned(
         raise ConfigurationError.single(
             "TTB274",
             f"{summary}; {what} is not served yet with recurrent state vLLM's KV manager "
-            'owns (MambaSpec groups, "none" mode)',
+            "owns (MambaSpec groups)",
             hint=fix + " (docs/authors/generator-contract.md#recurrent-state)",
         )
-    block, page, mamba_page = align_state_pages(vllm_config, plan, kinds)
+    align = bool(cache.enable_prefix_caching)
+    if align:
+        _refuse_without_copy(plan, summary)
+    block, page, mamba_page = align_state_pages(vllm_config, plan, kinds, align=align)
     groups = mamba_groups(len(kinds.recurrent_layers), len(kinds.attention_layers))
     plan.recurrent_owner = "vllm"
+    blocks = (
+        f'position-indexed blocks of {block} tokens each per request ("align" mode: '
+        "block c holds the state after (c+1) x block tokens, copied on to the next block "
+        "when a step crosses a boundary)"
+        if align
+        else 'one block each per request for its life ("none" mode)'
+    )
     plan.decide(
         "recurrent_state",
         "vllm",
         "vLLM's MambaSpec groups",
-        f"{kinds.describe()}; {capacity}; {groups} Mamba groups, one block each per "
-        f'request for its life ("none" mode), a page of {page:,} B (the state '
-        f"{mamba_page:,} B, padded to the attention block of {block} tokens); the "
-        "generator reads each row's state by gdn_state_indices (decode) and empty_slots "
-        "(prefill)",
+        f"{kinds.describe()}; {capacity}; {groups} Mamba groups, {blocks}, a page of "
+        f"{page:,} B (the state {mamba_page:,} B, padded to the attention block of {block} "
+        "tokens); the generator reads each row's state by gdn_state_indices (decode) and "
+        "empty_slots (prefill)",
+    )
+    if align:
+        plan.decide(
+            "prefix_caching",
+            True,
+            '"align"',
+            f'vLLM\'s Mamba cache mode "align" (Mamba block {block} tokens, chunked '
+            "prefill ending on block boundaries): a hit lands on a block boundary and "
+            "restores the attention KV from vLLM's blocks and the gated delta net state "
+            f"its cached Mamba block kept after exactly the hit's tokens ({COPY_STATE_METHOD} "
+            "into the request's next block)",
+        )
+
+
+def _refuse_without_copy(plan: Plan, summary: str) -> None:
+    """TTB274: prefix caching in "align" mode, but the class cannot copy a state from one
+    Mamba block into another (a hit would continue a state never restored)."""
+    from ttbundles.serving.planning.generator_class import load_generator_class
+
+    cls = load_generator_class(plan.bundle)
+    if callable(getattr(cls, COPY_STATE_METHOD, None)):
+        return
+    raise ConfigurationError.single(
+        "TTB274",
+        f"{summary}; prefix caching with recurrent state vLLM's KV manager owns (vLLM's "
+        f'"align" mode) needs {plan.bundle.main_class}.{COPY_STATE_METHOD}(sources, '
+        "targets), which it lacks: a prefix-cache hit would continue a state never "
+        "restored",
+        hint=f"give the class {COPY_STATE_METHOD}(sources, targets) (every recurrent "
+        "layer's state sources[i] copied into targets[i]), or serve with "
+        "--no-enable-prefix-caching, or drop capabilities.prefix_caching from the bundle "
+        "(docs/authors/generator-contract.md#recurrent-state)",
     )
 
 
 def align_state_pages(
-    vllm_config: VllmConfig, plan: Plan, kinds: LayerKinds
+    vllm_config: VllmConfig, plan: Plan, kinds: LayerKinds, *, align: bool = False
 ) -> tuple[int, int, int]:
-    """vLLM's "none" mode (a Mamba block of the whole context), the attention block grown
-    until its page holds one GDN layer's state, and the Mamba page padded to it, as
-    vLLM's `_align_hybrid_block_size` does for its own hybrids (it skips a plugin's
-    model): `(block_size, page, mamba_page)`, the block's growth a decision."""
+    """vLLM's "none" mode (a Mamba block of the whole context) or, `align`, its "align"
+    mode (a Mamba block of one attention block: the prefix cache), the attention block
+    grown until its page holds one GDN layer's state, and the Mamba page padded to it,
+    as vLLM's `update_block_size_for_backend` does for its own hybrids (it skips a
+    plugin's model): `(block_size, page, mamba_page)`, the block's growth a decision."""
     assert kinds.state is not None
     cache = vllm_config.cache_config
-    settle_mamba_cache(vllm_config)
+    if align:
+        cache.mamba_cache_mode = "align"
+    else:
+        settle_mamba_cache(vllm_config)
     conv, ssm = _state_dtype_bytes(vllm_config, plan)
     mamba_page = kinds.state.bytes_per_layer(conv, ssm)
     per_token = _attention_bytes_per_token(vllm_config, plan, kinds) // max(
@@ -239,6 +289,9 @@ def align_state_pages(
             f"layer's state ({mamba_page:,} B), as vLLM's aligner grows it for its own "
             "hybrids",
         )
+    if align:
+        # vLLM's rule in "align" mode: the Mamba block is the (grown) attention block.
+        cache.mamba_block_size = block
     page = block * per_token
     cache.mamba_page_size_padded = page if page != mamba_page else None
     return block, page, mamba_page

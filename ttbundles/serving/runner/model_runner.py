@@ -205,6 +205,12 @@ class TTModelRunner:
             self.state_layers = kinds_of_layers.recurrent_layers
             self.attention_layers = kinds_of_layers.attention_layers
             self.kv_layers = None
+        # vLLM's "align" mode (the prefix cache over Mamba blocks): a state per Mamba block
+        # id, a request's Mamba row position-indexed (`_state_blocks`).
+        cache = self.vllm_config.cache_config
+        self.align_state = bool(self.state_layers) and cache.mamba_cache_mode == "align"
+        self.mamba_block = int(cache.mamba_block_size or 0) if self.align_state else 0
+        self.mamba_group = 0
         # Snapshots of recurrent state back the prefix cache (`serving.recurrent_prefix`):
         # restored into a hit's slot before its prefill, taken when a prompt chunk ends
         # on a block boundary, reported to the scheduler with the step's output.
@@ -232,6 +238,10 @@ class TTModelRunner:
         """A slot given back (its request finished or was preempted): a generator that keeps
         state per slot (recurrent layers: TT-Metal's Qwen classes) releases it there, so
         the next request in the slot starts from nothing (`release_request(slot)`)."""
+        if self.align_state:
+            # The state is in vLLM's Mamba blocks, not in the slot: a block the request
+            # leaves may hold a cached state, and a first chunk starts from zero anyway.
+            return
         release = getattr(self.generator, "release_request", None)
         if callable(release):
             release(slot)
@@ -428,6 +438,10 @@ class TTModelRunner:
         Before any request."""
         refuse_unserved_groups(groups, speculating=self.speculation is not None, lanes=self.lanes)
         self.kv_groups = groups
+        if self.align_state:
+            self.mamba_group = next(
+                g for g, spec in enumerate(groups.specs) if kinds.holds_state(spec)
+            )
         self.tables = BlockTables(
             self.max_num_reqs,
             self.max_model_len,
@@ -458,7 +472,9 @@ class TTModelRunner:
             dtype,
             num_layers,
             self._layer_cache_shapes(num_blocks // self.lanes),
-            state_slots=self.max_num_reqs,
+            # "align": the state of every Mamba block id (the indices are vLLM's block
+            # ids); "none": a state per batch slot.
+            state_slots=num_blocks if self.align_state else self.max_num_reqs,
         )
 
     def _layer_cache_shapes(self, num_blocks: int) -> list[tuple[int, int, int, int]] | None:
@@ -565,7 +581,8 @@ class TTModelRunner:
         )
         if self.state_layers:
             # Row i is slot i (rows never move): its state is the i-th of every GDN
-            # layer's compact states, as long as its request lives.
+            # layer's compact states, as long as its request lives ("none" mode), or the
+            # Mamba block this step writes ("align": `_run_decode` sets them).
             values[contract.STATE_INDICES_KEYWORD] = self._state_indices
         assert self.methods is not None
         rope_deltas = self.states.rope_deltas
@@ -616,6 +633,12 @@ class TTModelRunner:
         positions_np = np.full(capacity, EMPTY_POSITION, dtype=np.int64)
         positions_np[slots] = computed
         tables, page_table = self.tables.decode_tables(layout, positions_np)
+        if self.align_state:
+            indices = torch.zeros(capacity, dtype=torch.int32)  # 0: vLLM's null block
+            indices[torch.from_numpy(np.asarray(slots, dtype=np.int64))] = torch.tensor(
+                self._state_blocks(step.req_ids, computed.tolist(), [1] * n), dtype=torch.int32
+            )
+            self._state_indices = indices
         commands = self._decode_commands(layout.owners, page_table, device)
         read = self.methods.read
         use_async = self.async_decode and device and self.resident_inputs and read is not None
@@ -811,7 +834,11 @@ class TTModelRunner:
             page_table=page_table,
             kv_cache=self.kv_cache,
             prompt_lens=torch.tensor(ends),
-            empty_slots=[self.slots.slot_of[r] for r in step.req_ids],
+            empty_slots=self._state_blocks(
+                step.req_ids, computed, [e - c for c, e in zip(computed, ends)]
+            )
+            if self.align_state
+            else [self.slots.slot_of[r] for r in step.req_ids],
             enable_trace=self.prefill_trace,
             sampling_params=row_params(states, self.input_batch.vocab_size) if device else None,
             start_pos=torch.tensor(computed),
@@ -867,6 +894,39 @@ class TTModelRunner:
             setattr(output, SNAPSHOT_SAVED, self._saved)
             self._saved = []
         return output
+
+    # --- vLLM's "align" mode: recurrent state in position-indexed Mamba blocks -----------
+
+    def _state_blocks(
+        self, req_ids: list[str], computed: list[int], scheduled: list[int]
+    ) -> list[int]:
+        """Each row's Mamba block for this step, as vLLM's own `MambaHybridModelState`
+        finds it: a request's Mamba row is position-indexed (column c holds the state
+        after (c + 1) x block tokens); the step continues the state of column
+        `(computed - 1) // block` (a prefix-cache hit's last cached block included) and
+        writes column `(computed + scheduled - 1) // block`. Where the two differ the
+        state is copied into the written block first (`copy_recurrent_state`, every GDN
+        layer), so the block left behind keeps the state after exactly its tokens. A row
+        with nothing computed (a first chunk, a resumed request) starts from zero
+        (the generator's `start == 0`). The first Mamba group's block ids index every GDN
+        layer's state: vLLM caches and frees the groups' blocks of a column together."""
+        block, group = self.mamba_block, self.mamba_group
+        sources: list[int] = []
+        targets: list[int] = []
+        written: list[int] = []
+        for req_id, done, count in zip(req_ids, computed, scheduled):
+            ids = self.requests[req_id].block_ids[group]
+            target = int(ids[(done + count - 1) // block])
+            if done > 0:
+                source = int(ids[(done - 1) // block])
+                if source != target:
+                    sources.append(source)
+                    targets.append(target)
+            written.append(target)
+        if sources:
+            self.generator.copy_recurrent_state(sources, targets)
+            STATS.count("recurrent.block_copies", len(sources))
+        return written
 
     # --- snapshots of recurrent state (`serving.recurrent_prefix`) ----------------------
 

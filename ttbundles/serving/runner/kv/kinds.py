@@ -11,8 +11,8 @@ state next) is one new case in this package and not a switch in every caller:
   window's `max_admission_blocks_per_request`; None: its blocks grow with its context);
 - `describe`: the kind in the start-up log's words;
 - `holds_state`: the layer keeps a fixed-size recurrent state per request (a `MambaSpec`:
-  one block per request in vLLM's "none" mode, what `gated_delta_net` builds), not
-  tokens.
+  one block per request in vLLM's "none" mode, position-indexed blocks in its "align"
+  mode, what `gated_delta_net` builds), not tokens.
 """
 
 from __future__ import annotations
@@ -124,7 +124,10 @@ def held_blocks(spec: KVCacheSpec, vllm_config: VllmConfig) -> int | None:
     """The blocks one request of this layer kind holds at most, whatever its length
     (`max_admission_blocks_per_request`, vLLM's own bound for sizing and admission);
     None when its blocks grow with its context."""
-    if holds_state(spec):  # a block per request ("none" mode), whatever its length
+    # Recurrent state: vLLM's own count, a block per request in "none" mode; in "align"
+    # mode a position-indexed row as wide as the context (the table's width), of which
+    # vLLM keeps two blocks live.
+    if holds_state(spec):
         return int(spec.max_num_blocks_per_req(vllm_config, vllm_config.model_config.max_model_len))
     bound = getattr(spec, "max_admission_blocks_per_request", None)
     if bound is None:
