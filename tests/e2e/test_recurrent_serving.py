@@ -28,7 +28,7 @@ import urllib.request
 import pytest
 
 from tests.e2e.conftest import Reference
-from tests.e2e.test_first_bundle import shell_environment, typed, typed_server
+from tests.e2e.test_first_bundle import forked_server, shell_environment, typed
 from tests.recurrent_checkpoints import write_recurrent_checkpoint
 
 pytestmark = pytest.mark.server
@@ -62,7 +62,7 @@ def served(tmp_path_factory):
     tested = typed("ttbundle test my-qwen --model ckpt", home, env, timeout=900)
     typed("ttbundle pack my-qwen -o dist", home, env)
     typed("ttbundle install dist/my-qwen-0.1.0.ttbundle --models-dir models", home, env)
-    with typed_server(home, env, SERVE) as (port, log):
+    with forked_server(home, env, SERVE) as (port, log):
         yield port, log, Reference(home / "ckpt"), tested
 
 
@@ -196,7 +196,7 @@ def vllm_owned(tmp_path_factory):
     tested = typed("ttbundle test my-qwen-vllm --model ckpt", home, env, timeout=900)
     typed("ttbundle pack my-qwen-vllm -o dist", home, env)
     typed("ttbundle install dist/my-qwen-vllm-0.1.0.ttbundle --models-dir models", home, env)
-    with typed_server(home, env, VLLM_OWNED_SERVE) as (port, log):
+    with forked_server(home, env, VLLM_OWNED_SERVE) as (port, log):
         yield port, log, Reference(home / "ckpt"), tested
 
 
