@@ -94,10 +94,13 @@ def typed_server(cwd: Path, env: dict[str, str], args: str = "") -> Iterator[tup
 
 
 @contextlib.contextmanager
-def forked_server(cwd: Path, env: dict[str, str], args: str = "") -> Iterator[tuple[int, Path]]:
+def forked_server(
+    cwd: Path, env: dict[str, str], args: str = "", log_name: str = "serve.log"
+) -> Iterator[tuple[int, Path]]:
     """`typed_server`'s server (`vllm serve ckpt` of the bundles in `cwd/models`, its log
     `cwd/serve.log`) forked from the session's zygote (`tests/zygote.py`): the same
-    `main()` with the same arguments and environment, without the two imports of vLLM a
+    `main()` with the same arguments and environment (its log `cwd/log_name`), without
+    the two imports of vLLM a
     typed one pays (its command and its spawned engine core). For the whole-way tests
     whose point is the bundle's path, not the shell's; `test_first_bundle` types it."""
     from tests.zygote import start_server
@@ -106,11 +109,11 @@ def forked_server(cwd: Path, env: dict[str, str], args: str = "") -> Iterator[tu
         cwd / "ckpt",
         vllm_args=["--served-model-name", "ckpt", *shlex.split(args)],
         env={**env, "EXTRA_MODELS_DIR": str(cwd / "models")},
-        log_path=cwd / "serve.log",
+        log_path=cwd / log_name,
     )
     try:
         server.wait_ready()
-        yield int(server.base_url.rsplit(":", 1)[1]), cwd / "serve.log"
+        yield int(server.base_url.rsplit(":", 1)[1]), cwd / log_name
     finally:
         server.stop()
 

@@ -23,11 +23,12 @@ import concurrent.futures
 import json
 import os
 import re
+import threading
 import urllib.request
 
 import pytest
 
-from tests.e2e.conftest import Reference
+from tests.e2e.conftest import Reference, successes_per_engine
 from tests.e2e.test_first_bundle import forked_server, shell_environment, typed
 from tests.recurrent_checkpoints import write_recurrent_checkpoint
 
@@ -163,6 +164,38 @@ def test_a_repeated_and_a_shared_prefix_hit_a_snapshot_and_give_transformers_tok
             shared = len(ids) - 1 if time_ == 1 else len(common)
             assert hit == shared // 64 * 64 >= 128, (text, hit, len(ids))
     assert "prefix_caching: True -> 'snapshots (64)'" in log.read_text()
+
+
+def test_two_engines_each_keep_their_own_slots_and_give_transformers_tokens(served):
+    """`--data-parallel-size 2` on the installed bundle: an engine per submesh, each with
+    its own generator and its own state slots; chunked prompts sent together are spread
+    over both and each gets transformers' tokens (one more server: the only way to show
+    two engines, each with its own slots, serving at once)."""
+    _, log, reference, _ = served
+    home = log.parent
+    args = "--max-num-batched-tokens 64 --max-model-len 512 --max-num-seqs 4 --data-parallel-size 2"
+    prompts = PROMPTS[:4]
+    with forked_server(home, shell_environment(home), args, "serve-dp.log") as (port, dp_log):
+        barrier = threading.Barrier(len(prompts))
+
+        def send(prompt: str) -> list[dict]:
+            barrier.wait()  # all in flight together: the load balancer spreads them
+            return _complete(port, prompt)
+
+        per_engine: dict[str, float] = {}
+        for _ in range(4):  # a balancer that happened to pick one engine gets another round
+            with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
+                answers = list(pool.map(send, prompts))
+            for prompt, [choice] in zip(prompts, answers, strict=True):
+                ids = list(choice["prompt_token_ids"])
+                assert choice["token_ids"] == reference.greedy(ids, MAX_TOKENS), prompt
+            per_engine = successes_per_engine(f"http://127.0.0.1:{port}")
+            if len([e for e, n in per_engine.items() if n > 0]) == 2:
+                break
+        assert sorted(per_engine) == ["0", "1"] and all(per_engine.values()), per_engine
+        text = dp_log.read_text()
+        assert "recurrent_state: 'generator' -> \"the generator's slots\"" in text, text[-4000:]
+        assert "Traceback" not in text
 
 
 # --- the vLLM-owned form: MambaSpec groups in vLLM's hybrid manager -------------------------
