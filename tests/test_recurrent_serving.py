@@ -27,6 +27,7 @@ from ttbundles.reference.qwen3_5 import (
 from ttbundles.serving.planning.plan import BundleRef, Plan
 from ttbundles.serving.planning.recurrent import align_state_pages
 from ttbundles.serving.runner import TTModelRunner
+from ttbundles.serving.runner.kv import kinds
 from ttbundles.serving.scheduler import TTScheduler
 
 BLOCK = 16
@@ -318,6 +319,10 @@ def test_align_mode_plans_a_mamba_block_of_one_attention_block_and_a_state_per_b
     # A state per block id of the shared pool: vLLM's block ids index them.
     conv, recurrent = runner.kv_cache[0]
     assert conv.shape[0] == recurrent.shape[0] == kv_config.num_blocks
+    # What a request keeps, as vLLM sizes its pool: two Mamba blocks (the live column and
+    # the one copied on), not its row as wide as the context (8 blocks of 16 in 128).
+    config = runner.vllm_config
+    assert kinds.held_blocks(gdn, config) == 2 < gdn.max_num_blocks_per_req(config, 128) == 8
 
 
 def test_align_mode_chunks_end_on_block_boundaries_and_a_repeat_hits(qwen):

@@ -124,11 +124,12 @@ def held_blocks(spec: KVCacheSpec, vllm_config: VllmConfig) -> int | None:
     """The blocks one request of this layer kind holds at most, whatever its length
     (`max_admission_blocks_per_request`, vLLM's own bound for sizing and admission);
     None when its blocks grow with its context."""
-    # Recurrent state: vLLM's own count, a block per request in "none" mode; in "align"
-    # mode a position-indexed row as wide as the context (the table's width), of which
-    # vLLM keeps two blocks live.
+    # Recurrent state: vLLM's own count of what a request keeps (`max_memory_usage_bytes`,
+    # what its planner sizes the pool by): a block per request in "none" mode; in "align"
+    # mode two (the live column and the one being copied on), though its position-indexed
+    # row is as wide as the context (retired columns point at the null block).
     if holds_state(spec):
-        return int(spec.max_num_blocks_per_req(vllm_config, vllm_config.model_config.max_model_len))
+        return -(-int(spec.max_memory_usage_bytes(vllm_config)) // int(spec.page_size_bytes))
     bound = getattr(spec, "max_admission_blocks_per_request", None)
     if bound is None:
         return None
