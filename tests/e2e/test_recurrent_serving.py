@@ -166,14 +166,11 @@ def test_a_repeated_and_a_shared_prefix_hit_a_snapshot_and_give_transformers_tok
     assert "prefix_caching: True -> 'snapshots (64)'" in log.read_text()
 
 
-def test_two_engines_each_keep_their_own_slots_and_give_transformers_tokens(served):
-    """`--data-parallel-size 2` on the installed bundle: an engine per submesh, each with
-    its own generator and its own state slots; chunked prompts sent together are spread
-    over both and each gets transformers' tokens (one more server: the only way to show
-    two engines, each with its own slots, serving at once)."""
-    _, log, reference, _ = served
-    home = log.parent
-    args = "--max-num-batched-tokens 64 --max-model-len 512 --max-num-seqs 4 --data-parallel-size 2"
+def _two_engines_serve(home, reference, extra: str, plan_line: str) -> None:
+    """`--data-parallel-size 2` on the bundle installed in `home`: an engine per submesh,
+    each with its own generator and its own state; chunked prompts sent together are
+    spread over both and each gets transformers' tokens."""
+    args = f"--max-num-batched-tokens 64 --max-model-len 512 --max-num-seqs 4 {extra}"
     prompts = PROMPTS[:4]
     with forked_server(home, shell_environment(home), args, "serve-dp.log") as (port, dp_log):
         barrier = threading.Barrier(len(prompts))
@@ -194,8 +191,20 @@ def test_two_engines_each_keep_their_own_slots_and_give_transformers_tokens(serv
                 break
         assert sorted(per_engine) == ["0", "1"] and all(per_engine.values()), per_engine
         text = dp_log.read_text()
-        assert "recurrent_state: 'generator' -> \"the generator's slots\"" in text, text[-4000:]
+        assert plan_line in text, text[-4000:]
         assert "Traceback" not in text
+
+
+def test_two_engines_each_keep_their_own_slots_and_give_transformers_tokens(served):
+    """Data parallelism, the generator's slots: one more server (the only way to show two
+    engines, each with its own slots, serving at once)."""
+    _, log, reference, _ = served
+    _two_engines_serve(
+        log.parent,
+        reference,
+        "--data-parallel-size 2",
+        "recurrent_state: 'generator' -> \"the generator's slots\"",
+    )
 
 
 # --- the vLLM-owned form: MambaSpec groups in vLLM's hybrid manager -------------------------
@@ -283,3 +292,16 @@ def test_vllm_owned_state_in_align_mode_hits_a_repeated_prompt_and_gives_its_tok
     text = log.read_text()
     assert "prefix_caching: True -> '\"align\"'" in text, text[-4000:]
     assert "Traceback" not in text
+
+
+def test_two_engines_each_keep_their_own_mamba_groups_and_give_transformers_tokens(vllm_owned):
+    """Data parallelism, the state in vLLM's KV manager: each engine its own Mamba groups
+    (prefix caching on: align mode in each engine); one more server, as for the other
+    form."""
+    _, log, reference, _ = vllm_owned
+    _two_engines_serve(
+        log.parent,
+        reference,
+        "--data-parallel-size 2 --kv-cache-memory-bytes 1048576",
+        "recurrent_state: 'vllm' -> \"vLLM's MambaSpec groups\"",
+    )
