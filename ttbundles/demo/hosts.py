@@ -19,11 +19,24 @@ from ttbundles.demo.server import (
     DEFAULT_HOST,
     ServerProcess,
     free_port,
+    port_is_free,
     serve_environment,
     start_process,
     start_server,
     vllm_command,
 )
+
+
+def rpc_port_pair(host: str = DEFAULT_HOST, attempts: int = 64) -> int:
+    """A data-parallel RPC port whose next port is free too: the head's host watch
+    listens on the RPC port + 1 (`serving.host_watch`), and an OS-chosen port's
+    neighbour may be any other socket's (a busy machine's outgoing connections take
+    ports from the same range)."""
+    for _ in range(attempts):
+        port = free_port(host)
+        if port < 65535 and port_is_free(host, port + 1):
+            return port
+    raise OSError(f"no free pair of ports on {host} after {attempts} tries")
 
 
 def multi_node_args(size: int, local: int, rpc_port: int, address: str = DEFAULT_HOST) -> list[str]:
@@ -109,7 +122,7 @@ def start_hosts(
     `vllm_args` go to every host, `head_args` to the head only (`--api-server-count`,
     which vLLM refuses with `--headless`)."""
     size = sum(ranks_per_host)
-    rpc_port = free_port()
+    rpc_port = rpc_port_pair()
     flags = multi_node_args(size, ranks_per_host[0], rpc_port)
 
     def environment(index: int) -> dict[str, str]:
