@@ -98,37 +98,36 @@ def static_diagnostics(
     if not _vllm_owned(declared):
         return []
     out: list[Diagnostic] = []
-    if _allocator_checked_here(declared) and ALLOCATE_KV_CACHE_PER_LAYER.name not in methods:
+    required = (  # (needed here, the method, what the bundle declares, the error's text)
+        (
+            _allocator_checked_here(declared),
+            ALLOCATE_KV_CACHE_PER_LAYER.name,
+            "capabilities.recurrent_state owner 'vllm' is declared",
+            _lacks_allocator,
+        ),
+        (
+            _needs_copy(declared),
+            COPY_STATE_METHOD,
+            "capabilities.recurrent_state owner 'vllm' and prefix_caching are declared",
+            _lacks_copy,
+        ),
+    )
+    for needed, method, declaring, lacks in required:
+        if not needed or method in methods:
+            continue
         if partial:
             out.append(
                 Diagnostic(
                     "TTB057",
                     Severity.WARNING,
-                    "capabilities.recurrent_state owner 'vllm' is declared; "
-                    f"{ALLOCATE_KV_CACHE_PER_LAYER.name} is not in the bundle, may come from "
+                    f"{declaring}; {method} is not in the bundle, may come from "
                     f"{outside}, outside it: not checkable here",
                     hint="run ttbundle validate --import where its dependencies are installed",
                     **where,
                 )
             )
         else:
-            message, hint = _lacks_allocator(class_name)
-            out.append(Diagnostic("TTB054", Severity.ERROR, message, hint=hint, **where))
-    if _needs_copy(declared) and COPY_STATE_METHOD not in methods:
-        if partial:
-            out.append(
-                Diagnostic(
-                    "TTB057",
-                    Severity.WARNING,
-                    "capabilities.recurrent_state owner 'vllm' and prefix_caching are "
-                    f"declared; {COPY_STATE_METHOD} is not in the bundle, may come from "
-                    f"{outside}, outside it: not checkable here",
-                    hint="run ttbundle validate --import where its dependencies are installed",
-                    **where,
-                )
-            )
-        else:
-            message, hint = _lacks_copy(class_name)
+            message, hint = lacks(class_name)
             out.append(Diagnostic("TTB054", Severity.ERROR, message, hint=hint, **where))
     decode = methods.get(DECODE.name)
     node = getattr(decode, "node", None)
