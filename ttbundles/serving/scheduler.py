@@ -49,7 +49,7 @@ from vllm.v1.core.sched.request_queue import RequestQueue, create_request_queue
 from vllm.v1.core.sched.scheduler import Scheduler
 
 from ttbundles.errors import ConfigurationError
-from ttbundles.serving import compat
+from ttbundles.serving import compat, steady_slots
 from ttbundles.serving.planning.plan import effective_options, served_plan
 from ttbundles.serving.recurrent_prefix import RecurrentPrefixMixin
 
@@ -212,6 +212,9 @@ class PhaseSchedulingMixin:
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._reject_unsupported()
+        # A steady decode row's slots answered before vLLM's allocation path, where
+        # that is vLLM's own answer (`steady_slots`).
+        steady_slots.install(self.kv_cache_manager)
         self.interleave = DecodeInterleave.from_options(effective_options(self.vllm_config))
         # How many steps of each kind were returned: cheap to keep, and the first thing
         # to look at when latency looks wrong (are decodes starved by prefills?).
