@@ -54,7 +54,7 @@ lock is not counted), and the serving code's own top functions.
 
     .venv/bin/python benchmarks/bench_engine.py [--batches 8 32 64 128] [--lanes 4]
         [--lane-batch 32] [--steps 64] [--rounds 5] [--repeat 1] [--profile] [--json]
-        [--log-stats] [--sync]
+        [--log-stats] [--sync] [--stream-interval N]
         [--switch-interval SECONDS] [--model tiny|smollm2]
 """
 
@@ -347,6 +347,7 @@ class Engine:
         max_len: int,
         log_stats: bool = False,
         sync: bool = False,
+        stream_interval: int = 1,
     ):
         from vllm.engine.arg_utils import EngineArgs
         from vllm.v1.engine.llm_engine import LLMEngine
@@ -366,6 +367,9 @@ class Engine:
             # forward (a diagnostic: what the host costs without the "device" thread
             # computing on the same cores at the same time).
             async_scheduling=False if sync else None,
+            # `--stream-interval N`: the front end makes a request's output every N
+            # tokens (vLLM's option; detokenization still runs every step).
+            stream_interval=stream_interval,
         )
         if lanes > 1:
             kwargs["data_parallel_size"] = lanes
@@ -460,7 +464,15 @@ def measure(
     vocab = AutoConfig.from_pretrained(checkpoint).vocab_size
     max_len = INPUT_LEN + args.steps + 2 * BLOCK
     generator = GeneratorAlone(checkpoint, batch, lanes, max_len)
-    engine = Engine(checkpoint, batch, lanes, max_len, log_stats=args.log_stats, sync=args.sync)
+    engine = Engine(
+        checkpoint,
+        batch,
+        lanes,
+        max_len,
+        log_stats=args.log_stats,
+        sync=args.sync,
+        stream_interval=args.stream_interval,
+    )
     prompts = prompts_for(batch, vocab, args.seed)
     generator.round(prompts, 4)  # warm-up, both sides
     engine.round(prompts, 4)
@@ -606,6 +618,13 @@ def main() -> None:
         help="synchronous scheduling: no overlap, so the host's work never runs while the "
         "host mesh's forward computes on the same cores (a diagnostic of the own work's "
         "growth; the engine/generator ratio then carries the host's whole cost)",
+    )
+    parser.add_argument(
+        "--stream-interval",
+        type=int,
+        default=1,
+        help="vLLM's --stream-interval: the front end makes each request's output every N "
+        "tokens instead of every step (what an operator can set to cut output processing)",
     )
     parser.add_argument(
         "--switch-interval",
