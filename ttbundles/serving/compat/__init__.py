@@ -59,6 +59,7 @@ Private hooks (all checked on 0.33.0 and 0.34.0):
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -390,22 +391,40 @@ def runner_protocol_env() -> dict[str, str]:
 def merge_cached_request_data(parts: list[Any]) -> Any:
     """The lanes' `CachedRequestData` as one, field by field as the release defines it
     (lists in lane order, sets unioned, dicts merged): 0.33.0 has `resumed_req_ids` and
-    `all_token_ids`, 0.34.0 neither."""
+    `all_token_ids`, 0.34.0 neither. The fields are read once (`_cached_data_fields`):
+    this runs every step of a lanes engine."""
+    from vllm.v1.core.sched.output import CachedRequestData
+
+    merged = CachedRequestData.make_empty()
+    for name, kind in _cached_data_fields():
+        mine = getattr(merged, name)
+        if kind is list:
+            for part in parts:
+                mine.extend(getattr(part, name))
+        elif kind is set:
+            for part in parts:
+                mine |= getattr(part, name)
+        elif kind is dict:
+            for part in parts:
+                mine.update(getattr(part, name))
+    return merged
+
+
+@functools.cache
+def _cached_data_fields() -> tuple[tuple[str, type | None], ...]:
+    """`CachedRequestData`'s fields and the kind of container each is, read from an
+    empty one (the merge needs the container, not the annotation)."""
     import dataclasses
 
     from vllm.v1.core.sched.output import CachedRequestData
 
-    merged = CachedRequestData.make_empty()
-    for part in parts:
-        for item in dataclasses.fields(CachedRequestData):
-            mine, theirs = getattr(merged, item.name), getattr(part, item.name)
-            if isinstance(mine, list):
-                mine.extend(theirs)
-            elif isinstance(mine, set):
-                mine |= theirs
-            elif isinstance(mine, dict):
-                mine.update(theirs)
-    return merged
+    empty = CachedRequestData.make_empty()
+    kinds: list[tuple[str, type | None]] = []
+    for item in dataclasses.fields(CachedRequestData):
+        value = getattr(empty, item.name)
+        kind = next((k for k in (list, set, dict) if isinstance(value, k)), None)
+        kinds.append((item.name, kind))
+    return tuple(kinds)
 
 
 def merge_common_prefix_blocks(merged: Any, out: Any) -> None:
