@@ -1,5 +1,5 @@
 """A steady decode row's KV slots answered before vLLM's allocation path
-(`serving.steady_slots`): the same schedule as vLLM's own path, step for step.
+(`serving.compat.steady_slots`): the same schedule as vLLM's own path, step for step.
 
 Two real schedulers on the same configuration run the same random workload (arrivals,
 a KV cache small enough to preempt, prefix caching on some seeds, sync and async): one
@@ -23,7 +23,7 @@ from vllm.v1.request import Request
 
 from tests import test_scheduler
 from tests.test_scheduler import Driver, make_request
-from ttbundles.serving import steady_slots
+from ttbundles.serving.compat import steady_slots
 from ttbundles.serving.scheduler import TTAsyncScheduler, TTScheduler
 
 # The scheduler tests' fixtures: a real VllmConfig on the demo checkpoint.

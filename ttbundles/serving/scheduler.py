@@ -49,7 +49,8 @@ from vllm.v1.core.sched.request_queue import RequestQueue, create_request_queue
 from vllm.v1.core.sched.scheduler import Scheduler
 
 from ttbundles.errors import ConfigurationError
-from ttbundles.serving import compat, steady_slots
+from ttbundles.serving import compat
+from ttbundles.serving.compat import steady_slots
 from ttbundles.serving.planning.plan import effective_options, served_plan
 from ttbundles.serving.recurrent_prefix import RecurrentPrefixMixin
 

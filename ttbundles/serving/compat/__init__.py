@@ -55,6 +55,10 @@ Private hooks (all checked on 0.33.0 and 0.34.0):
   `EngineDeadError` (`serving.api_server.shutdown` drops those a requested stop causes);
 - `engine_core_module`: `vllm.v1.engine.core`, whose `cleanup_dist_env_and_memory`
   `EngineCore.shutdown` calls (`serving.api_server.shutdown` lets it end without an accelerator).
+- `steady_slots`: `KVCacheManager.allocate_slots` is answered before vLLM's path for a
+  steady decode row, reading the manager's coordinator, its one `FullAttentionManager`
+  (`req_to_blocks`, `num_cached_block`, `_partial_hit_reqs`) and the method's parameters,
+  checked at install (`serving.compat.steady_slots`).
 """
 
 from __future__ import annotations
@@ -226,6 +230,7 @@ VLLM_MODULES: tuple[str, ...] = (
     "vllm.usage.usage_lib",
     "vllm.utils.argparse_utils",
     "vllm.v1.attention.backends.registry",
+    "vllm.v1.core.kv_cache_coordinator",
     "vllm.v1.core.kv_cache_planning",
     "vllm.v1.core.kv_cache_utils",
     "vllm.v1.core.sched.async_scheduler",
@@ -233,6 +238,7 @@ VLLM_MODULES: tuple[str, ...] = (
     "vllm.v1.core.sched.output",
     "vllm.v1.core.sched.request_queue",
     "vllm.v1.core.sched.scheduler",
+    "vllm.v1.core.single_type_kv_cache_manager",
     "vllm.v1.engine",
     "vllm.v1.engine.exceptions",
     "vllm.v1.kv_cache_interface",
@@ -240,6 +246,7 @@ VLLM_MODULES: tuple[str, ...] = (
     "vllm.v1.metrics.stats",
     "vllm.v1.outputs",
     "vllm.v1.pool.metadata",
+    "vllm.v1.request",
     "vllm.v1.spec_decode.metrics",
     "vllm.v1.worker.worker_base",
 )
