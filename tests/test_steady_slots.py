@@ -1,13 +1,17 @@
-"""A steady decode row's KV slots answered before vLLM's allocation path
-(`serving.compat.steady_slots`): the same schedule as vLLM's own path, step for step.
+"""Steady decode without vLLM's per-row work: a steady row's KV slots answered before
+vLLM's allocation path (`serving.compat.steady_slots`) and a steady decode step scheduled
+without vLLM's running loop (`serving.compat.steady_decode`): the same schedule as
+vLLM's own path, step for step.
 
 Two real schedulers on the same configuration run the same random workload (arrivals,
 a KV cache small enough to preempt, prefix caching on some seeds, sync and async): one
-with the shortcut, one with vLLM's `allocate_slots` for every call. Every step's
+with both shortcuts, one with vLLM's `schedule()` and `allocate_slots` for everything. Every step's
 scheduled tokens, new block ids (new and continuing requests), preemptions and finished
-ids, the blocks each request has cached for the prefix cache, and the block pool's free
-count must be equal; and the
-shortcut must have answered most decode rows (vLLM's method was called less).
+ids and every other field vLLM fills per step, each running request's counters after the
+step (computed tokens, output placeholders, prefill flag, tokens in flight), the
+scheduler's step counters, the blocks each request has cached for the prefix cache, and
+the block pool's free count must be equal; and the
+shortcuts must have answered most decode rows and steps.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from vllm.v1.request import Request
 
 from tests import test_scheduler
 from tests.test_scheduler import Driver, make_request
-from ttbundles.serving.compat import steady_slots
+from ttbundles.serving.compat import steady_decode, steady_slots
 from ttbundles.serving.scheduler import TTAsyncScheduler, TTScheduler
 
 # The scheduler tests' fixtures: a real VllmConfig on the demo checkpoint.
@@ -46,12 +50,38 @@ def counted(calls: list[int]):
 
 def step_record(output) -> tuple:
     cached = output.scheduled_cached_reqs
+    fields = {
+        name: getattr(output, name, None)
+        for name in (
+            "total_num_scheduled_tokens",
+            "scheduled_spec_decode_tokens",
+            "scheduled_encoder_inputs",
+            "free_encoder_mm_hashes",
+            "encoder_input_updates",
+            "new_block_ids_to_zero",
+            "has_structured_output_requests",
+            "pending_structured_output_tokens",
+            "num_spec_tokens_to_schedule",
+            "skip_drafts",
+            "kv_cache_block_copies",
+            "has_sync_kv_loads",
+        )
+    }
     return (
         dict(output.num_scheduled_tokens),
         [(new.req_id, new.block_ids) for new in output.scheduled_new_reqs],
-        list(zip(cached.req_ids, cached.new_block_ids, cached.num_computed_tokens)),
+        list(
+            zip(
+                cached.req_ids,
+                cached.new_block_ids,
+                cached.num_computed_tokens,
+                cached.num_output_tokens,
+                strict=True,
+            )
+        ),
         sorted(output.preempted_req_ids or ()),
         sorted(output.finished_req_ids),
+        fields,
     )
 
 
@@ -65,8 +95,21 @@ class RecordingDriver(Driver):
 
     def schedule(self):
         output = super().schedule()
-        group = self.scheduler.kv_cache_manager.coordinator.single_type_managers[0]
-        self.cached_blocks.append(dict(group.num_cached_block))
+        scheduler = self.scheduler
+        group = scheduler.kv_cache_manager.coordinator.single_type_managers[0]
+        requests = [
+            (
+                r.request_id,
+                r.num_computed_tokens,
+                r.num_output_placeholders,
+                r.is_prefill_chunk,
+                r.num_in_flight_tokens,
+                r.next_decode_eligible_step,
+            )
+            for r in scheduler.running
+        ]
+        counters = (scheduler.current_step, scheduler.num_executed_steps)
+        self.cached_blocks.append((dict(group.num_cached_block), requests, counters))
         return output
 
 
@@ -76,23 +119,22 @@ def run(make_scheduler, seed: int, shortcut: bool) -> tuple[list[tuple], list, i
     prefix_caching = seed % 3 == 0
     calls = [0]
     with mock.patch.object(KVCacheManager, "allocate_slots", counted(calls)):
+        settings = dict(
+            num_blocks=rng.randint(12, 40),
+            max_num_seqs=rng.choice([4, 8]),
+            max_num_batched_tokens=rng.choice([32, 64]),
+            prefix_caching=prefix_caching,
+        )
         if shortcut:
-            scheduler = make_scheduler(
-                cls,
-                num_blocks=rng.randint(12, 40),
-                max_num_seqs=rng.choice([4, 8]),
-                max_num_batched_tokens=rng.choice([32, 64]),
-                prefix_caching=prefix_caching,
-            )
+            scheduler = make_scheduler(cls, **settings)
+            assert scheduler.steady_decode is not None
         else:
-            with mock.patch.object(steady_slots, "install", return_value=False):
-                scheduler = make_scheduler(
-                    cls,
-                    num_blocks=rng.randint(12, 40),
-                    max_num_seqs=rng.choice([4, 8]),
-                    max_num_batched_tokens=rng.choice([32, 64]),
-                    prefix_caching=prefix_caching,
-                )
+            with (
+                mock.patch.object(steady_slots, "install", return_value=False),
+                mock.patch.object(steady_decode, "why_not", return_value="vLLM's path"),
+            ):
+                scheduler = make_scheduler(cls, **settings)
+            assert scheduler.steady_decode is None
         assert getattr(scheduler.kv_cache_manager, steady_slots.MARK, False) == shortcut
         arrivals: dict[int, list[Request]] = {}
         for i in range(12):
@@ -113,7 +155,10 @@ def run(make_scheduler, seed: int, shortcut: bool) -> tuple[list[tuple], list, i
     ]
     pool = scheduler.kv_cache_manager.block_pool
     preemptions = sum(r.num_preemptions for r in driver.requests.values())
-    return records, [pool.get_num_free_blocks()], calls[0], preemptions
+    steady_steps = scheduler.steady_decode.steps if shortcut else 0
+    decode_steps = driver.kinds.count("decode")
+    counts = (calls[0], steady_steps, decode_steps)
+    return records, [pool.get_num_free_blocks()], counts, preemptions
 
 
 @pytest.mark.parametrize("seed", range(8))
@@ -126,7 +171,10 @@ def test_the_shortcut_schedules_exactly_as_vllms_path(make_scheduler, seed):
     assert our_pool == their_pool
     assert our_preemptions == their_preemptions
     # Most rows of most decode steps need no new block: vLLM's path ran far less.
+    (our_calls, steady_steps, decode_steps), (their_calls, _, _) = our_calls, their_calls
     assert our_calls < their_calls / 2, (our_calls, their_calls)
+    # Most decode steps were scheduled without vLLM's loop.
+    assert steady_steps > decode_steps / 2, (steady_steps, decode_steps)
 
 
 def test_preemption_still_happens_through_vllms_path(make_scheduler):

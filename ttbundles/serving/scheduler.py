@@ -39,6 +39,7 @@ Prefill goes first unless one of two cadences holds it:
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections import Counter
 from dataclasses import dataclass
@@ -50,7 +51,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 
 from ttbundles.errors import ConfigurationError
 from ttbundles.serving import compat
-from ttbundles.serving.compat import steady_slots
+from ttbundles.serving.compat import steady_decode, steady_slots
 from ttbundles.serving.planning.plan import effective_options, served_plan
 from ttbundles.serving.recurrent_prefix import RecurrentPrefixMixin
 
@@ -216,6 +217,11 @@ class PhaseSchedulingMixin:
         # A steady decode row's slots answered before vLLM's allocation path, where
         # that is vLLM's own answer (`steady_slots`).
         steady_slots.install(self.kv_cache_manager)
+        # A steady decode step without vLLM's per-row loop, where that is vLLM's step
+        # (`steady_decode`); None where it is not.
+        self.steady_decode = (
+            steady_decode.SteadyDecode(self) if steady_decode.why_not(self) is None else None
+        )
         self.interleave = DecodeInterleave.from_options(effective_options(self.vllm_config))
         # How many steps of each kind were returned: cheap to keep, and the first thing
         # to look at when latency looks wrong (are decodes starved by prefills?).
@@ -394,6 +400,11 @@ class PhaseSchedulingMixin:
             # Hidden requests still hold run slots: admission must count them.
             self.max_num_active_reqs -= num_hidden
         try:
+            if phase == DECODE and not num_hidden and self.steady_decode is not None:
+                base = functools.partial(super().schedule, throttle_prefills)  # type: ignore[misc]
+                output = self.steady_decode.schedule(self, base, running)
+                if output is not None:
+                    return output
             return super().schedule(throttle_prefills)  # type: ignore[misc]
         finally:
             if num_hidden:
