@@ -16,6 +16,7 @@ shortcuts must have answered most decode rows and steps.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import random
 from typing import Any
@@ -70,15 +71,9 @@ def step_record(output) -> tuple:
     return (
         dict(output.num_scheduled_tokens),
         [(new.req_id, new.block_ids) for new in output.scheduled_new_reqs],
-        list(
-            zip(
-                cached.req_ids,
-                cached.new_block_ids,
-                cached.num_computed_tokens,
-                cached.num_output_tokens,
-                strict=True,
-            )
-        ),
+        # Every field the release's cached data has (0.33.0's `all_token_ids` and
+        # `resumed_req_ids` too).
+        {item.name: getattr(cached, item.name) for item in dataclasses.fields(cached)},
         sorted(output.preempted_req_ids or ()),
         sorted(output.finished_req_ids),
         fields,
@@ -113,7 +108,9 @@ class RecordingDriver(Driver):
         return output
 
 
-def run(make_scheduler, seed: int, shortcut: bool) -> tuple[list[tuple], list, int, int]:
+def run(
+    make_scheduler, seed: int, shortcut: bool, v2_runner: bool | None = None
+) -> tuple[list[tuple], list, tuple, int]:
     rng = random.Random(seed)
     cls = TTAsyncScheduler if seed % 2 else TTScheduler
     prefix_caching = seed % 3 == 0
@@ -124,6 +121,7 @@ def run(make_scheduler, seed: int, shortcut: bool) -> tuple[list[tuple], list, i
             max_num_seqs=rng.choice([4, 8]),
             max_num_batched_tokens=rng.choice([32, 64]),
             prefix_caching=prefix_caching,
+            v2_runner=v2_runner,
         )
         if shortcut:
             scheduler = make_scheduler(cls, **settings)
@@ -161,10 +159,14 @@ def run(make_scheduler, seed: int, shortcut: bool) -> tuple[list[tuple], list, i
     return records, [pool.get_num_free_blocks()], counts, preemptions
 
 
-@pytest.mark.parametrize("seed", range(8))
-def test_the_shortcut_schedules_exactly_as_vllms_path(make_scheduler, seed):
-    ours, our_pool, our_calls, our_preemptions = run(make_scheduler, seed, shortcut=True)
-    theirs, their_pool, their_calls, their_preemptions = run(make_scheduler, seed, shortcut=False)
+@pytest.mark.parametrize(
+    ("seed", "v2_runner"),
+    # The release's own runner protocol, and V2's on 0.33.0 (where V1's is the default).
+    [(seed, None) for seed in range(8)] + [(8, True), (9, True)],
+)
+def test_the_shortcut_schedules_exactly_as_vllms_path(make_scheduler, seed, v2_runner):
+    ours, our_pool, our_calls, our_preemptions = run(make_scheduler, seed, True, v2_runner)
+    theirs, their_pool, their_calls, their_preemptions = run(make_scheduler, seed, False, v2_runner)
     assert len(ours) == len(theirs)
     for step, (a, b) in enumerate(zip(ours, theirs)):
         assert a == b, f"step {step} differs"

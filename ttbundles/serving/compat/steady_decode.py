@@ -167,11 +167,17 @@ class SteadyDecode:
             return None  # nothing to decode, or vLLM would preempt: its loop decides
 
         # 2. vLLM's own schedule() with no rows: the step's output as the release has it.
+        # (It records no rows as the previous step's, which the cached data reads: the
+        # record is put back until the rows' data is made.)
+        previous = None if self.previous_ids is None else set(self.previous_ids)
         scheduler.running = []
         try:
             output = base_schedule()
         finally:
             scheduler.running = running
+            if previous is not None:
+                self.previous_ids.clear()
+                self.previous_ids.update(previous)
         assert output.total_num_scheduled_tokens == 0 and not output.scheduled_new_reqs
 
         # 3. The rows, as vLLM's loop adds them.
