@@ -59,6 +59,12 @@ Private hooks (all checked on 0.33.0 and 0.34.0):
   steady decode row, reading the manager's coordinator, its one `FullAttentionManager`
   (`req_to_blocks`, `num_cached_block`, `_partial_hit_reqs`) and the method's parameters,
   checked at install (`serving.compat.steady_slots`).
+- `steady_decode`: a steady decode step is scheduled without `Scheduler.schedule`'s
+  running loop: vLLM's `schedule()` runs with `running` emptied, then the rows are added
+  with its `_make_cached_request_data` (whose parameters differ: 0.33.0 takes the
+  resumed requests) and `_update_after_schedule`, reading the scheduler's budgets,
+  request counters and `prev_step_scheduled_req_ids` (0.33.0, Model Runner V1)
+  (`serving.compat.steady_decode`).
 """
 
 from __future__ import annotations
