@@ -19,8 +19,9 @@ the same:
 2. vLLM's own `schedule()` runs with `running` emptied for the call: it builds the step's
    output as the release defines it (finished and preempted ids, freed encoder entries,
    block copies, its counters, its `_update_after_schedule`), with no rows.
-3. The rows are added as vLLM's loop would have added them: each row's slots from the
-   manager's `allocate_slots` (the steady-row check of `steady_slots` in front), the
+3. The rows are added as vLLM's loop would have added them: the slots of a row that
+   gets a block or fills one from the manager's `allocate_slots`, in the running order
+   (the others' answer is vLLM's empty one, `steady_slots`' test inlined), the
    cached request data from vLLM's own `_make_cached_request_data`, the step counted,
    then vLLM's own `_update_after_schedule` over the rows.
 
@@ -103,6 +104,12 @@ class SteadyDecode:
         self.partial_hits = group._partial_hit_reqs
         self.block_size = group.block_size
         self.block_pool = manager.block_pool
+        # A covered row's answer without the call (`steady_slots`' own test, inlined):
+        # blocks enough, and with prefix caching nothing newly full to cache.
+        self.caching = bool(group.enable_caching and group.kv_cache_spec.prefix_cacheable)
+        self.num_cached_block = group.num_cached_block
+        self.hash_block_size = manager.block_pool.hash_block_size
+        self.empty = manager.empty_kv_cache_blocks
         self.resumed_parameter = bool(_cached_data_takes_resumed(scheduler))
         # 0.33.0 keeps the previous step's ids for Model Runner V1.
         self.previous_ids = (
@@ -137,7 +144,10 @@ class SteadyDecode:
         block_size = self.block_size
         blocks_of = self.req_to_blocks.get
         rows = []
+        allocating = []  # rows vLLM's allocation must see (a new block, a block to cache)
         blocks_needed = 0
+        caching, cached_blocks = self.caching, self.num_cached_block
+        hashed_tokens = self.hash_block_size
         for request in running:
             if token_budget <= 0 or input_budget <= 0:
                 break
@@ -160,6 +170,14 @@ class SteadyDecode:
             held = len(blocks_of(request.request_id) or ())
             if held * block_size < need:
                 blocks_needed += -(-need // block_size) - held
+                allocating.append(request)
+            elif (
+                caching
+                and cached_blocks.get(request.request_id, 0)
+                < min(need, request.num_tokens, len(request.block_hashes) * hashed_tokens)
+                // block_size
+            ):
+                allocating.append(request)
             rows.append(request)
             token_budget -= 1
             input_budget -= 1
@@ -181,14 +199,15 @@ class SteadyDecode:
         assert output.total_num_scheduled_tokens == 0 and not output.scheduled_new_reqs
 
         # 3. The rows, as vLLM's loop adds them.
+        # Allocated in the running order, as vLLM's loop allocates (the same block ids);
+        # every other row's answer is vLLM's empty one.
+        scheduled = dict.fromkeys([request.request_id for request in rows], 1)
+        new_blocks: dict[str, Any] = dict.fromkeys(scheduled, self.empty)
         allocate = scheduler.kv_cache_manager.allocate_slots
-        new_blocks: dict[str, Any] = {}
-        scheduled: dict[str, int] = {}
-        for request in rows:
+        for request in allocating:
             blocks = allocate(request, 1, num_lookahead_tokens=0)
             assert blocks is not None, "the free blocks were counted"
             new_blocks[request.request_id] = blocks
-            scheduled[request.request_id] = 1
         if self.resumed_parameter:
             cached = scheduler._make_cached_request_data(rows, [], scheduled, {}, new_blocks)
         else:
