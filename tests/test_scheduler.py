@@ -134,6 +134,35 @@ def make_request(
     )
 
 
+def random_arrivals(
+    rng: Any,
+    count: int,
+    *,
+    max_prompt: int,
+    max_tokens: int,
+    last_arrival: int,
+    prefix_caching: bool,
+    priorities: bool = False,
+) -> dict[int, list[Request]]:
+    """`count` requests of random lengths by the step they arrive at, drawn from `rng`
+    (with prefix caching they share their first tokens, so that prompts hit)."""
+    arrivals: dict[int, list[Request]] = {}
+    for i in range(count):
+        prompt_len = rng.randint(1, max_prompt)
+        tokens = rng.randint(1, max_tokens)
+        priority = rng.randint(0, 2) if priorities else 0
+        request = make_request(
+            f"q{i}",
+            prompt_len,
+            tokens,
+            priority=priority,
+            prefix_caching=prefix_caching,
+            first_token=10 if prefix_caching else rng.randint(10, 50),
+        )
+        arrivals.setdefault(rng.randint(0, last_arrival), []).append(request)
+    return arrivals
+
+
 @dataclass
 class Driver:
     """The engine core's loop around a scheduler, with a fake model, checking each step.
@@ -506,17 +535,15 @@ def test_random_workloads_keep_every_rule(make_scheduler, seed):
             "decode_interleave_decode_steps": rng.randint(1, 3),
         },
     )
-    arrivals: dict[int, list[Request]] = {}
-    for i in range(14):
-        request = make_request(
-            f"q{i}",
-            rng.randint(1, 100),
-            rng.randint(1, 40),
-            priority=rng.randint(0, 2),
-            prefix_caching=prefix_caching,
-            first_token=10 if prefix_caching else rng.randint(10, 50),
-        )
-        arrivals.setdefault(rng.randint(0, 60), []).append(request)
+    arrivals = random_arrivals(
+        rng,
+        14,
+        max_prompt=100,
+        max_tokens=40,
+        last_arrival=60,
+        prefix_caching=prefix_caching,
+        priorities=True,
+    )
     driver = Driver(
         scheduler,
         depth=2 if cls is TTAsyncScheduler else 1,

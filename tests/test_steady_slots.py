@@ -24,10 +24,9 @@ from unittest import mock
 
 import pytest
 from vllm.v1.core.kv_cache_manager import KVCacheManager
-from vllm.v1.request import Request
 
 from tests import test_scheduler
-from tests.test_scheduler import Driver, make_request
+from tests.test_scheduler import Driver, make_request, random_arrivals
 from ttbundles.serving.compat import steady_decode, steady_slots
 from ttbundles.serving.scheduler import TTAsyncScheduler, TTScheduler
 
@@ -134,16 +133,14 @@ def run(
                 scheduler = make_scheduler(cls, **settings)
             assert scheduler.steady_decode is None
         assert getattr(scheduler.kv_cache_manager, steady_slots.MARK, False) == shortcut
-        arrivals: dict[int, list[Request]] = {}
-        for i in range(12):
-            request = make_request(
-                f"q{i}",
-                rng.randint(1, 60),
-                rng.randint(1, 50),
-                prefix_caching=prefix_caching,
-                first_token=10 if prefix_caching else rng.randint(10, 50),
-            )
-            arrivals.setdefault(rng.randint(0, 40), []).append(request)
+        arrivals = random_arrivals(
+            rng,
+            12,
+            max_prompt=60,
+            max_tokens=50,
+            last_arrival=40,
+            prefix_caching=prefix_caching,
+        )
         driver = RecordingDriver(scheduler, depth=2 if cls is TTAsyncScheduler else 1)
         driver.run(arrivals, max_steps=3000)
         driver.assert_all_done()
