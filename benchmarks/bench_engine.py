@@ -21,6 +21,9 @@ the runner saw (a step of one token per row, no request admitted) / the steps be
 Derived per batch:
 
 - `engine/generator`: the generator's rate over the engine's (1.0: the host costs nothing);
+- `whole`: the same over whole rounds, per token a request got (the engine's round from
+  the first request added to the last finished: admission, prefill, detokenization and
+  finishing in; the generator's from its prefill to its last readback);
 - `host cost per step` = engine - generator, and per running request (/ batch);
 - `own host work per step`: the CPU time the engine thread spends in the model runner's
   step functions (execute_model, sample_tokens, readback) and in our scheduler (the phase
@@ -145,6 +148,7 @@ class GeneratorAlone:
     def round(self, prompts: list[list[int]], steps: int) -> float:
         """Prefill, then `steps` steady decodes two deep; ms per decode step."""
         torch, gen = self.torch, self.gen
+        round_start = time.perf_counter()
         tokens = torch.tensor(prompts, dtype=torch.int64)
         n = len(prompts)
         first, _ = gen.prefill_forward(
@@ -187,8 +191,12 @@ class GeneratorAlone:
             finish(pending)
             pending = following
         finish(pending)
+        end = time.perf_counter()
         self.device_ms = self.device.seconds * 1000 / steps
-        return (time.perf_counter() - start) * 1000 / steps
+        # The whole round per token a request got (the prefill's, then steps + 1 decodes):
+        # what a whole-request run of the engine is compared with.
+        self.whole_ms_per_token = (end - round_start) * 1000 / (steps + 2)
+        return (end - start) * 1000 / steps
 
 
 class RunnerClock:
@@ -391,6 +399,7 @@ class Engine:
         self.clock.reset()
         self.device.seconds = 0.0
         before = STATS.snapshot()
+        round_start = time.perf_counter()
         for prompt in prompts:
             self.requests += 1
             self.engine.add_request(str(self.requests), {"prompt_token_ids": prompt}, params)
@@ -399,6 +408,7 @@ class Engine:
             for out in self.engine.step():
                 if out.finished:
                     produced += len(out.outputs[0].token_ids)
+        round_end = time.perf_counter()
         after = STATS.snapshot()
         if produced != len(prompts) * (steps + 1):
             sys.exit(
@@ -421,6 +431,9 @@ class Engine:
 
         return {
             "ms_per_step": (starts[-1] - starts[0]) * 1000 / intervals,
+            # The whole round (admission, prefill, decode, detokenization, finishing) per
+            # token a request got.
+            "whole_ms_per_token": (round_end - round_start) * 1000 / (steps + 1),
             "cpu_ms_per_step": (self.clock.decode_cpu[-1] - self.clock.decode_cpu[0])
             * 1000
             / intervals,
@@ -476,11 +489,12 @@ def measure(
     prompts = prompts_for(batch, vocab, args.seed)
     generator.round(prompts, 4)  # warm-up, both sides
     engine.round(prompts, 4)
-    gen_ms, gen_device, eng = [], [], []
+    gen_ms, gen_device, gen_whole, eng = [], [], [], []
     for r in range(args.rounds):
         prompts = prompts_for(batch, vocab, args.seed + 1 + r)
         gen_ms.append(generator.round(prompts, args.steps))
         gen_device.append(generator.device_ms)
+        gen_whole.append(generator.whole_ms_per_token)
         eng.append(engine.round(prompts, args.steps))
     profile = None
     if profile_it:
@@ -499,6 +513,7 @@ def measure(
         "lanes": lanes,
         "gen_ms": gen_ms,
         "gen_device": gen_device,
+        "gen_whole": gen_whole,
         "eng": eng,
         "profile": profile,
     }
@@ -516,6 +531,10 @@ def summary(raw: dict) -> dict:
         "generator_ms_per_step": spread(gen_ms),
         "engine_ms_per_step": spread([e["ms_per_step"] for e in eng]),
         "engine_over_generator": spread(ratios),
+        # Whole rounds, per token a request got: prefill, admission and detokenization in.
+        "whole_engine_over_generator": spread(
+            [g / e["whole_ms_per_token"] for g, e in zip(raw["gen_whole"], eng)]
+        ),
         "host_ms_per_step": spread(host),
         "host_us_per_request": spread([h * 1000 / batch for h in host]),
         "own_host_ms_per_step": spread([e["own_ms_per_step"] for e in eng]),
@@ -677,7 +696,7 @@ def main() -> None:
                 raw = measure(checkpoint, batch, lanes, args, profile_it=args.profile and last)
                 into = pooled.setdefault((batch, lanes), raw)
                 if into is not raw:
-                    for key in ("gen_ms", "gen_device", "eng"):
+                    for key in ("gen_ms", "gen_device", "gen_whole", "eng"):
                         into[key].extend(raw[key])
                     into["profile"] = raw["profile"]
         results = [summary(pooled[config]) for config in configs]
@@ -699,7 +718,8 @@ def main() -> None:
         print(
             f"batch {label:>5}: generator {fmt(r['generator_ms_per_step'])} ms/step, "
             f"engine {fmt(r['engine_ms_per_step'])} ms, engine/generator "
-            f"{fmt(r['engine_over_generator'])}; host {fmt(r['host_ms_per_step'])} ms/step "
+            f"{fmt(r['engine_over_generator'])} (whole rounds "
+            f"{fmt(r['whole_engine_over_generator'])}); host {fmt(r['host_ms_per_step'])} ms/step "
             f"({r['host_us_per_request']['median']:.1f} us/request); own "
             f"{fmt(r['own_host_ms_per_step'], 3)} ms/step (steady steps "
             f"{fmt(r['own_steady_ms_per_step'], 3)} ms/step, of which our scheduler "
