@@ -132,7 +132,7 @@ def run(
             ):
                 scheduler = make_scheduler(cls, **settings)
             assert scheduler.steady_decode is None
-        assert getattr(scheduler.kv_cache_manager, steady_slots.MARK, False) == shortcut
+        assert (steady_slots.installed(scheduler.kv_cache_manager) is not None) == shortcut
         arrivals = random_arrivals(
             rng,
             12,
@@ -179,7 +179,7 @@ def test_the_shortcut_schedules_exactly_as_vllms_path(make_scheduler, seed, v2_r
 def test_preemption_still_happens_through_vllms_path(make_scheduler):
     """A row that needs a block when none is free goes to vLLM's path, which preempts."""
     scheduler = make_scheduler(TTScheduler, num_blocks=8, max_num_batched_tokens=64)
-    assert getattr(scheduler.kv_cache_manager, steady_slots.MARK, False)
+    assert steady_slots.installed(scheduler.kv_cache_manager) is not None
     driver = Driver(scheduler)
     driver.run({0: [make_request(f"p{i}", 30, 40) for i in range(3)]}, max_steps=1500)
     driver.assert_all_done()

@@ -21,7 +21,7 @@ the same:
    block copies, its counters, its `_update_after_schedule`), with no rows.
 3. The rows are added as vLLM's loop would have added them: the slots of a row that
    gets a block or fills one from the manager's `allocate_slots`, in the running order
-   (the others' answer is vLLM's empty one, `steady_slots`' test inlined), the
+   (the others' answer is vLLM's empty one, by `steady_slots`' test), the
    cached request data from vLLM's own `_make_cached_request_data`, the step counted,
    then vLLM's own `_update_after_schedule` over the rows.
 
@@ -41,13 +41,14 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
+from ttbundles.serving import compat
 from ttbundles.serving.compat import steady_slots
 
 
 def why_not(scheduler: Any) -> str | None:
     """Why this scheduler's steady decode steps must go through vLLM's loop, or None."""
     manager = scheduler.kv_cache_manager
-    if not getattr(manager, steady_slots.MARK, False):
+    if steady_slots.installed(manager) is None:
         return "the KV manager is not one plain full-attention group"
     checks = (
         ("speculative decoding", scheduler.vllm_config.speculative_config is not None),
@@ -98,25 +99,11 @@ class SteadyDecode:
     def __init__(self, scheduler: Any):
         from vllm.v1.core.sched.interface import PauseState
 
-        manager = scheduler.kv_cache_manager
-        group = manager.coordinator.single_type_managers[0]
-        self.req_to_blocks = group.req_to_blocks
-        self.partial_hits = group._partial_hit_reqs
-        self.block_size = group.block_size
-        self.block_pool = manager.block_pool
-        # A covered row's answer without the call (`steady_slots`' own test, inlined):
-        # blocks enough, and with prefix caching nothing newly full to cache.
-        self.caching = bool(group.enable_caching and group.kv_cache_spec.prefix_cacheable)
-        self.num_cached_block = group.num_cached_block
-        self.hash_block_size = manager.block_pool.hash_block_size
-        self.empty = manager.empty_kv_cache_blocks
+        rows = steady_slots.installed(scheduler.kv_cache_manager)
+        assert rows is not None, "why_not checked it"
+        self.rows = rows
+        self.block_pool = scheduler.kv_cache_manager.block_pool
         self.resumed_parameter = bool(_cached_data_takes_resumed(scheduler))
-        # 0.33.0 keeps the previous step's ids for Model Runner V1.
-        self.previous_ids = (
-            None
-            if getattr(scheduler, "use_v2_model_runner", True)
-            else getattr(scheduler, "prev_step_scheduled_req_ids", None)
-        )
         self.unpaused = PauseState.UNPAUSED
         self.steps = 0  # steps scheduled here (the tests read it)
 
@@ -133,7 +120,7 @@ class SteadyDecode:
             or scheduler.kv_holding_waiting
             or getattr(scheduler, "async_kv_waiting", None)
             or scheduler._pending_encoder_input_ids
-            or self.partial_hits
+            or self.rows.partial_hits
         ):
             return None
         # 1. The rows, as vLLM's running loop takes a decode row, nothing changed yet.
@@ -141,13 +128,13 @@ class SteadyDecode:
         token_budget = scheduler.max_num_scheduled_tokens
         input_budget = scheduler.scheduler_config.max_num_batched_tokens
         max_model_len = scheduler.max_model_len
-        block_size = self.block_size
-        blocks_of = self.req_to_blocks.get
+        steady = self.rows
+        block_size = steady.block_size
+        blocks_of = steady.req_to_blocks.get
+        answers_empty = steady.answers_empty
         rows = []
         allocating = []  # rows vLLM's allocation must see (a new block, a block to cache)
         blocks_needed = 0
-        caching, cached_blocks = self.caching, self.num_cached_block
-        hashed_tokens = self.hash_block_size
         for request in running:
             if token_budget <= 0 or input_budget <= 0:
                 break
@@ -166,18 +153,10 @@ class SteadyDecode:
                 return None  # not a decode row
             if max_model_len - computed - 1 < 1:
                 continue  # vLLM schedules it nothing: at the model length
-            need = min(computed + 1, max_model_len)
-            held = len(blocks_of(request.request_id) or ())
-            if held * block_size < need:
-                blocks_needed += -(-need // block_size) - held
+            if not answers_empty(request, computed + 1, 0):
                 allocating.append(request)
-            elif (
-                caching
-                and cached_blocks.get(request.request_id, 0)
-                < min(need, request.num_tokens, len(request.block_hashes) * hashed_tokens)
-                // block_size
-            ):
-                allocating.append(request)
+                held = len(blocks_of(request.request_id) or ())
+                blocks_needed += max(-(-(computed + 1) // block_size) - held, 0)
             rows.append(request)
             token_budget -= 1
             input_budget -= 1
@@ -187,22 +166,21 @@ class SteadyDecode:
         # 2. vLLM's own schedule() with no rows: the step's output as the release has it.
         # (It records no rows as the previous step's, which the cached data reads: the
         # record is put back until the rows' data is made.)
-        previous = None if self.previous_ids is None else set(self.previous_ids)
+        previous = compat.previous_step_ids(scheduler)
         scheduler.running = []
         try:
             output = base_schedule()
         finally:
             scheduler.running = running
             if previous is not None:
-                self.previous_ids.clear()
-                self.previous_ids.update(previous)
+                compat.restore_previous_step_ids(scheduler, previous)
         assert output.total_num_scheduled_tokens == 0 and not output.scheduled_new_reqs
 
         # 3. The rows, as vLLM's loop adds them.
         # Allocated in the running order, as vLLM's loop allocates (the same block ids);
         # every other row's answer is vLLM's empty one.
         scheduled = dict.fromkeys([request.request_id for request in rows], 1)
-        new_blocks: dict[str, Any] = dict.fromkeys(scheduled, self.empty)
+        new_blocks: dict[str, Any] = dict.fromkeys(scheduled, steady.empty)
         allocate = scheduler.kv_cache_manager.allocate_slots
         for request in allocating:
             blocks = allocate(request, 1, num_lookahead_tokens=0)
@@ -216,9 +194,8 @@ class SteadyDecode:
         output.num_scheduled_tokens = scheduled
         output.total_num_scheduled_tokens = len(scheduled)
         scheduler.num_executed_steps += 1
-        if self.previous_ids is not None:
-            self.previous_ids.clear()
-            self.previous_ids.update(scheduled)
+        if previous is not None:
+            compat.restore_previous_step_ids(scheduler, set(scheduled))
         scheduler._update_after_schedule(output)
         self.steps += 1
         return output

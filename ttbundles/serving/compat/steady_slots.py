@@ -54,7 +54,8 @@ KNOWN_PARAMETERS = (
     "skip_zeroing_group_ids",
 )
 
-MARK = "_ttbundles_steady_slots"
+# Where `install` keeps the manager's `SteadyRows` (its mark of being installed).
+ATTRIBUTE = "_ttbundles_steady_rows"
 
 
 def why_not(manager: Any) -> str | None:
@@ -86,10 +87,53 @@ def why_not(manager: Any) -> str | None:
     return None
 
 
+class SteadyRows:
+    """What vLLM's allocation reads of a running row in this manager's one group, and the
+    one test of when its answer is empty (used by `install`'s check and by
+    `steady_decode`, which counts the other rows' blocks itself)."""
+
+    def __init__(self, manager: Any):
+        group = manager.coordinator.single_type_managers[0]
+        self.req_to_blocks = group.req_to_blocks
+        self.num_cached_block = group.num_cached_block
+        self.partial_hits = group._partial_hit_reqs
+        self.block_size = group.block_size
+        self.max_model_len = manager.max_model_len
+        self.caching = bool(group.enable_caching and group.kv_cache_spec.prefix_cacheable)
+        self.hash_block_size = group.block_pool.hash_block_size
+        self.empty = manager.empty_kv_cache_blocks
+
+    def answers_empty(self, request: Any, total: int, lookahead: int) -> bool:
+        """vLLM's `allocate_slots` for a running request with `total` tokens computed
+        after the step (capped at the model length before the step's, as vLLM caps it)
+        would allocate nothing and cache nothing: its blocks hold `total + lookahead`
+        tokens, no copy-on-write block is pending, and with prefix caching every block
+        the step fills is cached already."""
+        request_id = request.request_id
+        blocks = self.req_to_blocks.get(request_id)
+        block_size = self.block_size
+        return not (
+            blocks is None
+            or len(blocks) * block_size < min(total + lookahead, self.max_model_len)
+            or request_id in self.partial_hits
+            or (
+                self.caching
+                and self.num_cached_block.get(request_id, 0)
+                < min(total, request.num_tokens, len(request.block_hashes) * self.hash_block_size)
+                // block_size
+            )
+        )
+
+
+def installed(manager: Any) -> SteadyRows | None:
+    """The manager's steady rows where `install` put its check in front, else None."""
+    return getattr(manager, ATTRIBUTE, None)
+
+
 def install(manager: Any) -> bool:
     """Put the steady-row check in front of `manager.allocate_slots` where it is vLLM's
     own answer (see the module docstring). Returns whether it was installed."""
-    if getattr(manager, MARK, False):
+    if installed(manager) is not None:
         return True
     reason = why_not(manager)
     if reason is not None:
@@ -99,15 +143,8 @@ def install(manager: Any) -> bool:
     from vllm.v1.request import RequestStatus
 
     base = manager.allocate_slots
-    group = manager.coordinator.single_type_managers[0]
-    req_to_blocks = group.req_to_blocks
-    num_cached_block = group.num_cached_block
-    partial_hits = group._partial_hit_reqs
-    block_size = group.block_size
-    max_model_len = manager.max_model_len
-    caching = bool(group.enable_caching and group.kv_cache_spec.prefix_cacheable)
-    hash_block_size = group.block_pool.hash_block_size
-    empty = manager.empty_kv_cache_blocks
+    rows = SteadyRows(manager)
+    answers_empty, empty, max_model_len = rows.answers_empty, rows.empty, rows.max_model_len
     running = RequestStatus.RUNNING
 
     def allocate_slots(
@@ -121,23 +158,11 @@ def install(manager: Any) -> bool:
             return base(
                 request, num_new_tokens, *args, num_lookahead_tokens=num_lookahead_tokens, **kwargs
             )
-        request_id = request.request_id
-        blocks = req_to_blocks.get(request_id)
         total = min(request.num_computed_tokens, max_model_len) + num_new_tokens
-        if (
-            blocks is None
-            or len(blocks) * block_size < min(total + num_lookahead_tokens, max_model_len)
-            or request_id in partial_hits
-            or (
-                caching
-                and num_cached_block.get(request_id, 0)
-                < min(total, request.num_tokens, len(request.block_hashes) * hash_block_size)
-                // block_size
-            )
-        ):
-            return base(request, num_new_tokens, num_lookahead_tokens=num_lookahead_tokens)
-        return empty
+        if answers_empty(request, total, num_lookahead_tokens):
+            return empty
+        return base(request, num_new_tokens, num_lookahead_tokens=num_lookahead_tokens)
 
     manager.allocate_slots = allocate_slots
-    setattr(manager, MARK, True)
+    setattr(manager, ATTRIBUTE, rows)
     return True
